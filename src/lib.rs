@@ -1,0 +1,34 @@
+//! inferq: durable, lease-based dispatch of latency-insensitive LLM requests.
+//!
+//! Producers put requests into Redis sorted sets (scored by deadline); inferq claims them under
+//! leases, sends them to an inference gateway, retries what fails and publishes exactly one result
+//! per request generation. The durability contract lives in `../shared/design/durable-queue.md`
+//! and is summarised in the README.
+//!
+//! # Layout
+//!
+//! One request travels top to bottom through these modules, and no module reaches back upstream:
+//!
+//! - [`wire`]: the Go-compatible JSON formats (envelope, public request, result message). Request
+//!   payloads are kept as the producer's exact bytes.
+//! - [`queue`]: Redis keys, the Lua scripts that make every move of the contract atomic
+//!   (claim, renew, ack, park, promote, release, reclaim, dead-letter), and the producer side
+//!   (submit, cancel, results).
+//! - [`config`]: the Go transport-config JSON, pool and merge-policy files, and flags, validated
+//!   into settings; a bad field is a clear error that names it.
+//! - [`dispatch`]: the processor: per-queue consumers, merge into worker pools, heartbeats,
+//!   reclaim, the result outbox, graceful shutdown.
+//! - [`gateway`]: the HTTP client to the inference gateway and the classification of what came
+//!   back into an outcome (result, retry, terminal error).
+//! - [`sim`]: a stand-alone OpenAI-compatible simulator gateway for demos and tests.
+//! - [`cli`]: the `inferq` subcommands; `src/main.rs` only calls into it.
+//! - [`testkit`]: real `redis-server` processes on free ports for tests and the demo.
+
+pub mod cli;
+pub mod config;
+pub mod dispatch;
+pub mod gateway;
+pub mod queue;
+pub mod sim;
+pub mod testkit;
+pub mod wire;

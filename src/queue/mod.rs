@@ -1,0 +1,1 @@
+//! queue (to be written)

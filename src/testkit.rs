@@ -1,0 +1,1 @@
+//! testkit (to be written)
