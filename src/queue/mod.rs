@@ -1,1 +1,5 @@
-//! queue (to be written)
+//! The durable queue: Redis keys, the Lua scripts of every move, and the producer side.
+
+pub mod settings;
+
+pub use settings::ClaimSettings;

@@ -1,0 +1,34 @@
+//! Claim settings: how long a lease lasts, how often expired leases are reclaimed, and how many
+//! lease expiries a request survives before it is dead-lettered. Built by [`crate::config`] from
+//! the transport-config JSON (or the Go durable-claims flags) and read by the queue moves.
+
+use std::time::Duration;
+
+/// The lease and reclaim knobs of the durability contract.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ClaimSettings {
+    /// Crash-detection window: a claim whose holder stops renewing goes back to pending after
+    /// this long. Renewed every third of it, so it need not cover a long inference.
+    pub lease: Duration,
+    /// How often any instance scans for expired leases.
+    pub reclaim_interval: Duration,
+    /// Lease expiries a request survives; the next one dead-letters it.
+    pub max_deliveries: u32,
+}
+
+impl Default for ClaimSettings {
+    fn default() -> Self {
+        Self {
+            lease: Duration::from_secs(30),
+            reclaim_interval: Duration::from_millis(5000),
+            max_deliveries: 5,
+        }
+    }
+}
+
+impl ClaimSettings {
+    /// How often held claims are renewed: a third of the lease.
+    pub fn renew_every(&self) -> Duration {
+        self.lease / 3
+    }
+}
