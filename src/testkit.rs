@@ -1,1 +1,187 @@
-//! testkit (to be written)
+//! Real `redis-server` processes for tests, the demo and benchmarks: each on a free loopback port
+//! with its own data directory (AOF on), so fault tests can kill, restart and flush it.
+//!
+//! A [`RedisServer`] is started from the `redis-server` on `PATH` (or `$INFERQ_REDIS_SERVER`),
+//! answers `PING` before [`RedisServer::start`] returns, and is killed when dropped.
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// Why a test Redis could not be started.
+#[derive(Debug, thiserror::Error)]
+pub enum TestkitError {
+    #[error(
+        "redis-server not found (install Debian's redis-server or set INFERQ_REDIS_SERVER): {0}"
+    )]
+    NotInstalled(std::io::Error),
+    #[error("io error: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("redis-server on port {port} did not answer PING within {secs} s; log: {log}")]
+    NoAnswer { port: u16, secs: u64, log: String },
+}
+
+/// How the server persists writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fsync {
+    /// `appendfsync always`: a kill -9 loses no acknowledged write.
+    Always,
+    /// `appendfsync everysec`: the production default; about a second at risk.
+    EverySec,
+}
+
+/// A redis-server child process on a free port.
+pub struct RedisServer {
+    port: u16,
+    dir: tempfile::TempDir,
+    fsync: Fsync,
+    child: Option<Child>,
+}
+
+/// Picks a free loopback TCP port.
+pub fn free_port() -> std::io::Result<u16> {
+    let listener = TcpListener::bind("127.0.0.1:0")?;
+    Ok(listener.local_addr()?.port())
+}
+
+fn redis_binary() -> PathBuf {
+    std::env::var_os("INFERQ_REDIS_SERVER")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("redis-server"))
+}
+
+impl RedisServer {
+    /// Starts a server with AOF and `appendfsync always`.
+    pub fn start() -> Result<RedisServer, TestkitError> {
+        Self::start_with(Fsync::Always)
+    }
+
+    /// Starts a server with the given fsync policy.
+    pub fn start_with(fsync: Fsync) -> Result<RedisServer, TestkitError> {
+        let dir = tempfile::Builder::new().prefix("inferq-redis-").tempdir()?;
+        let mut server = RedisServer {
+            port: free_port()?,
+            dir,
+            fsync,
+            child: None,
+        };
+        server.spawn()?;
+        Ok(server)
+    }
+
+    fn spawn(&mut self) -> Result<(), TestkitError> {
+        let log = self.dir.path().join("redis.log");
+        let fsync = match self.fsync {
+            Fsync::Always => "always",
+            Fsync::EverySec => "everysec",
+        };
+        let child = Command::new(redis_binary())
+            .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
+            .arg("--dir")
+            .arg(self.dir.path())
+            .args(["--save", "", "--appendonly", "yes", "--appendfsync", fsync])
+            .args(["--maxmemory-policy", "noeviction", "--protected-mode", "no"])
+            .arg("--logfile")
+            .arg(&log)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(TestkitError::NotInstalled)?;
+        self.child = Some(child);
+        self.wait_ready(&log)
+    }
+
+    fn wait_ready(&self, log: &Path) -> Result<(), TestkitError> {
+        let started = Instant::now();
+        let limit = Duration::from_secs(10);
+        while started.elapsed() < limit {
+            if ping(self.port) {
+                return Ok(());
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        Err(TestkitError::NoAnswer {
+            port: self.port,
+            secs: limit.as_secs(),
+            log: std::fs::read_to_string(log).unwrap_or_default(),
+        })
+    }
+
+    /// `redis://127.0.0.1:<port>/`
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/", self.port)
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// The server's data directory (AOF files live here).
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// A blocking client, handy in tests.
+    pub fn client(&self) -> redis::RedisResult<redis::Client> {
+        redis::Client::open(self.url())
+    }
+
+    /// SIGKILL: no shutdown save; what the AOF holds survives.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts the server again on the same port and data directory.
+    pub fn restart(&mut self) -> Result<(), TestkitError> {
+        self.kill();
+        self.spawn()
+    }
+
+    /// The pid, for tests that send signals (SIGSTOP to stall Redis).
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+fn ping(port: u16) -> bool {
+    use std::io::{Read, Write};
+    let Ok(mut stream) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
+        return false;
+    };
+    let _ = stream.set_read_timeout(Some(Duration::from_millis(500)));
+    if stream.write_all(b"PING\r\n").is_err() {
+        return false;
+    }
+    let mut buf = [0u8; 16];
+    matches!(stream.read(&mut buf), Ok(n) if buf[..n].starts_with(b"+PONG"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn starts_kills_and_restarts_keeping_aof_data() {
+        let mut server = RedisServer::start().unwrap();
+        let client = server.client().unwrap();
+        let mut con = client.get_connection().unwrap();
+        let _: () = redis::cmd("SET").arg("k").arg("v").query(&mut con).unwrap();
+        server.kill();
+        assert!(!ping(server.port()));
+        server.restart().unwrap();
+        let mut con = server.client().unwrap().get_connection().unwrap();
+        let v: String = redis::cmd("GET").arg("k").query(&mut con).unwrap();
+        assert_eq!(v, "v");
+    }
+}

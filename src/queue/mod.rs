@@ -1,5 +1,29 @@
-//! The durable queue: Redis keys, the Lua scripts of every move, and the producer side.
+//! The durable queue: Redis keys, the Lua scripts of every move, the typed moves, dead-letter
+//! records and the producer side.
+//!
+//! ```text
+//!   producer ──ZADD──▶ pending ──claim──▶ claimed ──ack──▶ done (result list)
+//!                        ▲  ▲               │ │ │
+//!                        │  └──release──────┘ │ └──bury──▶ dead (+ result)
+//!                        │  └──reclaim (lease expired)
+//!   parked ──promote─────┘      ◀──park────────┘
+//!   pending ──dead_letter (undecodable)──▶ dead
+//! ```
 
+pub mod connect;
+pub mod dead;
+pub mod keys;
+pub mod moves;
+pub mod producer;
+pub mod scripts;
 pub mod settings;
 
+#[cfg(test)]
+mod tests;
+
+pub use keys::QueueKeys;
+pub use moves::{
+    Claimed, Fence, Finish, Finished, Held, Peeked, Queue, QueueError, Reclaimed, TakenOver,
+    Takeover,
+};
 pub use settings::ClaimSettings;

@@ -1,0 +1,22 @@
+--[[ deadLetter: pending -> dead, for a member that cannot be a request (does not decode, lacks an
+  id or a deadline, absurdly large). It is set aside with the reason, never silently dropped, and
+  when an id could be read the producer gets an INVALID_REQUEST result.
+
+  Input:
+    KEYS[1] pending     zset
+    KEYS[2] dead list
+    KEYS[3] result list (used only when ARGV[3] is not empty)
+    ARGV[1] the member, byte for byte
+    ARGV[2] dead-letter record JSON (member, reason, time)
+    ARGV[3] result JSON, or "" when no id could be read
+
+  Output: 1 moved; 0 the member was no longer pending (another instance moved it)
+]]
+if redis.call('ZREM', KEYS[1], ARGV[1]) == 0 then
+  return 0
+end
+redis.call('LPUSH', KEYS[2], ARGV[2])
+if ARGV[3] ~= '' then
+  redis.call('LPUSH', KEYS[3], ARGV[3])
+end
+return 1

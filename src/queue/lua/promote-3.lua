@@ -1,0 +1,47 @@
+--[[ promote: parked -> pending, for retries whose backoff has elapsed; also moves due entries out
+  of the Go processor's shared retry sorted set during a migration.
+
+  Each due member returns to its queue scored by its deadline (earliest deadline first). A member
+  whose deadline cannot be read goes back at score 0, where the consumer dead-letters it with a
+  reason: nothing is dropped here.
+
+  Input:
+    KEYS[1] parked       zset  member -> due time, Unix seconds
+    KEYS[2] pending      zset  (this queue)
+    KEYS[3] Go retry set zset  (optional; e.g. retry-sortedset). Its members name their origin
+                               queue in internal.request_queue_name; only this queue's are moved
+                               (and, when ARGV[3] is "1", those that name no queue). Not used in
+                               Redis Cluster mode, where it would cross slots.
+    ARGV[1] how many to move at most, per set
+    ARGV[2] this queue's name (KEYS[2])
+    ARGV[3] "1" when this queue is the default for Go retry members naming no queue
+
+  Output: number of members moved to pending
+]]
+local now = nowMs() / 1000
+local limit = tonumber(ARGV[1])
+local moved = 0
+local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, limit)
+for _, member in ipairs(due) do
+  redis.call('ZREM', KEYS[1], member)
+  redis.call('ZADD', KEYS[2], deadlineOf(member) or 0, member)
+  moved = moved + 1
+end
+if KEYS[3] then
+  local scanned = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', now, 'LIMIT', 0, limit * 4)
+  for _, member in ipairs(scanned) do
+    local ok, env = pcall(cjson.decode, member)
+    local origin = ''
+    if ok and type(env) == 'table' and type(env.internal) == 'table'
+        and type(env.internal.request_queue_name) == 'string' then
+      origin = env.internal.request_queue_name
+    end
+    if origin == ARGV[2] or (origin == '' and ARGV[3] == '1') then
+      redis.call('ZREM', KEYS[3], member)
+      redis.call('ZADD', KEYS[2], deadlineOf(member) or 0, member)
+      moved = moved + 1
+      if moved >= limit * 2 then break end
+    end
+  end
+end
+return moved

@@ -1,0 +1,70 @@
+--[[ reclaim: expired claims -> pending (or taken over to be finished), in a bounded batch.
+
+  Any instance runs this periodically. A claim whose lease expired by Redis TIME has lost its
+  owner (crash, partition, pause). Each one counts a delivery attempt, then:
+    - its deadline has passed         -> taken over by the caller (fresh token, fresh lease), who
+                                         acks it with DEADLINE_EXCEEDED;
+    - deliveries reached max          -> taken over by the caller, who buries it (dead letter +
+                                         terminal record), so a poison request cannot crash-loop
+                                         every replica;
+    - otherwise                       -> back to pending at its original score.
+  A claim-index entry without a claimed member (left by an older writer) is removed.
+  Taking over is itself a fenced claim: if the caller dies before finishing, the new lease
+  expires and the next reclaim does the same again.
+
+  Input:
+    KEYS[1] claimed      hash
+    KEYS[2] claim-owners hash
+    KEYS[3] claims-idx   zset
+    KEYS[4] claim-scores hash
+    KEYS[5] deliveries   hash
+    KEYS[6] pending      zset
+    ARGV[1] batch limit
+    ARGV[2] max deliveries
+    ARGV[3] lease in ms for taken-over claims
+    ARGV[4..] fresh owner tokens, one per possible take-over (at least ARGV[1] of them)
+
+  Output: { requeued, then per taken-over claim 5 fields:
+            claim key, member, owner token, reason ("deadline" | "deliveries"), deliveries }
+]]
+local now = nowMs()
+local nowS = now / 1000
+local maxDeliveries = tonumber(ARGV[2])
+local expiry = (now + tonumber(ARGV[3])) / 1000
+local expired = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', nowS, 'LIMIT', 0, tonumber(ARGV[1]))
+local out = { 0 }
+local nextToken = 4
+for _, ck in ipairs(expired) do
+  local member = redis.call('HGET', KEYS[1], ck)
+  if not member then
+    redis.call('ZREM', KEYS[3], ck)
+    redis.call('HDEL', KEYS[2], ck)
+    redis.call('HDEL', KEYS[4], ck)
+  else
+    local deliveries = redis.call('HINCRBY', KEYS[5], ck, 1)
+    local deadline = deadlineOf(member)
+    local reason = nil
+    if deadline and deadline <= nowS then
+      reason = 'deadline'
+    elseif deliveries >= maxDeliveries then
+      reason = 'deliveries'
+    end
+    if reason then
+      local token = ARGV[nextToken]
+      nextToken = nextToken + 1
+      redis.call('HSET', KEYS[2], ck, token)
+      redis.call('ZADD', KEYS[3], expiry, ck)
+      out[#out + 1] = ck
+      out[#out + 1] = member
+      out[#out + 1] = token
+      out[#out + 1] = reason
+      out[#out + 1] = deliveries
+    else
+      local score = tonumber(redis.call('HGET', KEYS[4], ck)) or deadline or 0
+      dropClaim(KEYS[1], KEYS[2], KEYS[3], KEYS[4], ck)
+      redis.call('ZADD', KEYS[6], score, member)
+      out[1] = out[1] + 1
+    end
+  end
+end
+return out

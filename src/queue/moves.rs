@@ -1,0 +1,526 @@
+//! The moves of the durability contract as typed calls on one queue: `peek`, `claim`, `renew`,
+//! `finish` (ack or bury, batched), `park`, `promote`, `release`, `reclaim` and `dead_letter`.
+//!
+//! Each move is one Lua script (see [`super::scripts`]); this module builds its keys and
+//! arguments and decodes its reply. Callers hand in envelopes and results; they get back who
+//! holds what. A [`Fence`] (claim key + owner token) travels with every held request and is the
+//! only thing that lets a caller move it again.
+
+use redis::aio::ConnectionManager;
+use redis::{RedisError, Value};
+
+use super::keys::{active_key, cancel_key, claim_key, fresh_token, QueueKeys};
+use super::scripts::{Batch, SCRIPTS};
+use super::settings::ClaimSettings;
+use crate::wire::{Envelope, ResultMessage};
+
+/// Errors of the queue layer.
+#[derive(Debug, thiserror::Error)]
+pub enum QueueError {
+    #[error("redis: {0}")]
+    Redis(#[from] RedisError),
+    #[error("unexpected reply from the {script} script: {detail}")]
+    Reply {
+        script: &'static str,
+        detail: String,
+    },
+}
+
+fn bad_reply(script: &'static str, v: &Value) -> QueueError {
+    QueueError::Reply {
+        script,
+        detail: format!("{v:?}"),
+    }
+}
+
+/// The right to move one claimed generation: its claim key and the owner token of this claim.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Fence {
+    pub key: String,
+    pub token: String,
+}
+
+/// A member seen at the head of the queue, not yet claimed.
+#[derive(Debug, Clone)]
+pub struct Peeked {
+    pub member: Vec<u8>,
+    pub score: f64,
+}
+
+/// A generation this instance holds under a lease.
+#[derive(Debug, Clone)]
+pub struct Held {
+    pub fence: Fence,
+    /// The member exactly as stored in Redis.
+    pub member: Vec<u8>,
+    pub envelope: Envelope,
+}
+
+/// What `claim` did with one member.
+#[derive(Debug)]
+pub enum Claimed {
+    Held(Box<Held>),
+    /// No longer pending: another instance claimed it, or it was removed.
+    Gone,
+    /// The same generation is already claimed; the stray pending copy was removed.
+    Duplicate,
+}
+
+/// Why reclaim took over an expired claim instead of requeueing it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Takeover {
+    /// The deadline passed: finish it with `DEADLINE_EXCEEDED`.
+    Deadline,
+    /// It reached the delivery limit: bury it.
+    Deliveries,
+}
+
+/// A claim reclaim took over for the caller to finish.
+#[derive(Debug)]
+pub struct TakenOver {
+    pub fence: Fence,
+    pub member: Vec<u8>,
+    /// `None` when the member does not decode (written by something other than inferq).
+    pub envelope: Option<Envelope>,
+    pub reason: Takeover,
+    pub deliveries: u32,
+}
+
+/// What one reclaim pass did.
+#[derive(Debug, Default)]
+pub struct Reclaimed {
+    /// Expired claims put back in pending at their original score.
+    pub requeued: u64,
+    pub taken_over: Vec<TakenOver>,
+}
+
+/// How one generation ends.
+#[derive(Debug, Clone)]
+pub enum Finish {
+    /// claimed -> done: push the result, drop the claim.
+    Ack {
+        fence: Fence,
+        id: String,
+        request_token: String,
+        result_list: String,
+        result: String,
+    },
+    /// claimed -> dead: push the result and a dead-letter record, drop the claim.
+    Bury {
+        fence: Fence,
+        id: String,
+        request_token: String,
+        result_list: String,
+        result: String,
+        record: String,
+    },
+}
+
+impl Finish {
+    pub fn fence(&self) -> &Fence {
+        match self {
+            Finish::Ack { fence, .. } | Finish::Bury { fence, .. } => fence,
+        }
+    }
+}
+
+/// How a finish went.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Finished {
+    Published,
+    /// The claim is gone or names another owner: already done, or taken over after a lease
+    /// expiry. Nothing was written.
+    NotYours,
+    /// Redis refused this one call (the others in the batch still count).
+    Failed(String),
+}
+
+/// One queue's moves.
+#[derive(Clone)]
+pub struct Queue {
+    keys: QueueKeys,
+    settings: ClaimSettings,
+    /// Cleanup of `request-active:` / `request-cancel:` keys inside ack; off in Redis Cluster
+    /// mode, where those keys live in other slots.
+    forget_generations: bool,
+    con: ConnectionManager,
+}
+
+fn ms(d: std::time::Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
+}
+
+impl Queue {
+    pub fn new(con: ConnectionManager, queue_name: &str, settings: ClaimSettings) -> Queue {
+        Queue {
+            keys: QueueKeys::new(queue_name),
+            settings,
+            forget_generations: true,
+            con,
+        }
+    }
+
+    /// Turns off the cross-slot cleanup of producer keys (Redis Cluster).
+    pub fn without_generation_cleanup(mut self) -> Queue {
+        self.forget_generations = false;
+        self
+    }
+
+    pub fn keys(&self) -> &QueueKeys {
+        &self.keys
+    }
+
+    pub fn name(&self) -> &str {
+        &self.keys.pending
+    }
+
+    pub fn settings(&self) -> &ClaimSettings {
+        &self.settings
+    }
+
+    /// A connection handle (cheap to clone; reconnects by itself).
+    pub fn connection(&self) -> ConnectionManager {
+        self.con.clone()
+    }
+
+    /// The `n` members with the earliest deadlines, without taking them.
+    pub async fn peek(&self, n: usize) -> Result<Vec<Peeked>, QueueError> {
+        if n == 0 {
+            return Ok(Vec::new());
+        }
+        let mut con = self.con.clone();
+        let rows: Vec<(Vec<u8>, f64)> = redis::cmd("ZRANGE")
+            .arg(&self.keys.pending)
+            .arg(0)
+            .arg(n - 1)
+            .arg("WITHSCORES")
+            .query_async(&mut con)
+            .await?;
+        Ok(rows
+            .into_iter()
+            .map(|(member, score)| Peeked { member, score })
+            .collect())
+    }
+
+    /// Claims a batch of decoded members in one call: pending -> claimed.
+    pub async fn claim(
+        &self,
+        members: Vec<(Vec<u8>, Envelope)>,
+    ) -> Result<Vec<Claimed>, QueueError> {
+        if members.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut args: Vec<Vec<u8>> = Vec::with_capacity(1 + members.len() * 3);
+        args.push(ms(self.settings.lease).to_string().into_bytes());
+        let mut fences = Vec::with_capacity(members.len());
+        for (member, env) in &members {
+            let fence = Fence {
+                key: claim_key(&env.request.id, &env.internal.request_token, member),
+                token: fresh_token(),
+            };
+            args.push(member.clone());
+            args.push(fence.key.clone().into_bytes());
+            args.push(fence.token.clone().into_bytes());
+            fences.push(fence);
+        }
+        let k = &self.keys;
+        let keys = [&k.pending, &k.claimed, &k.owners, &k.idx, &k.scores];
+        let cmd = SCRIPTS.claim.cmd(&keys, &args);
+        let reply = SCRIPTS.claim.run(&mut self.con.clone(), &cmd).await?;
+        let statuses = int_array(&reply).ok_or_else(|| bad_reply("claim", &reply))?;
+        if statuses.len() != members.len() + 1 {
+            return Err(bad_reply("claim", &reply));
+        }
+        Ok(members
+            .into_iter()
+            .zip(fences)
+            .zip(statuses.into_iter().skip(1))
+            .map(|(((member, envelope), fence), status)| match status {
+                1 => Claimed::Held(Box::new(Held {
+                    fence,
+                    member,
+                    envelope,
+                })),
+                -1 => Claimed::Duplicate,
+                _ => Claimed::Gone,
+            })
+            .collect())
+    }
+
+    /// Renews every given claim in one call. `true` = still ours, lease extended.
+    pub async fn renew(&self, fences: &[Fence]) -> Result<Vec<bool>, QueueError> {
+        if fences.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut args: Vec<&str> = Vec::with_capacity(1 + fences.len() * 2);
+        let lease = ms(self.settings.lease).to_string();
+        args.push(&lease);
+        for f in fences {
+            args.push(&f.key);
+            args.push(&f.token);
+        }
+        let cmd = SCRIPTS
+            .renew
+            .cmd(&[&self.keys.owners, &self.keys.idx], &args);
+        let reply = SCRIPTS.renew.run(&mut self.con.clone(), &cmd).await?;
+        let statuses = int_array(&reply).ok_or_else(|| bad_reply("renew", &reply))?;
+        if statuses.len() != fences.len() + 1 {
+            return Err(bad_reply("renew", &reply));
+        }
+        Ok(statuses.into_iter().skip(1).map(|s| s == 1).collect())
+    }
+
+    /// Acks and buries a batch of generations in one round trip (one script call each).
+    /// An outer error means the replies are unknown: retrying the whole batch is safe, because
+    /// a repeated finish of a generation already done answers `NotYours` and writes nothing.
+    pub async fn finish(&self, batch: &[Finish]) -> Result<Vec<Finished>, QueueError> {
+        let mut calls = Batch::new();
+        let k = &self.keys;
+        for f in batch {
+            match f {
+                Finish::Ack {
+                    fence,
+                    id,
+                    request_token,
+                    result_list,
+                    result,
+                } => {
+                    let mut keys = vec![
+                        k.claimed.clone(),
+                        k.owners.clone(),
+                        k.idx.clone(),
+                        k.scores.clone(),
+                        k.deliveries.clone(),
+                        result_list.clone(),
+                    ];
+                    if self.forget_generations {
+                        keys.push(active_key(id));
+                        keys.push(cancel_key(id));
+                    }
+                    let args = [&fence.key, &fence.token, result, request_token];
+                    calls.push(&SCRIPTS.ack, SCRIPTS.ack.cmd(&keys, &args));
+                }
+                Finish::Bury {
+                    fence,
+                    id,
+                    request_token,
+                    result_list,
+                    result,
+                    record,
+                } => {
+                    let mut keys = vec![
+                        k.claimed.clone(),
+                        k.owners.clone(),
+                        k.idx.clone(),
+                        k.scores.clone(),
+                        k.deliveries.clone(),
+                        result_list.clone(),
+                        k.dead.clone(),
+                    ];
+                    if self.forget_generations {
+                        keys.push(active_key(id));
+                        keys.push(cancel_key(id));
+                    }
+                    let args = [&fence.key, &fence.token, result, record, request_token];
+                    calls.push(&SCRIPTS.bury, SCRIPTS.bury.cmd(&keys, &args));
+                }
+            }
+        }
+        if calls.is_empty() {
+            return Ok(Vec::new());
+        }
+        let replies = calls.run(&mut self.con.clone()).await?;
+        Ok(replies
+            .into_iter()
+            .map(|r| match r {
+                Ok(Value::Int(1)) => Finished::Published,
+                Ok(Value::Int(_)) => Finished::NotYours,
+                Ok(other) => Finished::Failed(format!("unexpected reply {other:?}")),
+                Err(e) => Finished::Failed(e.to_string()),
+            })
+            .collect())
+    }
+
+    /// claimed -> parked with a bumped `retry_count`, due after `backoff` (by Redis time).
+    /// Returns `false` when the claim is no longer ours.
+    pub async fn park(
+        &self,
+        fence: &Fence,
+        envelope: &Envelope,
+        backoff: std::time::Duration,
+    ) -> Result<bool, QueueError> {
+        let mut next = envelope.clone();
+        next.internal.retry_count = next.internal.retry_count.saturating_add(1);
+        let member = next.encode();
+        let k = &self.keys;
+        let keys = [&k.claimed, &k.owners, &k.idx, &k.scores, &k.parked];
+        let backoff_ms = u64::try_from(backoff.as_millis())
+            .unwrap_or(u64::MAX)
+            .to_string();
+        let args: [&[u8]; 4] = [
+            fence.key.as_bytes(),
+            fence.token.as_bytes(),
+            &member,
+            backoff_ms.as_bytes(),
+        ];
+        let cmd = SCRIPTS.park.cmd(&keys, &args);
+        match SCRIPTS.park.run(&mut self.con.clone(), &cmd).await? {
+            Value::Int(0) => Ok(false),
+            Value::Int(_) => Ok(true),
+            other => Err(bad_reply("park", &other)),
+        }
+    }
+
+    /// Due parked retries (and, when given, this queue's due entries in the Go retry set)
+    /// -> pending. Returns how many moved.
+    pub async fn promote(
+        &self,
+        limit: usize,
+        go_retry_set: Option<&str>,
+        default_for_go_retries: bool,
+    ) -> Result<u64, QueueError> {
+        let mut keys = vec![self.keys.parked.as_str(), self.keys.pending.as_str()];
+        if let Some(set) = go_retry_set {
+            keys.push(set);
+        }
+        let args = [
+            limit.max(1).to_string(),
+            self.keys.pending.clone(),
+            if default_for_go_retries { "1" } else { "0" }.to_owned(),
+        ];
+        let cmd = SCRIPTS.promote.cmd(&keys, &args);
+        match SCRIPTS.promote.run(&mut self.con.clone(), &cmd).await? {
+            Value::Int(n) => Ok(u64::try_from(n).unwrap_or(0)),
+            other => Err(bad_reply("promote", &other)),
+        }
+    }
+
+    /// claimed -> pending at the original score, without counting a delivery.
+    pub async fn release(&self, fences: &[Fence]) -> Result<Vec<bool>, QueueError> {
+        if fences.is_empty() {
+            return Ok(Vec::new());
+        }
+        let k = &self.keys;
+        let keys = [&k.claimed, &k.owners, &k.idx, &k.scores, &k.pending];
+        let args: Vec<&str> = fences
+            .iter()
+            .flat_map(|f| [f.key.as_str(), f.token.as_str()])
+            .collect();
+        let cmd = SCRIPTS.release.cmd(&keys, &args);
+        let reply = SCRIPTS.release.run(&mut self.con.clone(), &cmd).await?;
+        let statuses = int_array(&reply).ok_or_else(|| bad_reply("release", &reply))?;
+        Ok(statuses.into_iter().map(|s| s == 1).collect())
+    }
+
+    /// Expired leases -> pending, or taken over for the caller to finish (deadline passed or
+    /// delivery limit reached). At most `limit` claims per call.
+    pub async fn reclaim(&self, limit: usize) -> Result<Reclaimed, QueueError> {
+        let limit = limit.max(1);
+        let k = &self.keys;
+        let keys = [
+            &k.claimed,
+            &k.owners,
+            &k.idx,
+            &k.scores,
+            &k.deliveries,
+            &k.pending,
+        ];
+        let mut args = vec![
+            limit.to_string(),
+            self.settings.max_deliveries.max(1).to_string(),
+            ms(self.settings.lease).to_string(),
+        ];
+        args.extend((0..limit).map(|_| fresh_token()));
+        let cmd = SCRIPTS.reclaim.cmd(&keys, &args);
+        let reply = SCRIPTS.reclaim.run(&mut self.con.clone(), &cmd).await?;
+        let Value::Array(items) = &reply else {
+            return Err(bad_reply("reclaim", &reply));
+        };
+        let Some(Value::Int(requeued)) = items.first() else {
+            return Err(bad_reply("reclaim", &reply));
+        };
+        let mut out = Reclaimed {
+            requeued: u64::try_from(*requeued).unwrap_or(0),
+            taken_over: Vec::new(),
+        };
+        for chunk in items[1..].chunks(5) {
+            let [key, member, token, reason, deliveries] = chunk else {
+                return Err(bad_reply("reclaim", &reply));
+            };
+            let (Some(key), Some(member), Some(token), Some(reason)) =
+                (bytes(key), bytes(member), bytes(token), bytes(reason))
+            else {
+                return Err(bad_reply("reclaim", &reply));
+            };
+            let Value::Int(deliveries) = deliveries else {
+                return Err(bad_reply("reclaim", &reply));
+            };
+            out.taken_over.push(TakenOver {
+                fence: Fence {
+                    key: String::from_utf8_lossy(key).into_owned(),
+                    token: String::from_utf8_lossy(token).into_owned(),
+                },
+                envelope: Envelope::decode(member).ok(),
+                member: member.to_vec(),
+                reason: if reason == b"deadline" {
+                    Takeover::Deadline
+                } else {
+                    Takeover::Deliveries
+                },
+                deliveries: u32::try_from(*deliveries).unwrap_or(u32::MAX),
+            });
+        }
+        Ok(out)
+    }
+
+    /// pending -> dead for a member that cannot be a request; with a result when an id could
+    /// be read. Returns `false` when the member was no longer pending.
+    pub async fn dead_letter(
+        &self,
+        member: &[u8],
+        record: &str,
+        result: Option<(&str, &ResultMessage)>,
+    ) -> Result<bool, QueueError> {
+        let (list, json) = match result {
+            Some((list, msg)) => (list.to_owned(), msg.to_json()),
+            None => (self.keys.dead.clone(), String::new()),
+        };
+        let keys = [&self.keys.pending, &self.keys.dead, &list];
+        let args: [&[u8]; 3] = [member, record.as_bytes(), json.as_bytes()];
+        let cmd = SCRIPTS.dead_letter.cmd(&keys, &args);
+        match SCRIPTS.dead_letter.run(&mut self.con.clone(), &cmd).await? {
+            Value::Int(n) => Ok(n == 1),
+            other => Err(bad_reply("deadLetter", &other)),
+        }
+    }
+
+    /// How many claims are held on this queue (by anyone).
+    pub async fn claim_count(&self) -> Result<u64, QueueError> {
+        let n: u64 = redis::cmd("HLEN")
+            .arg(&self.keys.claimed)
+            .query_async(&mut self.con.clone())
+            .await?;
+        Ok(n)
+    }
+}
+
+fn int_array(v: &Value) -> Option<Vec<i64>> {
+    match v {
+        Value::Array(items) => items
+            .iter()
+            .map(|i| match i {
+                Value::Int(n) => Some(*n),
+                _ => None,
+            })
+            .collect(),
+        _ => None,
+    }
+}
+
+fn bytes(v: &Value) -> Option<&[u8]> {
+    match v {
+        Value::BulkString(b) => Some(b),
+        Value::SimpleString(s) => Some(s.as_bytes()),
+        _ => None,
+    }
+}

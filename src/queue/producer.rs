@@ -1,0 +1,300 @@
+//! The producer side, as the Go producer does it: `submit` (one MULTI of DEL cancel marker /
+//! SET active token PX / ZADD deadline member), `cancel` (copy the active token to the cancel
+//! marker), and results — Go's destructive `BRPOP`, plus a reliable mode in which a consumer
+//! takes results into its own in-progress list and acknowledges them once stored.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use redis::aio::{ConnectionManager, MultiplexedConnection};
+use redis::{Client, RedisError};
+
+use super::connect;
+use super::keys::{active_key, cancel_key, fresh_token};
+use super::scripts::SCRIPTS;
+use crate::wire::{MemberError, NewRequest, ResultMessage, Routing};
+
+/// How long a cancel marker lives (Go: seven days).
+pub const CANCEL_MARKER_TTL_SECS: u64 = 604_800;
+
+/// Producer errors, with the Go producer's texts where it has them.
+#[derive(Debug, thiserror::Error)]
+pub enum ProducerError {
+    #[error("redis: {0}")]
+    Redis(#[from] RedisError),
+    #[error("request ID is required")]
+    MissingId,
+    #[error("deadline is required and must be a positive Unix timestamp")]
+    BadDeadline,
+    #[error("deadline has already expired")]
+    Expired,
+    #[error("request could not be encoded: {0}")]
+    Encode(#[from] MemberError),
+    #[error("failed to unmarshal result: {0}")]
+    BadResult(String),
+    #[error("result missing 'id' field")]
+    ResultWithoutId,
+    #[error("ResultQueueName is required")]
+    NoResultQueue,
+}
+
+/// Submits to one request queue and reads one result list.
+#[derive(Clone)]
+pub struct Producer {
+    client: Client,
+    con: ConnectionManager,
+    request_queue: String,
+    result_queue: String,
+}
+
+/// What `submit` wrote.
+#[derive(Debug, Clone)]
+pub struct Submitted {
+    pub id: String,
+    /// The generation's token (also the value of `request-active:<id>`).
+    pub request_token: String,
+}
+
+/// A result taken by a reliable consumer: acknowledge it once stored, or it is handed back.
+#[derive(Debug, Clone)]
+pub struct TakenResult {
+    pub raw: Vec<u8>,
+    pub result: ResultMessage,
+}
+
+pub(crate) fn unix_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+        .unwrap_or(0)
+}
+
+fn parse_result(raw: &[u8]) -> Result<ResultMessage, ProducerError> {
+    let result: ResultMessage =
+        serde_json::from_slice(raw).map_err(|e| ProducerError::BadResult(e.to_string()))?;
+    if result.id.is_empty() {
+        return Err(ProducerError::ResultWithoutId);
+    }
+    Ok(result)
+}
+
+impl Producer {
+    /// Connects (and checks the connection) to the Redis at `url`.
+    pub async fn connect(
+        url: &str,
+        request_queue: &str,
+        result_queue: &str,
+    ) -> Result<Producer, ProducerError> {
+        if result_queue.is_empty() {
+            return Err(ProducerError::NoResultQueue);
+        }
+        let client = Client::open(url)?;
+        let con = connect::manager(&client).await?;
+        Ok(Producer {
+            client,
+            con,
+            request_queue: if request_queue.is_empty() {
+                "request-sortedset".to_owned()
+            } else {
+                request_queue.to_owned()
+            },
+            result_queue: result_queue.to_owned(),
+        })
+    }
+
+    pub fn request_queue(&self) -> &str {
+        &self.request_queue
+    }
+
+    pub fn result_queue(&self) -> &str {
+        &self.result_queue
+    }
+
+    fn prepare(
+        &self,
+        req: NewRequest,
+        now_ms: i64,
+    ) -> Result<(Vec<u8>, i64, Submitted), ProducerError> {
+        if req.id.is_empty() {
+            return Err(ProducerError::MissingId);
+        }
+        if req.deadline <= 0 {
+            return Err(ProducerError::BadDeadline);
+        }
+        let ttl_ms = req.deadline.saturating_mul(1000) - now_ms;
+        if ttl_ms <= 0 {
+            return Err(ProducerError::Expired);
+        }
+        let token = fresh_token();
+        let routing = Routing {
+            request_token: token.clone(),
+            request_queue_name: self.request_queue.clone(),
+            result_queue_name: self.result_queue.clone(),
+            ..Routing::default()
+        };
+        let id = req.id.clone();
+        let member = req.into_envelope(routing)?.encode();
+        Ok((
+            member,
+            ttl_ms,
+            Submitted {
+                id,
+                request_token: token,
+            },
+        ))
+    }
+
+    /// Submits one request: a new generation of its id.
+    pub async fn submit(&self, req: NewRequest) -> Result<Submitted, ProducerError> {
+        let mut out = self.submit_many(vec![req]).await?;
+        match out.pop() {
+            Some(r) => r,
+            None => Err(ProducerError::MissingId),
+        }
+    }
+
+    /// Submits many requests in one round trip (one MULTI per request, pipelined).
+    /// Each request gets its own outcome; validation errors do not stop the others.
+    pub async fn submit_many(
+        &self,
+        reqs: Vec<NewRequest>,
+    ) -> Result<Vec<Result<Submitted, ProducerError>>, ProducerError> {
+        let now = unix_ms();
+        let mut pipe = redis::pipe();
+        let mut outcomes = Vec::with_capacity(reqs.len());
+        for req in reqs {
+            let deadline = req.deadline;
+            match self.prepare(req, now) {
+                Ok((member, ttl_ms, submitted)) => {
+                    pipe.cmd("MULTI").ignore();
+                    pipe.cmd("DEL").arg(cancel_key(&submitted.id)).ignore();
+                    pipe.cmd("SET")
+                        .arg(active_key(&submitted.id))
+                        .arg(&submitted.request_token)
+                        .arg("PX")
+                        .arg(ttl_ms)
+                        .ignore();
+                    pipe.cmd("ZADD")
+                        .arg(&self.request_queue)
+                        .arg(deadline)
+                        .arg(member)
+                        .ignore();
+                    pipe.cmd("EXEC").ignore();
+                    outcomes.push(Ok(submitted));
+                }
+                Err(e) => outcomes.push(Err(e)),
+            }
+        }
+        if outcomes.iter().any(Result::is_ok) {
+            let _: () = pipe.query_async(&mut self.con.clone()).await?;
+        }
+        Ok(outcomes)
+    }
+
+    /// Cancels the newest generation of each id. `true` where an active generation was marked;
+    /// unknown ids are a no-op, empty ids are skipped.
+    pub async fn cancel(&self, ids: &[String]) -> Result<Vec<bool>, ProducerError> {
+        let mut out = Vec::with_capacity(ids.len());
+        let mut con = self.con.clone();
+        for id in ids {
+            if id.is_empty() {
+                out.push(false);
+                continue;
+            }
+            let cmd = SCRIPTS
+                .cancel
+                .cmd(&[active_key(id), cancel_key(id)], &[CANCEL_MARKER_TTL_SECS]);
+            let v = SCRIPTS.cancel.run(&mut con, &cmd).await?;
+            out.push(matches!(v, redis::Value::Int(1)));
+        }
+        Ok(out)
+    }
+
+    async fn blocking(&self) -> Result<MultiplexedConnection, ProducerError> {
+        Ok(connect::blocking(&self.client).await?)
+    }
+
+    /// Pops one result (Go's destructive `BRPOP`): `None` after `timeout` without one.
+    pub async fn pop_result(
+        &self,
+        timeout: Duration,
+    ) -> Result<Option<ResultMessage>, ProducerError> {
+        let mut con = self.blocking().await?;
+        let got: Option<(String, Vec<u8>)> = redis::cmd("BRPOP")
+            .arg(&self.result_queue)
+            .arg(timeout.as_secs_f64())
+            .query_async(&mut con)
+            .await?;
+        got.map(|(_, raw)| parse_result(&raw)).transpose()
+    }
+
+    /// A reliable consumer named `consumer` on this producer's result list.
+    pub async fn reliable(&self, consumer: &str) -> Result<ReliableConsumer, ProducerError> {
+        Ok(ReliableConsumer {
+            con: self.con.clone(),
+            blocking: self.blocking().await?,
+            results: self.result_queue.clone(),
+            taken: format!("{}:taken:{consumer}", self.result_queue),
+        })
+    }
+}
+
+/// Takes results into `<result list>:taken:<consumer>` (BLMOVE) so that a consumer that dies
+/// after taking a result does not lose it: [`ReliableConsumer::ack`] removes it once stored,
+/// and [`ReliableConsumer::hand_back`] returns everything unacknowledged to the result list.
+pub struct ReliableConsumer {
+    con: ConnectionManager,
+    blocking: MultiplexedConnection,
+    results: String,
+    taken: String,
+}
+
+impl ReliableConsumer {
+    /// The in-progress list's key.
+    pub fn taken_list(&self) -> &str {
+        &self.taken
+    }
+
+    /// Takes the oldest result, waiting up to `timeout`. A result that does not parse is still
+    /// taken (and returned as an error) so it can be inspected; it stays in the taken list.
+    pub async fn take(&mut self, timeout: Duration) -> Result<Option<TakenResult>, ProducerError> {
+        let raw: Option<Vec<u8>> = redis::cmd("BLMOVE")
+            .arg(&self.results)
+            .arg(&self.taken)
+            .arg("RIGHT")
+            .arg("LEFT")
+            .arg(timeout.as_secs_f64())
+            .query_async(&mut self.blocking)
+            .await?;
+        match raw {
+            None => Ok(None),
+            Some(raw) => {
+                let result = parse_result(&raw)?;
+                Ok(Some(TakenResult { raw, result }))
+            }
+        }
+    }
+
+    /// The result is stored: forget it.
+    pub async fn ack(&mut self, taken: &TakenResult) -> Result<(), ProducerError> {
+        let _: i64 = redis::cmd("LREM")
+            .arg(&self.taken)
+            .arg(1)
+            .arg(&taken.raw)
+            .query_async(&mut self.con)
+            .await?;
+        Ok(())
+    }
+
+    /// Returns every taken-but-unacknowledged result to the result list (oldest popped first).
+    /// Run at start-up by a consumer that restarts under the same name, or by an operator for a
+    /// consumer that is gone.
+    pub async fn hand_back(&mut self) -> Result<u64, ProducerError> {
+        let cmd = SCRIPTS
+            .hand_back
+            .cmd(&[&self.taken, &self.results], &[] as &[&str]);
+        match SCRIPTS.hand_back.run(&mut self.con, &cmd).await? {
+            redis::Value::Int(n) => Ok(u64::try_from(n).unwrap_or(0)),
+            _ => Ok(0),
+        }
+    }
+}

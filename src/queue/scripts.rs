@@ -1,0 +1,217 @@
+//! The Lua scripts of the durability contract, loaded from `lua/*.lua` at compile time with
+//! their shared fragments from `lua/includes/`, and the machinery to run them.
+//!
+//! Scripts run by `EVALSHA`. When Redis answers `NOSCRIPT` (after `SCRIPT FLUSH`, a restart or a
+//! fail-over) the script is loaded and the call repeated — also for calls inside a pipeline, where
+//! only the calls that hit `NOSCRIPT` (and so did not run) are repeated.
+
+use std::sync::LazyLock;
+
+use redis::aio::ConnectionLike;
+use redis::{Cmd, ErrorKind, Pipeline, RedisError, RedisResult, ServerErrorKind, Value};
+
+/// One script: its name (for errors and metrics), its source and its SHA1.
+#[derive(Debug)]
+pub struct Script {
+    pub name: &'static str,
+    source: String,
+    sha: String,
+}
+
+impl Script {
+    fn new(name: &'static str, includes: &[&str], body: &str) -> Script {
+        let mut source = String::new();
+        for include in includes {
+            source.push_str(include);
+            source.push('\n');
+        }
+        source.push_str(body);
+        let sha = sha1_smol::Sha1::from(source.as_bytes())
+            .digest()
+            .to_string();
+        Script { name, source, sha }
+    }
+
+    /// An `EVALSHA` command for these keys and arguments.
+    pub fn cmd<K: redis::ToRedisArgs, A: redis::ToRedisArgs>(&self, keys: &[K], args: &[A]) -> Cmd {
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(&self.sha).arg(keys.len());
+        for k in keys {
+            cmd.arg(k);
+        }
+        for a in args {
+            cmd.arg(a);
+        }
+        cmd
+    }
+
+    /// `SCRIPT LOAD`s this script.
+    pub async fn load<C: ConnectionLike>(&self, con: &mut C) -> RedisResult<()> {
+        let _: String = redis::cmd("SCRIPT")
+            .arg("LOAD")
+            .arg(&self.source)
+            .query_async(con)
+            .await?;
+        Ok(())
+    }
+
+    /// Runs one call, loading the script first if Redis has lost it.
+    pub async fn run<C: ConnectionLike>(&self, con: &mut C, cmd: &Cmd) -> RedisResult<Value> {
+        match cmd.query_async::<Value>(con).await {
+            Err(e) if is_noscript(&e) => {
+                self.load(con).await?;
+                cmd.query_async(con).await
+            }
+            other => other,
+        }
+    }
+}
+
+fn is_noscript(e: &RedisError) -> bool {
+    e.kind() == ErrorKind::Server(ServerErrorKind::NoScript)
+}
+
+/// A batch of script calls sent as one pipeline (one round trip), each with its own result.
+pub struct Batch<'s> {
+    calls: Vec<(&'s Script, Cmd)>,
+}
+
+impl<'s> Batch<'s> {
+    pub fn new() -> Self {
+        Batch { calls: Vec::new() }
+    }
+
+    pub fn push(&mut self, script: &'s Script, cmd: Cmd) {
+        self.calls.push((script, cmd));
+    }
+
+    pub fn len(&self) -> usize {
+        self.calls.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.calls.is_empty()
+    }
+
+    /// Sends every call; a call that hit `NOSCRIPT` is repeated once its script is loaded.
+    /// The outer error is a transport failure (none of the replies is known).
+    pub async fn run<C: ConnectionLike>(self, con: &mut C) -> RedisResult<Vec<RedisResult<Value>>> {
+        let mut results = send(&self.calls, con).await?;
+        let missing: Vec<usize> = (0..results.len())
+            .filter(|&i| matches!(&results[i], Err(e) if is_noscript(e)))
+            .collect();
+        if missing.is_empty() {
+            return Ok(results);
+        }
+        let mut loaded: Vec<&str> = Vec::new();
+        for &i in &missing {
+            let script = self.calls[i].0;
+            if !loaded.contains(&script.name) {
+                script.load(con).await?;
+                loaded.push(script.name);
+            }
+        }
+        let again: Vec<(&Script, Cmd)> = missing.iter().map(|&i| self.calls[i].clone()).collect();
+        let retried = send(&again, con).await?;
+        for (slot, result) in missing.into_iter().zip(retried) {
+            results[slot] = result;
+        }
+        Ok(results)
+    }
+}
+
+impl Default for Batch<'_> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+async fn send<C: ConnectionLike>(
+    calls: &[(&Script, Cmd)],
+    con: &mut C,
+) -> RedisResult<Vec<RedisResult<Value>>> {
+    let mut pipe = Pipeline::with_capacity(calls.len());
+    for (_, cmd) in calls {
+        pipe.add_command(cmd.clone());
+    }
+    pipe.ignore_errors();
+    let values: Vec<Value> = pipe.query_async(con).await?;
+    Ok(values
+        .into_iter()
+        .map(|v| match v {
+            Value::ServerError(e) => Err(RedisError::from(e)),
+            v => Ok(v),
+        })
+        .collect())
+}
+
+macro_rules! lua {
+    ($name:literal) => {
+        include_str!(concat!("lua/", $name, ".lua"))
+    };
+}
+
+const NOW_MS: &str = lua!("includes/nowMs");
+const DROP_CLAIM: &str = lua!("includes/dropClaim");
+const DEADLINE_OF: &str = lua!("includes/deadlineOf");
+const FORGET: &str = lua!("includes/forgetGeneration");
+
+/// Every script inferq runs.
+pub struct Scripts {
+    pub claim: Script,
+    pub renew: Script,
+    pub ack: Script,
+    pub bury: Script,
+    pub park: Script,
+    pub promote: Script,
+    pub release: Script,
+    pub reclaim: Script,
+    pub dead_letter: Script,
+    pub cancel: Script,
+    pub hand_back: Script,
+}
+
+/// The scripts, built once.
+pub static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
+    claim: Script::new("claim", &[NOW_MS], lua!("claim-5")),
+    renew: Script::new("renew", &[NOW_MS], lua!("renew-2")),
+    ack: Script::new("ack", &[DROP_CLAIM, FORGET], lua!("ack-8")),
+    bury: Script::new("bury", &[DROP_CLAIM, FORGET], lua!("bury-9")),
+    park: Script::new("park", &[NOW_MS, DROP_CLAIM], lua!("park-5")),
+    promote: Script::new("promote", &[NOW_MS, DEADLINE_OF], lua!("promote-3")),
+    release: Script::new("release", &[DROP_CLAIM, DEADLINE_OF], lua!("release-5")),
+    reclaim: Script::new(
+        "reclaim",
+        &[NOW_MS, DROP_CLAIM, DEADLINE_OF],
+        lua!("reclaim-6"),
+    ),
+    dead_letter: Script::new("deadLetter", &[], lua!("deadLetter-3")),
+    cancel: Script::new("cancel", &[], lua!("cancel-2")),
+    hand_back: Script::new("handBack", &[], lua!("handBack-2")),
+});
+
+impl Scripts {
+    pub fn all(&self) -> [&Script; 11] {
+        [
+            &self.claim,
+            &self.renew,
+            &self.ack,
+            &self.bury,
+            &self.park,
+            &self.promote,
+            &self.release,
+            &self.reclaim,
+            &self.dead_letter,
+            &self.cancel,
+            &self.hand_back,
+        ]
+    }
+
+    /// Loads every script (at start-up, so the first real call does not pay for it).
+    pub async fn load_all<C: ConnectionLike>(&self, con: &mut C) -> RedisResult<()> {
+        for script in self.all() {
+            script.load(con).await?;
+        }
+        Ok(())
+    }
+}

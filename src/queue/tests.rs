@@ -1,0 +1,760 @@
+//! One or more tests for every rule of the durability contract, each against its own real
+//! `redis-server` (see [`crate::testkit`]). Leases are short (hundreds of ms) so expiry is real.
+
+use std::time::Duration;
+
+use redis::AsyncCommands;
+use serde_json::value::RawValue;
+
+use super::dead::DeadRecord;
+use super::producer::{unix_ms, Producer};
+use super::*;
+use crate::testkit::RedisServer;
+use crate::wire::{Envelope, NewRequest, ResultMessage};
+
+const Q: &str = "q";
+const RESULTS: &str = "results";
+
+struct Rig {
+    server: RedisServer,
+    queue: Queue,
+    producer: Producer,
+    con: redis::aio::ConnectionManager,
+}
+
+async fn rig(lease_ms: u64, max_deliveries: u32) -> Rig {
+    let server = RedisServer::start().expect("redis-server");
+    let client = redis::Client::open(server.url()).unwrap();
+    let con = connect::manager(&client).await.unwrap();
+    let settings = ClaimSettings {
+        lease: Duration::from_millis(lease_ms),
+        reclaim_interval: Duration::from_millis(lease_ms),
+        max_deliveries,
+    };
+    let queue = Queue::new(con.clone(), Q, settings);
+    let producer = Producer::connect(&server.url(), Q, RESULTS).await.unwrap();
+    Rig {
+        server,
+        queue,
+        producer,
+        con,
+    }
+}
+
+fn request(id: &str, deadline_in_s: i64) -> NewRequest {
+    NewRequest {
+        id: id.to_owned(),
+        created: unix_ms() / 1000,
+        deadline: unix_ms() / 1000 + deadline_in_s,
+        payload: RawValue::from_string(r#"{"model":"m","prompt":"hi"}"#.to_owned()).unwrap(),
+        metadata: Default::default(),
+        headers: Default::default(),
+        endpoint: String::new(),
+    }
+}
+
+/// Peeks up to `n`, decodes and claims them all.
+async fn claim_head(queue: &Queue, n: usize) -> Vec<Held> {
+    let peeked = queue.peek(n).await.unwrap();
+    let members = peeked
+        .into_iter()
+        .map(|p| {
+            let env = Envelope::decode(&p.member).unwrap();
+            (p.member, env)
+        })
+        .collect();
+    queue
+        .claim(members)
+        .await
+        .unwrap()
+        .into_iter()
+        .filter_map(|c| match c {
+            Claimed::Held(h) => Some(*h),
+            _ => None,
+        })
+        .collect()
+}
+
+fn ack(held: &Held, result: &ResultMessage) -> Finish {
+    Finish::Ack {
+        fence: held.fence.clone(),
+        id: held.envelope.request.id.clone(),
+        request_token: held.envelope.internal.request_token.clone(),
+        result_list: RESULTS.to_owned(),
+        result: result.to_json(),
+    }
+}
+
+async fn results(con: &mut redis::aio::ConnectionManager) -> Vec<ResultMessage> {
+    let raw: Vec<String> = con.lrange(RESULTS, 0, -1).await.unwrap();
+    raw.iter()
+        .map(|r| serde_json::from_str(r).unwrap())
+        .collect()
+}
+
+async fn zcard(con: &mut redis::aio::ConnectionManager, key: &str) -> u64 {
+    con.zcard(key).await.unwrap()
+}
+
+async fn hlen(con: &mut redis::aio::ConnectionManager, key: &str) -> u64 {
+    con.hlen(key).await.unwrap()
+}
+
+/// Rule 1 (fencing): a stale owner's renew, ack, park and release change nothing.
+#[tokio::test]
+async fn stale_owner_moves_change_nothing() {
+    let mut r = rig(30_000, 5).await;
+    r.producer.submit(request("a", 60)).await.unwrap();
+    let held = claim_head(&r.queue, 10).await.remove(0);
+    let stale = Fence {
+        key: held.fence.key.clone(),
+        token: "not-the-owner".to_owned(),
+    };
+    assert_eq!(
+        r.queue.renew(std::slice::from_ref(&stale)).await.unwrap(),
+        vec![false]
+    );
+    let mut forged = ack(&held, &ResultMessage::http("a", 200, b"{}"));
+    if let Finish::Ack { fence, .. } = &mut forged {
+        *fence = stale.clone();
+    }
+    assert_eq!(
+        r.queue.finish(&[forged]).await.unwrap(),
+        vec![Finished::NotYours]
+    );
+    assert!(!r
+        .queue
+        .park(&stale, &held.envelope, Duration::ZERO)
+        .await
+        .unwrap());
+    assert_eq!(
+        r.queue.release(std::slice::from_ref(&stale)).await.unwrap(),
+        vec![false]
+    );
+    // Still held by the real owner, nothing published, nothing pending or parked.
+    assert_eq!(hlen(&mut r.con, "q:claimed").await, 1);
+    let owner: String = r.con.hget("q:claim-owners", &held.fence.key).await.unwrap();
+    assert_eq!(owner, held.fence.token);
+    assert!(results(&mut r.con).await.is_empty());
+    assert_eq!(zcard(&mut r.con, Q).await, 0);
+    assert_eq!(zcard(&mut r.con, "q:parked").await, 0);
+    // The real owner's ack works once.
+    let real = ack(&held, &ResultMessage::http("a", 200, b"{}"));
+    assert_eq!(
+        r.queue.finish(&[real]).await.unwrap(),
+        vec![Finished::Published]
+    );
+    assert_eq!(results(&mut r.con).await.len(), 1);
+}
+
+/// Rule 1 + 6: after a lease expires and another instance reclaims and claims the request, the
+/// old owner (a zombie coming back) cannot renew or publish; exactly one result appears.
+#[tokio::test]
+async fn zombie_owner_cannot_publish_after_takeover() {
+    let mut r = rig(300, 5).await;
+    r.producer.submit(request("a", 60)).await.unwrap();
+    let zombie = claim_head(&r.queue, 1).await.remove(0);
+    tokio::time::sleep(Duration::from_millis(450)).await;
+    let reclaimed = r.queue.reclaim(100).await.unwrap();
+    assert_eq!(reclaimed.requeued, 1);
+    let survivor = claim_head(&r.queue, 1).await.remove(0);
+    assert_ne!(survivor.fence.token, zombie.fence.token);
+    assert_eq!(
+        r.queue
+            .renew(std::slice::from_ref(&zombie.fence))
+            .await
+            .unwrap(),
+        vec![false]
+    );
+    let late = ack(&zombie, &ResultMessage::http("a", 200, b"late"));
+    assert_eq!(
+        r.queue.finish(&[late]).await.unwrap(),
+        vec![Finished::NotYours]
+    );
+    let good = ack(&survivor, &ResultMessage::http("a", 200, b"good"));
+    assert_eq!(
+        r.queue.finish(&[good]).await.unwrap(),
+        vec![Finished::Published]
+    );
+    let all = results(&mut r.con).await;
+    assert_eq!(all.len(), 1);
+    assert_eq!(all[0].payload, "good");
+}
+
+/// Rule 3: renew extends the lease by Redis TIME, for all held claims in one call.
+#[tokio::test]
+async fn renew_extends_every_held_lease_by_redis_time() {
+    let mut r = rig(400, 5).await;
+    for id in ["a", "b", "c"] {
+        r.producer.submit(request(id, 60)).await.unwrap();
+    }
+    let held = claim_head(&r.queue, 10).await;
+    assert_eq!(held.len(), 3);
+    let fences: Vec<Fence> = held.iter().map(|h| h.fence.clone()).collect();
+    for _ in 0..4 {
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        assert_eq!(r.queue.renew(&fences).await.unwrap(), vec![true; 3]);
+    }
+    // 600 ms after claiming with a 400 ms lease: renewals kept every claim alive.
+    assert_eq!(r.queue.reclaim(100).await.unwrap().requeued, 0);
+    let (secs, micros): (i64, i64) = redis::cmd("TIME").query_async(&mut r.con).await.unwrap();
+    let now = secs as f64 + micros as f64 / 1e6;
+    let expiry: f64 = r.con.zscore("q:claims-idx", &fences[0].key).await.unwrap();
+    assert!(
+        expiry > now && expiry <= now + 0.45,
+        "expiry {expiry} vs now {now}"
+    );
+}
+
+/// ID reuse: two live generations of one id never touch each other, and cancel and cleanup
+/// only ever affect the generation whose token they carry.
+#[tokio::test]
+async fn reused_id_generations_are_independent() {
+    let mut r = rig(30_000, 5).await;
+    let first = r.producer.submit(request("dup", 60)).await.unwrap();
+    let second = r.producer.submit(request("dup", 61)).await.unwrap();
+    assert_ne!(first.request_token, second.request_token);
+    assert_eq!(zcard(&mut r.con, Q).await, 2);
+    let held = claim_head(&r.queue, 10).await;
+    assert_eq!(held.len(), 2);
+    assert_ne!(held[0].fence.key, held[1].fence.key);
+    // Cancel marks only the newest generation.
+    assert_eq!(
+        r.producer.cancel(&["dup".to_owned()]).await.unwrap(),
+        vec![true]
+    );
+    let marker: String = r.con.get("request-cancel:dup").await.unwrap();
+    assert_eq!(marker, second.request_token);
+    // The old generation finishing does not clear the new one's state.
+    let old = held
+        .iter()
+        .find(|h| h.envelope.internal.request_token == first.request_token)
+        .unwrap();
+    let new = held
+        .iter()
+        .find(|h| h.envelope.internal.request_token == second.request_token)
+        .unwrap();
+    r.queue
+        .finish(&[ack(old, &ResultMessage::http("dup", 200, b"1"))])
+        .await
+        .unwrap();
+    let active: String = r.con.get("request-active:dup").await.unwrap();
+    assert_eq!(active, second.request_token);
+    let marker: Option<String> = r.con.get("request-cancel:dup").await.unwrap();
+    assert_eq!(marker.as_deref(), Some(second.request_token.as_str()));
+    // The new generation is still held and publishes its own result; then its state is cleaned.
+    assert_eq!(
+        r.queue
+            .renew(std::slice::from_ref(&new.fence))
+            .await
+            .unwrap(),
+        vec![true]
+    );
+    r.queue
+        .finish(&[ack(new, &ResultMessage::cancelled("dup"))])
+        .await
+        .unwrap();
+    assert_eq!(results(&mut r.con).await.len(), 2);
+    let active: Option<String> = r.con.get("request-active:dup").await.unwrap();
+    let marker: Option<String> = r.con.get("request-cancel:dup").await.unwrap();
+    assert_eq!((active, marker), (None, None));
+}
+
+/// Lost replies: a claim whose reply was lost is not claimed twice (a retry finds it gone and
+/// the lost claim comes back by reclaim); an ack whose reply was lost, retried, publishes once.
+#[tokio::test]
+async fn lost_replies_are_retried_safely() {
+    let mut r = rig(300, 5).await;
+    r.producer.submit(request("a", 60)).await.unwrap();
+    // The first claim ran but its caller never learned of it.
+    let lost = claim_head(&r.queue, 1).await;
+    assert_eq!(lost.len(), 1);
+    drop(lost);
+    assert!(
+        claim_head(&r.queue, 1).await.is_empty(),
+        "a claimed member must not be claimable"
+    );
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert_eq!(r.queue.reclaim(10).await.unwrap().requeued, 1);
+    let held = claim_head(&r.queue, 1).await.remove(0);
+    // The ack ran, its reply was lost, and the caller retries the same ack.
+    let finish = ack(&held, &ResultMessage::http("a", 200, b"x"));
+    assert_eq!(
+        r.queue.finish(std::slice::from_ref(&finish)).await.unwrap(),
+        vec![Finished::Published]
+    );
+    assert_eq!(
+        r.queue.finish(&[finish]).await.unwrap(),
+        vec![Finished::NotYours]
+    );
+    assert_eq!(results(&mut r.con).await.len(), 1);
+    assert_eq!(hlen(&mut r.con, "q:claimed").await, 0);
+}
+
+/// Rule 6: an expired claim goes back to pending at its original score (also when that score
+/// is not the deadline, as with hand-written members), counting a delivery.
+#[tokio::test]
+async fn reclaim_returns_expired_claims_at_their_original_score() {
+    let mut r = rig(200, 5).await;
+    let deadline = unix_ms() / 1000 + 60;
+    let member = format!(
+        r#"{{"request_kind":"redis","internal":{{}},"data":{{"id":"hand","deadline":{deadline},"payload":{{}}}}}}"#
+    );
+    let _: () = r.con.zadd(Q, &member, 42).await.unwrap();
+    let held = claim_head(&r.queue, 1).await;
+    assert_eq!(held.len(), 1);
+    assert_eq!(
+        r.queue.reclaim(10).await.unwrap().requeued,
+        0,
+        "lease still valid"
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(r.queue.reclaim(10).await.unwrap().requeued, 1);
+    let score: f64 = r.con.zscore(Q, &member).await.unwrap();
+    assert_eq!(score, 42.0);
+    let deliveries: u32 = r
+        .con
+        .hget("q:deliveries", &held[0].fence.key)
+        .await
+        .unwrap();
+    assert_eq!(deliveries, 1);
+    for key in ["q:claimed", "q:claim-owners", "q:claim-scores"] {
+        assert_eq!(hlen(&mut r.con, key).await, 0, "{key}");
+    }
+    assert_eq!(zcard(&mut r.con, "q:claims-idx").await, 0);
+}
+
+/// Rule 6: reclaim works in bounded batches.
+#[tokio::test]
+async fn reclaim_is_bounded() {
+    let mut r = rig(100, 5).await;
+    for i in 0..7 {
+        r.producer
+            .submit(request(&format!("r{i}"), 60))
+            .await
+            .unwrap();
+    }
+    assert_eq!(claim_head(&r.queue, 10).await.len(), 7);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(r.queue.reclaim(3).await.unwrap().requeued, 3);
+    assert_eq!(r.queue.reclaim(3).await.unwrap().requeued, 3);
+    assert_eq!(r.queue.reclaim(3).await.unwrap().requeued, 1);
+    assert_eq!(zcard(&mut r.con, Q).await, 7);
+}
+
+/// Rule 6: a request whose every delivery dies is dead-lettered at the delivery limit with a
+/// terminal record, instead of crash-looping.
+#[tokio::test]
+async fn delivery_limit_dead_letters_with_a_terminal_record() {
+    let mut r = rig(100, 2).await;
+    r.producer.submit(request("poison", 60)).await.unwrap();
+    claim_head(&r.queue, 1).await;
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    assert_eq!(
+        r.queue.reclaim(10).await.unwrap().requeued,
+        1,
+        "first expiry: redeliver"
+    );
+    claim_head(&r.queue, 1).await;
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    let reclaimed = r.queue.reclaim(10).await.unwrap();
+    assert_eq!(reclaimed.requeued, 0);
+    assert_eq!(reclaimed.taken_over.len(), 1);
+    let taken = &reclaimed.taken_over[0];
+    assert_eq!(taken.reason, Takeover::Deliveries);
+    assert_eq!(taken.deliveries, 2);
+    let env = taken.envelope.as_ref().unwrap();
+    let mut record = DeadRecord::new(Q, "delivery limit reached", &taken.member);
+    record.id = env.request.id.clone();
+    record.deliveries = taken.deliveries;
+    let result = crate::wire::ResultMessage::error(
+        "poison",
+        crate::wire::ErrorCode::DeadLettered,
+        "dead-lettered after 2 deliveries",
+    );
+    let bury = Finish::Bury {
+        fence: taken.fence.clone(),
+        id: env.request.id.clone(),
+        request_token: env.internal.request_token.clone(),
+        result_list: RESULTS.to_owned(),
+        result: result.to_json(),
+        record: record.to_json(),
+    };
+    assert_eq!(
+        r.queue.finish(&[bury]).await.unwrap(),
+        vec![Finished::Published]
+    );
+    let all = results(&mut r.con).await;
+    assert_eq!(all.len(), 1);
+    assert_eq!(all[0].error_code, "DEAD_LETTERED");
+    let dead: Vec<String> = r.con.lrange("q:dead", 0, -1).await.unwrap();
+    let dead: DeadRecord = serde_json::from_str(&dead[0]).unwrap();
+    assert_eq!((dead.id.as_str(), dead.deliveries), ("poison", 2));
+    assert_eq!(
+        zcard(&mut r.con, Q).await + hlen(&mut r.con, "q:claimed").await,
+        0
+    );
+    let deliveries: Option<u32> = r.con.hget("q:deliveries", &taken.fence.key).await.unwrap();
+    assert_eq!(deliveries, None);
+}
+
+/// Rule 6: an expired claim whose deadline has passed is taken over to finish with
+/// DEADLINE_EXCEEDED, not put back in the queue.
+#[tokio::test]
+async fn passed_deadline_is_taken_over_for_deadline_exceeded() {
+    let mut r = rig(200, 5).await;
+    r.producer.submit(request("late", 1)).await.unwrap();
+    claim_head(&r.queue, 1).await;
+    tokio::time::sleep(Duration::from_millis(2100)).await;
+    let reclaimed = r.queue.reclaim(10).await.unwrap();
+    assert_eq!(reclaimed.requeued, 0);
+    let taken = &reclaimed.taken_over[0];
+    assert_eq!(taken.reason, Takeover::Deadline);
+    let env = taken.envelope.as_ref().unwrap();
+    let finish = Finish::Ack {
+        fence: taken.fence.clone(),
+        id: env.request.id.clone(),
+        request_token: env.internal.request_token.clone(),
+        result_list: RESULTS.to_owned(),
+        result: ResultMessage::deadline_exceeded("late").to_json(),
+    };
+    assert_eq!(
+        r.queue.finish(&[finish]).await.unwrap(),
+        vec![Finished::Published]
+    );
+    let all = results(&mut r.con).await;
+    assert_eq!(all.len(), 1);
+    assert_eq!(all[0].error_code, "DEADLINE_EXCEEDED");
+    assert_eq!(zcard(&mut r.con, Q).await, 0);
+}
+
+/// Rule 10: malformed members are dead-lettered with a reason, with INVALID_REQUEST when an
+/// id can be read, and never block or vanish.
+#[tokio::test]
+async fn malformed_members_are_dead_lettered_with_a_reason() {
+    let mut r = rig(30_000, 5).await;
+    let bad = [
+        ("not json at all".to_owned(), None),
+        (
+            r#"{"request_kind":"plain","data":{"id":"noDeadline"}}"#.to_owned(),
+            Some("noDeadline"),
+        ),
+        (
+            r#"{"request_kind":"plain","data":{"deadline":5}}"#.to_owned(),
+            None,
+        ),
+    ];
+    for (i, (member, _)) in bad.iter().enumerate() {
+        let _: () = r.con.zadd(Q, member, i).await.unwrap();
+    }
+    for p in r.queue.peek(10).await.unwrap() {
+        let err = Envelope::decode(&p.member).unwrap_err();
+        let record = DeadRecord::new(Q, &err.to_string(), &p.member);
+        let salvaged = Envelope::salvage_id(&p.member);
+        let result = salvaged.as_ref().map(|(id, _)| {
+            ResultMessage::error(
+                id,
+                crate::wire::ErrorCode::InvalidRequest,
+                &format!("Failed: {err}"),
+            )
+        });
+        let moved = r
+            .queue
+            .dead_letter(
+                &p.member,
+                &record.to_json(),
+                result.as_ref().map(|m| (RESULTS, m)),
+            )
+            .await
+            .unwrap();
+        assert!(moved);
+    }
+    assert_eq!(zcard(&mut r.con, Q).await, 0);
+    let dead: Vec<String> = r.con.lrange("q:dead", 0, -1).await.unwrap();
+    assert_eq!(dead.len(), 3);
+    let reasons: Vec<String> = dead
+        .iter()
+        .map(|d| serde_json::from_str::<DeadRecord>(d).unwrap().reason)
+        .collect();
+    assert!(
+        reasons.iter().any(|r| r.contains("not valid JSON")),
+        "{reasons:?}"
+    );
+    assert!(
+        reasons.iter().any(|r| r.contains("deadline")),
+        "{reasons:?}"
+    );
+    assert!(reasons.iter().any(|r| r.contains("no id")), "{reasons:?}");
+    let all = results(&mut r.con).await;
+    assert_eq!(all.len(), 1);
+    assert_eq!(
+        (all[0].id.as_str(), all[0].error_code.as_str()),
+        ("noDeadline", "INVALID_REQUEST")
+    );
+    // Dead-lettering a member another instance already moved changes nothing.
+    assert!(!r
+        .queue
+        .dead_letter(b"not json at all", "{}", None)
+        .await
+        .unwrap());
+}
+
+/// Earliest deadline first.
+#[tokio::test]
+async fn peek_and_claim_go_earliest_deadline_first() {
+    let r = rig(30_000, 5).await;
+    for (id, secs) in [("late", 300), ("soon", 10), ("mid", 100)] {
+        r.producer.submit(request(id, secs)).await.unwrap();
+    }
+    let held = claim_head(&r.queue, 2).await;
+    let ids: Vec<&str> = held
+        .iter()
+        .map(|h| h.envelope.request.id.as_str())
+        .collect();
+    assert_eq!(ids, ["soon", "mid"]);
+}
+
+/// Rule 7: park is one fenced move into the parked set with a bumped retry_count, and promote
+/// moves it back to pending at its deadline only once due.
+#[tokio::test]
+async fn park_then_promote_when_due() {
+    let mut r = rig(30_000, 5).await;
+    let sub = r.producer.submit(request("retry", 60)).await.unwrap();
+    let held = claim_head(&r.queue, 1).await.remove(0);
+    assert!(r
+        .queue
+        .park(&held.fence, &held.envelope, Duration::from_millis(300))
+        .await
+        .unwrap());
+    assert_eq!(hlen(&mut r.con, "q:claimed").await, 0);
+    assert_eq!(
+        r.queue.promote(10, None, true).await.unwrap(),
+        0,
+        "not due yet"
+    );
+    tokio::time::sleep(Duration::from_millis(350)).await;
+    assert_eq!(r.queue.promote(10, None, true).await.unwrap(), 1);
+    let pending = r.queue.peek(10).await.unwrap();
+    assert_eq!(pending.len(), 1);
+    assert_eq!(pending[0].score, held.envelope.request.deadline as f64);
+    let env = Envelope::decode(&pending[0].member).unwrap();
+    assert_eq!(env.internal.retry_count, 1);
+    assert_eq!(
+        env.internal.request_token, sub.request_token,
+        "same generation"
+    );
+    assert_eq!(
+        env.request.payload.get(),
+        held.envelope.request.payload.get()
+    );
+    // A parked retry keeps its generation's claim key, so its deliveries count carries on.
+    let again = claim_head(&r.queue, 1).await.remove(0);
+    assert_eq!(again.fence.key, held.fence.key);
+}
+
+/// Promote also drains the Go processor's shared retry set, but only this queue's entries.
+#[tokio::test]
+async fn promote_moves_due_entries_out_of_the_go_retry_set() {
+    let mut r = rig(30_000, 5).await;
+    let deadline = unix_ms() / 1000 + 60;
+    let ours = format!(
+        r#"{{"internal":{{"request_queue_name":"q","retry_count":1}},"request_kind":"plain","data":{{"id":"g1","deadline":{deadline},"payload":{{}}}}}}"#
+    );
+    let other = format!(
+        r#"{{"internal":{{"request_queue_name":"other"}},"request_kind":"plain","data":{{"id":"g2","deadline":{deadline},"payload":{{}}}}}}"#
+    );
+    let unnamed = format!(
+        r#"{{"internal":{{}},"request_kind":"plain","data":{{"id":"g3","deadline":{deadline},"payload":{{}}}}}}"#
+    );
+    let future = format!(
+        r#"{{"internal":{{"request_queue_name":"q"}},"request_kind":"plain","data":{{"id":"g4","deadline":{deadline},"payload":{{}}}}}}"#
+    );
+    let now = unix_ms() as f64 / 1000.0;
+    for (m, due) in [
+        (&ours, now - 1.0),
+        (&other, now - 1.0),
+        (&unnamed, now - 1.0),
+        (&future, now + 60.0),
+    ] {
+        let _: () = r.con.zadd("retry-sortedset", m, due).await.unwrap();
+    }
+    assert_eq!(
+        r.queue
+            .promote(10, Some("retry-sortedset"), false)
+            .await
+            .unwrap(),
+        1
+    );
+    let score: f64 = r.con.zscore(Q, &ours).await.unwrap();
+    assert_eq!(score, deadline as f64);
+    assert_eq!(zcard(&mut r.con, "retry-sortedset").await, 3);
+    // As the default queue it also takes members naming no queue.
+    assert_eq!(
+        r.queue
+            .promote(10, Some("retry-sortedset"), true)
+            .await
+            .unwrap(),
+        1
+    );
+    assert_eq!(zcard(&mut r.con, "retry-sortedset").await, 2);
+    assert_eq!(zcard(&mut r.con, Q).await, 2);
+}
+
+/// Rule 8: release hands unstarted claims back at once, at their original score, without
+/// counting a delivery.
+#[tokio::test]
+async fn release_returns_claims_at_once() {
+    let mut r = rig(30_000, 5).await;
+    r.producer.submit(request("a", 60)).await.unwrap();
+    r.producer.submit(request("b", 70)).await.unwrap();
+    let held = claim_head(&r.queue, 10).await;
+    let fences: Vec<Fence> = held.iter().map(|h| h.fence.clone()).collect();
+    assert_eq!(r.queue.release(&fences).await.unwrap(), vec![true, true]);
+    assert_eq!(
+        r.queue.release(&fences).await.unwrap(),
+        vec![false, false],
+        "already released"
+    );
+    let pending = r.queue.peek(10).await.unwrap();
+    assert_eq!(pending.len(), 2);
+    assert_eq!(pending[0].score, held[0].envelope.request.deadline as f64);
+    assert_eq!(hlen(&mut r.con, "q:deliveries").await, 0);
+}
+
+/// Scripts survive SCRIPT FLUSH (alone and inside a pipelined batch) and a Redis restart.
+#[tokio::test]
+async fn scripts_survive_script_flush_and_restart() {
+    let mut r = rig(30_000, 5).await;
+    for id in ["a", "b", "c"] {
+        r.producer.submit(request(id, 60)).await.unwrap();
+    }
+    let _: () = redis::cmd("SCRIPT")
+        .arg("FLUSH")
+        .query_async(&mut r.con)
+        .await
+        .unwrap();
+    let held = claim_head(&r.queue, 10).await;
+    assert_eq!(held.len(), 3);
+    let _: () = redis::cmd("SCRIPT")
+        .arg("FLUSH")
+        .query_async(&mut r.con)
+        .await
+        .unwrap();
+    let batch: Vec<Finish> = held[..2]
+        .iter()
+        .map(|h| ack(h, &ResultMessage::http(&h.envelope.request.id, 200, b"{}")))
+        .collect();
+    assert_eq!(
+        r.queue.finish(&batch).await.unwrap(),
+        vec![Finished::Published; 2]
+    );
+    // A kill -9 and restart: the AOF keeps the claim, the script cache is empty.
+    r.server.kill();
+    r.server.restart().unwrap();
+    let mut renewed = None;
+    for _ in 0..50 {
+        match r.queue.renew(std::slice::from_ref(&held[2].fence)).await {
+            Ok(v) => {
+                renewed = Some(v);
+                break;
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    }
+    assert_eq!(renewed, Some(vec![true]));
+    let last = ack(&held[2], &ResultMessage::http("c", 200, b"{}"));
+    assert_eq!(
+        r.queue.finish(&[last]).await.unwrap(),
+        vec![Finished::Published]
+    );
+    assert_eq!(results(&mut r.con).await.len(), 3);
+}
+
+/// The producer writes what the Go producer writes: one MULTI of DEL / SET PX / ZADD.
+#[tokio::test]
+async fn submit_writes_the_go_keys() {
+    let mut r = rig(30_000, 5).await;
+    let _: () = r.con.set("request-cancel:a", "stale").await.unwrap();
+    let req = request("a", 60);
+    let deadline = req.deadline;
+    let sub = r.producer.submit(req).await.unwrap();
+    let marker: Option<String> = r.con.get("request-cancel:a").await.unwrap();
+    assert_eq!(marker, None, "resubmission clears a stale cancel marker");
+    let active: String = r.con.get("request-active:a").await.unwrap();
+    assert_eq!(active, sub.request_token);
+    let ttl: i64 = r.con.pttl("request-active:a").await.unwrap();
+    assert!(ttl > 55_000 && ttl <= 60_000, "{ttl}");
+    let pending = r.queue.peek(1).await.unwrap();
+    assert_eq!(pending[0].score, deadline as f64);
+    let env = Envelope::decode(&pending[0].member).unwrap();
+    assert_eq!(env.internal.request_queue_name, Q);
+    assert_eq!(env.internal.result_queue_name, RESULTS);
+    // Go's validation texts.
+    let mut bad = request("", 60);
+    assert_eq!(
+        r.producer
+            .submit(bad.clone())
+            .await
+            .unwrap_err()
+            .to_string(),
+        "request ID is required"
+    );
+    bad.id = "x".into();
+    bad.deadline = 0;
+    assert!(r
+        .producer
+        .submit(bad.clone())
+        .await
+        .unwrap_err()
+        .to_string()
+        .contains("positive Unix timestamp"));
+    bad.deadline = 1;
+    assert_eq!(
+        r.producer.submit(bad).await.unwrap_err().to_string(),
+        "deadline has already expired"
+    );
+    assert_eq!(
+        r.producer
+            .cancel(&["unknown".into(), String::new()])
+            .await
+            .unwrap(),
+        vec![false, false]
+    );
+}
+
+/// Reliable results: a consumer that dies after taking a result does not lose it.
+#[tokio::test]
+async fn reliable_consumer_hands_back_what_it_did_not_ack() {
+    let mut r = rig(30_000, 5).await;
+    for id in ["r1", "r2", "r3"] {
+        let json = ResultMessage::http(id, 200, b"{}").to_json();
+        let _: () = r.con.lpush(RESULTS, json).await.unwrap();
+    }
+    let mut first = r.producer.reliable("c1").await.unwrap();
+    let a = first.take(Duration::from_secs(1)).await.unwrap().unwrap();
+    assert_eq!(a.result.id, "r1");
+    first.ack(&a).await.unwrap();
+    let b = first.take(Duration::from_secs(1)).await.unwrap().unwrap();
+    assert_eq!(b.result.id, "r2");
+    drop(first); // dies before storing r2
+    let mut again = r.producer.reliable("c1").await.unwrap();
+    assert_eq!(again.hand_back().await.unwrap(), 1);
+    let ids: Vec<String> = {
+        let mut ids = Vec::new();
+        while let Some(t) = again.take(Duration::from_millis(100)).await.unwrap() {
+            again.ack(&t).await.unwrap();
+            ids.push(t.result.id);
+        }
+        ids
+    };
+    assert_eq!(ids, ["r2", "r3"]);
+    let taken: u64 = r.con.llen("results:taken:c1").await.unwrap();
+    assert_eq!(taken, 0);
+    assert_eq!(
+        r.producer
+            .pop_result(Duration::from_millis(100))
+            .await
+            .unwrap(),
+        None
+    );
+}

@@ -1,0 +1,248 @@
+//! The envelope `{"internal":{…},"request_kind":"…","data":{…}}` that Go producers write as a
+//! sorted-set member. `internal` (routing) is decoded and may be rewritten (a retry bumps
+//! `retry_count`); `data` stays the producer's bytes, with a typed view decoded beside it.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
+
+use super::request::RequestView;
+
+/// Members larger than this are dead-lettered as absurd rather than decoded (16 MiB).
+pub const MAX_MEMBER_BYTES: usize = 16 * 1024 * 1024;
+
+/// Why a member could not be accepted. The text is the dead-letter reason.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum MemberError {
+    #[error("member is {0} bytes, over the {MAX_MEMBER_BYTES}-byte limit")]
+    TooLarge(usize),
+    #[error("member is not valid JSON: {0}")]
+    NotJson(String),
+    #[error("member has no request_kind")]
+    MissingKind,
+    #[error("member has unknown request_kind {0:?}")]
+    UnknownKind(String),
+    #[error("member has no data")]
+    MissingData,
+    #[error("member data is not a request: {0}")]
+    BadData(String),
+    #[error("member has no id")]
+    MissingId,
+    #[error("deadline is missing or invalid (Unix seconds)")]
+    BadDeadline,
+}
+
+/// Go's `InternalRouting`: fields in declaration order, each omitted when empty.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Routing {
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub retry_count: u32,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub queue_id: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub request_token: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub request_queue_name: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub result_queue_name: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub transport_correlation_id: String,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
+    /// Fields a newer producer may add; carried through untouched.
+    #[serde(flatten)]
+    pub extra: BTreeMap<String, serde_json::Value>,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
+}
+
+/// A decoded member: routing, kind, the raw `data` bytes and a typed view of them.
+#[derive(Debug, Clone)]
+pub struct Envelope {
+    pub internal: Routing,
+    pub request_kind: String,
+    /// The producer's `data` object, byte for byte.
+    pub data: Box<RawValue>,
+    /// What inferq reads out of `data`.
+    pub request: RequestView,
+}
+
+#[derive(Deserialize)]
+struct RawEnvelope<'a> {
+    #[serde(default)]
+    internal: Option<Routing>,
+    #[serde(default)]
+    request_kind: Option<String>,
+    #[serde(default, borrow)]
+    data: Option<&'a RawValue>,
+}
+
+#[derive(Serialize)]
+struct OutEnvelope<'a> {
+    internal: &'a Routing,
+    request_kind: &'a str,
+    data: &'a RawValue,
+}
+
+impl Envelope {
+    /// Decodes a member, checking everything a request needs before it may be claimed.
+    pub fn decode(member: &[u8]) -> Result<Envelope, MemberError> {
+        if member.len() > MAX_MEMBER_BYTES {
+            return Err(MemberError::TooLarge(member.len()));
+        }
+        let raw: RawEnvelope<'_> =
+            serde_json::from_slice(member).map_err(|e| MemberError::NotJson(e.to_string()))?;
+        let kind = raw.request_kind.ok_or(MemberError::MissingKind)?;
+        if !matches!(kind.as_str(), "plain" | "redis" | "pubsub") {
+            return Err(MemberError::UnknownKind(kind));
+        }
+        let data = raw.data.ok_or(MemberError::MissingData)?;
+        if data.get() == "null" {
+            return Err(MemberError::MissingData);
+        }
+        let request = RequestView::decode(data)?;
+        Ok(Envelope {
+            internal: raw.internal.unwrap_or_default(),
+            request_kind: kind,
+            data: data.to_owned(),
+            request,
+        })
+    }
+
+    /// Reads just the id of a member that failed to decode, when one can be read, so that a
+    /// dead-lettered member can still get an `INVALID_REQUEST` result.
+    pub fn salvage_id(member: &[u8]) -> Option<(String, Routing)> {
+        #[derive(Deserialize)]
+        struct Id {
+            #[serde(default)]
+            id: Option<String>,
+        }
+        #[derive(Deserialize)]
+        struct Partial {
+            #[serde(default)]
+            internal: Option<Routing>,
+            #[serde(default)]
+            data: Option<Id>,
+        }
+        let p: Partial = serde_json::from_slice(member).ok()?;
+        let id = p.data?.id.filter(|id| !id.is_empty())?;
+        Some((id, p.internal.unwrap_or_default()))
+    }
+
+    /// Encodes the envelope as Go does (`internal`, `request_kind`, `data`), with `data` verbatim.
+    pub fn encode(&self) -> Vec<u8> {
+        let out = OutEnvelope {
+            internal: &self.internal,
+            request_kind: &self.request_kind,
+            data: &self.data,
+        };
+        // Serializing plain structs, string maps and a RawValue into a Vec cannot fail.
+        serde_json::to_vec(&out).unwrap_or_default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GO_MEMBER: &str = r#"{"internal":{"request_token":"9f0c1e00000000000000000000000000","request_queue_name":"request-sortedset","result_queue_name":"result-list"},"request_kind":"plain","data":{"id":"req-1","created":1764044000,"deadline":1764045130,"payload":{"model":"m","prompt":"hi"},"metadata":{"userid":"u1"}}}"#;
+
+    #[test]
+    fn go_member_round_trips_byte_for_byte() {
+        let env = Envelope::decode(GO_MEMBER.as_bytes()).unwrap();
+        assert_eq!(env.request.id, "req-1");
+        assert_eq!(env.request.deadline, 1764045130);
+        assert_eq!(env.internal.request_queue_name, "request-sortedset");
+        assert_eq!(
+            env.request.metadata.get("userid").map(String::as_str),
+            Some("u1")
+        );
+        assert_eq!(String::from_utf8(env.encode()).unwrap(), GO_MEMBER);
+    }
+
+    #[test]
+    fn payload_bytes_are_kept_exactly() {
+        let member = r#"{"internal":{},"request_kind":"redis","data":{"id":"a","deadline":9999999999,"payload":{"z":1,"big":12345678901234567890,"html":"<tags> & stuff","f":1.0}}}"#;
+        let mut env = Envelope::decode(member.as_bytes()).unwrap();
+        assert_eq!(
+            env.request.payload.get(),
+            r#"{"z":1,"big":12345678901234567890,"html":"<tags> & stuff","f":1.0}"#
+        );
+        env.internal.retry_count = 2;
+        let out = String::from_utf8(env.encode()).unwrap();
+        assert!(out.starts_with(r#"{"internal":{"retry_count":2},"request_kind":"redis","#));
+        assert!(out.contains(r#""big":12345678901234567890,"html":"<tags> & stuff","f":1.0"#));
+    }
+
+    #[test]
+    fn unknown_routing_fields_survive() {
+        let member = r#"{"internal":{"queue_id":"q","future_field":[1,2]},"request_kind":"plain","data":{"id":"a","deadline":5}}"#;
+        let env = Envelope::decode(member.as_bytes()).unwrap();
+        let out = String::from_utf8(env.encode()).unwrap();
+        assert!(out.contains(r#""future_field":[1,2]"#), "{out}");
+    }
+
+    #[test]
+    fn malformed_members_are_named() {
+        let cases: &[(&str, MemberError)] = &[
+            ("not json", MemberError::NotJson(String::new())),
+            (
+                r#"{"data":{"id":"a","deadline":5}}"#,
+                MemberError::MissingKind,
+            ),
+            (
+                r#"{"request_kind":"x","data":{}}"#,
+                MemberError::UnknownKind("x".into()),
+            ),
+            (r#"{"request_kind":"plain"}"#, MemberError::MissingData),
+            (
+                r#"{"request_kind":"plain","data":null}"#,
+                MemberError::MissingData,
+            ),
+            (
+                r#"{"request_kind":"plain","data":{"deadline":5}}"#,
+                MemberError::MissingId,
+            ),
+            (
+                r#"{"request_kind":"plain","data":{"id":"a"}}"#,
+                MemberError::BadDeadline,
+            ),
+            (
+                r#"{"request_kind":"plain","data":{"id":"a","deadline":0}}"#,
+                MemberError::BadDeadline,
+            ),
+            (
+                r#"{"request_kind":"plain","data":{"id":"a","deadline":"5"}}"#,
+                MemberError::BadDeadline,
+            ),
+            (
+                r#"{"request_kind":"plain","data":[1]}"#,
+                MemberError::BadData(String::new()),
+            ),
+        ];
+        for (member, want) in cases {
+            let got = Envelope::decode(member.as_bytes()).unwrap_err();
+            assert_eq!(
+                std::mem::discriminant(&got),
+                std::mem::discriminant(want),
+                "{member}: {got}"
+            );
+        }
+        let huge = vec![b' '; MAX_MEMBER_BYTES + 1];
+        assert!(matches!(
+            Envelope::decode(&huge),
+            Err(MemberError::TooLarge(_))
+        ));
+    }
+
+    #[test]
+    fn salvages_an_id_from_a_bad_member() {
+        let (id, _) =
+            Envelope::salvage_id(br#"{"request_kind":"plain","data":{"id":"x"}}"#).unwrap();
+        assert_eq!(id, "x");
+        assert!(Envelope::salvage_id(b"garbage").is_none());
+    }
+}

@@ -1,0 +1,166 @@
+//! The public request (Go's `RequestMessage`) inside an envelope's `data`: a typed view for
+//! reading ([`RequestView`]) and a builder for producers ([`NewRequest`]). The `payload` is a
+//! [`RawValue`]: the exact bytes the producer wrote, POSTed upstream unchanged.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+use serde_json::value::RawValue;
+
+use super::envelope::{Envelope, MemberError, Routing};
+
+/// What inferq reads from a request's `data`.
+#[derive(Debug, Clone, Deserialize)]
+pub struct RequestView {
+    pub id: String,
+    #[serde(default)]
+    pub created: i64,
+    pub deadline: i64,
+    /// The OpenAI-style body, byte for byte (`null` when absent).
+    pub payload: Box<RawValue>,
+    #[serde(default)]
+    pub metadata: BTreeMap<String, String>,
+    #[serde(default)]
+    pub headers: BTreeMap<String, String>,
+    #[serde(default)]
+    pub endpoint: String,
+}
+
+#[derive(Deserialize)]
+struct LooseView {
+    #[serde(default)]
+    id: Option<String>,
+    #[serde(default)]
+    created: Option<i64>,
+    #[serde(default)]
+    deadline: Option<serde_json::Value>,
+    #[serde(default)]
+    payload: Option<Box<RawValue>>,
+    #[serde(default)]
+    metadata: Option<BTreeMap<String, String>>,
+    #[serde(default)]
+    headers: Option<BTreeMap<String, String>>,
+    #[serde(default)]
+    endpoint: Option<String>,
+}
+
+impl RequestView {
+    pub(crate) fn decode(data: &RawValue) -> Result<RequestView, MemberError> {
+        let loose: LooseView =
+            serde_json::from_str(data.get()).map_err(|e| MemberError::BadData(e.to_string()))?;
+        let id = loose
+            .id
+            .filter(|id| !id.is_empty())
+            .ok_or(MemberError::MissingId)?;
+        let deadline = loose
+            .deadline
+            .and_then(|d| d.as_i64())
+            .filter(|d| *d > 0)
+            .ok_or(MemberError::BadDeadline)?;
+        let payload = match loose.payload {
+            Some(p) => p,
+            None => RawValue::from_string("null".to_owned())
+                .map_err(|e| MemberError::BadData(e.to_string()))?,
+        };
+        Ok(RequestView {
+            id,
+            created: loose.created.unwrap_or(0),
+            deadline,
+            payload,
+            metadata: loose.metadata.unwrap_or_default(),
+            headers: loose.headers.unwrap_or_default(),
+            endpoint: loose.endpoint.unwrap_or_default(),
+        })
+    }
+}
+
+/// A request a producer is about to submit.
+#[derive(Debug, Clone, Serialize)]
+pub struct NewRequest {
+    pub id: String,
+    pub created: i64,
+    /// Unix seconds; also the sorted-set score.
+    pub deadline: i64,
+    pub payload: Box<RawValue>,
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub metadata: BTreeMap<String, String>,
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub headers: BTreeMap<String, String>,
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub endpoint: String,
+}
+
+impl NewRequest {
+    /// Wraps the request in a Go `plain` envelope with the given routing.
+    pub fn into_envelope(self, internal: Routing) -> Result<Envelope, MemberError> {
+        let data = serde_json::value::to_raw_value(&self)
+            .map_err(|e| MemberError::BadData(e.to_string()))?;
+        let request = RequestView {
+            id: self.id,
+            created: self.created,
+            deadline: self.deadline,
+            payload: self.payload,
+            metadata: self.metadata,
+            headers: self.headers,
+            endpoint: self.endpoint,
+        };
+        Ok(Envelope {
+            internal,
+            request_kind: "plain".to_owned(),
+            data,
+            request,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn new_request_encodes_like_the_go_producer() {
+        let req = NewRequest {
+            id: "req-1".into(),
+            created: 1764044000,
+            deadline: 1764045130,
+            payload: RawValue::from_string(r#"{"model":"m","prompt":"hi"}"#.into()).unwrap(),
+            metadata: [("userid".to_string(), "u1".to_string())].into(),
+            headers: BTreeMap::new(),
+            endpoint: String::new(),
+        };
+        let routing = Routing {
+            request_token: "9f0c1e00000000000000000000000000".into(),
+            request_queue_name: "request-sortedset".into(),
+            result_queue_name: "result-list".into(),
+            ..Routing::default()
+        };
+        let env = req.into_envelope(routing).unwrap();
+        assert_eq!(
+            String::from_utf8(env.encode()).unwrap(),
+            r#"{"internal":{"request_token":"9f0c1e00000000000000000000000000","request_queue_name":"request-sortedset","result_queue_name":"result-list"},"request_kind":"plain","data":{"id":"req-1","created":1764044000,"deadline":1764045130,"payload":{"model":"m","prompt":"hi"},"metadata":{"userid":"u1"}}}"#
+        );
+    }
+
+    #[test]
+    fn endpoint_and_headers_round_trip_and_are_omitted_when_empty() {
+        let req = NewRequest {
+            id: "a".into(),
+            created: 0,
+            deadline: 10,
+            payload: RawValue::from_string("{}".into()).unwrap(),
+            metadata: BTreeMap::new(),
+            headers: [("x-a".to_string(), "1".to_string())].into(),
+            endpoint: "/v1/chat/completions".into(),
+        };
+        let env = req.into_envelope(Routing::default()).unwrap();
+        let bytes = env.encode();
+        let text = String::from_utf8(bytes.clone()).unwrap();
+        assert!(!text.contains("metadata"), "{text}");
+        let back = Envelope::decode(&bytes).unwrap();
+        assert_eq!(back.request.endpoint, "/v1/chat/completions");
+        assert_eq!(
+            back.request.headers.get("x-a").map(String::as_str),
+            Some("1")
+        );
+    }
+}
