@@ -1,6 +1,120 @@
-//! Command-line entry points (to be written).
+//! The `inferq` command line. `src/main.rs` calls [`main`]; each subcommand lives in its own
+//! file and calls into the library. Exit codes: 0 success, 2 bad input or configuration (the
+//! message names the field or line), 1 anything else.
 
-/// Runs the command line.
-pub fn main() -> std::process::ExitCode {
-    std::process::ExitCode::SUCCESS
+mod input;
+mod results;
+mod submit;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+/// Exit code for bad input or configuration.
+pub const EXIT_BAD_INPUT: u8 = 2;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "inferq",
+    version,
+    about = "Durable dispatch of latency-insensitive LLM requests from Redis to an inference gateway"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Submit requests from JSONL (native lines or OpenAI Batch input lines).
+    Submit(submit::SubmitArgs),
+    /// Cancel the newest generation of request ids.
+    Cancel(submit::CancelArgs),
+    /// Write results as JSONL until N results or a timeout.
+    Results(results::ResultsArgs),
+}
+
+/// Where Redis is, shared by the producer-side subcommands.
+#[derive(Debug, Clone, clap::Args)]
+pub struct RedisArgs {
+    /// Redis URL (redis://, rediss://, unix://; user and password allowed).
+    #[arg(long, env = "REDIS_URL", default_value = "redis://127.0.0.1:6379/")]
+    pub redis_url: String,
+    /// The request sorted set.
+    #[arg(long, default_value = "request-sortedset")]
+    pub queue: String,
+    /// The result list.
+    #[arg(long, default_value = "result-list")]
+    pub result_queue: String,
+}
+
+/// A failure with its exit code.
+#[derive(Debug)]
+pub struct Failure {
+    pub code: u8,
+    pub error: anyhow::Error,
+}
+
+impl Failure {
+    pub fn bad_input(error: impl Into<anyhow::Error>) -> Failure {
+        Failure {
+            code: EXIT_BAD_INPUT,
+            error: error.into(),
+        }
+    }
+}
+
+impl<E: Into<anyhow::Error>> From<E> for Failure {
+    fn from(e: E) -> Failure {
+        Failure {
+            code: 1,
+            error: e.into(),
+        }
+    }
+}
+
+fn init_tracing(default_level: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+}
+
+/// Parses the command line and runs the subcommand.
+pub fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            let code = if e.use_stderr() { EXIT_BAD_INPUT } else { 0 };
+            let _ = e.print();
+            return ExitCode::from(code);
+        }
+    };
+    init_tracing("info");
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("inferq: cannot start the async runtime: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    let outcome = runtime.block_on(async move {
+        match cli.command {
+            Command::Submit(args) => submit::submit(args).await,
+            Command::Cancel(args) => submit::cancel(args).await,
+            Command::Results(args) => results::results(args).await,
+        }
+    });
+    match outcome {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(f) => {
+            eprintln!("inferq: {:#}", f.error);
+            ExitCode::from(f.code)
+        }
+    }
 }

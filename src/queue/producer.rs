@@ -58,7 +58,9 @@ pub struct Submitted {
 #[derive(Debug, Clone)]
 pub struct TakenResult {
     pub raw: Vec<u8>,
-    pub result: ResultMessage,
+    /// The parsed result, or why it does not parse (it was still taken, so it cannot wedge
+    /// the consumer; the caller decides whether to store it raw).
+    pub result: Result<ResultMessage, String>,
 }
 
 pub(crate) fn unix_ms() -> i64 {
@@ -218,13 +220,15 @@ impl Producer {
         &self,
         timeout: Duration,
     ) -> Result<Option<ResultMessage>, ProducerError> {
-        let mut con = self.blocking().await?;
-        let got: Option<(String, Vec<u8>)> = redis::cmd("BRPOP")
-            .arg(&self.result_queue)
-            .arg(timeout.as_secs_f64())
-            .query_async(&mut con)
-            .await?;
-        got.map(|(_, raw)| parse_result(&raw)).transpose()
+        self.popper().await?.pop(timeout).await
+    }
+
+    /// A destructive popper with its own blocking connection, for reading many results.
+    pub async fn popper(&self) -> Result<Popper, ProducerError> {
+        Ok(Popper {
+            con: self.blocking().await?,
+            results: self.result_queue.clone(),
+        })
     }
 
     /// A reliable consumer named `consumer` on this producer's result list.
@@ -235,6 +239,24 @@ impl Producer {
             results: self.result_queue.clone(),
             taken: format!("{}:taken:{consumer}", self.result_queue),
         })
+    }
+}
+
+/// Pops results destructively (`BRPOP`), as Go consumers do.
+pub struct Popper {
+    con: MultiplexedConnection,
+    results: String,
+}
+
+impl Popper {
+    /// One result, or `None` after `timeout` without one.
+    pub async fn pop(&mut self, timeout: Duration) -> Result<Option<ResultMessage>, ProducerError> {
+        let got: Option<(String, Vec<u8>)> = redis::cmd("BRPOP")
+            .arg(&self.results)
+            .arg(timeout.as_secs_f64())
+            .query_async(&mut self.con)
+            .await?;
+        got.map(|(_, raw)| parse_result(&raw)).transpose()
     }
 }
 
@@ -254,8 +276,7 @@ impl ReliableConsumer {
         &self.taken
     }
 
-    /// Takes the oldest result, waiting up to `timeout`. A result that does not parse is still
-    /// taken (and returned as an error) so it can be inspected; it stays in the taken list.
+    /// Takes the oldest result, waiting up to `timeout`.
     pub async fn take(&mut self, timeout: Duration) -> Result<Option<TakenResult>, ProducerError> {
         let raw: Option<Vec<u8>> = redis::cmd("BLMOVE")
             .arg(&self.results)
@@ -268,7 +289,7 @@ impl ReliableConsumer {
         match raw {
             None => Ok(None),
             Some(raw) => {
-                let result = parse_result(&raw)?;
+                let result = parse_result(&raw).map_err(|e| e.to_string());
                 Ok(Some(TakenResult { raw, result }))
             }
         }

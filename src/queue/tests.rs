@@ -732,10 +732,10 @@ async fn reliable_consumer_hands_back_what_it_did_not_ack() {
     }
     let mut first = r.producer.reliable("c1").await.unwrap();
     let a = first.take(Duration::from_secs(1)).await.unwrap().unwrap();
-    assert_eq!(a.result.id, "r1");
+    assert_eq!(a.result.as_ref().unwrap().id, "r1");
     first.ack(&a).await.unwrap();
     let b = first.take(Duration::from_secs(1)).await.unwrap().unwrap();
-    assert_eq!(b.result.id, "r2");
+    assert_eq!(b.result.as_ref().unwrap().id, "r2");
     drop(first); // dies before storing r2
     let mut again = r.producer.reliable("c1").await.unwrap();
     assert_eq!(again.hand_back().await.unwrap(), 1);
@@ -743,7 +743,7 @@ async fn reliable_consumer_hands_back_what_it_did_not_ack() {
         let mut ids = Vec::new();
         while let Some(t) = again.take(Duration::from_millis(100)).await.unwrap() {
             again.ack(&t).await.unwrap();
-            ids.push(t.result.id);
+            ids.push(t.result.unwrap().id);
         }
         ids
     };

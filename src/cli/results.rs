@@ -1,0 +1,111 @@
+//! `inferq results`: writes results as JSONL until N results or a timeout. By default it pops
+//! destructively (Go's BRPOP); `--consumer NAME` takes results reliably into an in-progress
+//! list, acknowledges each once written and flushed, and at start hands back what a previous
+//! consumer of that name took but never acknowledged.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+
+use super::{Failure, RedisArgs};
+use crate::queue::producer::Producer;
+
+#[derive(Debug, clap::Args)]
+pub struct ResultsArgs {
+    #[command(flatten)]
+    pub redis: RedisArgs,
+    /// Stop after this many results (0 = until the timeout).
+    #[arg(long, short = 'n', default_value_t = 0)]
+    pub count: u64,
+    /// Stop after this long in all (e.g. 30s, 5m).
+    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+    pub timeout: Duration,
+    /// Reliable mode under this consumer name.
+    #[arg(long)]
+    pub consumer: Option<String>,
+    /// Write here instead of standard output (appends).
+    #[arg(long, short)]
+    pub output: Option<PathBuf>,
+}
+
+pub async fn results(args: ResultsArgs) -> Result<(), Failure> {
+    let producer = Producer::connect(
+        &args.redis.redis_url,
+        &args.redis.queue,
+        &args.redis.result_queue,
+    )
+    .await
+    .context("cannot connect to Redis")?;
+    let mut out: Box<dyn Write> = match &args.output {
+        Some(p) => Box::new(
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(p)
+                .with_context(|| format!("cannot open {}", p.display()))
+                .map_err(Failure::bad_input)?,
+        ),
+        None => Box::new(std::io::stdout().lock()),
+    };
+    let started = Instant::now();
+    let mut written = 0u64;
+    let mut popper = producer.popper().await.context("cannot connect to Redis")?;
+    let mut reliable = match &args.consumer {
+        Some(name) => {
+            let mut c = producer
+                .reliable(name)
+                .await
+                .context("cannot open a reliable consumer")?;
+            let n = c.hand_back().await.context("hand back failed")?;
+            if n > 0 {
+                tracing::info!(handed_back = n, consumer = %name, "returned unacknowledged results");
+            }
+            Some(c)
+        }
+        None => None,
+    };
+    while args.count == 0 || written < args.count {
+        let left = args.timeout.saturating_sub(started.elapsed());
+        if left.is_zero() {
+            break;
+        }
+        let wait = left
+            .min(Duration::from_secs(1))
+            .max(Duration::from_millis(10));
+        match reliable.as_mut() {
+            Some(c) => {
+                let Some(taken) = c.take(wait).await.context("take failed")? else {
+                    continue;
+                };
+                if let Err(e) = &taken.result {
+                    tracing::warn!(error = %e, "writing a result that does not parse as it is");
+                }
+                out.write_all(&taken.raw)?;
+                out.write_all(b"\n")?;
+                out.flush()?;
+                c.ack(&taken).await.context("ack failed")?;
+            }
+            None => {
+                let Some(result) = popper.pop(wait).await.context("pop failed")? else {
+                    continue;
+                };
+                writeln!(out, "{}", result.to_json())?;
+            }
+        }
+        written += 1;
+    }
+    out.flush()?;
+    if args.count > 0 && written < args.count {
+        eprintln!(
+            "inferq results: timed out after {written} of {} results",
+            args.count
+        );
+        return Err(Failure {
+            code: 1,
+            error: anyhow::anyhow!("timed out"),
+        });
+    }
+    Ok(())
+}
