@@ -1,0 +1,801 @@
+//! The keep-alive HTTP client to the inference gateway and its one operation, [`GatewayClient::send`].
+//!
+//! A URL (from [`super::join_url`]), headers (from [`super::build_headers`]), the payload bytes
+//! and a per-attempt timeout enter; an [`Attempt`] leaves. `send` never fails: every way an
+//! exchange can end is an [`Outcome`].
+//!
+//! Like Go's worker transport: one pooled client shared by all workers (idle connections per host
+//! = the total worker count, idle timeout 90 s), no client-level timeout (the caller passes
+//! `min(--request-timeout, time to the deadline)` per attempt), redirects followed (up to 10, as
+//! Go's default policy), and no proxy (Go's hand-built transport ignores `HTTP_PROXY`; so does
+//! inferq). HTTP/2 is used when a TLS gateway offers it by ALPN; cleartext gateways get HTTP/1.1.
+//!
+//! Cancel safety: `send` owns everything it uses, so dropping its future (for example from a
+//! `tokio::select!` branch that lost) drops the in-flight request. For HTTP/1.1 hyper then closes
+//! that connection, and for HTTP/2 it resets the stream; the gateway sees the request go away.
+//! That is how inferq abandons work it no longer owns or that was cancelled.
+
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+use reqwest::header::{HeaderMap, RETRY_AFTER};
+use tokio::time::Instant;
+
+use super::headers::DROPPED_REASON_HEADER;
+use super::outcome::{
+    classify_response, request_failure, transport_failure, unusable_exchange, BodyRead,
+    ResponseHead,
+};
+use super::{backoff, error_chain, GatewayError, GatewayTls, Outcome, RetryReason};
+
+/// The largest response body inferq reads (64 MiB); a larger one is a `Fatal` outcome.
+pub const DEFAULT_BODY_LIMIT: usize = 64 * 1024 * 1024;
+
+/// How long an idle keep-alive connection is kept (Go's `IdleConnTimeout`).
+const IDLE_TIMEOUT: Duration = Duration::from_secs(90);
+
+/// One attempt at one request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Attempt {
+    pub outcome: Outcome,
+    /// From the start of the send to the end of the body (or the failure): the inference latency.
+    pub elapsed: Duration,
+}
+
+/// The shared client to the inference gateway. Cheap to clone (the connection pool is shared).
+#[derive(Debug, Clone)]
+pub struct GatewayClient {
+    http: reqwest::Client,
+    /// Bodies longer than this are not read to the end (see [`DEFAULT_BODY_LIMIT`]).
+    body_limit: usize,
+}
+
+impl GatewayClient {
+    /// Builds the client. `pool_size` is the total number of workers across all pools, so each can
+    /// keep its connection warm.
+    pub fn new(tls: &GatewayTls, pool_size: usize) -> Result<Self, GatewayError> {
+        let builder = reqwest::Client::builder()
+            .use_rustls_tls()
+            .no_proxy()
+            .pool_max_idle_per_host(pool_size.max(1))
+            .pool_idle_timeout(IDLE_TIMEOUT)
+            .user_agent(concat!("inferq/", env!("CARGO_PKG_VERSION")));
+        let builder = tls.apply(builder)?;
+        let http = builder.build().map_err(|e| {
+            let mut text = error_chain(&e);
+            if tls.is_configured() {
+                text.push_str(" (check the --tls-* files)");
+            }
+            GatewayError::Client(text)
+        })?;
+        Ok(GatewayClient {
+            http,
+            body_limit: DEFAULT_BODY_LIMIT,
+        })
+    }
+
+    /// Replaces the response body limit (bytes).
+    pub fn with_body_limit(mut self, limit: usize) -> Self {
+        self.body_limit = limit;
+        self
+    }
+
+    pub fn body_limit(&self) -> usize {
+        self.body_limit
+    }
+
+    /// POSTs `body` to `url` with `headers`, giving the whole exchange (connect, response head and
+    /// body) at most `timeout`, and classifies the result. Dropping the returned future aborts the
+    /// request (see the module comment).
+    pub async fn send(
+        &self,
+        url: &str,
+        headers: HeaderMap,
+        body: Bytes,
+        timeout: Duration,
+    ) -> Attempt {
+        let started = Instant::now();
+        let outcome = self
+            .exchange(url, headers, body, started.checked_add(timeout))
+            .await;
+        Attempt {
+            outcome,
+            elapsed: started.elapsed(),
+        }
+    }
+
+    /// `deadline: None` means the timeout is too large to represent: no limit.
+    async fn exchange(
+        &self,
+        url: &str,
+        headers: HeaderMap,
+        body: Bytes,
+        deadline: Option<Instant>,
+    ) -> Outcome {
+        let parsed = match reqwest::Url::parse(url) {
+            Ok(parsed) => parsed,
+            Err(e) => return request_failure(format!("parse {url:?}: {e}")),
+        };
+        if !matches!(parsed.scheme(), "http" | "https") {
+            return request_failure(format!(
+                "unsupported protocol scheme {:?} in {url:?}",
+                parsed.scheme()
+            ));
+        }
+        let pending = self.http.post(parsed).headers(headers).body(body).send();
+        let response = match within(deadline, pending).await {
+            None => {
+                return transport_failure(
+                    RetryReason::Timeout,
+                    format!("Post {url:?}: per-attempt timeout expired before the response"),
+                )
+            }
+            Some(Err(e)) => return send_error(url, e),
+            Some(Ok(response)) => response,
+        };
+
+        let head = ResponseHead {
+            status: response.status().as_u16(),
+            retry_after: header_text(response.headers(), RETRY_AFTER.as_str())
+                .and_then(|v| backoff::parse_retry_after(&v, std::time::SystemTime::now())),
+            dropped_reason: header_text(response.headers(), DROPPED_REASON_HEADER),
+        };
+        let body = self.read_body(response, deadline).await;
+        classify_response(head, body)
+    }
+
+    /// Reads the body to the end, to the limit, to a failure or to the deadline, whichever comes
+    /// first, keeping what arrived.
+    async fn read_body(
+        &self,
+        mut response: reqwest::Response,
+        deadline: Option<Instant>,
+    ) -> BodyRead {
+        let limit = self.body_limit;
+        if let Some(announced) = response.content_length() {
+            if announced > limit as u64 {
+                return BodyRead::TooLarge { limit };
+            }
+        }
+        let capacity = response
+            .content_length()
+            .map_or(0, |n| usize::try_from(n).unwrap_or(limit).min(limit));
+        let mut body = BytesMut::with_capacity(capacity);
+        loop {
+            match within(deadline, response.chunk()).await {
+                None => {
+                    return BodyRead::Failed {
+                        partial: body.freeze(),
+                        cause: "per-attempt timeout expired while reading the body".to_string(),
+                        timed_out: true,
+                    }
+                }
+                Some(Err(e)) => {
+                    return BodyRead::Failed {
+                        partial: body.freeze(),
+                        cause: error_chain(&e.without_url()),
+                        timed_out: false,
+                    }
+                }
+                Some(Ok(None)) => return BodyRead::Complete(body.freeze()),
+                Some(Ok(Some(chunk))) => {
+                    if body.len() + chunk.len() > limit {
+                        return BodyRead::TooLarge { limit };
+                    }
+                    body.extend_from_slice(&chunk);
+                }
+            }
+        }
+    }
+}
+
+/// Runs `future` until `deadline`; `None` if the deadline came first.
+async fn within<F: std::future::Future>(deadline: Option<Instant>, future: F) -> Option<F::Output> {
+    match deadline {
+        Some(deadline) => tokio::time::timeout_at(deadline, future).await.ok(),
+        None => Some(future.await),
+    }
+}
+
+/// Classifies a failure before any response head.
+fn send_error(url: &str, err: reqwest::Error) -> Outcome {
+    // reqwest errors embed the URL in their text; the cause names it once, Go-style.
+    let err = err.without_url();
+    let cause = format!("Post {url:?}: {}", error_chain(&err));
+    if err.is_builder() {
+        request_failure(cause)
+    } else if err.is_redirect() {
+        // Too many redirects or an unusable Location: the gateway answered, and will again.
+        unusable_exchange(cause)
+    } else if err.is_timeout() {
+        transport_failure(RetryReason::Timeout, cause)
+    } else if err.is_connect() {
+        transport_failure(RetryReason::Connect, cause)
+    } else {
+        transport_failure(RetryReason::Transport, cause)
+    }
+}
+
+/// A response header as text (lossy for non-UTF-8), `None` if absent.
+fn header_text(headers: &HeaderMap, name: &str) -> Option<String> {
+    headers
+        .get(name)
+        .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+    use std::net::SocketAddr;
+    use std::time::SystemTime;
+
+    use axum::http::StatusCode;
+    use axum::routing::post;
+    use axum::{Json, Router};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::{TcpListener, TcpStream};
+    use tokio::sync::oneshot;
+
+    use super::*;
+    use crate::gateway::{build_headers, ErrorCategory, REQUEST_ID_HEADER};
+
+    const GENEROUS: Duration = Duration::from_secs(5);
+
+    fn client() -> GatewayClient {
+        match GatewayClient::new(&GatewayTls::default(), 4) {
+            Ok(client) => client,
+            Err(e) => panic!("client: {e}"),
+        }
+    }
+
+    async fn listener() -> (TcpListener, SocketAddr) {
+        let listener = match TcpListener::bind("127.0.0.1:0").await {
+            Ok(l) => l,
+            Err(e) => panic!("bind: {e}"),
+        };
+        let addr = match listener.local_addr() {
+            Ok(a) => a,
+            Err(e) => panic!("local_addr: {e}"),
+        };
+        (listener, addr)
+    }
+
+    /// The stand-in gateway: one route per behaviour under test.
+    async fn gateway() -> SocketAddr {
+        let app = Router::new()
+            .route(
+                "/created",
+                post(|body: Bytes| async move { (StatusCode::CREATED, body) }),
+            )
+            .route(
+                "/headers",
+                post(|headers: axum::http::HeaderMap| async move {
+                    let mut seen: BTreeMap<String, String> = BTreeMap::new();
+                    for (name, value) in &headers {
+                        let value = String::from_utf8_lossy(value.as_bytes()).into_owned();
+                        seen.entry(name.to_string())
+                            .and_modify(|v| {
+                                v.push_str(", ");
+                                v.push_str(&value);
+                            })
+                            .or_insert(value);
+                    }
+                    Json(seen)
+                }),
+            )
+            .route(
+                "/429",
+                post(|| async {
+                    (
+                        StatusCode::TOO_MANY_REQUESTS,
+                        [(DROPPED_REASON_HEADER, "rejected-saturated")],
+                        "busy",
+                    )
+                }),
+            )
+            .route(
+                "/429-seconds",
+                post(|| async {
+                    (
+                        StatusCode::TOO_MANY_REQUESTS,
+                        [("retry-after", "7")],
+                        "slow down",
+                    )
+                }),
+            )
+            .route(
+                "/429-date",
+                post(|| async {
+                    let at = httpdate::fmt_http_date(SystemTime::now() + Duration::from_secs(120));
+                    (StatusCode::TOO_MANY_REQUESTS, [("retry-after", at)], "")
+                }),
+            )
+            .route(
+                "/400",
+                post(|| async { (StatusCode::BAD_REQUEST, r#"{"error":"bad model"}"#) }),
+            )
+            .route(
+                "/503",
+                post(|| async {
+                    (
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        [("retry-after", "5")],
+                        "overloaded",
+                    )
+                }),
+            )
+            .route(
+                "/hang",
+                post(|| async {
+                    tokio::time::sleep(Duration::from_secs(60)).await;
+                    "late"
+                }),
+            )
+            .route(
+                "/redirect",
+                post(|| async { (StatusCode::TEMPORARY_REDIRECT, [("location", "/created")]) }),
+            )
+            .route("/big", post(|| async { vec![b'x'; 4096] }))
+            .route(
+                "/big-chunked",
+                post(|| async {
+                    let chunks =
+                        (0..4).map(|_| Ok::<_, std::io::Error>(Bytes::from(vec![b'y'; 1000])));
+                    axum::body::Body::from_stream(futures::stream::iter(chunks))
+                }),
+            );
+        let (listener, addr) = listener().await;
+        tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+        addr
+    }
+
+    async fn post_to(
+        client: &GatewayClient,
+        addr: SocketAddr,
+        path: &str,
+        body: &'static str,
+    ) -> Attempt {
+        let headers = build_headers("", std::iter::empty(), None, "req-1");
+        client
+            .send(
+                &format!("http://{addr}{path}"),
+                headers,
+                Bytes::from_static(body.as_bytes()),
+                GENEROUS,
+            )
+            .await
+    }
+
+    /// Reads one HTTP/1.1 request (head and Content-Length body) off a raw connection.
+    async fn read_request(stream: &mut TcpStream) -> Vec<u8> {
+        let mut buf = Vec::new();
+        let mut chunk = [0u8; 4096];
+        loop {
+            if let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+                let head = String::from_utf8_lossy(&buf[..end]).to_ascii_lowercase();
+                let length: usize = head
+                    .lines()
+                    .find_map(|l| l.strip_prefix("content-length:"))
+                    .and_then(|v| v.trim().parse().ok())
+                    .unwrap_or(0);
+                if buf.len() >= end + 4 + length {
+                    return buf;
+                }
+            }
+            match stream.read(&mut chunk).await {
+                Ok(0) | Err(_) => return buf,
+                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+            }
+        }
+    }
+
+    /// A raw server for one connection: reads the request, then runs `respond`.
+    async fn raw_server<F, Fut>(respond: F) -> SocketAddr
+    where
+        F: FnOnce(TcpStream) -> Fut + Send + 'static,
+        Fut: std::future::Future<Output = ()> + Send,
+    {
+        let (listener, addr) = listener().await;
+        tokio::spawn(async move {
+            if let Ok((mut stream, _)) = listener.accept().await {
+                read_request(&mut stream).await;
+                respond(stream).await;
+            }
+        });
+        addr
+    }
+
+    #[tokio::test]
+    async fn success_keeps_status_and_body() {
+        let addr = gateway().await;
+        let attempt = post_to(&client(), addr, "/created", r#"{"prompt":"hi"}"#).await;
+        assert_eq!(
+            attempt.outcome,
+            Outcome::Success {
+                status: 201,
+                body: Bytes::from_static(br#"{"prompt":"hi"}"#)
+            }
+        );
+        assert!(attempt.elapsed < GENEROUS);
+    }
+
+    #[tokio::test]
+    async fn redirects_are_followed_with_the_body() {
+        let addr = gateway().await;
+        let attempt = post_to(&client(), addr, "/redirect", "again").await;
+        assert_eq!(
+            attempt.outcome,
+            Outcome::Success {
+                status: 201,
+                body: Bytes::from_static(b"again")
+            }
+        );
+    }
+
+    #[tokio::test]
+    async fn headers_are_forwarded() {
+        let addr = gateway().await;
+        let message = [
+            ("X-Custom", "1"),
+            ("x-gateway-inference-objective", "interactive"),
+            ("x-llm-d-inference-fairness-id", "spoofed"),
+        ];
+        let headers = build_headers(
+            "batch",
+            message,
+            Some(("x-llm-d-inference-fairness-id", "alice")),
+            "req-42",
+        );
+        let attempt = client()
+            .send(
+                &format!("http://{addr}/headers"),
+                headers,
+                Bytes::from_static(b"{}"),
+                GENEROUS,
+            )
+            .await;
+        let Outcome::Success { status: 200, body } = attempt.outcome else {
+            panic!("{:?}", attempt.outcome);
+        };
+        let seen: BTreeMap<String, String> = match serde_json::from_slice(&body) {
+            Ok(seen) => seen,
+            Err(e) => panic!("{e}: {}", String::from_utf8_lossy(&body)),
+        };
+        let get = |name: &str| seen.get(name).map(String::as_str);
+        assert_eq!(get("content-type"), Some("application/json"));
+        assert_eq!(get("x-gateway-inference-objective"), Some("interactive"));
+        assert_eq!(get("x-custom"), Some("1"));
+        assert_eq!(get("x-llm-d-inference-fairness-id"), Some("alice"));
+        assert_eq!(get(REQUEST_ID_HEADER), Some("req-42"));
+        assert_eq!(get("content-length"), Some("2"));
+        assert!(get("user-agent").is_some_and(|ua| ua.starts_with("inferq/")));
+    }
+
+    #[tokio::test]
+    async fn rate_limited_is_shed_and_retried() {
+        let addr = gateway().await;
+        let client = client();
+
+        let attempt = post_to(&client, addr, "/429", "").await;
+        match &attempt.outcome {
+            Outcome::Retry {
+                status: Some(429),
+                body: Some(body),
+                retry_after: None,
+                reason: RetryReason::RateLimited,
+                shed: true,
+                error,
+            } => {
+                assert_eq!(&body[..], b"busy");
+                assert_eq!(
+                    error.to_string(),
+                    "RATE_LIMIT: rate limited: status code 429 (dropped: rejected-saturated)"
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+
+        let attempt = post_to(&client, addr, "/429-seconds", "").await;
+        assert!(
+            matches!(&attempt.outcome, Outcome::Retry { retry_after: Some(ra), shed: true, .. } if *ra == Duration::from_secs(7)),
+            "{:?}",
+            attempt.outcome
+        );
+
+        let attempt = post_to(&client, addr, "/429-date", "").await;
+        assert!(
+            matches!(&attempt.outcome, Outcome::Retry { retry_after: Some(ra), shed: true, .. }
+                if *ra > Duration::from_secs(100) && *ra <= Duration::from_secs(121)),
+            "{:?}",
+            attempt.outcome
+        );
+    }
+
+    #[tokio::test]
+    async fn client_error_is_terminal_with_raw_body() {
+        let addr = gateway().await;
+        let attempt = post_to(&client(), addr, "/400", "{}").await;
+        match attempt.outcome {
+            Outcome::Terminal {
+                status: 400,
+                body,
+                error,
+            } => {
+                assert_eq!(&body[..], br#"{"error":"bad model"}"#);
+                assert_eq!(error.category, ErrorCategory::InvalidReq);
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn server_error_is_retried_with_retry_after() {
+        let addr = gateway().await;
+        let attempt = post_to(&client(), addr, "/503", "{}").await;
+        match attempt.outcome {
+            Outcome::Retry {
+                status: Some(503),
+                body: Some(body),
+                retry_after: Some(ra),
+                reason: RetryReason::ServerError,
+                shed: false,
+                error,
+            } => {
+                assert_eq!(&body[..], b"overloaded");
+                assert_eq!(ra, Duration::from_secs(5));
+                assert_eq!(
+                    error.to_string(),
+                    "SERVER_ERROR: server error: status code 503"
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn connection_refused_is_retried_without_status() {
+        let (listener, addr) = listener().await;
+        drop(listener);
+        let attempt = post_to(&client(), addr, "/x", "{}").await;
+        match &attempt.outcome {
+            Outcome::Retry {
+                status: None,
+                body: None,
+                reason: RetryReason::Connect,
+                shed: false,
+                error,
+                ..
+            } => {
+                assert_eq!(error.category, ErrorCategory::Unknown);
+                let text = error.to_string();
+                assert!(
+                    text.starts_with("UNKNOWN: failed to send request (caused by: Post "),
+                    "{text}"
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(attempt.elapsed < GENEROUS);
+    }
+
+    #[tokio::test]
+    async fn per_attempt_timeout_is_retried_quickly() {
+        let addr = gateway().await;
+        let attempt = client()
+            .send(
+                &format!("http://{addr}/hang"),
+                HeaderMap::new(),
+                Bytes::new(),
+                Duration::from_millis(200),
+            )
+            .await;
+        assert!(
+            matches!(
+                attempt.outcome,
+                Outcome::Retry {
+                    status: None,
+                    reason: RetryReason::Timeout,
+                    ..
+                }
+            ),
+            "{:?}",
+            attempt.outcome
+        );
+        assert!(
+            attempt.elapsed >= Duration::from_millis(200),
+            "{:?}",
+            attempt.elapsed
+        );
+        assert!(attempt.elapsed < GENEROUS, "{:?}", attempt.elapsed);
+    }
+
+    #[tokio::test]
+    async fn timeout_mid_body_keeps_status_and_partial_body() {
+        let addr = raw_server(|mut stream| async move {
+            let _ = stream
+                .write_all(b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\npar")
+                .await;
+            tokio::time::sleep(Duration::from_secs(60)).await;
+        })
+        .await;
+        let attempt = client()
+            .send(
+                &format!("http://{addr}/"),
+                HeaderMap::new(),
+                Bytes::new(),
+                Duration::from_millis(300),
+            )
+            .await;
+        match attempt.outcome {
+            Outcome::Retry {
+                status: Some(200),
+                body: Some(body),
+                reason: RetryReason::Timeout,
+                ..
+            } => assert_eq!(&body[..], b"par"),
+            other => panic!("{other:?}"),
+        }
+        assert!(attempt.elapsed < GENEROUS);
+    }
+
+    #[tokio::test]
+    async fn body_read_failure_is_retried_keeping_the_status() {
+        let addr = raw_server(|mut stream| async move {
+            let _ = stream
+                .write_all(
+                    b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\nRetry-After: 3\r\n\
+                      x-llm-d-request-dropped-reason: cut\r\n\r\npartial",
+                )
+                .await;
+            let _ = stream.flush().await;
+            // Dropping the stream closes the connection 93 bytes early.
+        })
+        .await;
+        let attempt = post_to(&client(), addr, "/", "{}").await;
+        match attempt.outcome {
+            Outcome::Retry {
+                status: Some(200),
+                body: Some(body),
+                retry_after: Some(ra),
+                reason: RetryReason::BodyRead,
+                shed: false,
+                error,
+            } => {
+                assert_eq!(&body[..], b"partial");
+                assert_eq!(ra, Duration::from_secs(3));
+                let text = error.to_string();
+                assert!(
+                    text.starts_with(
+                        "SERVER_ERROR: failed to read response (dropped: cut) (caused by: "
+                    ),
+                    "{text}"
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn dropping_send_aborts_the_request() {
+        let (received_tx, received_rx) = oneshot::channel::<()>();
+        let (closed_tx, closed_rx) = oneshot::channel::<()>();
+        let addr = raw_server(|mut stream| async move {
+            let _ = received_tx.send(());
+            // Never answer; report when the client goes away.
+            let mut buf = [0u8; 64];
+            loop {
+                match stream.read(&mut buf).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(_) => {}
+                }
+            }
+            let _ = closed_tx.send(());
+        })
+        .await;
+
+        let client = client();
+        let url = format!("http://{addr}/hang");
+        let send = client.send(
+            &url,
+            HeaderMap::new(),
+            Bytes::from_static(b"{}"),
+            Duration::from_secs(60),
+        );
+        // The way inferq aborts: a select! whose other branch (cancellation) wins.
+        let aborted = tokio::select! {
+            attempt = send => panic!("the server never answers, yet: {attempt:?}"),
+            _ = received_rx => true,
+        };
+        assert!(aborted);
+        match tokio::time::timeout(GENEROUS, closed_rx).await {
+            Ok(Ok(())) => {}
+            Ok(Err(_)) => panic!("server task ended without seeing the close"),
+            Err(_) => panic!("the connection stayed open after the send future was dropped"),
+        }
+    }
+
+    #[tokio::test]
+    async fn bad_urls_are_fatal() {
+        let client = client();
+        for url in [
+            "",
+            "not a url",
+            "/v1/completions",
+            "localhost:8000",
+            "ftp://gw/v1",
+            "http://gw:99999/v1",
+        ] {
+            let attempt = client
+                .send(url, HeaderMap::new(), Bytes::new(), GENEROUS)
+                .await;
+            match &attempt.outcome {
+                Outcome::Fatal { error } => {
+                    assert_eq!(error.category, ErrorCategory::InvalidReq, "{url:?}");
+                    assert!(error
+                        .to_string()
+                        .starts_with("INVALID_REQ: failed to create request"));
+                }
+                other => panic!("{url:?}: {other:?}"),
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn oversized_bodies_are_fatal() {
+        let addr = gateway().await;
+        let client = client().with_body_limit(1024);
+        assert_eq!(client.body_limit(), 1024);
+        for path in ["/big", "/big-chunked"] {
+            let attempt = post_to(&client, addr, path, "").await;
+            match &attempt.outcome {
+                Outcome::Fatal { error } => {
+                    assert!(error.to_string().contains("exceeds 1024 bytes"), "{error}");
+                }
+                other => panic!("{path}: {other:?}"),
+            }
+        }
+        // Within the limit is fine.
+        let attempt = post_to(&client, addr, "/created", "small").await;
+        assert!(matches!(
+            attempt.outcome,
+            Outcome::Success { status: 201, .. }
+        ));
+    }
+
+    #[test]
+    fn tls_errors_surface_from_new() {
+        let tls = GatewayTls {
+            key: Some("/nonexistent/key.pem".into()),
+            ..GatewayTls::default()
+        };
+        match GatewayClient::new(&tls, 1) {
+            Ok(_) => panic!("key without cert accepted"),
+            Err(e) => assert!(e.to_string().contains("must be given together"), "{e}"),
+        }
+        let dir = match tempfile::tempdir() {
+            Ok(dir) => dir,
+            Err(e) => panic!("tempdir: {e}"),
+        };
+        let tls = GatewayTls {
+            ca_cert: Some(crate::gateway::tls::tests::temp_file(
+                &dir, "ca.pem", "garbage",
+            )),
+            ..GatewayTls::default()
+        };
+        match GatewayClient::new(&tls, 1) {
+            Ok(_) => panic!("unparsable CA accepted"),
+            Err(e) => assert!(e.to_string().contains("no PEM certificates"), "{e}"),
+        }
+        let tls = GatewayTls {
+            ca_cert: Some(crate::gateway::tls::tests::temp_file(
+                &dir,
+                "good.pem",
+                crate::gateway::tls::tests::TEST_CA_PEM,
+            )),
+            ..GatewayTls::default()
+        };
+        assert!(GatewayClient::new(&tls, 1).is_ok());
+    }
+}

@@ -1,0 +1,332 @@
+//! The gateway TLS settings (Go's `--tls-ca-cert`, `--tls-cert`, `--tls-key`,
+//! `--tls-insecure-skip-verify`) and how they are applied to the reqwest/rustls client builder.
+//!
+//! Paths enter; a configured `reqwest::ClientBuilder` leaves, or a [`GatewayError`] naming the
+//! flag and file at fault. As in Go: the CA file is *added* to the default roots (here the bundled
+//! Mozilla roots of `webpki-roots`, inferq's "system pool") and must hold at least one
+//! certificate; the client certificate and key come together or not at all. rustls speaks TLS 1.2
+//! and 1.3 only, which matches Go's `MinVersion: TLS1.2`.
+//!
+//! PEM files may carry other blocks (e.g. `EC PARAMETERS` before an EC key, as `openssl ecparam
+//! -genkey` writes them); those are ignored, as Go's `tls.X509KeyPair` ignores them.
+
+use std::path::{Path, PathBuf};
+
+use reqwest::{Certificate, ClientBuilder, Identity};
+
+use super::{error_chain, GatewayError};
+
+/// TLS settings for the connection to the gateway.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct GatewayTls {
+    /// Extra trusted roots (PEM, one or more certificates), for gateways behind a private CA.
+    pub ca_cert: Option<PathBuf>,
+    /// Client certificate chain (PEM), for gateways that require mutual TLS.
+    pub cert: Option<PathBuf>,
+    /// Private key of `cert` (PEM: PKCS#8, PKCS#1 RSA or SEC1 EC; unencrypted).
+    pub key: Option<PathBuf>,
+    /// Accept any server certificate (testing only).
+    pub insecure_skip_verify: bool,
+}
+
+impl GatewayTls {
+    /// Whether any TLS flag was given.
+    pub fn is_configured(&self) -> bool {
+        self.ca_cert.is_some()
+            || self.cert.is_some()
+            || self.key.is_some()
+            || self.insecure_skip_verify
+    }
+
+    /// Applies these settings to `builder`.
+    pub(crate) fn apply(&self, mut builder: ClientBuilder) -> Result<ClientBuilder, GatewayError> {
+        if let Some(path) = &self.ca_cert {
+            let pem = read(path)?;
+            let only_certs = pem_blocks(&pem, |label| label == "CERTIFICATE");
+            let certs = Certificate::from_pem_bundle(&only_certs).map_err(|e| {
+                GatewayError::Tls(format!(
+                    "--tls-ca-cert {}: {}",
+                    path.display(),
+                    error_chain(&e)
+                ))
+            })?;
+            if certs.is_empty() {
+                return Err(GatewayError::Tls(format!(
+                    "--tls-ca-cert {}: no PEM certificates found",
+                    path.display()
+                )));
+            }
+            for cert in certs {
+                builder = builder.add_root_certificate(cert);
+            }
+        }
+        match (&self.cert, &self.key) {
+            (None, None) => {}
+            (Some(cert_path), Some(key_path)) => {
+                let certs = pem_blocks(&read(cert_path)?, |label| label == "CERTIFICATE");
+                if certs.is_empty() {
+                    return Err(GatewayError::Tls(format!(
+                        "--tls-cert {}: no PEM certificate found",
+                        cert_path.display()
+                    )));
+                }
+                let key = pem_blocks(&read(key_path)?, |label| {
+                    matches!(label, "PRIVATE KEY" | "RSA PRIVATE KEY" | "EC PRIVATE KEY")
+                });
+                if key.is_empty() {
+                    return Err(GatewayError::Tls(format!(
+                        "--tls-key {}: no unencrypted PEM private key found",
+                        key_path.display()
+                    )));
+                }
+                let mut identity_pem = certs;
+                identity_pem.extend_from_slice(&key);
+                let identity = Identity::from_pem(&identity_pem).map_err(|e| {
+                    GatewayError::Tls(format!(
+                        "--tls-cert {} / --tls-key {}: {}",
+                        cert_path.display(),
+                        key_path.display(),
+                        error_chain(&e)
+                    ))
+                })?;
+                builder = builder.identity(identity);
+            }
+            (Some(_), None) | (None, Some(_)) => {
+                return Err(GatewayError::Tls(
+                    "--tls-cert and --tls-key must be given together".to_string(),
+                ));
+            }
+        }
+        if self.insecure_skip_verify {
+            builder = builder.danger_accept_invalid_certs(true);
+        }
+        Ok(builder)
+    }
+}
+
+fn read(path: &Path) -> Result<Vec<u8>, GatewayError> {
+    std::fs::read(path).map_err(|source| GatewayError::ReadFile {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+/// The PEM blocks of `pem` whose label `keep` accepts, each re-emitted verbatim with its
+/// `-----BEGIN …-----` / `-----END …-----` lines. Text outside blocks is dropped; a block without
+/// its END line is kept as is so that the PEM parser reports it.
+fn pem_blocks(pem: &[u8], keep: impl Fn(&str) -> bool) -> Vec<u8> {
+    let text = String::from_utf8_lossy(pem);
+    let mut out = String::new();
+    let mut current: Option<(bool, String)> = None;
+    for line in text.lines() {
+        let trimmed = line.trim();
+        if let Some((keeping, block)) = current.as_mut() {
+            if *keeping {
+                block.push_str(trimmed);
+                block.push('\n');
+            }
+            if trimmed.starts_with("-----END ") {
+                if *keeping {
+                    out.push_str(block);
+                }
+                current = None;
+            }
+        } else if let Some(label) = trimmed
+            .strip_prefix("-----BEGIN ")
+            .and_then(|rest| rest.strip_suffix("-----"))
+        {
+            current = Some((keep(label), format!("{trimmed}\n")));
+        }
+    }
+    if let Some((true, block)) = current {
+        out.push_str(&block);
+    }
+    out.into_bytes()
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use std::io::Write;
+
+    /// A throw-away self-signed CA certificate (P-256), for tests only.
+    pub(crate) const TEST_CA_PEM: &str = "-----BEGIN CERTIFICATE-----
+MIIBiTCCAS+gAwIBAgIUFPzmfXEKit5mdvOOoS8+SwszNLkwCgYIKoZIzj0EAwIw
+GTEXMBUGA1UEAwwOaW5mZXJxLXRlc3QtY2EwIBcNMjYxMTI5MDc0ODMyWhgPMjEy
+NjExMDUwNzQ4MzJaMBkxFzAVBgNVBAMMDmluZmVycS10ZXN0LWNhMFkwEwYHKoZI
+zj0CAQYIKoZIzj0DAQcDQgAEVrCUbovShPOw+V9hVFq8V+Cae+UhKvXiUbe4iobs
+PjLTIasrl+mUeg1sUsZsY0Prp5j5RGb5LbSzyBuuwW5096NTMFEwHQYDVR0OBBYE
+FEhQqubYzY0KPy47X8o6Kq/nbAbUMB8GA1UdIwQYMBaAFEhQqubYzY0KPy47X8o6
+Kq/nbAbUMA8GA1UdEwEB/wQFMAMBAf8wCgYIKoZIzj0EAwIDSAAwRQIhAPlvTchO
+vYIRRKdhLqLnZlquekLBAsUGa+n4DWehIuzXAiARUoVoHfEQeidvLS2d+Mj1zn5b
+s32DDHLfhISpNusvgA==
+-----END CERTIFICATE-----
+";
+
+    /// A throw-away self-signed client certificate and its key (P-256), for tests only.
+    const TEST_CLIENT_CERT_PEM: &str = "-----BEGIN CERTIFICATE-----
+MIIBkDCCATagAwIBAgITPWYJaHMhQZLqM9irRRhFQTEKpDAKBggqhkjOPQQDAjAd
+MRswGQYDVQQDDBJpbmZlcnEtdGVzdC1jbGllbnQwIBcNMjYxMTI5MDc0ODMyWhgP
+MjEyNjExMDUwNzQ4MzJaMB0xGzAZBgNVBAMMEmluZmVycS10ZXN0LWNsaWVudDBZ
+MBMGByqGSM49AgEGCCqGSM49AwEHA0IABN+ZuwnWenSX0oS+CWxAN9KeQrUsOCZF
+W7FC+fr2r1pwxVAXfC0F5UEsYFTXnwjEJGNTKEMcyprqAZ54bB5oPEKjUzBRMB0G
+A1UdDgQWBBQm+q0Hfwb+meLzT7d0Lgxht1lQtzAfBgNVHSMEGDAWgBQm+q0Hfwb+
+meLzT7d0Lgxht1lQtzAPBgNVHRMBAf8EBTADAQH/MAoGCCqGSM49BAMCA0gAMEUC
+IE2CcCEY+VPZ13n5xxxJPUeDuwgS8WkV6cMZWVnO5U15AiEAs/ZQIGS0eSHxOnlc
+kqVOeJL50NngHazpd3ml7sGwTfY=
+-----END CERTIFICATE-----
+";
+    const TEST_CLIENT_KEY_PEM: &str = "-----BEGIN EC PARAMETERS-----
+BggqhkjOPQMBBw==
+-----END EC PARAMETERS-----
+-----BEGIN PRIVATE KEY-----
+MIGHAgEAMBMGByqGSM49AgEGCCqGSM49AwEHBG0wawIBAQQgvD/nS0cogDf6LKBM
+K59JVP6HtmJxj3iyZX6BfOaKxtChRANCAATfmbsJ1np0l9KEvglsQDfSnkK1LDgm
+RVuxQvn69q9acMVQF3wtBeVBLGBU158IxCRjUyhDHMqa6gGeeGweaDxC
+-----END PRIVATE KEY-----
+";
+
+    pub(crate) fn temp_file(dir: &tempfile::TempDir, name: &str, text: &str) -> PathBuf {
+        let path = dir.path().join(name);
+        let written = std::fs::File::create(&path).and_then(|mut f| f.write_all(text.as_bytes()));
+        assert!(written.is_ok(), "writing {}", path.display());
+        path
+    }
+
+    fn build(tls: &GatewayTls) -> Result<reqwest::Client, GatewayError> {
+        tls.apply(reqwest::Client::builder().use_rustls_tls())?
+            .build()
+            .map_err(|e| GatewayError::Client(error_chain(&e)))
+    }
+
+    fn tempdir() -> tempfile::TempDir {
+        match tempfile::tempdir() {
+            Ok(dir) => dir,
+            Err(e) => panic!("tempdir: {e}"),
+        }
+    }
+
+    #[test]
+    fn valid_settings_build_a_client() {
+        let dir = tempdir();
+        let tls = GatewayTls {
+            ca_cert: Some(temp_file(&dir, "ca.pem", TEST_CA_PEM)),
+            cert: Some(temp_file(&dir, "client.pem", TEST_CLIENT_CERT_PEM)),
+            key: Some(temp_file(&dir, "client.key", TEST_CLIENT_KEY_PEM)),
+            insecure_skip_verify: false,
+        };
+        assert!(tls.is_configured());
+        if let Err(e) = build(&tls) {
+            panic!("valid TLS settings rejected: {e}");
+        }
+        assert!(build(&GatewayTls::default()).is_ok());
+        let insecure = GatewayTls {
+            insecure_skip_verify: true,
+            ..GatewayTls::default()
+        };
+        assert!(build(&insecure).is_ok());
+    }
+
+    fn error_text(tls: &GatewayTls) -> String {
+        match build(tls) {
+            Ok(_) => panic!("{tls:?} should be rejected"),
+            Err(e) => e.to_string(),
+        }
+    }
+
+    #[test]
+    fn cert_and_key_must_come_together() {
+        let dir = tempdir();
+        let cert = temp_file(&dir, "client.pem", TEST_CLIENT_CERT_PEM);
+        let key = temp_file(&dir, "client.key", TEST_CLIENT_KEY_PEM);
+        for tls in [
+            GatewayTls {
+                cert: Some(cert),
+                ..GatewayTls::default()
+            },
+            GatewayTls {
+                key: Some(key),
+                ..GatewayTls::default()
+            },
+        ] {
+            let text = error_text(&tls);
+            assert!(
+                text.contains("--tls-cert and --tls-key must be given together"),
+                "{text}"
+            );
+        }
+    }
+
+    #[test]
+    fn unusable_files_are_clear_errors() {
+        let dir = tempdir();
+        let garbage = temp_file(&dir, "garbage.pem", "this is not PEM\n");
+        let key = temp_file(&dir, "client.key", TEST_CLIENT_KEY_PEM);
+        let cert = temp_file(&dir, "client.pem", TEST_CLIENT_CERT_PEM);
+
+        let text = error_text(&GatewayTls {
+            ca_cert: Some(garbage.clone()),
+            ..GatewayTls::default()
+        });
+        assert!(
+            text.contains("--tls-ca-cert") && text.contains("no PEM certificates"),
+            "{text}"
+        );
+
+        let bad_der = temp_file(
+            &dir,
+            "bad-der.pem",
+            "-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n",
+        );
+        let text = error_text(&GatewayTls {
+            ca_cert: Some(bad_der),
+            ..GatewayTls::default()
+        });
+        assert!(text.contains("certificate"), "{text}");
+
+        let text = error_text(&GatewayTls {
+            ca_cert: Some(dir.path().join("missing.pem")),
+            ..GatewayTls::default()
+        });
+        assert!(text.contains("missing.pem"), "{text}");
+
+        let text = error_text(&GatewayTls {
+            cert: Some(garbage.clone()),
+            key: Some(key),
+            ..GatewayTls::default()
+        });
+        assert!(
+            text.contains("--tls-cert") && text.contains("no PEM certificate"),
+            "{text}"
+        );
+
+        let text = error_text(&GatewayTls {
+            cert: Some(cert.clone()),
+            key: Some(garbage),
+            ..GatewayTls::default()
+        });
+        assert!(
+            text.contains("--tls-key") && text.contains("private key"),
+            "{text}"
+        );
+
+        // A certificate offered as the key.
+        let text = error_text(&GatewayTls {
+            cert: Some(cert.clone()),
+            key: Some(cert),
+            ..GatewayTls::default()
+        });
+        assert!(text.contains("--tls-key"), "{text}");
+    }
+
+    #[test]
+    fn pem_blocks_filters_by_label() {
+        let both = format!("{TEST_CLIENT_KEY_PEM}junk between\n{TEST_CLIENT_CERT_PEM}");
+        let certs = String::from_utf8_lossy(&pem_blocks(both.as_bytes(), |l| l == "CERTIFICATE"))
+            .into_owned();
+        assert_eq!(certs, TEST_CLIENT_CERT_PEM);
+        let keys = String::from_utf8_lossy(&pem_blocks(both.as_bytes(), |l| l == "PRIVATE KEY"))
+            .into_owned();
+        assert!(keys.starts_with("-----BEGIN PRIVATE KEY-----") && !keys.contains("PARAMETERS"));
+    }
+}
