@@ -1,1 +1,46 @@
-//! config (to be written)
+//! Configuration: the Go processor's flags, transport-config JSON, pool file and merge-policy
+//! file, validated into one typed [`RunConfig`]. A user swapping the Go binary for inferq keeps
+//! all four unchanged (go-compat §3.2, §7, §8); inferq is stricter where Go was silent (unknown
+//! JSON fields, unknown gate types, keys that would collide) and every refusal is a
+//! [`ConfigError`] naming the flag or JSON path and the reason.
+//!
+//! Data flow: clap fills [`RunArgs`] → [`load`] reads the files the flags name and the
+//! environment (`REDIS_URL`) → [`RunConfig`], consumed by the CLI's `run` command.
+//!
+//! - [`args`]: the flags, spelled and defaulted as Go's.
+//! - [`run`]: [`load`], flag checks, choice of transport surface, cross-checks; [`RunConfig`].
+//! - [`transport`]: the sorted-set transport JSON and its queues.
+//! - `legacy`: the deprecated `--message-queue-impl`/`--redis.*` flags → a transport config.
+//! - `claim`: lease, reclaim interval and delivery limit from the JSON or the claim flags.
+//! - [`pools`], [`merge`], [`gate`]: worker pools, merge policy, gate type names.
+//! - [`cluster`]: Redis Cluster hash slots, to refuse queues whose keys cannot share a slot.
+//! - [`duration`]: Go duration syntax. `json`: strict decoding with JSON paths in errors.
+//! - [`error`]: [`ConfigError`], exit code, password redaction.
+
+pub mod args;
+mod claim;
+pub mod cluster;
+pub mod duration;
+pub mod error;
+pub mod gate;
+mod json;
+mod legacy;
+pub mod merge;
+pub mod pools;
+pub mod run;
+pub mod transport;
+
+pub use args::{Redacted, RunArgs};
+pub use cluster::{check_same_slot, hash_slot, shared_slot};
+pub use duration::parse_duration;
+pub use error::{redact_in_text, redact_url, ConfigError, EXIT_CODE};
+pub use gate::{GateSpec, GateType};
+pub use merge::{Fairness, MergePolicy, MergePolicyKind};
+pub use pools::PoolConfig;
+pub use run::{
+    load, load_with_env, ClientCert, PrometheusSettings, RunConfig, TlsFiles, TransportSource,
+};
+pub use transport::{QueueConfig, RedisUrl, SortedSetConfig};
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,378 @@
+//! The `inferq run` flags, named and defaulted as the Go processor's (go-compat §8.1), so a
+//! deployment can swap the binary and keep its command line. clap fills [`RunArgs`]; nothing is
+//! interpreted here: [`super::load`] validates the flags and reads the files they name.
+//!
+//! Durations stay strings until loading so a bad one becomes a `ConfigError` naming the flag.
+//! Legacy flags have no clap defaults (their Go defaults are in the help text) so the loader can
+//! tell which were given. Values that may carry a password are [`Redacted`].
+
+use std::fmt;
+
+use clap::ArgAction;
+
+use super::error::redact_in_text;
+
+/// A flag value that may hold a password (a Redis URL, inline transport JSON). `Debug` shows it
+/// with every URL password replaced by `***`.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Redacted(String);
+
+impl Redacted {
+    /// The value as given. Use it, never log it.
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl From<String> for Redacted {
+    fn from(value: String) -> Self {
+        Redacted(value)
+    }
+}
+
+impl fmt::Debug for Redacted {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(&redact_in_text(&self.0), f)
+    }
+}
+
+/// Flags of the processor, as the Go binary spells them.
+#[derive(clap::Args, Debug, Clone)]
+pub struct RunArgs {
+    /// Transport: inferq supports only redis-sortedset (Go's default, redis-pubsub, and
+    /// gcp-pubsub are refused with an error).
+    #[arg(long, value_name = "NAME")]
+    pub transport: Option<String>,
+
+    /// Transport config as inline JSON (the Go sorted-set config; exactly one of this and
+    /// --transport-config-file).
+    #[arg(long = "transport-config", value_name = "JSON")]
+    pub transport_config: Option<Redacted>,
+
+    /// File holding the transport config JSON.
+    #[arg(long = "transport-config-file", value_name = "PATH")]
+    pub transport_config_file: Option<String>,
+
+    /// JSON array of worker pools [{"id","workers","gate_type","gate_params"}]; only together
+    /// with a transport config. Without it: one pool "default" with --concurrency workers.
+    #[arg(long = "pool-config-file", value_name = "PATH")]
+    pub pool_config_file: Option<String>,
+
+    /// Merge policy JSON file {"type":"random-robin","parameters":{...}}; default random-robin.
+    #[arg(long = "request-merge-policy-config-file", value_name = "PATH")]
+    pub request_merge_policy_config_file: Option<String>,
+
+    /// Deprecated alias of --request-merge-policy-config-file (which wins if both are set).
+    #[arg(long = "request-merge-policy-config", value_name = "PATH")]
+    pub request_merge_policy_config: Option<String>,
+
+    /// Workers of the implicit "default" pool.
+    #[arg(
+        long,
+        default_value_t = 64,
+        allow_negative_numbers = true,
+        value_name = "N"
+    )]
+    pub concurrency: i64,
+
+    /// Per-attempt timeout of an inference request (Go duration, e.g. 5m, 1m30s, 300s).
+    #[arg(
+        long = "request-timeout",
+        default_value = "5m",
+        value_name = "DURATION"
+    )]
+    pub request_timeout: String,
+
+    /// How long in-flight requests may finish after a shutdown signal.
+    #[arg(long = "drain-timeout", default_value = "2m", value_name = "DURATION")]
+    pub drain_timeout: String,
+
+    /// Port of /healthz and /readyz.
+    #[arg(long = "health-port", default_value_t = 8081, value_name = "PORT")]
+    pub health_port: u16,
+
+    /// Port of /metrics.
+    #[arg(long = "metrics-port", default_value_t = 9090, value_name = "PORT")]
+    pub metrics_port: u16,
+
+    /// Accepted for compatibility and ignored: inferq serves /metrics without Kubernetes
+    /// authentication.
+    #[arg(
+        long = "metrics-endpoint-auth",
+        default_value_t = true,
+        action = ArgAction::Set,
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "true",
+        value_name = "BOOL"
+    )]
+    pub metrics_endpoint_auth: bool,
+
+    /// How often queue backlogs are measured for metrics; 0 disables.
+    #[arg(
+        long = "metrics-backlog-poll-interval",
+        default_value = "15s",
+        value_name = "DURATION"
+    )]
+    pub metrics_backlog_poll_interval: String,
+
+    /// CA bundle (PEM) added to the system roots for calls to the inference gateway.
+    #[arg(long = "tls-ca-cert", value_name = "PATH")]
+    pub tls_ca_cert: Option<String>,
+
+    /// Client certificate (PEM) for calls to the inference gateway; needs --tls-key.
+    #[arg(long = "tls-cert", value_name = "PATH")]
+    pub tls_cert: Option<String>,
+
+    /// Client key (PEM); needs --tls-cert.
+    #[arg(long = "tls-key", value_name = "PATH")]
+    pub tls_key: Option<String>,
+
+    /// Skip verification of the gateway's certificate.
+    #[arg(
+        long = "tls-insecure-skip-verify",
+        default_value_t = false,
+        action = ArgAction::Set,
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "true",
+        value_name = "BOOL"
+    )]
+    pub tls_insecure_skip_verify: bool,
+
+    /// Log verbosity: 2 default, 3 verbose, 4 debug, 5 trace.
+    #[arg(
+        short = 'v',
+        long = "v",
+        default_value_t = 2,
+        allow_negative_numbers = true,
+        value_name = "LEVEL"
+    )]
+    pub v: i32,
+
+    /// Prometheus base URL, needed by the prometheus-* gates.
+    #[arg(long = "prometheus-url", value_name = "URL")]
+    pub prometheus_url: Option<Redacted>,
+
+    /// How long Prometheus query results are cached; 0 disables.
+    #[arg(
+        long = "prometheus-cache-ttl",
+        default_value = "5s",
+        value_name = "DURATION"
+    )]
+    pub prometheus_cache_ttl: String,
+
+    /// Request body transforms: not supported by inferq yet; setting it is an error.
+    #[arg(long = "transform-config-file", value_name = "PATH")]
+    pub transform_config_file: Option<String>,
+
+    /// Claim lease (crash-detection window; renewed every third of it), used when the transport
+    /// config has no claim_lease_ttl_seconds [default: 30s].
+    #[arg(long = "claim-lease-ttl", value_name = "DURATION")]
+    pub claim_lease_ttl: Option<String>,
+
+    /// How often expired claims are reclaimed, used when the transport config has no
+    /// claim_reclaim_interval_ms [default: 5s, at most the lease].
+    #[arg(long = "claim-reclaim-interval", value_name = "DURATION")]
+    pub claim_reclaim_interval: Option<String>,
+
+    /// Accepted for compatibility and ignored: inferq moves each request as a single copy, so
+    /// no result-dedup marker is needed.
+    #[arg(long = "result-dedup-ttl", value_name = "DURATION")]
+    pub result_dedup_ttl: Option<String>,
+
+    /// Deprecated: use --transport. Only redis-sortedset is supported [Go default: redis-pubsub].
+    #[arg(long = "message-queue-impl", value_name = "NAME")]
+    pub message_queue_impl: Option<String>,
+
+    /// Deprecated: Redis URL for the legacy flags [default: env REDIS_URL].
+    #[arg(long = "redis.url", value_name = "URL")]
+    pub redis_url: Option<Redacted>,
+
+    /// Deprecated: inference gateway base URL of the legacy single queue.
+    #[arg(long = "redis.ss.igw-base-url", value_name = "URL")]
+    pub redis_ss_igw_base_url: Option<String>,
+
+    /// Deprecated: request path of the legacy single queue [default: /v1/completions].
+    #[arg(long = "redis.ss.request-path-url", value_name = "PATH")]
+    pub redis_ss_request_path_url: Option<String>,
+
+    /// Deprecated: inference objective of the legacy single queue.
+    #[arg(long = "redis.ss.inference-objective", value_name = "NAME")]
+    pub redis_ss_inference_objective: Option<String>,
+
+    /// Deprecated: request sorted set of the legacy single queue [default: request-sortedset].
+    #[arg(long = "redis.ss.request-queue-name", value_name = "KEY")]
+    pub redis_ss_request_queue_name: Option<String>,
+
+    /// Deprecated: result list [default: result-list].
+    #[arg(long = "redis.ss.result-queue-name", value_name = "KEY")]
+    pub redis_ss_result_queue_name: Option<String>,
+
+    /// Deprecated: poll interval in milliseconds [default: 1000].
+    #[arg(
+        long = "redis.ss.poll-interval-ms",
+        allow_negative_numbers = true,
+        value_name = "MS"
+    )]
+    pub redis_ss_poll_interval_ms: Option<i64>,
+
+    /// Deprecated: requests taken per poll [default: 10].
+    #[arg(
+        long = "redis.ss.batch-size",
+        allow_negative_numbers = true,
+        value_name = "N"
+    )]
+    pub redis_ss_batch_size: Option<i64>,
+
+    /// Deprecated: queue-level gate type of the legacy single queue.
+    #[arg(long = "redis.ss.gate-type", value_name = "TYPE")]
+    pub redis_ss_gate_type: Option<String>,
+
+    /// Deprecated: queue-level gate parameters as a JSON object [default: {}].
+    #[arg(long = "redis.ss.gate-params", value_name = "JSON")]
+    pub redis_ss_gate_params: Option<String>,
+}
+
+impl RunArgs {
+    /// Names of the legacy flags that were given, for the deprecation warnings.
+    pub(crate) fn legacy_flags_set(&self) -> Vec<&'static str> {
+        let given = [
+            ("--message-queue-impl", self.message_queue_impl.is_some()),
+            ("--redis.url", self.redis_url.is_some()),
+            (
+                "--redis.ss.igw-base-url",
+                self.redis_ss_igw_base_url.is_some(),
+            ),
+            (
+                "--redis.ss.request-path-url",
+                self.redis_ss_request_path_url.is_some(),
+            ),
+            (
+                "--redis.ss.inference-objective",
+                self.redis_ss_inference_objective.is_some(),
+            ),
+            (
+                "--redis.ss.request-queue-name",
+                self.redis_ss_request_queue_name.is_some(),
+            ),
+            (
+                "--redis.ss.result-queue-name",
+                self.redis_ss_result_queue_name.is_some(),
+            ),
+            (
+                "--redis.ss.poll-interval-ms",
+                self.redis_ss_poll_interval_ms.is_some(),
+            ),
+            ("--redis.ss.batch-size", self.redis_ss_batch_size.is_some()),
+            ("--redis.ss.gate-type", self.redis_ss_gate_type.is_some()),
+            (
+                "--redis.ss.gate-params",
+                self.redis_ss_gate_params.is_some(),
+            ),
+        ];
+        given
+            .into_iter()
+            .filter(|&(_, set)| set)
+            .map(|(name, _)| name)
+            .collect()
+    }
+
+    /// Whether any flag of the new transport surface was given.
+    pub(crate) fn new_surface(&self) -> bool {
+        self.transport.is_some()
+            || self.transport_config.is_some()
+            || self.transport_config_file.is_some()
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use clap::Parser;
+
+    /// A parser around [`RunArgs`], as the CLI will flatten it.
+    #[derive(Parser, Debug)]
+    #[command(name = "inferq")]
+    pub(crate) struct Cli {
+        #[command(flatten)]
+        pub run: RunArgs,
+    }
+
+    pub(crate) fn parse(args: &[&str]) -> Result<RunArgs, clap::Error> {
+        Cli::try_parse_from(std::iter::once("inferq").chain(args.iter().copied())).map(|c| c.run)
+    }
+
+    #[test]
+    fn go_defaults() {
+        let a = parse(&[]).unwrap();
+        assert_eq!(a.transport, None);
+        assert_eq!(a.concurrency, 64);
+        assert_eq!(a.request_timeout, "5m");
+        assert_eq!(a.drain_timeout, "2m");
+        assert_eq!(a.health_port, 8081);
+        assert_eq!(a.metrics_port, 9090);
+        assert!(a.metrics_endpoint_auth);
+        assert_eq!(a.metrics_backlog_poll_interval, "15s");
+        assert!(!a.tls_insecure_skip_verify);
+        assert_eq!(a.v, 2);
+        assert_eq!(a.prometheus_cache_ttl, "5s");
+        assert!(a.legacy_flags_set().is_empty());
+        assert!(!a.new_surface());
+    }
+
+    #[test]
+    fn go_spellings_parse() {
+        let a = parse(&[
+            "--transport=redis-sortedset",
+            "--transport-config",
+            "{}",
+            "--concurrency=8",
+            "-v",
+            "4",
+            "--metrics-endpoint-auth=false",
+            "--tls-insecure-skip-verify",
+            "--redis.ss.batch-size=-3",
+            "--redis.url=redis://:pw@r",
+            "--request-merge-policy-config=/m.json",
+        ])
+        .unwrap();
+        assert_eq!(a.transport.as_deref(), Some("redis-sortedset"));
+        assert_eq!(
+            a.transport_config.as_ref().map(Redacted::expose),
+            Some("{}")
+        );
+        assert_eq!(a.concurrency, 8);
+        assert_eq!(a.v, 4);
+        assert!(!a.metrics_endpoint_auth);
+        assert!(a.tls_insecure_skip_verify);
+        assert_eq!(a.redis_ss_batch_size, Some(-3));
+        assert_eq!(a.request_merge_policy_config.as_deref(), Some("/m.json"));
+        assert_eq!(
+            a.legacy_flags_set(),
+            vec!["--redis.url", "--redis.ss.batch-size"]
+        );
+        assert!(a.new_surface());
+        assert_eq!(parse(&["--v=5"]).unwrap().v, 5);
+        assert_eq!(parse(&["--concurrency", "-1"]).unwrap().concurrency, -1);
+    }
+
+    #[test]
+    fn debug_hides_passwords() {
+        let a = parse(&[
+            "--redis.url=redis://u:hunter2@r:6379",
+            r#"--transport-config={"url":"rediss://:hunter2@r"}"#,
+            "--prometheus-url=http://p:hunter2@prom",
+        ])
+        .unwrap();
+        let shown = format!("{a:?}");
+        assert!(!shown.contains("hunter2"), "{shown}");
+        assert!(shown.contains("redis://u:***@r:6379"), "{shown}");
+    }
+
+    #[test]
+    fn clap_definition_is_consistent() {
+        use clap::CommandFactory;
+        Cli::command().debug_assert();
+    }
+}

@@ -1,0 +1,234 @@
+//! Claim settings from the transport-config JSON (`claim_lease_ttl_seconds`,
+//! `claim_reclaim_interval_ms`, `max_deliveries`) and the Go durable-claims flags
+//! (`--claim-lease-ttl`, `--claim-reclaim-interval`). The JSON wins; a flag applies when the JSON
+//! leaves its field out (or zero, Go's "unset"); otherwise the defaults of
+//! [`ClaimSettings::default`]. Out comes a validated [`ClaimSettings`].
+
+use std::time::Duration;
+
+use crate::queue::ClaimSettings;
+
+use super::ConfigError;
+
+/// The claim fields as written in the transport config.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub(crate) struct ClaimFields {
+    pub lease_seconds: Option<f64>,
+    pub reclaim_interval_ms: Option<i64>,
+    pub max_deliveries: Option<i64>,
+}
+
+/// The claim flags, already parsed as durations.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub(crate) struct ClaimFlags {
+    pub lease: Option<Duration>,
+    pub reclaim_interval: Option<Duration>,
+}
+
+/// Shortest lease accepted.
+const MIN_LEASE: Duration = Duration::from_secs(1);
+
+/// Combines the JSON fields, the flags and the defaults, and validates the result.
+pub(crate) fn resolve_claim(
+    json: ClaimFields,
+    flags: ClaimFlags,
+) -> Result<ClaimSettings, ConfigError> {
+    let defaults = ClaimSettings::default();
+
+    let (lease, lease_field) = match json.lease_seconds.filter(|&s| s != 0.0) {
+        Some(secs) => {
+            let field = "claim_lease_ttl_seconds";
+            let lease = Duration::try_from_secs_f64(secs)
+                .ok()
+                .filter(|d| *d >= MIN_LEASE)
+                .ok_or_else(|| {
+                    let reason = if secs < 1.0 {
+                        format!("must be at least 1 second, got {secs}")
+                    } else {
+                        format!("too large: {secs}")
+                    };
+                    ConfigError::invalid(field, reason)
+                })?;
+            (lease, field)
+        }
+        None => match flags.lease {
+            Some(lease) if lease < MIN_LEASE => {
+                return Err(ConfigError::invalid(
+                    "--claim-lease-ttl",
+                    format!("must be at least 1s, got {}", show(lease)),
+                ))
+            }
+            Some(lease) => (lease, "--claim-lease-ttl"),
+            None => (defaults.lease, "the default claim lease"),
+        },
+    };
+
+    let reclaim = match json.reclaim_interval_ms.filter(|&ms| ms != 0) {
+        Some(ms) if ms < 0 => {
+            return Err(ConfigError::invalid(
+                "claim_reclaim_interval_ms",
+                format!("must be at least 1, got {ms}"),
+            ))
+        }
+        Some(ms) => Some((
+            Duration::from_millis(ms.unsigned_abs()),
+            "claim_reclaim_interval_ms",
+        )),
+        None => match flags.reclaim_interval {
+            Some(d) if d.is_zero() => {
+                return Err(ConfigError::invalid(
+                    "--claim-reclaim-interval",
+                    "must be greater than 0",
+                ))
+            }
+            Some(d) => Some((d, "--claim-reclaim-interval")),
+            None => None,
+        },
+    };
+    let reclaim_interval = match reclaim {
+        Some((interval, field)) if interval > lease => {
+            return Err(ConfigError::invalid(
+                field,
+                format!(
+                    "{} is longer than the claim lease ({}, from {lease_field}); expired claims \
+                     would wait longer than a lease to be reclaimed",
+                    show(interval),
+                    show(lease)
+                ),
+            ))
+        }
+        Some((interval, _)) => interval,
+        // Unset: the default, but never longer than a short lease.
+        None => defaults.reclaim_interval.min(lease),
+    };
+
+    let max_deliveries = match json.max_deliveries.unwrap_or(0) {
+        0 => defaults.max_deliveries,
+        n if n < 0 => {
+            return Err(ConfigError::invalid(
+                "max_deliveries",
+                format!("must be at least 1, got {n}"),
+            ))
+        }
+        n => u32::try_from(n).map_err(|_| {
+            ConfigError::invalid(
+                "max_deliveries",
+                format!("must be at most {}, got {n}", u32::MAX),
+            )
+        })?,
+    };
+
+    Ok(ClaimSettings {
+        lease,
+        reclaim_interval,
+        max_deliveries,
+    })
+}
+
+/// A duration the way a user writes one (`1s 500ms`).
+fn show(d: Duration) -> String {
+    humantime::format_duration(d).to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn json(lease: Option<f64>, reclaim: Option<i64>, max: Option<i64>) -> ClaimFields {
+        ClaimFields {
+            lease_seconds: lease,
+            reclaim_interval_ms: reclaim,
+            max_deliveries: max,
+        }
+    }
+
+    fn flags(lease: Option<u64>, reclaim: Option<u64>) -> ClaimFlags {
+        ClaimFlags {
+            lease: lease.map(Duration::from_millis),
+            reclaim_interval: reclaim.map(Duration::from_millis),
+        }
+    }
+
+    fn err(fields: ClaimFields, f: ClaimFlags) -> String {
+        match resolve_claim(fields, f) {
+            Ok(c) => format!("ok {c:?}"),
+            Err(e) => e.to_string(),
+        }
+    }
+
+    #[test]
+    fn defaults() {
+        let c = resolve_claim(ClaimFields::default(), ClaimFlags::default()).unwrap();
+        assert_eq!(c, ClaimSettings::default());
+        assert_eq!(c.lease, Duration::from_secs(30));
+        assert_eq!(c.reclaim_interval, Duration::from_millis(5000));
+        assert_eq!(c.max_deliveries, 5);
+        // Zero is Go's "unset".
+        let c = resolve_claim(json(Some(0.0), Some(0), Some(0)), ClaimFlags::default()).unwrap();
+        assert_eq!(c, ClaimSettings::default());
+    }
+
+    #[test]
+    fn json_values_and_fractional_leases() {
+        let c = resolve_claim(json(Some(1.5), Some(500), Some(3)), ClaimFlags::default()).unwrap();
+        assert_eq!(c.lease, Duration::from_millis(1500));
+        assert_eq!(c.reclaim_interval, Duration::from_millis(500));
+        assert_eq!(c.max_deliveries, 3);
+        // A short lease without a reclaim setting: the interval shrinks to the lease.
+        let c = resolve_claim(json(Some(2.0), None, None), ClaimFlags::default()).unwrap();
+        assert_eq!(c.reclaim_interval, Duration::from_secs(2));
+    }
+
+    #[test]
+    fn flags_apply_only_when_json_lacks_the_field() {
+        let f = flags(Some(60_000), Some(10_000));
+        let c = resolve_claim(ClaimFields::default(), f).unwrap();
+        assert_eq!(c.lease, Duration::from_secs(60));
+        assert_eq!(c.reclaim_interval, Duration::from_secs(10));
+        let c = resolve_claim(json(Some(20.0), Some(2000), None), f).unwrap();
+        assert_eq!(c.lease, Duration::from_secs(20));
+        assert_eq!(c.reclaim_interval, Duration::from_secs(2));
+        let c = resolve_claim(json(Some(20.0), None, None), f).unwrap();
+        assert_eq!(c.lease, Duration::from_secs(20));
+        assert_eq!(c.reclaim_interval, Duration::from_secs(10));
+    }
+
+    #[test]
+    fn rules_name_their_field() {
+        let none = ClaimFlags::default();
+        assert_eq!(
+            err(json(Some(0.5), None, None), none),
+            "invalid config: claim_lease_ttl_seconds: must be at least 1 second, got 0.5"
+        );
+        assert_eq!(
+            err(json(Some(-3.0), None, None), none),
+            "invalid config: claim_lease_ttl_seconds: must be at least 1 second, got -3"
+        );
+        assert_eq!(
+            err(ClaimFields::default(), flags(Some(500), None)),
+            "invalid config: --claim-lease-ttl: must be at least 1s, got 500ms"
+        );
+        assert_eq!(
+            err(json(Some(2.0), Some(3000), None), none),
+            "invalid config: claim_reclaim_interval_ms: 3s is longer than the claim lease (2s, \
+             from claim_lease_ttl_seconds); expired claims would wait longer than a lease to be reclaimed"
+        );
+        assert!(
+            err(json(Some(2.0), None, None), flags(None, Some(3000))).starts_with(
+                "invalid config: --claim-reclaim-interval: 3s is longer than the claim lease"
+            )
+        );
+        assert_eq!(
+            err(json(None, Some(-1), None), none),
+            "invalid config: claim_reclaim_interval_ms: must be at least 1, got -1"
+        );
+        assert_eq!(
+            err(ClaimFields::default(), flags(None, Some(0))),
+            "invalid config: --claim-reclaim-interval: must be greater than 0"
+        );
+        assert_eq!(
+            err(json(None, None, Some(-2)), none),
+            "invalid config: max_deliveries: must be at least 1, got -2"
+        );
+    }
+}

@@ -1,0 +1,460 @@
+//! From flags to settings: [`load`] (or [`load_with_env`], whose environment lookup tests
+//! replace) checks the flags, picks the transport surface (new JSON or legacy flags), reads the
+//! transport, pool and merge-policy files, cross-checks them and returns one [`RunConfig`]. The
+//! first problem found is returned as a [`ConfigError`] naming its flag or JSON path.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use crate::queue::ClaimSettings;
+
+use super::args::RunArgs;
+use super::claim::{resolve_claim, ClaimFlags};
+use super::duration::{parse_duration, DurationError};
+use super::json::decode;
+use super::merge::{parse_merge_policy, MergePolicy};
+use super::pools::{default_pools, parse_pools, PoolConfig};
+use super::transport::{check_http_url, resolve, RawSortedSet, SortedSetConfig};
+use super::{legacy, ConfigError};
+
+/// The one transport inferq implements.
+const SORTED_SET: &str = "redis-sortedset";
+
+/// Everything `inferq run` needs, validated and typed.
+#[derive(Debug, Clone)]
+pub struct RunConfig {
+    /// Where the transport config came from, for the start-up log.
+    pub transport_source: TransportSource,
+    /// The sorted-set transport and its queues.
+    pub transport: SortedSetConfig,
+    /// Lease, reclaim interval and delivery limit of the durable claims.
+    pub claim: ClaimSettings,
+    /// Worker pools; every queue's `worker_pool_id` names one of them.
+    pub pools: Vec<PoolConfig>,
+    /// How each pool merges its queues.
+    pub merge_policy: MergePolicy,
+    /// Per-attempt limit of an inference request (also bounds a pool-gate wait).
+    pub request_timeout: Duration,
+    /// How long in-flight work may finish after a shutdown signal.
+    pub drain_timeout: Duration,
+    /// Port of /healthz and /readyz.
+    pub health_port: u16,
+    /// Port of /metrics.
+    pub metrics_port: u16,
+    /// How often queue backlogs are measured; `None` when disabled (`0`).
+    pub metrics_backlog_poll_interval: Option<Duration>,
+    /// TLS for calls to the inference gateway; `None` when no TLS flag was given.
+    pub tls: Option<TlsFiles>,
+    /// Prometheus access for the `prometheus-*` gates.
+    pub prometheus: PrometheusSettings,
+    /// Log verbosity (`-v`): 2 default, 3 verbose, 4 debug, 5 trace.
+    pub verbosity: i32,
+    /// Deprecations and ignored settings, for the caller to log once logging is up.
+    pub warnings: Vec<String>,
+}
+
+impl RunConfig {
+    /// Workers across all pools (sizes the HTTP connection pool).
+    pub fn total_workers(&self) -> u64 {
+        self.pools.iter().map(|p| u64::from(p.workers)).sum()
+    }
+
+    /// The pool with this id.
+    pub fn pool(&self, id: &str) -> Option<&PoolConfig> {
+        self.pools.iter().find(|p| p.id == id)
+    }
+}
+
+/// Where the transport config came from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TransportSource {
+    /// `--transport-config` (inline JSON).
+    Inline,
+    /// `--transport-config-file`.
+    File(PathBuf),
+    /// Synthesised from the deprecated `--message-queue-impl`/`--redis.*` flags.
+    LegacyFlags,
+}
+
+/// TLS files for the HTTP client; all paths were checked to exist at load time.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TlsFiles {
+    /// Extra CA bundle (PEM) added to the system roots.
+    pub ca_cert: Option<PathBuf>,
+    /// Client certificate and key (always both).
+    pub client: Option<ClientCert>,
+    /// Skip verification of the server certificate.
+    pub insecure_skip_verify: bool,
+}
+
+/// A client certificate and its key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClientCert {
+    /// Certificate chain (PEM).
+    pub cert: PathBuf,
+    /// Private key (PEM).
+    pub key: PathBuf,
+}
+
+/// Prometheus settings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PrometheusSettings {
+    /// Base URL (http or https); required by the `prometheus-*` gates.
+    pub url: Option<String>,
+    /// How long query results are cached; zero disables the cache.
+    pub cache_ttl: Duration,
+}
+
+/// Loads the configuration with the process environment.
+pub fn load(args: &RunArgs) -> Result<RunConfig, ConfigError> {
+    load_with_env(args, |key| std::env::var(key).ok())
+}
+
+/// Loads the configuration, looking environment variables (`REDIS_URL`) up with `env`.
+pub fn load_with_env<F>(args: &RunArgs, env: F) -> Result<RunConfig, ConfigError>
+where
+    F: Fn(&str) -> Option<String>,
+{
+    let env: &dyn Fn(&str) -> Option<String> = &env;
+    let mut warnings = Vec::new();
+
+    let concurrency = match args.concurrency {
+        n if n < 1 => {
+            return Err(ConfigError::invalid(
+                "--concurrency",
+                format!("must be at least 1, got {n}"),
+            ))
+        }
+        n => u32::try_from(n).map_err(|_| {
+            ConfigError::invalid(
+                "--concurrency",
+                format!("must be at most {}, got {n}", u32::MAX),
+            )
+        })?,
+    };
+    let request_timeout = positive_duration("--request-timeout", &args.request_timeout)?;
+    let drain_timeout = positive_duration("--drain-timeout", &args.drain_timeout)?;
+    let backlog = flag_duration(
+        "--metrics-backlog-poll-interval",
+        &args.metrics_backlog_poll_interval,
+    )?;
+    let cache_ttl = flag_duration("--prometheus-cache-ttl", &args.prometheus_cache_ttl)?;
+    if args.health_port == args.metrics_port && args.health_port != 0 {
+        return Err(ConfigError::invalid(
+            "--metrics-port",
+            format!(
+                "must differ from --health-port (both are {})",
+                args.health_port
+            ),
+        ));
+    }
+    if non_empty(&args.transform_config_file).is_some() {
+        return Err(ConfigError::unsupported(
+            "--transform-config-file",
+            "request body transforms are not supported by inferq yet; remove the flag (requests \
+             are sent with their payload unchanged)",
+        ));
+    }
+    let tls = tls_files(args)?;
+    let prometheus_url = match args.prometheus_url.as_ref().map(|u| u.expose()) {
+        None | Some("") => None,
+        Some(url) => {
+            check_http_url(url)
+                .map_err(|reason| ConfigError::invalid("--prometheus-url", reason))?;
+            Some(url.to_owned())
+        }
+    };
+    let claim_flags = ClaimFlags {
+        lease: optional_duration("--claim-lease-ttl", &args.claim_lease_ttl)?,
+        reclaim_interval: optional_duration(
+            "--claim-reclaim-interval",
+            &args.claim_reclaim_interval,
+        )?,
+    };
+    if optional_duration("--result-dedup-ttl", &args.result_dedup_ttl)?.is_some() {
+        warnings.push(
+            "--result-dedup-ttl is ignored: inferq moves each request as a single copy, so no \
+             result-dedup marker is needed"
+                .to_owned(),
+        );
+    }
+    if args.metrics_endpoint_auth {
+        warnings.push(
+            "--metrics-endpoint-auth is ignored: inferq serves /metrics without Kubernetes \
+             authentication; restrict access to the metrics port (e.g. a NetworkPolicy), and pass \
+             --metrics-endpoint-auth=false to silence this warning"
+                .to_owned(),
+        );
+    }
+
+    // Transport: the new JSON surface, or the legacy flags.
+    let (transport_source, raw) = select_transport(args, env, &mut warnings)?;
+    let legacy = transport_source == TransportSource::LegacyFlags;
+    let (transport, claim_fields) = resolve(raw, env, &mut warnings).map_err(|e| {
+        match legacy.then(|| legacy::flag_for(e.field())).flatten() {
+            Some(flag) => e.with_field(flag),
+            None => e,
+        }
+    })?;
+
+    let pools =
+        match non_empty(&args.pool_config_file) {
+            Some(_) if legacy => return Err(ConfigError::invalid(
+                "--pool-config-file",
+                "pool-config-file can only be specified when a transport/queues config is also \
+                 specified (--transport-config or --transport-config-file)",
+            )),
+            Some(path) => parse_pools(&read("--pool-config-file", path)?, &mut warnings)?,
+            None => default_pools(concurrency),
+        };
+    for (i, q) in transport.queues.iter().enumerate() {
+        if !pools.iter().any(|p| p.id == q.worker_pool_id) {
+            let defined: Vec<&str> = pools.iter().map(|p| p.id.as_str()).collect();
+            return Err(ConfigError::invalid(
+                format!("queues[{i}].worker_pool_id"),
+                format!(
+                    "pool {:?} is not defined (defined pools: {})",
+                    q.worker_pool_id,
+                    defined.join(", ")
+                ),
+            ));
+        }
+    }
+    if prometheus_url.is_none() {
+        let queue_gates = transport
+            .queues
+            .iter()
+            .enumerate()
+            .map(|(i, q)| (format!("queues[{i}]"), &q.gate));
+        let pool_gates = pools
+            .iter()
+            .enumerate()
+            .map(|(i, p)| (format!("pools[{i}]"), &p.gate));
+        for (at, gate) in queue_gates.chain(pool_gates) {
+            if let Some(gate) = gate.as_ref().filter(|g| g.kind.needs_prometheus()) {
+                return Err(ConfigError::invalid(
+                    format!("{at}.gate_type"),
+                    format!(
+                        "{:?} requires --prometheus-url flag to be set",
+                        gate.kind.as_str()
+                    ),
+                ));
+            }
+        }
+    }
+
+    let merge_policy = merge_policy(args, &mut warnings)?;
+    let claim = resolve_claim(claim_fields, claim_flags)?;
+
+    Ok(RunConfig {
+        transport_source,
+        transport,
+        claim,
+        pools,
+        merge_policy,
+        request_timeout,
+        drain_timeout,
+        health_port: args.health_port,
+        metrics_port: args.metrics_port,
+        metrics_backlog_poll_interval: (!backlog.is_zero()).then_some(backlog),
+        tls,
+        prometheus: PrometheusSettings {
+            url: prometheus_url,
+            cache_ttl,
+        },
+        verbosity: args.v,
+        warnings,
+    })
+}
+
+/// Picks the transport surface and returns the raw transport config it describes.
+fn select_transport(
+    args: &RunArgs,
+    env: &dyn Fn(&str) -> Option<String>,
+    warnings: &mut Vec<String>,
+) -> Result<(TransportSource, RawSortedSet), ConfigError> {
+    if !args.new_surface() {
+        if args.legacy_flags_set().is_empty() {
+            return Err(ConfigError::invalid(
+                "--transport",
+                "no transport configured; pass --transport=redis-sortedset with \
+                 --transport-config or --transport-config-file",
+            ));
+        }
+        let raw = legacy::synthesise(args, env, warnings)?;
+        return Ok((TransportSource::LegacyFlags, raw));
+    }
+    match args.transport.as_deref() {
+        Some(SORTED_SET) => {}
+        Some(other) => {
+            return Err(ConfigError::unsupported(
+                "--transport",
+                format!("{other:?} is not supported; inferq supports only {SORTED_SET}"),
+            ))
+        }
+        None => {
+            return Err(ConfigError::invalid(
+                "--transport",
+                "not set, so Go would use redis-pubsub, which inferq does not support; pass \
+                 --transport=redis-sortedset",
+            ))
+        }
+    }
+    let inline = args
+        .transport_config
+        .as_ref()
+        .map(|c| c.expose())
+        .filter(|c| !c.is_empty());
+    let file = non_empty(&args.transport_config_file);
+    let (source, text, name) = match (inline, file) {
+        (Some(_), Some(_)) => {
+            return Err(ConfigError::invalid(
+                "--transport-config",
+                "set only one of --transport-config and --transport-config-file",
+            ))
+        }
+        (None, None) => {
+            return Err(ConfigError::invalid(
+                "--transport-config",
+                "required with --transport: set --transport-config or --transport-config-file",
+            ))
+        }
+        (Some(text), None) => (
+            TransportSource::Inline,
+            text.to_owned(),
+            "--transport-config",
+        ),
+        (None, Some(path)) => (
+            TransportSource::File(PathBuf::from(path)),
+            read("--transport-config-file", path)?,
+            "--transport-config-file",
+        ),
+    };
+    let ignored = args.legacy_flags_set();
+    if !ignored.is_empty() {
+        warnings.push(format!(
+            "ignoring the deprecated flags {} because --transport/--transport-config is set",
+            ignored.join(", ")
+        ));
+    }
+    let raw = decode(&text, "", name)?;
+    Ok((source, raw))
+}
+
+/// The merge policy from `--request-merge-policy-config-file` (or its deprecated alias).
+fn merge_policy(args: &RunArgs, warnings: &mut Vec<String>) -> Result<MergePolicy, ConfigError> {
+    let canonical = non_empty(&args.request_merge_policy_config_file);
+    let alias = non_empty(&args.request_merge_policy_config);
+    let (flag, path) = match (canonical, alias) {
+        (Some(path), Some(_)) => {
+            warnings.push(
+                "--request-merge-policy-config is deprecated and ignored because \
+                 --request-merge-policy-config-file is also set"
+                    .to_owned(),
+            );
+            ("--request-merge-policy-config-file", path)
+        }
+        (Some(path), None) => ("--request-merge-policy-config-file", path),
+        (None, Some(path)) => {
+            warnings.push(
+                "--request-merge-policy-config is deprecated; use \
+                 --request-merge-policy-config-file"
+                    .to_owned(),
+            );
+            ("--request-merge-policy-config", path)
+        }
+        (None, None) => return Ok(MergePolicy::default()),
+    };
+    parse_merge_policy(&read(flag, path)?)
+}
+
+/// The TLS flags: cert and key together, every named file present.
+fn tls_files(args: &RunArgs) -> Result<Option<TlsFiles>, ConfigError> {
+    let ca = non_empty(&args.tls_ca_cert);
+    let cert = non_empty(&args.tls_cert);
+    let key = non_empty(&args.tls_key);
+    if ca.is_none() && cert.is_none() && key.is_none() && !args.tls_insecure_skip_verify {
+        return Ok(None);
+    }
+    for (flag, path) in [
+        ("--tls-ca-cert", ca),
+        ("--tls-cert", cert),
+        ("--tls-key", key),
+    ] {
+        if let Some(path) = path {
+            if !Path::new(path).is_file() {
+                return Err(ConfigError::invalid(
+                    flag,
+                    format!("file {path:?} does not exist or is not a file"),
+                ));
+            }
+        }
+    }
+    let client = match (cert, key) {
+        (Some(cert), Some(key)) => Some(ClientCert {
+            cert: cert.into(),
+            key: key.into(),
+        }),
+        (Some(_), None) => {
+            return Err(ConfigError::invalid(
+                "--tls-key",
+                "required when --tls-cert is set",
+            ))
+        }
+        (None, Some(_)) => {
+            return Err(ConfigError::invalid(
+                "--tls-cert",
+                "required when --tls-key is set",
+            ))
+        }
+        (None, None) => None,
+    };
+    Ok(Some(TlsFiles {
+        ca_cert: ca.map(PathBuf::from),
+        client,
+        insecure_skip_verify: args.tls_insecure_skip_verify,
+    }))
+}
+
+/// Reads a file named by `flag`.
+fn read(flag: &'static str, path: &str) -> Result<String, ConfigError> {
+    std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+        flag,
+        path: path.into(),
+        source,
+    })
+}
+
+/// `Some(s)` for a non-empty flag value: Go treats `--flag=""` as unset.
+fn non_empty(value: &Option<String>) -> Option<&str> {
+    value.as_deref().filter(|s| !s.is_empty())
+}
+
+/// A duration flag; zero allowed.
+fn flag_duration(flag: &str, text: &str) -> Result<Duration, ConfigError> {
+    parse_duration(text).map_err(|e| {
+        let reason = match e {
+            DurationError::Syntax => format!("invalid duration {text:?}"),
+            DurationError::Negative => format!("must not be negative, got {text:?}"),
+            DurationError::TooLarge => format!("duration {text:?} is too large"),
+        };
+        ConfigError::invalid(flag, reason)
+    })
+}
+
+/// A duration flag that must be greater than zero.
+fn positive_duration(flag: &str, text: &str) -> Result<Duration, ConfigError> {
+    let d = flag_duration(flag, text)?;
+    if d.is_zero() {
+        return Err(ConfigError::invalid(
+            flag,
+            format!("must be greater than 0, got {text:?}"),
+        ));
+    }
+    Ok(d)
+}
+
+/// An optional duration flag; an empty value counts as unset.
+fn optional_duration(flag: &str, text: &Option<String>) -> Result<Option<Duration>, ConfigError> {
+    non_empty(text).map(|t| flag_duration(flag, t)).transpose()
+}

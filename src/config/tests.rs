@@ -1,0 +1,604 @@
+//! End-to-end tests of [`super::load_with_env`]: flags parsed by clap, files on disk, an
+//! injected environment, and the exact error texts users see.
+
+use std::io::Write;
+use std::time::Duration;
+
+use super::args::tests::parse;
+use super::*;
+use crate::queue::ClaimSettings;
+
+/// go-compat §3.2's example, verbatim.
+const GO_EXAMPLE: &str = r#"{"url":"redis://...","retry_queue_name":"retry-sortedset","result_queue_name":"result-list",
+ "poll_interval_ms":1000,"batch_size":10,"enable_tracing":false,
+ "queues":[{"id":"q1","queue_name":"request-sortedset","result_queue_name":"","worker_pool_id":"default",
+            "inference_objective":"","request_path_url":"/v1/completions","igw_base_url":"http://gw:80",
+            "gate_type":"redis","gate_params":{"address":"redis:6379"},"labels":{"tier":"batch"}}]}"#;
+
+/// A minimal valid transport config.
+const MINIMAL: &str =
+    r#"{"url":"redis://r:6379","queues":[{"queue_name":"q","igw_base_url":"http://gw"}]}"#;
+
+fn no_env(_: &str) -> Option<String> {
+    None
+}
+
+fn file(text: &str) -> tempfile::NamedTempFile {
+    let mut f = tempfile::NamedTempFile::new().unwrap();
+    f.write_all(text.as_bytes()).unwrap();
+    f
+}
+
+fn path(f: &tempfile::NamedTempFile) -> String {
+    f.path().display().to_string()
+}
+
+fn load_ok(flags: &[&str]) -> RunConfig {
+    let args = parse(flags).unwrap();
+    load_with_env(&args, no_env).unwrap_or_else(|e| panic!("{e}"))
+}
+
+fn load_err(flags: &[&str]) -> String {
+    load_err_env(flags, &no_env)
+}
+
+fn load_err_env(flags: &[&str], env: &dyn Fn(&str) -> Option<String>) -> String {
+    let args = parse(flags).unwrap();
+    match load_with_env(&args, env) {
+        Ok(c) => format!("loaded {c:?}"),
+        Err(e) => e.to_string(),
+    }
+}
+
+fn inline(json: &str) -> String {
+    format!("--transport-config={json}")
+}
+
+const SS: &str = "--transport=redis-sortedset";
+
+#[test]
+fn go_example_file_loads_with_go_defaults() {
+    let f = file(GO_EXAMPLE);
+    let file_flag = format!("--transport-config-file={}", path(&f));
+    let c = load_ok(&[SS, &file_flag]);
+    assert_eq!(c.transport_source, TransportSource::File(f.path().into()));
+    assert_eq!(c.transport.url.expose(), "redis://...");
+    assert_eq!(c.transport.retry_queue_name, "retry-sortedset");
+    assert_eq!(c.transport.result_queue_name, "result-list");
+    assert_eq!(c.transport.poll_interval, Duration::from_secs(1));
+    assert_eq!(c.transport.batch_size, 10);
+    let q = &c.transport.queues[0];
+    assert_eq!(
+        (q.id.as_str(), q.queue_name.as_str()),
+        ("q1", "request-sortedset")
+    );
+    assert_eq!(q.worker_pool_id, "default");
+    assert_eq!(q.request_path_url, "/v1/completions");
+    assert_eq!(q.gate.as_ref().map(|g| g.kind), Some(GateType::Redis));
+    assert_eq!(
+        c.pools,
+        vec![PoolConfig {
+            id: "default".into(),
+            workers: 64,
+            gate: None
+        }]
+    );
+    assert_eq!(c.total_workers(), 64);
+    assert!(c.pool("default").is_some());
+    assert_eq!(c.merge_policy, MergePolicy::default());
+    assert_eq!(c.claim, ClaimSettings::default());
+    assert_eq!(c.request_timeout, Duration::from_secs(300));
+    assert_eq!(c.drain_timeout, Duration::from_secs(120));
+    assert_eq!((c.health_port, c.metrics_port), (8081, 9090));
+    assert_eq!(
+        c.metrics_backlog_poll_interval,
+        Some(Duration::from_secs(15))
+    );
+    assert_eq!(c.tls, None);
+    assert_eq!(
+        c.prometheus,
+        PrometheusSettings {
+            url: None,
+            cache_ttl: Duration::from_secs(5)
+        }
+    );
+    assert_eq!(c.verbosity, 2);
+    assert!(c
+        .warnings
+        .iter()
+        .any(|w| w.starts_with("--metrics-endpoint-auth is ignored")));
+}
+
+#[test]
+fn inline_config_and_flag_values() {
+    let c = load_ok(&[
+        SS,
+        &inline(MINIMAL),
+        "--concurrency=3",
+        "--request-timeout=1m30s",
+        "--drain-timeout=500ms",
+        "--metrics-backlog-poll-interval=0",
+        "--metrics-endpoint-auth=false",
+        "--prometheus-url=http://prom:9090",
+        "--prometheus-cache-ttl=0",
+        "-v",
+        "4",
+    ]);
+    assert_eq!(c.transport_source, TransportSource::Inline);
+    assert_eq!(c.pools[0].workers, 3);
+    assert_eq!(c.request_timeout, Duration::from_secs(90));
+    assert_eq!(c.drain_timeout, Duration::from_millis(500));
+    assert_eq!(c.metrics_backlog_poll_interval, None);
+    assert_eq!(c.prometheus.url.as_deref(), Some("http://prom:9090"));
+    assert_eq!(c.prometheus.cache_ttl, Duration::ZERO);
+    assert_eq!(c.verbosity, 4);
+    assert!(c.warnings.is_empty(), "{:?}", c.warnings);
+}
+
+#[test]
+fn transport_surface_rules() {
+    assert_eq!(
+        load_err(&[&inline(MINIMAL)]),
+        "invalid config: --transport: not set, so Go would use redis-pubsub, which inferq does \
+         not support; pass --transport=redis-sortedset"
+    );
+    assert_eq!(
+        load_err(&["--transport=redis-pubsub", &inline(MINIMAL)]),
+        "invalid config: --transport: \"redis-pubsub\" is not supported; inferq supports only \
+         redis-sortedset"
+    );
+    assert_eq!(
+        load_err(&[SS]),
+        "invalid config: --transport-config: required with --transport: set --transport-config \
+         or --transport-config-file"
+    );
+    let f = file(MINIMAL);
+    assert_eq!(
+        load_err(&[
+            SS,
+            &inline(MINIMAL),
+            &format!("--transport-config-file={}", path(&f))
+        ]),
+        "invalid config: --transport-config: set only one of --transport-config and \
+         --transport-config-file"
+    );
+    assert_eq!(
+        load_err(&[]),
+        "invalid config: --transport: no transport configured; pass --transport=redis-sortedset \
+         with --transport-config or --transport-config-file"
+    );
+    let missing = load_err(&[SS, "--transport-config-file=/nonexistent/t.json"]);
+    assert!(
+        missing.starts_with(
+            "invalid config: --transport-config-file: cannot read \"/nonexistent/t.json\": "
+        ),
+        "{missing}"
+    );
+    assert!(load_err(&[SS, &inline("{")])
+        .starts_with("invalid config: --transport-config: invalid JSON: "));
+}
+
+#[test]
+fn unknown_field_is_named_with_its_path() {
+    let text = MINIMAL.replace("igw_base_url", "igw_base_ur");
+    let err = load_err(&[SS, &inline(&text)]);
+    assert!(
+        err.starts_with("invalid config: queues[0].igw_base_ur: unknown field"),
+        "{err}"
+    );
+}
+
+#[test]
+fn redis_url_falls_back_to_env_only_when_empty() {
+    let env = |k: &str| (k == "REDIS_URL").then(|| "redis://env:6379".to_owned());
+    let args = parse(&[SS, &inline(MINIMAL)]).unwrap();
+    let c = load_with_env(&args, env).unwrap();
+    assert_eq!(c.transport.url.expose(), "redis://r:6379");
+    let args = parse(&[SS, &inline(&MINIMAL.replace("redis://r:6379", ""))]).unwrap();
+    let c = load_with_env(&args, env).unwrap();
+    assert_eq!(c.transport.url.expose(), "redis://env:6379");
+    assert_eq!(
+        load_err(&[SS, &inline(&MINIMAL.replace("redis://r:6379", ""))]),
+        "invalid config: url: required (or set the REDIS_URL environment variable)"
+    );
+}
+
+#[test]
+fn legacy_flags_synthesise_a_single_queue() {
+    let c = load_ok(&[
+        "--message-queue-impl=redis-sortedset",
+        "--redis.url=redis://:pw@r:6379",
+        "--redis.ss.igw-base-url=http://gw:8000",
+        "--redis.ss.request-path-url=/v1/chat/completions",
+        "--redis.ss.inference-objective=batch",
+        "--redis.ss.request-queue-name=my-queue",
+        "--redis.ss.result-queue-name=my-results",
+        "--redis.ss.poll-interval-ms=250",
+        "--redis.ss.batch-size=5",
+        "--redis.ss.gate-type=redis",
+        r#"--redis.ss.gate-params={"address":"g:6379"}"#,
+        "--concurrency=7",
+        "--claim-lease-ttl=20s",
+    ]);
+    assert_eq!(c.transport_source, TransportSource::LegacyFlags);
+    let t = &c.transport;
+    assert_eq!(t.url.expose(), "redis://:pw@r:6379");
+    assert_eq!(t.result_queue_name, "my-results");
+    assert_eq!(t.retry_queue_name, "retry-sortedset");
+    assert_eq!(t.poll_interval, Duration::from_millis(250));
+    assert_eq!(t.batch_size, 5);
+    let q = &t.queues[0];
+    assert_eq!(
+        (q.id.as_str(), q.queue_name.as_str()),
+        ("my-queue", "my-queue")
+    );
+    assert_eq!(q.igw_base_url, "http://gw:8000");
+    assert_eq!(q.request_path_url, "/v1/chat/completions");
+    assert_eq!(q.inference_objective.as_deref(), Some("batch"));
+    assert_eq!(q.worker_pool_id, "default");
+    assert_eq!(q.gate.as_ref().map(|g| g.kind), Some(GateType::Redis));
+    assert_eq!(c.pools[0].workers, 7);
+    assert_eq!(c.claim.lease, Duration::from_secs(20));
+    assert!(
+        c.warnings.iter().any(|w| w.contains("deprecated")),
+        "{:?}",
+        c.warnings
+    );
+    assert!(!format!("{c:?}").contains(":pw@"));
+
+    // Defaults of the legacy flags.
+    let env = |k: &str| (k == "REDIS_URL").then(|| "redis://env".to_owned());
+    let args = parse(&[
+        "--message-queue-impl=redis-sortedset",
+        "--redis.ss.igw-base-url=http://gw",
+    ])
+    .unwrap();
+    let c = load_with_env(&args, env).unwrap();
+    assert_eq!(c.transport.url.expose(), "redis://env");
+    assert_eq!(c.transport.queues[0].queue_name, "request-sortedset");
+    assert_eq!(c.transport.result_queue_name, "result-list");
+}
+
+#[test]
+fn legacy_errors_name_the_legacy_flag() {
+    let base = [
+        "--message-queue-impl=redis-sortedset",
+        "--redis.url=redis://r",
+    ];
+    assert_eq!(
+        load_err(&base),
+        "invalid config: --redis.ss.igw-base-url: required"
+    );
+    let with =
+        |extra: &str| load_err(&[base[0], base[1], "--redis.ss.igw-base-url=http://gw", extra]);
+    assert_eq!(
+        with("--redis.ss.batch-size=-1"),
+        "invalid config: --redis.ss.batch-size: must be at least 1, got -1"
+    );
+    assert!(with("--redis.ss.gate-type=nope")
+        .starts_with("invalid config: --redis.ss.gate-type: unknown gate type \"nope\""));
+    assert!(load_err(&[
+        base[0],
+        "--redis.url=http://r",
+        "--redis.ss.igw-base-url=http://gw"
+    ])
+    .starts_with("invalid config: --redis.url: scheme must be"));
+    let pools = file(r#"[{"id":"default","workers":1}]"#);
+    assert_eq!(
+        with(&format!("--pool-config-file={}", path(&pools))),
+        "invalid config: --pool-config-file: pool-config-file can only be specified when a \
+         transport/queues config is also specified (--transport-config or --transport-config-file)"
+    );
+}
+
+#[test]
+fn legacy_flags_are_ignored_with_a_warning_under_the_new_surface() {
+    let c = load_ok(&[
+        SS,
+        &inline(MINIMAL),
+        "--redis.ss.batch-size=99",
+        "--message-queue-impl=redis-pubsub",
+    ]);
+    assert_eq!(c.transport.batch_size, 10);
+    assert!(
+        c.warnings.iter().any(|w| w.starts_with(
+            "ignoring the deprecated flags --message-queue-impl, --redis.ss.batch-size"
+        )),
+        "{:?}",
+        c.warnings
+    );
+}
+
+#[test]
+fn claim_flags_apply_only_when_json_lacks_the_field() {
+    let flags = ["--claim-lease-ttl=1m", "--claim-reclaim-interval=10s"];
+    let c = load_ok(&[SS, &inline(MINIMAL), flags[0], flags[1]]);
+    assert_eq!(c.claim.lease, Duration::from_secs(60));
+    assert_eq!(c.claim.reclaim_interval, Duration::from_secs(10));
+
+    let json = MINIMAL.replace(
+        r#""queues""#,
+        r#""claim_lease_ttl_seconds":1.5,"claim_reclaim_interval_ms":1000,"max_deliveries":2,"queues""#,
+    );
+    let c = load_ok(&[SS, &inline(&json), flags[0], flags[1]]);
+    assert_eq!(
+        c.claim,
+        ClaimSettings {
+            lease: Duration::from_millis(1500),
+            reclaim_interval: Duration::from_secs(1),
+            max_deliveries: 2
+        }
+    );
+    assert_eq!(
+        load_err(&[SS, &inline(MINIMAL), "--claim-lease-ttl=soon"]),
+        "invalid config: --claim-lease-ttl: invalid duration \"soon\""
+    );
+    let c = load_ok(&[SS, &inline(MINIMAL), "--result-dedup-ttl=24h"]);
+    assert!(c
+        .warnings
+        .iter()
+        .any(|w| w.starts_with("--result-dedup-ttl is ignored")));
+}
+
+#[test]
+fn pool_file_rules() {
+    let json = MINIMAL.replace(
+        r#""igw_base_url""#,
+        r#""worker_pool_id":"gpu","igw_base_url""#,
+    );
+    let pools = file(
+        r#"[{"id":"gpu","workers":4,"gate_type":"local-max-concurrency","gate_params":{"limit":2}}]"#,
+    );
+    let pool_flag = format!("--pool-config-file={}", path(&pools));
+    let c = load_ok(&[SS, &inline(&json), &pool_flag, "--concurrency=99"]);
+    assert_eq!(c.pools.len(), 1);
+    assert_eq!((c.pools[0].id.as_str(), c.pools[0].workers), ("gpu", 4));
+    assert_eq!(c.total_workers(), 4);
+
+    assert_eq!(
+        load_err(&[SS, &inline(&json)]),
+        "invalid config: queues[0].worker_pool_id: pool \"gpu\" is not defined (defined pools: \
+         default)"
+    );
+    assert_eq!(
+        load_err(&[SS, &inline(MINIMAL), &pool_flag]),
+        "invalid config: queues[0].worker_pool_id: pool \"default\" is not defined (defined \
+         pools: gpu)"
+    );
+    let bad = file(r#"[{"id":"gpu","workers":0}]"#);
+    assert_eq!(
+        load_err(&[
+            SS,
+            &inline(&json),
+            &format!("--pool-config-file={}", path(&bad))
+        ]),
+        "invalid config: pools[0].workers: must be at least 1, got 0"
+    );
+    assert!(load_err(&[
+        SS,
+        &inline(MINIMAL),
+        "--pool-config-file=/nonexistent/p.json"
+    ])
+    .starts_with("invalid config: --pool-config-file: cannot read"));
+}
+
+#[test]
+fn merge_policy_file_rules() {
+    let rr = file(
+        r#"{"type":"random-robin","parameters":{"fairness_header":"","fairness_attribute":"tenant"}}"#,
+    );
+    let c = load_ok(&[
+        SS,
+        &inline(MINIMAL),
+        &format!("--request-merge-policy-config-file={}", path(&rr)),
+    ]);
+    assert_eq!(c.merge_policy.kind, MergePolicyKind::RandomRobin);
+    assert_eq!(
+        c.merge_policy.fairness,
+        Fairness {
+            header: None,
+            attribute: "tenant".into()
+        }
+    );
+
+    let c = load_ok(&[
+        SS,
+        &inline(MINIMAL),
+        &format!("--request-merge-policy-config={}", path(&rr)),
+    ]);
+    assert_eq!(c.merge_policy.fairness.header, None);
+    assert!(c
+        .warnings
+        .iter()
+        .any(|w| w.starts_with("--request-merge-policy-config is deprecated")));
+
+    let tier = file(r#"{"type":"tier-priority"}"#);
+    let err = load_err(&[
+        SS,
+        &inline(MINIMAL),
+        &format!("--request-merge-policy-config-file={}", path(&tier)),
+        &format!("--request-merge-policy-config={}", path(&rr)),
+    ]);
+    assert!(
+        err.starts_with(
+            "invalid config: merge_policy.type: \"tier-priority\" is not supported by inferq yet"
+        ),
+        "{err}"
+    );
+    let extra = file(r#"{"type":"random-robin","name":"x"}"#);
+    assert!(load_err(&[
+        SS,
+        &inline(MINIMAL),
+        &format!("--request-merge-policy-config-file={}", path(&extra))
+    ])
+    .starts_with("invalid config: merge_policy.name: unknown field"));
+}
+
+#[test]
+fn flag_rules() {
+    let t = [SS, MINIMAL];
+    let with = |extra: &[&str]| {
+        let mut flags = vec![t[0].to_owned(), inline(t[1])];
+        flags.extend(extra.iter().map(|s| s.to_string()));
+        let refs: Vec<&str> = flags.iter().map(String::as_str).collect();
+        load_err(&refs)
+    };
+    assert_eq!(
+        with(&["--concurrency=0"]),
+        "invalid config: --concurrency: must be at least 1, got 0"
+    );
+    assert_eq!(
+        with(&["--drain-timeout=5x"]),
+        "invalid config: --drain-timeout: invalid duration \"5x\""
+    );
+    assert_eq!(
+        with(&["--request-timeout=0s"]),
+        "invalid config: --request-timeout: must be greater than 0, got \"0s\""
+    );
+    assert_eq!(
+        with(&["--request-timeout=-1m"]),
+        "invalid config: --request-timeout: must not be negative, got \"-1m\""
+    );
+    assert_eq!(
+        with(&["--metrics-backlog-poll-interval=often"]),
+        "invalid config: --metrics-backlog-poll-interval: invalid duration \"often\""
+    );
+    assert_eq!(
+        with(&["--health-port=9090"]),
+        "invalid config: --metrics-port: must differ from --health-port (both are 9090)"
+    );
+    assert_eq!(
+        with(&["--transform-config-file=/t.json"]),
+        "invalid config: --transform-config-file: request body transforms are not supported by \
+         inferq yet; remove the flag (requests are sent with their payload unchanged)"
+    );
+    assert!(with(&["--prometheus-url=prom:9090"])
+        .starts_with("invalid config: --prometheus-url: must be an http(s) URL"));
+}
+
+#[test]
+fn tls_rules() {
+    let cert = file("cert");
+    let key = file("key");
+    let ca = file("ca");
+    let c = load_ok(&[
+        SS,
+        &inline(MINIMAL),
+        &format!("--tls-cert={}", path(&cert)),
+        &format!("--tls-key={}", path(&key)),
+        &format!("--tls-ca-cert={}", path(&ca)),
+    ]);
+    let tls = c.tls.unwrap();
+    assert_eq!(tls.ca_cert.as_deref(), Some(ca.path()));
+    assert_eq!(
+        tls.client,
+        Some(ClientCert {
+            cert: cert.path().into(),
+            key: key.path().into()
+        })
+    );
+    assert!(!tls.insecure_skip_verify);
+
+    let c = load_ok(&[SS, &inline(MINIMAL), "--tls-insecure-skip-verify"]);
+    assert_eq!(
+        c.tls,
+        Some(TlsFiles {
+            ca_cert: None,
+            client: None,
+            insecure_skip_verify: true
+        })
+    );
+
+    assert_eq!(
+        load_err(&[SS, &inline(MINIMAL), &format!("--tls-cert={}", path(&cert))]),
+        "invalid config: --tls-key: required when --tls-cert is set"
+    );
+    assert_eq!(
+        load_err(&[SS, &inline(MINIMAL), &format!("--tls-key={}", path(&key))]),
+        "invalid config: --tls-cert: required when --tls-key is set"
+    );
+    assert_eq!(
+        load_err(&[SS, &inline(MINIMAL), "--tls-ca-cert=/nonexistent/ca.pem"]),
+        "invalid config: --tls-ca-cert: file \"/nonexistent/ca.pem\" does not exist or is not a file"
+    );
+}
+
+#[test]
+fn prometheus_gates_need_the_prometheus_url() {
+    let json = MINIMAL.replace(
+        r#""igw_base_url""#,
+        r#""gate_type":"prometheus-budget","gate_params":{"pool":"p"},"igw_base_url""#,
+    );
+    assert_eq!(
+        load_err(&[SS, &inline(&json)]),
+        "invalid config: queues[0].gate_type: \"prometheus-budget\" requires --prometheus-url flag \
+         to be set"
+    );
+    let c = load_ok(&[SS, &inline(&json), "--prometheus-url=https://prom"]);
+    assert_eq!(
+        c.transport.queues[0].gate.as_ref().map(|g| g.kind),
+        Some(GateType::PrometheusBudget)
+    );
+
+    let pools = file(
+        r#"[{"id":"default","workers":2,"gate_type":"prometheus-query","gate_params":{"query":"up"}}]"#,
+    );
+    assert_eq!(
+        load_err(&[
+            SS,
+            &inline(MINIMAL),
+            &format!("--pool-config-file={}", path(&pools))
+        ]),
+        "invalid config: pools[0].gate_type: \"prometheus-query\" requires --prometheus-url flag \
+         to be set"
+    );
+}
+
+#[test]
+fn passwords_never_show() {
+    let secret = "hunter2secret";
+    let json = MINIMAL.replace("redis://r:6379", &format!("redis://u:{secret}@r:6379"));
+    let args = parse(&[SS, &inline(&json), "--redis.url=redis://:hunter2secret@x"]).unwrap();
+    assert!(!format!("{args:?}").contains(secret));
+    let c = load_with_env(&args, no_env).unwrap();
+    assert!(!format!("{c:?}").contains(secret));
+    assert!(!c.warnings.join("\n").contains(secret));
+
+    let bad = MINIMAL.replace("redis://r:6379", &format!("http://u:{secret}@r:6379"));
+    let err = load_err(&[SS, &inline(&bad)]);
+    assert!(err.starts_with("invalid config: url: "), "{err}");
+    assert!(!err.contains(secret), "{err}");
+    let args = parse(&[SS, &inline(&bad)]).unwrap();
+    let debug = format!("{:?}", load_with_env(&args, no_env).err());
+    assert!(!debug.contains(secret), "{debug}");
+
+    // A URL in the wrong field, echoed back by the JSON decoder.
+    let misplaced = MINIMAL.replace(
+        r#""queues""#,
+        &format!(r#""batch_size":"redis://:{secret}@r","queues""#),
+    );
+    let err = load_err(&[SS, &inline(&misplaced)]);
+    assert!(
+        err.starts_with("invalid config: batch_size: invalid type"),
+        "{err}"
+    );
+    assert!(!err.contains(secret), "{err}");
+
+    // Legacy path: the synthesised-config warning is redacted too.
+    let args = parse(&[
+        "--message-queue-impl=redis-sortedset",
+        "--redis.url=redis://:hunter2secret@r",
+        "--redis.ss.igw-base-url=http://gw",
+    ])
+    .unwrap();
+    let c = load_with_env(&args, no_env).unwrap();
+    assert!(!c.warnings.join("\n").contains(secret), "{:?}", c.warnings);
+}
+
+#[test]
+fn exit_code_is_two() {
+    assert_eq!(EXIT_CODE, 2);
+    let args = parse(&[]).unwrap();
+    let err = load_with_env(&args, no_env).err().unwrap();
+    assert_eq!(err.exit_code(), 2);
+}
