@@ -20,6 +20,7 @@
 //!   reclaim, the result outbox, graceful shutdown.
 //! - [`gateway`]: the HTTP client to the inference gateway and the classification of what came
 //!   back into an outcome (result, retry, terminal error).
+//! - [`ops`]: Prometheus metrics under the Go names and the health / readiness server.
 //! - [`sim`]: a stand-alone OpenAI-compatible simulator gateway for demos and tests.
 //! - [`cli`]: the `inferq` subcommands; `src/main.rs` only calls into it.
 //! - [`testkit`]: real `redis-server` processes on free ports for tests and the demo.
@@ -28,6 +29,7 @@ pub mod cli;
 pub mod config;
 pub mod dispatch;
 pub mod gateway;
+pub mod ops;
 pub mod queue;
 pub mod sim;
 pub mod testkit;

@@ -114,12 +114,24 @@ pub enum Finish {
         result: String,
         record: String,
     },
+    /// claimed -> parked: retry after `backoff` (by Redis time); `member` is the generation's
+    /// envelope with its `retry_count` already bumped (see [`Queue::retry_member`]).
+    Park {
+        fence: Fence,
+        member: Vec<u8>,
+        backoff: std::time::Duration,
+    },
+    /// claimed -> pending at the original score (work not done; no delivery counted).
+    Release { fence: Fence },
 }
 
 impl Finish {
     pub fn fence(&self) -> &Fence {
         match self {
-            Finish::Ack { fence, .. } | Finish::Bury { fence, .. } => fence,
+            Finish::Ack { fence, .. }
+            | Finish::Bury { fence, .. }
+            | Finish::Park { fence, .. }
+            | Finish::Release { fence } => fence,
         }
     }
 }
@@ -324,6 +336,28 @@ impl Queue {
                     let args = [&fence.key, &fence.token, result, record, request_token];
                     calls.push(&SCRIPTS.bury, SCRIPTS.bury.cmd(&keys, &args));
                 }
+                Finish::Park {
+                    fence,
+                    member,
+                    backoff,
+                } => {
+                    let keys = [&k.claimed, &k.owners, &k.idx, &k.scores, &k.parked];
+                    let backoff_ms = u64::try_from(backoff.as_millis())
+                        .unwrap_or(u64::MAX)
+                        .to_string();
+                    let args: [&[u8]; 4] = [
+                        fence.key.as_bytes(),
+                        fence.token.as_bytes(),
+                        member,
+                        backoff_ms.as_bytes(),
+                    ];
+                    calls.push(&SCRIPTS.park, SCRIPTS.park.cmd(&keys, &args));
+                }
+                Finish::Release { fence } => {
+                    let keys = [&k.claimed, &k.owners, &k.idx, &k.scores, &k.pending];
+                    let args = [&fence.key, &fence.token];
+                    calls.push(&SCRIPTS.release, SCRIPTS.release.cmd(&keys, &args));
+                }
             }
         }
         if calls.is_empty() {
@@ -333,12 +367,23 @@ impl Queue {
         Ok(replies
             .into_iter()
             .map(|r| match r {
-                Ok(Value::Int(1)) => Finished::Published,
-                Ok(Value::Int(_)) => Finished::NotYours,
+                Ok(Value::Int(0)) => Finished::NotYours,
+                Ok(Value::Int(_)) => Finished::Published,
+                Ok(Value::Array(statuses)) => match statuses.first() {
+                    Some(Value::Int(1)) => Finished::Published,
+                    _ => Finished::NotYours,
+                },
                 Ok(other) => Finished::Failed(format!("unexpected reply {other:?}")),
                 Err(e) => Finished::Failed(e.to_string()),
             })
             .collect())
+    }
+
+    /// The member a retry parks: the same generation with `retry_count` bumped.
+    pub fn retry_member(envelope: &Envelope) -> Vec<u8> {
+        let mut next = envelope.clone();
+        next.internal.retry_count = next.internal.retry_count.saturating_add(1);
+        next.encode()
     }
 
     /// claimed -> parked with a bumped `retry_count`, due after `backoff` (by Redis time).
@@ -349,25 +394,22 @@ impl Queue {
         envelope: &Envelope,
         backoff: std::time::Duration,
     ) -> Result<bool, QueueError> {
-        let mut next = envelope.clone();
-        next.internal.retry_count = next.internal.retry_count.saturating_add(1);
-        let member = next.encode();
-        let k = &self.keys;
-        let keys = [&k.claimed, &k.owners, &k.idx, &k.scores, &k.parked];
-        let backoff_ms = u64::try_from(backoff.as_millis())
-            .unwrap_or(u64::MAX)
-            .to_string();
-        let args: [&[u8]; 4] = [
-            fence.key.as_bytes(),
-            fence.token.as_bytes(),
-            &member,
-            backoff_ms.as_bytes(),
-        ];
-        let cmd = SCRIPTS.park.cmd(&keys, &args);
-        match SCRIPTS.park.run(&mut self.con.clone(), &cmd).await? {
-            Value::Int(0) => Ok(false),
-            Value::Int(_) => Ok(true),
-            other => Err(bad_reply("park", &other)),
+        let park = Finish::Park {
+            fence: fence.clone(),
+            member: Self::retry_member(envelope),
+            backoff,
+        };
+        match self.finish(&[park]).await?.pop() {
+            Some(Finished::Published) => Ok(true),
+            Some(Finished::NotYours) => Ok(false),
+            Some(Finished::Failed(detail)) => Err(QueueError::Reply {
+                script: "park",
+                detail,
+            }),
+            None => Err(QueueError::Reply {
+                script: "park",
+                detail: "no reply".to_owned(),
+            }),
         }
     }
 

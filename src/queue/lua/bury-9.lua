@@ -15,7 +15,8 @@
     KEYS[9] request-cancel:<id> (optional, with KEYS[8])
     ARGV[1] claim key
     ARGV[2] owner token
-    ARGV[3] result JSON (Go ResultMessage with error_code DEAD_LETTERED)
+    ARGV[3] result JSON (Go ResultMessage with error_code DEAD_LETTERED), or "" when the member
+            has no readable id (then the dead record is the only terminal record)
     ARGV[4] dead-letter record JSON (member, reason, deliveries, time)
     ARGV[5] the generation's request token, for the guarded cleanup of KEYS[8..9]
 
@@ -27,7 +28,9 @@ if redis.call('HGET', KEYS[2], ck) ~= ARGV[2] then
 end
 dropClaim(KEYS[1], KEYS[2], KEYS[3], KEYS[4], ck)
 redis.call('HDEL', KEYS[5], ck)
-redis.call('LPUSH', KEYS[6], ARGV[3])
+if ARGV[3] ~= '' then
+  redis.call('LPUSH', KEYS[6], ARGV[3])
+end
 redis.call('LPUSH', KEYS[7], ARGV[4])
 if KEYS[9] then
   forgetGeneration(KEYS[8], KEYS[9], ARGV[5])

@@ -1,0 +1,156 @@
+//! Everything one queue's tasks share: its config, its [`Queue`] of moves, what it holds, the
+//! sender into its outbox and its metric labels. Consumers, workers and upkeep tasks each get an
+//! `Arc<QueueCtx>`.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use tokio::sync::mpsc::UnboundedSender;
+
+use super::holdings::{Holdings, Ticket};
+use crate::config::QueueConfig;
+use crate::ops::{Metrics, QueueLabels};
+use crate::queue::dead::DeadRecord;
+use crate::queue::{Fence, Finish, Held, Queue};
+use crate::wire::{Envelope, ErrorCode, ResultMessage, Routing};
+
+/// One queue's shared state.
+pub struct QueueCtx {
+    pub spec: QueueConfig,
+    pub queue: Queue,
+    pub holdings: Holdings,
+    pub outbox: UnboundedSender<Finish>,
+    pub labels: QueueLabels,
+    pub metrics: Arc<Metrics>,
+    /// The transport's `result_queue_name`, used when neither queue nor message names one.
+    pub default_result_list: String,
+    /// The queue's default URL (base joined with `request_path_url`), precomputed.
+    pub default_url: Result<String, String>,
+}
+
+impl QueueCtx {
+    /// Where a result goes: the queue's result list, else the message's, else the default.
+    pub fn result_list(&self, routing: &Routing) -> String {
+        if let Some(list) = self.spec.result_queue_name.as_deref().filter(|l| !l.is_empty()) {
+            return list.to_owned();
+        }
+        if !routing.result_queue_name.is_empty() {
+            return routing.result_queue_name.clone();
+        }
+        self.default_result_list.clone()
+    }
+
+    /// Hands an outcome to the outbox.
+    pub fn finish(&self, finish: Finish) {
+        self.holdings.mark_finishing(finish.fence());
+        // The outbox lives until every holder has finished, so the send only fails after a
+        // shutdown that already gave up; the lease then returns the claim to pending.
+        let _ = self.outbox.send(finish);
+    }
+
+    /// Publishes `result` as the generation's terminal record.
+    pub fn publish(&self, fence: &Fence, envelope: &Envelope, result: ResultMessage) {
+        self.finish(Finish::Ack {
+            fence: fence.clone(),
+            id: envelope.request.id.clone(),
+            request_token: envelope.internal.request_token.clone(),
+            result_list: self.result_list(&envelope.internal),
+            result: result.to_json(),
+        });
+    }
+
+    /// Sets a claimed generation aside with `reason`, publishing a `DEAD_LETTERED` result when
+    /// its id can be read.
+    pub fn bury(&self, fence: &Fence, member: &[u8], reason: &str, deliveries: u32) {
+        let mut record = DeadRecord::new(self.queue.name(), reason, member);
+        record.deliveries = deliveries;
+        let (id, routing) = match Envelope::decode(member) {
+            Ok(env) => (Some(env.request.id), env.internal),
+            Err(_) => match Envelope::salvage_id(member) {
+                Some((id, routing)) => (Some(id), routing),
+                None => (None, Routing::default()),
+            },
+        };
+        record.id = id.clone().unwrap_or_default();
+        record.request_token = routing.request_token.clone();
+        let result = id
+            .as_deref()
+            .map(|id| ResultMessage::error(id, ErrorCode::DeadLettered, reason).to_json())
+            .unwrap_or_default();
+        self.metrics
+            .dead_letters
+            .get_or_create(&self.labels.with_outcome("deliveries"))
+            .inc();
+        self.finish(Finish::Bury {
+            fence: fence.clone(),
+            id: record.id.clone(),
+            request_token: routing.request_token.clone(),
+            result_list: self.result_list(&routing),
+            result,
+            record: record.to_json(),
+        });
+    }
+}
+
+/// A claimed request on its way to a worker. Dropped without an outcome (a panic, a shutdown
+/// that empties the queues), it releases its claim: no path leaks a claim until its lease ends.
+pub struct Job {
+    pub ctx: Arc<QueueCtx>,
+    pub held: Held,
+    pub ticket: Ticket,
+    pub claimed_at: Instant,
+    done: bool,
+}
+
+impl Job {
+    pub fn new(ctx: Arc<QueueCtx>, held: Held, ticket: Ticket) -> Job {
+        Job {
+            ctx,
+            held,
+            ticket,
+            claimed_at: Instant::now(),
+            done: false,
+        }
+    }
+
+    /// Publishes the terminal result.
+    pub fn publish(mut self, result: ResultMessage) {
+        self.done = true;
+        self.ctx
+            .publish(&self.held.fence, &self.held.envelope, result);
+    }
+
+    /// Parks for a retry after `backoff`.
+    pub fn park(mut self, backoff: std::time::Duration) {
+        self.done = true;
+        self.ctx.finish(Finish::Park {
+            fence: self.held.fence.clone(),
+            member: Queue::retry_member(&self.held.envelope),
+            backoff,
+        });
+    }
+
+    /// Gives the claim back to pending untouched.
+    pub fn release(mut self) {
+        self.done = true;
+        self.ctx.finish(Finish::Release {
+            fence: self.held.fence.clone(),
+        });
+    }
+
+    /// The lease is lost: someone else owns the request now; write nothing.
+    pub fn abandon(mut self) {
+        self.done = true;
+        self.ctx.holdings.remove(&self.held.fence);
+    }
+}
+
+impl Drop for Job {
+    fn drop(&mut self) {
+        if !self.done {
+            self.ctx.finish(Finish::Release {
+                fence: self.held.fence.clone(),
+            });
+        }
+    }
+}

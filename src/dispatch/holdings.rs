@@ -1,0 +1,270 @@
+//! What one queue's processor holds: every claim it owns, how long its lease is known to be valid
+//! (a monotonic clock, so work it no longer owns stops without asking Redis), and a handle to
+//! abort the claim's in-flight request.
+//!
+//! Claims enter when the consumer (or reclaim) takes them and leave when the outbox has written
+//! their outcome, when a renewal says "not yours", or when their local lease runs out.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use tokio_util::sync::CancellationToken;
+
+use crate::queue::Fence;
+
+/// Why an in-flight request was aborted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Abort {
+    /// The lease is lost (renewal said "not yours", or it ran out locally): someone else will
+    /// do the work; publish nothing.
+    Lost = 1,
+    /// The producer cancelled this generation: publish `CANCELLED`.
+    Cancelled = 2,
+    /// Shutdown ran out of drain time: release the claim.
+    Shutdown = 3,
+}
+
+/// A job's view of its claim: the fence, and the signal that it must stop.
+#[derive(Debug, Clone)]
+pub struct Ticket {
+    pub fence: Fence,
+    abort: CancellationToken,
+    reason: Arc<AtomicU8>,
+}
+
+impl Ticket {
+    /// Resolves when the claim's work must stop.
+    pub async fn aborted(&self) -> Abort {
+        self.abort.cancelled().await;
+        self.reason().unwrap_or(Abort::Lost)
+    }
+
+    pub fn reason(&self) -> Option<Abort> {
+        match self.reason.load(Ordering::SeqCst) {
+            1 => Some(Abort::Lost),
+            2 => Some(Abort::Cancelled),
+            3 => Some(Abort::Shutdown),
+            _ => None,
+        }
+    }
+}
+
+struct Holding {
+    token: String,
+    id: String,
+    request_token: String,
+    valid_until: Instant,
+    /// The outcome is written (or being written): no cancel check needed any more.
+    finishing: bool,
+    abort: CancellationToken,
+    reason: Arc<AtomicU8>,
+}
+
+/// The claims one queue's processor holds.
+pub struct Holdings {
+    lease: Duration,
+    inner: Mutex<HashMap<String, Holding>>,
+}
+
+impl Holdings {
+    pub fn new(lease: Duration) -> Holdings {
+        Holdings {
+            lease,
+            inner: Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, HashMap<String, Holding>> {
+        // A panic while holding this lock cannot leave the map inconsistent (single inserts and
+        // removes), so a poisoned lock is still usable.
+        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Records a claim taken at `taken_at` (when the claim call was sent).
+    pub fn insert(&self, fence: Fence, id: &str, request_token: &str, taken_at: Instant) -> Ticket {
+        let abort = CancellationToken::new();
+        let reason = Arc::new(AtomicU8::new(0));
+        self.lock().insert(
+            fence.key.clone(),
+            Holding {
+                token: fence.token.clone(),
+                id: id.to_owned(),
+                request_token: request_token.to_owned(),
+                valid_until: taken_at + self.lease,
+                finishing: false,
+                abort: abort.clone(),
+                reason: reason.clone(),
+            },
+        );
+        Ticket {
+            fence,
+            abort,
+            reason,
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.lock().len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.lock().is_empty()
+    }
+
+    /// Every held fence, for one renewal call.
+    pub fn fences(&self) -> Vec<Fence> {
+        self.lock()
+            .iter()
+            .map(|(key, h)| Fence {
+                key: key.clone(),
+                token: h.token.clone(),
+            })
+            .collect()
+    }
+
+    /// Applies a renewal sent at `sent_at`: renewed claims are valid for another lease, lost
+    /// ones are dropped and their work aborted. Returns how many were lost.
+    pub fn renewed(&self, fences: &[Fence], statuses: &[bool], sent_at: Instant) -> usize {
+        let mut lost = 0;
+        let mut map = self.lock();
+        for (fence, ok) in fences.iter().zip(statuses) {
+            let Some(h) = map.get_mut(&fence.key) else {
+                continue;
+            };
+            if h.token != fence.token {
+                continue;
+            }
+            if *ok {
+                h.valid_until = h.valid_until.max(sent_at + self.lease);
+            } else if let Some(h) = map.remove(&fence.key) {
+                lost += 1;
+                signal(&h, Abort::Lost);
+            }
+        }
+        lost
+    }
+
+    /// Drops claims whose lease ran out locally (renewals failing, e.g. Redis unreachable):
+    /// they are no longer ours to finish. Returns how many.
+    pub fn expire_overdue(&self, now: Instant) -> usize {
+        let mut map = self.lock();
+        let overdue: Vec<String> = map
+            .iter()
+            .filter(|(_, h)| h.valid_until <= now)
+            .map(|(k, _)| k.clone())
+            .collect();
+        for key in &overdue {
+            if let Some(h) = map.remove(key) {
+                signal(&h, Abort::Lost);
+            }
+        }
+        overdue.len()
+    }
+
+    /// Whether `fence` is still held with a lease valid at `now`.
+    pub fn is_valid(&self, fence: &Fence, now: Instant) -> bool {
+        self.lock()
+            .get(&fence.key)
+            .is_some_and(|h| h.token == fence.token && h.valid_until > now)
+    }
+
+    /// The outcome of `fence` is on its way to Redis: stop cancel checks for it.
+    pub fn mark_finishing(&self, fence: &Fence) {
+        if let Some(h) = self.lock().get_mut(&fence.key) {
+            if h.token == fence.token {
+                h.finishing = true;
+            }
+        }
+    }
+
+    /// Forgets `fence` (its outcome is written, or it is gone).
+    pub fn remove(&self, fence: &Fence) {
+        let mut map = self.lock();
+        if map.get(&fence.key).is_some_and(|h| h.token == fence.token) {
+            map.remove(&fence.key);
+        }
+    }
+
+    /// Aborts the work of the claim `key` for `reason` (the claim stays held).
+    pub fn abort(&self, key: &str, reason: Abort) {
+        if let Some(h) = self.lock().get(key) {
+            signal(h, reason);
+        }
+    }
+
+    /// Aborts every claim's work for `reason`.
+    pub fn abort_all(&self, reason: Abort) {
+        for h in self.lock().values() {
+            signal(h, reason);
+        }
+    }
+
+    /// (claim key, id, request token) of claims still working, for cancellation checks.
+    pub fn cancellable(&self) -> Vec<(String, String, String)> {
+        self.lock()
+            .iter()
+            .filter(|(_, h)| !h.finishing && !h.request_token.is_empty())
+            .map(|(k, h)| (k.clone(), h.id.clone(), h.request_token.clone()))
+            .collect()
+    }
+}
+
+fn signal(h: &Holding, reason: Abort) {
+    // The first reason wins: a request already being cancelled is not re-labelled as lost.
+    let _ = h
+        .reason
+        .compare_exchange(0, reason as u8, Ordering::SeqCst, Ordering::SeqCst);
+    h.abort.cancel();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fence(k: &str, t: &str) -> Fence {
+        Fence {
+            key: k.into(),
+            token: t.into(),
+        }
+    }
+
+    #[tokio::test]
+    async fn lost_renewal_drops_and_aborts() {
+        let h = Holdings::new(Duration::from_secs(10));
+        let now = Instant::now();
+        let a = h.insert(fence("a", "1"), "a", "t", now);
+        let _b = h.insert(fence("b", "1"), "b", "t", now);
+        let fences = h.fences();
+        let statuses: Vec<bool> = fences.iter().map(|f| f.key == "b").collect();
+        assert_eq!(h.renewed(&fences, &statuses, now), 1);
+        assert_eq!(a.aborted().await, Abort::Lost);
+        assert_eq!(h.len(), 1);
+        assert!(h.is_valid(&fence("b", "1"), now));
+        assert!(!h.is_valid(&fence("b", "2"), now), "another token is not ours");
+    }
+
+    #[tokio::test]
+    async fn local_lease_runs_out_without_renewals() {
+        let h = Holdings::new(Duration::from_millis(100));
+        let start = Instant::now();
+        let t = h.insert(fence("a", "1"), "a", "", start);
+        assert_eq!(h.expire_overdue(start + Duration::from_millis(50)), 0);
+        assert_eq!(h.expire_overdue(start + Duration::from_millis(100)), 1);
+        assert_eq!(t.aborted().await, Abort::Lost);
+        assert!(h.is_empty());
+    }
+
+    #[tokio::test]
+    async fn first_abort_reason_wins_and_finishing_claims_are_not_cancellable() {
+        let h = Holdings::new(Duration::from_secs(10));
+        let t = h.insert(fence("a", "1"), "a", "tok", Instant::now());
+        assert_eq!(h.cancellable().len(), 1);
+        h.abort("a", Abort::Cancelled);
+        h.abort_all(Abort::Shutdown);
+        assert_eq!(t.aborted().await, Abort::Cancelled);
+        h.mark_finishing(&t.fence);
+        assert!(h.cancellable().is_empty());
+    }
+}

@@ -1,0 +1,87 @@
+//! The result outbox: every outcome of a queue (ack, bury, park, release) goes through here and
+//! is written in pipelined batches, one round trip for many outcomes.
+//!
+//! When Redis cannot be reached the outcomes stay here and are retried with backoff for as long
+//! as their lease is still valid locally (heartbeats keep renewing it), so a short outage throws
+//! no finished work away. An outcome is dropped only once its lease is known lost; a survivor then
+//! redoes the work. The claim leaves [`Holdings`](super::holdings::Holdings) when its outcome is
+//! written.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::sync::mpsc::UnboundedReceiver;
+use tokio_util::sync::CancellationToken;
+
+use super::context::QueueCtx;
+use crate::queue::{Finish, Finished};
+
+/// Most outcomes written per round trip.
+pub const MAX_BATCH: usize = 256;
+
+/// Writes outcomes until `flush` is cancelled and nothing is left to write (or everything left
+/// has lost its lease).
+pub async fn run_outbox(ctx: Arc<QueueCtx>, mut rx: UnboundedReceiver<Finish>, flush: CancellationToken) {
+    let mut waiting: VecDeque<Finish> = VecDeque::new();
+    let mut backoff = Duration::from_millis(50);
+    let depth = ctx.metrics.outbox_depth.get_or_create(&ctx.labels).clone();
+    loop {
+        if waiting.is_empty() {
+            let next = tokio::select! {
+                biased;
+                f = rx.recv() => f,
+                _ = flush.cancelled() => rx.try_recv().ok(),
+            };
+            match next {
+                Some(f) => waiting.push_back(f),
+                None => break,
+            }
+        }
+        while let Ok(f) = rx.try_recv() {
+            waiting.push_back(f);
+        }
+        let now = Instant::now();
+        waiting.retain(|f| {
+            let valid = ctx.holdings.is_valid(f.fence(), now);
+            if !valid {
+                ctx.metrics.outbox_dropped.get_or_create(&ctx.labels).inc();
+                tracing::warn!(queue = %ctx.queue.name(), "dropping an outcome: its lease is lost and another instance will redo the request");
+            }
+            valid
+        });
+        depth.set(i64::try_from(waiting.len()).unwrap_or(i64::MAX));
+        if waiting.is_empty() {
+            continue;
+        }
+        let n = waiting.len().min(MAX_BATCH);
+        let batch: Vec<Finish> = waiting.drain(..n).collect();
+        match ctx.queue.finish(&batch).await {
+            Ok(statuses) => {
+                backoff = Duration::from_millis(50);
+                for (f, status) in batch.iter().zip(statuses) {
+                    match status {
+                        Finished::Published => {}
+                        Finished::NotYours => {
+                            ctx.metrics.fenced.get_or_create(&ctx.labels).inc();
+                        }
+                        Finished::Failed(e) => {
+                            tracing::error!(queue = %ctx.queue.name(), error = %e, "Redis refused an outcome; the claim will be redelivered when its lease ends");
+                        }
+                    }
+                    ctx.holdings.remove(f.fence());
+                }
+            }
+            Err(e) => {
+                tracing::warn!(queue = %ctx.queue.name(), error = %e, outcomes = batch.len(), "cannot write outcomes yet; keeping them while their leases last");
+                for f in batch.into_iter().rev() {
+                    waiting.push_front(f);
+                }
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(2));
+            }
+        }
+        depth.set(i64::try_from(waiting.len()).unwrap_or(i64::MAX));
+    }
+    depth.set(0);
+}

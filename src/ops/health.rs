@@ -1,0 +1,131 @@
+//! The health server (Go semantics): `GET /healthz` is always 200 `{"status":"ok"}`; `/readyz`
+//! is 503 until the processor has started and after a shutdown signal, and otherwise PINGs Redis
+//! (3 s budget) so it tells the truth when Redis is unreachable. Also the metrics server.
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::any;
+use axum::Router;
+use redis::aio::ConnectionManager;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+use super::metrics::Metrics;
+
+/// Whether the processor says it is ready, plus what it checks before saying so.
+#[derive(Clone, Default)]
+pub struct Readiness {
+    started: Arc<AtomicBool>,
+    con: Arc<OnceLock<ConnectionManager>>,
+}
+
+impl Readiness {
+    pub fn new() -> Readiness {
+        Readiness::default()
+    }
+
+    /// The connection `/readyz` PINGs, once there is one.
+    pub fn set_connection(&self, con: ConnectionManager) {
+        let _ = self.con.set(con);
+    }
+
+    pub fn set(&self, ready: bool) {
+        self.started.store(ready, Ordering::SeqCst);
+    }
+
+    /// `Ok` when started and Redis answers PING within 3 s.
+    pub async fn check(&self) -> Result<(), String> {
+        if !self.started.load(Ordering::SeqCst) {
+            return Err(String::new());
+        }
+        let Some(con) = self.con.get() else {
+            return Err("redis: not connected yet".to_owned());
+        };
+        let mut con = con.clone();
+        let cmd = redis::cmd("PING");
+        let ping = cmd.query_async::<String>(&mut con);
+        match tokio::time::timeout(Duration::from_secs(3), ping).await {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(e)) => Err(format!("redis: {e}")),
+            Err(_) => Err("redis: no answer to PING within 3s".to_owned()),
+        }
+    }
+}
+
+fn json(status: StatusCode, body: serde_json::Value) -> Response {
+    let mut text = body.to_string();
+    text.push('\n');
+    (status, [(header::CONTENT_TYPE, "application/json")], text).into_response()
+}
+
+/// Binds `addr` and serves `/healthz` and `/readyz` until `stop`.
+pub async fn serve_health(
+    addr: SocketAddr,
+    readiness: Readiness,
+    stop: CancellationToken,
+) -> std::io::Result<tokio::task::JoinHandle<()>> {
+    let listener = TcpListener::bind(addr).await?;
+    let app = Router::new()
+        .route(
+            "/healthz",
+            any(|| async { json(StatusCode::OK, serde_json::json!({"status": "ok"})) }),
+        )
+        .route(
+            "/readyz",
+            any(move || {
+                let readiness = readiness.clone();
+                async move {
+                    match readiness.check().await {
+                        Ok(()) => json(StatusCode::OK, serde_json::json!({"status": "ready"})),
+                        Err(e) if e.is_empty() => json(
+                            StatusCode::SERVICE_UNAVAILABLE,
+                            serde_json::json!({"status": "not ready"}),
+                        ),
+                        Err(e) => json(
+                            StatusCode::SERVICE_UNAVAILABLE,
+                            serde_json::json!({"status": "not ready", "error": e}),
+                        ),
+                    }
+                }
+            }),
+        );
+    Ok(tokio::spawn(async move {
+        let _ = axum::serve(listener, app)
+            .with_graceful_shutdown(stop.cancelled_owned())
+            .await;
+    }))
+}
+
+/// Binds `addr` and serves `/metrics` until `stop`.
+pub async fn serve_metrics(
+    addr: SocketAddr,
+    metrics: Arc<Metrics>,
+    stop: CancellationToken,
+) -> std::io::Result<tokio::task::JoinHandle<()>> {
+    let listener = TcpListener::bind(addr).await?;
+    let app = Router::new().route(
+        "/metrics",
+        any(move || {
+            let metrics = metrics.clone();
+            async move {
+                (
+                    [(
+                        header::CONTENT_TYPE,
+                        "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                    )],
+                    metrics.encode(),
+                )
+            }
+        }),
+    );
+    Ok(tokio::spawn(async move {
+        let _ = axum::serve(listener, app)
+            .with_graceful_shutdown(stop.cancelled_owned())
+            .await;
+    }))
+}

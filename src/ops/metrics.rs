@@ -1,0 +1,195 @@
+//! Prometheus metrics. Names and labels follow the Go processor (`llm_d_async_async_*`, labels
+//! `queue_id`, `queue_name`, `pool_name`) so existing dashboards keep working; the durable-claims
+//! names (`claim_depth`, `claims_expired`) are Go's too, and the rest are inferq's own.
+//! Dispatch code records into [`Metrics`]; [`Metrics::encode`] renders the text format.
+
+use prometheus_client::encoding::{text::encode, EncodeLabelSet};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+
+/// The Go queue labels.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct QueueLabels {
+    pub queue_id: String,
+    pub queue_name: String,
+    pub pool_name: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PoolLabels {
+    pub pool_name: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OutcomeLabels {
+    pub queue_id: String,
+    pub queue_name: String,
+    pub pool_name: String,
+    pub outcome: String,
+}
+
+impl QueueLabels {
+    pub fn with_outcome(&self, outcome: &str) -> OutcomeLabels {
+        OutcomeLabels {
+            queue_id: self.queue_id.clone(),
+            queue_name: self.queue_name.clone(),
+            pool_name: self.pool_name.clone(),
+            outcome: outcome.to_owned(),
+        }
+    }
+}
+
+type Counters = Family<QueueLabels, Counter>;
+type Gauges = Family<QueueLabels, Gauge>;
+type Histograms = Family<QueueLabels, Histogram, fn() -> Histogram>;
+
+fn inference_buckets() -> Histogram {
+    Histogram::new([
+        10.0, 25.0, 50.0, 100.0, 250.0, 500.0, 1e3, 2.5e3, 5e3, 1e4, 3e4, 6e4, 1.2e5,
+    ])
+}
+
+fn residence_buckets() -> Histogram {
+    Histogram::new([
+        500.0, 1e3, 2e3, 5e3, 1e4, 3e4, 6e4, 1.2e5, 3e5, 6e5, 1.8e6, 3.6e6, 7.2e6, 2.16e7, 4.32e7,
+        8.64e7,
+    ])
+}
+
+/// Every metric the processor records.
+pub struct Metrics {
+    registry: Registry,
+    /// First attempts started (`retry_count == 0`).
+    pub requests: Counters,
+    pub retries: Counters,
+    pub successful: Counters,
+    pub failed: Counters,
+    pub exceeded: Counters,
+    /// 429 answers.
+    pub shedded: Counters,
+    pub cancelled: Counters,
+    /// Milliseconds per HTTP attempt.
+    pub inference_latency: Histograms,
+    /// Milliseconds from claim to a worker taking the request.
+    pub residence: Histograms,
+    /// Claimed requests waiting for a worker.
+    pub queue_depth: Gauges,
+    pub inflight: Gauges,
+    /// Pending requests (ZCARD), polled.
+    pub backlog: Gauges,
+    pub pool_worker_limit: Family<PoolLabels, Gauge>,
+    /// Claims this instance holds (Go durable-claims name).
+    pub claim_depth: Gauges,
+    /// Redeliveries after lease expiry (Go durable-claims name).
+    pub claims_expired: Counters,
+    /// Renewal outcomes: renewed, lost, error.
+    pub renewals: Family<OutcomeLabels, Counter>,
+    /// Finishes refused by the fence (already done, or taken over).
+    pub fenced: Counters,
+    /// Outcomes waiting to be written to Redis.
+    pub outbox_depth: Gauges,
+    /// Outcomes dropped because the lease was known lost before Redis took them.
+    pub outbox_dropped: Counters,
+    /// Dead letters by reason: undecodable, deliveries.
+    pub dead_letters: Family<OutcomeLabels, Counter>,
+    /// Claims taken (each is one delivery attempt).
+    pub deliveries: Counters,
+    /// In-flight requests aborted, by reason: lost, cancelled, shutdown.
+    pub aborted: Family<OutcomeLabels, Counter>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Metrics {
+        let mut registry = Registry::default();
+        let m = Metrics {
+            requests: Counters::default(),
+            retries: Counters::default(),
+            successful: Counters::default(),
+            failed: Counters::default(),
+            exceeded: Counters::default(),
+            shedded: Counters::default(),
+            cancelled: Counters::default(),
+            inference_latency: Histograms::new_with_constructor(inference_buckets),
+            residence: Histograms::new_with_constructor(residence_buckets),
+            queue_depth: Gauges::default(),
+            inflight: Gauges::default(),
+            backlog: Gauges::default(),
+            pool_worker_limit: Family::default(),
+            claim_depth: Gauges::default(),
+            claims_expired: Counters::default(),
+            renewals: Family::default(),
+            fenced: Counters::default(),
+            outbox_depth: Gauges::default(),
+            outbox_dropped: Counters::default(),
+            dead_letters: Family::default(),
+            deliveries: Counters::default(),
+            aborted: Family::default(),
+            registry: Registry::default(),
+        };
+        let go = |name: &str| format!("llm_d_async_async_{name}");
+        let r = &mut registry;
+        r.register(go("request"), "Requests started (first attempt)", m.requests.clone());
+        r.register(go("request_retries"), "Retries scheduled with a backoff", m.retries.clone());
+        r.register(go("successful_requests"), "Requests answered below 400", m.successful.clone());
+        r.register(go("failed_requests"), "Requests that failed terminally", m.failed.clone());
+        r.register(go("exceeded_deadline_requests"), "Requests that ran out of time", m.exceeded.clone());
+        r.register(go("shedded_requests"), "Requests answered 429", m.shedded.clone());
+        r.register(go("inference_latency_time_millis"), "Milliseconds per inference attempt", m.inference_latency.clone());
+        r.register(go("queue_residence_time_millis"), "Milliseconds from claim to a worker", m.residence.clone());
+        r.register(go("queue_depth"), "Claimed requests waiting for a worker", m.queue_depth.clone());
+        r.register(go("inflight_requests"), "Requests being sent", m.inflight.clone());
+        r.register(go("broker_backlog"), "Pending requests in the queue", m.backlog.clone());
+        r.register(go("pool_worker_limit"), "Workers per pool", m.pool_worker_limit.clone());
+        r.register(go("claim_depth"), "Claims held by this instance", m.claim_depth.clone());
+        r.register(go("claims_expired"), "Claims redelivered after their lease expired", m.claims_expired.clone());
+        r.register("inferq_cancelled_requests", "Requests finished as CANCELLED", m.cancelled.clone());
+        r.register("inferq_renewals", "Lease renewals by outcome", m.renewals.clone());
+        r.register("inferq_fenced_finishes", "Finishes refused because the claim was no longer ours", m.fenced.clone());
+        r.register("inferq_outbox_depth", "Outcomes waiting to be written to Redis", m.outbox_depth.clone());
+        r.register("inferq_outbox_dropped", "Outcomes dropped after the lease was lost", m.outbox_dropped.clone());
+        r.register("inferq_dead_letters", "Requests dead-lettered, by reason", m.dead_letters.clone());
+        r.register("inferq_delivery_attempts", "Claims taken (delivery attempts)", m.deliveries.clone());
+        r.register("inferq_aborted_requests", "In-flight requests aborted, by reason", m.aborted.clone());
+        Metrics { registry, ..m }
+    }
+
+    /// The Prometheus text exposition.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        if encode(&mut out, &self.registry).is_err() {
+            out.clear();
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exposes_go_names() {
+        let m = Metrics::new();
+        let l = QueueLabels {
+            queue_id: "q1".into(),
+            queue_name: "q".into(),
+            pool_name: "default".into(),
+        };
+        m.requests.get_or_create(&l).inc();
+        m.inference_latency.get_or_create(&l).observe(12.0);
+        m.claim_depth.get_or_create(&l).set(3);
+        let text = m.encode();
+        assert!(text.contains(r#"llm_d_async_async_request_total{queue_id="q1",queue_name="q",pool_name="default"} 1"#), "{text}");
+        assert!(text.contains("llm_d_async_async_inference_latency_time_millis_bucket"), "{text}");
+        assert!(text.contains("llm_d_async_async_claim_depth{"), "{text}");
+    }
+}
