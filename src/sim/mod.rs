@@ -1,1 +1,189 @@
-//! sim (to be written)
+//! A stand-in OpenAI-compatible inference gateway for the demo, the end-to-end tests and
+//! benchmarks. It answers `/v1/completions` and `/v1/chat/completions` with filler text after a
+//! configurable latency, enforces a capacity with 429s, injects faults (errors, rate limits,
+//! slow answers, hangs, connection resets, bad requests) at configured rates, and counts how
+//! often each `x-inferq-request-id` was executed so tests can check for lost or duplicated work.
+//!
+//! Knobs enter through [`SimConfig`] (flags of `inferq sim`); [`Sim::start`] serves them on a
+//! socket, and counts leave through [`Sim`]'s accessors and the `/stats`, `/executions` and
+//! `/metrics` endpoints.
+//!
+//! # Layout
+//!
+//! - [`config`]: [`SimConfig`], its defaults and validation.
+//! - `server`: the routes and the life of one request (parse → admission → run stage).
+//! - `faults`: turning rates into a fault and a latency per request.
+//! - `metrics`: lock-free counters, the per-id execution map, Prometheus text.
+//! - `openai`: request parsing and the JSON of answers and errors.
+//! - `listener`: the accept loop whose connections a handler can reset.
+
+pub mod config;
+mod faults;
+mod listener;
+mod metrics;
+mod openai;
+mod server;
+
+#[cfg(test)]
+mod tests;
+
+use std::collections::HashMap;
+use std::io;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+pub use config::SimConfig;
+pub use metrics::SimStats;
+pub use server::REQUEST_ID_HEADER;
+
+use listener::{ConnControl, SimListener};
+use server::SimState;
+
+/// How long [`Sim::stop`] waits for open connections to finish before abandoning them.
+const STOP_GRACE: Duration = Duration::from_secs(5);
+
+/// What can go wrong starting or running the simulator.
+#[derive(Debug, thiserror::Error)]
+pub enum SimError {
+    /// A knob is out of range; `knob` is its flag name without dashes.
+    #[error("invalid --{knob}: {reason}")]
+    InvalidKnob {
+        /// Flag name, e.g. `error-rate`.
+        knob: &'static str,
+        /// What is wrong with its value.
+        reason: String,
+    },
+    /// The listening socket could not be opened.
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        /// The address asked for.
+        addr: SocketAddr,
+        /// Why binding failed.
+        #[source]
+        source: io::Error,
+    },
+    /// Ctrl-C / SIGTERM handlers could not be installed.
+    #[error("cannot listen for shutdown signals: {0}")]
+    Signal(#[source] io::Error),
+}
+
+/// A running simulator. Stops when [`Sim::stop`] is called or when it is dropped.
+#[derive(Debug)]
+pub struct Sim {
+    addr: SocketAddr,
+    state: Arc<SimState>,
+    /// Cancelled to stop accepting, end in-flight sleeps and hangs, and close connections.
+    shutdown: CancellationToken,
+    /// The accept loop; `None` once stopped.
+    server: Option<JoinHandle<io::Result<()>>>,
+}
+
+impl Sim {
+    /// Binds `addr` (use "127.0.0.1:0" for a free port) and serves until [`Sim::stop`] is
+    /// called or the `Sim` is dropped.
+    pub async fn start(cfg: SimConfig, addr: SocketAddr) -> Result<Sim, SimError> {
+        cfg.validate()?;
+        let bind_error = |source| SimError::Bind { addr, source };
+        let tcp = tokio::net::TcpListener::bind(addr)
+            .await
+            .map_err(bind_error)?;
+        let local = tcp.local_addr().map_err(bind_error)?;
+
+        let shutdown = CancellationToken::new();
+        let state = Arc::new(SimState::new(cfg, shutdown.clone()));
+        let app =
+            server::router(Arc::clone(&state)).into_make_service_with_connect_info::<ConnControl>();
+        let serve = axum::serve(SimListener::new(tcp), app)
+            .with_graceful_shutdown(shutdown.clone().cancelled_owned());
+        let server = tokio::spawn(async move { serve.await });
+        tracing::debug!(%local, "simulator started");
+
+        Ok(Sim {
+            addr: local,
+            state,
+            shutdown,
+            server: Some(server),
+        })
+    }
+
+    /// The address actually bound.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// `http://IP:PORT`, the base URL to configure as the gateway.
+    pub fn base_url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// How many times each `x-inferq-request-id` was admitted to run (faulted runs included).
+    pub fn executions(&self) -> HashMap<String, u64> {
+        self.state.executions.snapshot()
+    }
+
+    /// Every request that reached a completion endpoint, admitted or not.
+    pub fn total_requests(&self) -> u64 {
+        self.state.stats.snapshot().requests
+    }
+
+    /// A snapshot of all counters and gauges, as `GET /stats` serves it.
+    pub fn stats(&self) -> SimStats {
+        self.state.stats.snapshot()
+    }
+
+    /// Stops accepting, answers 503 to requests still sleeping or hanging, and waits (up to a
+    /// few seconds) for open connections to close.
+    pub async fn stop(mut self) {
+        self.shutdown.cancel();
+        let Some(mut server) = self.server.take() else {
+            return;
+        };
+        match tokio::time::timeout(STOP_GRACE, &mut server).await {
+            Ok(Ok(Ok(()))) => {}
+            Ok(Ok(Err(e))) => tracing::warn!("simulator server ended with an error: {e}"),
+            Ok(Err(e)) => tracing::warn!("simulator server task failed: {e}"),
+            Err(_) => {
+                tracing::warn!("simulator connections still open after {STOP_GRACE:?}");
+                server.abort();
+            }
+        }
+        tracing::debug!(addr = %self.addr, "simulator stopped");
+    }
+}
+
+impl Drop for Sim {
+    fn drop(&mut self) {
+        self.shutdown.cancel();
+    }
+}
+
+/// Runs the simulator in the foreground until ctrl-c / SIGTERM (for `inferq sim`), printing its
+/// URL.
+pub async fn run_foreground(cfg: SimConfig, addr: SocketAddr) -> Result<(), SimError> {
+    let sim = Sim::start(cfg, addr).await?;
+    println!("inferq simulator listening on {}", sim.base_url());
+    let signalled = shutdown_signal().await;
+    sim.stop().await;
+    signalled
+}
+
+/// Waits for ctrl-c or, on Unix, SIGTERM.
+async fn shutdown_signal() -> Result<(), SimError> {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        let mut term = signal(SignalKind::terminate()).map_err(SimError::Signal)?;
+        tokio::select! {
+            ctrl_c = tokio::signal::ctrl_c() => ctrl_c.map_err(SimError::Signal),
+            _ = term.recv() => Ok(()),
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        tokio::signal::ctrl_c().await.map_err(SimError::Signal)
+    }
+}

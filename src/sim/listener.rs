@@ -1,0 +1,195 @@
+//! The simulator's own accept loop, so a handler can kill the very connection its request came
+//! on. Each accepted TCP stream is wrapped in a [`ConnIo`] whose [`ConnControl`] reaches the
+//! handlers through axum's `ConnectInfo`; when a handler calls [`ConnControl::reset`], the next
+//! read or write on the stream fails, hyper drops the connection, and the socket closes with a
+//! TCP reset instead of an answer.
+//!
+//! TLS can be added by a listener whose `Io` is `ConnIo<TlsStream<TcpStream>>`: [`Resettable`]
+//! would be implemented for the TLS stream by delegating to its TCP stream.
+
+use std::io;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use axum::extract::connect_info::Connected;
+use axum::serve::{IncomingStream, Listener};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::{TcpListener, TcpStream};
+
+/// A transport that can be made to close abruptly.
+pub trait Resettable {
+    /// Arranges for the coming close to send a reset rather than an orderly shutdown.
+    fn arm_reset(&self);
+}
+
+impl Resettable for TcpStream {
+    #[allow(deprecated)] // Tokio deprecates SO_LINGER because a non-zero linger blocks on drop;
+                         // a zero linger never blocks, it just makes close send RST.
+    fn arm_reset(&self) {
+        if let Err(e) = self.set_linger(Some(Duration::ZERO)) {
+            tracing::debug!("could not arm a connection reset: {e}");
+        }
+    }
+}
+
+/// A handle on one connection, cloned into every request that arrives on it.
+#[derive(Debug, Clone, Default)]
+pub struct ConnControl {
+    killed: Arc<AtomicBool>,
+}
+
+impl ConnControl {
+    /// Condemns the connection: its next I/O fails and it closes without a response.
+    pub fn reset(&self) {
+        self.killed.store(true, Ordering::Release);
+    }
+
+    fn is_killed(&self) -> bool {
+        self.killed.load(Ordering::Acquire)
+    }
+}
+
+/// An accepted stream that fails all I/O once its [`ConnControl`] has been reset.
+#[derive(Debug)]
+pub struct ConnIo<S> {
+    inner: S,
+    control: ConnControl,
+    armed: bool,
+}
+
+impl<S: Resettable> ConnIo<S> {
+    fn new(inner: S) -> Self {
+        Self {
+            inner,
+            control: ConnControl::default(),
+            armed: false,
+        }
+    }
+
+    /// `Some(error)` once the connection has been condemned; arms the reset on first call.
+    fn killed(&mut self) -> Option<io::Error> {
+        if !self.control.is_killed() {
+            return None;
+        }
+        if !self.armed {
+            self.inner.arm_reset();
+            self.armed = true;
+        }
+        Some(io::Error::new(
+            io::ErrorKind::ConnectionReset,
+            "connection reset by the simulator's reset fault",
+        ))
+    }
+}
+
+impl<S: AsyncRead + Resettable + Unpin> AsyncRead for ConnIo<S> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        if let Some(e) = self.killed() {
+            return Poll::Ready(Err(e));
+        }
+        Pin::new(&mut self.inner).poll_read(cx, buf)
+    }
+}
+
+impl<S: AsyncWrite + Resettable + Unpin> AsyncWrite for ConnIo<S> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        if let Some(e) = self.killed() {
+            return Poll::Ready(Err(e));
+        }
+        Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        if let Some(e) = self.killed() {
+            return Poll::Ready(Err(e));
+        }
+        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        if let Some(e) = self.killed() {
+            return Poll::Ready(Err(e));
+        }
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        if let Some(e) = self.killed() {
+            return Poll::Ready(Err(e));
+        }
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+/// A TCP listener that hands out [`ConnIo`] streams with `TCP_NODELAY` set.
+#[derive(Debug)]
+pub struct SimListener {
+    inner: TcpListener,
+}
+
+impl SimListener {
+    /// Wraps a bound listener.
+    pub fn new(inner: TcpListener) -> Self {
+        Self { inner }
+    }
+}
+
+impl Listener for SimListener {
+    type Io = ConnIo<TcpStream>;
+    type Addr = SocketAddr;
+
+    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
+        loop {
+            match self.inner.accept().await {
+                Ok((stream, addr)) => {
+                    // Small answers on kept-alive connections must not wait for Nagle.
+                    if let Err(e) = stream.set_nodelay(true) {
+                        tracing::debug!("could not set TCP_NODELAY: {e}");
+                    }
+                    return (ConnIo::new(stream), addr);
+                }
+                // The peer gave up before we accepted; nothing to wait for.
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        io::ErrorKind::ConnectionAborted | io::ErrorKind::ConnectionReset
+                    ) => {}
+                // Out of file descriptors and the like: back off rather than spin.
+                Err(e) => {
+                    tracing::warn!("simulator accept failed: {e}");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            }
+        }
+    }
+
+    fn local_addr(&self) -> io::Result<SocketAddr> {
+        self.inner.local_addr()
+    }
+}
+
+impl Connected<IncomingStream<'_, SimListener>> for ConnControl {
+    fn connect_info(stream: IncomingStream<'_, SimListener>) -> Self {
+        stream.io().control.clone()
+    }
+}

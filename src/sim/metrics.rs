@@ -1,0 +1,281 @@
+//! What the simulator counts. Request handlers bump the lock-free counters in [`Stats`] and the
+//! per-request-id [`Executions`] map as requests move through admission and the run stage; the
+//! counts leave as a [`SimStats`] snapshot (`GET /stats`, [`super::Sim::stats`]), as the
+//! execution map (`GET /executions`) and as Prometheus text (`GET /metrics`).
+
+use std::collections::HashMap;
+use std::fmt::Write as _;
+use std::hash::{BuildHasher, RandomState};
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Mutex;
+
+use serde::Serialize;
+
+/// Monotonic counters and live gauges, all atomics so the hot path never locks.
+#[derive(Debug, Default)]
+pub struct Stats {
+    /// Every request that reached a completion endpoint.
+    pub requests: AtomicU64,
+    /// Requests admitted to the run stage (the sum of all per-id executions, plus requests
+    /// that carried no id).
+    pub executed: AtomicU64,
+    /// 200 answers.
+    pub ok: AtomicU64,
+    /// Of `ok`, answers that stopped at the requested `max_tokens`.
+    pub ok_length: AtomicU64,
+    /// 400 answers: malformed bodies and the bad-request fault.
+    pub bad_request: AtomicU64,
+    /// 429 answers of any cause.
+    pub too_many_requests: AtomicU64,
+    /// Of `too_many_requests`, the ones refused because capacity and queue were full.
+    pub rejected_capacity: AtomicU64,
+    /// 5xx answers: the error fault and requests cut short by shutdown.
+    pub server_error: AtomicU64,
+    /// Connections reset by the reset fault.
+    pub resets: AtomicU64,
+    /// Requests that hung (counted when they start hanging).
+    pub hangs: AtomicU64,
+    /// Requests delayed by the slow fault.
+    pub slow: AtomicU64,
+    /// Prompt tokens of successful requests (estimated at four characters a token).
+    pub prompt_tokens: AtomicU64,
+    /// Output tokens of successful requests.
+    pub generation_tokens: AtomicU64,
+    /// Gauge: requests in the run stage now, hanging ones included.
+    pub running: AtomicU64,
+    /// Gauge: requests queued for a capacity slot now.
+    pub waiting: AtomicU64,
+    /// Gauge: requests hanging now.
+    pub hanging: AtomicU64,
+    /// High-water mark of `running`.
+    pub max_running_seen: AtomicU64,
+}
+
+/// A point-in-time copy of the simulator's counters and gauges, as served by `GET /stats`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
+pub struct SimStats {
+    /// Every request that reached a completion endpoint.
+    pub requests: u64,
+    /// Requests admitted to the run stage, whatever befell them there.
+    pub executed: u64,
+    /// 200 answers.
+    pub ok: u64,
+    /// 400 answers.
+    pub bad_request: u64,
+    /// 429 answers of any cause.
+    pub too_many_requests: u64,
+    /// 429 answers because capacity and queue were full.
+    pub rejected_capacity: u64,
+    /// 5xx answers.
+    pub server_error: u64,
+    /// Connections reset on purpose.
+    pub resets: u64,
+    /// Requests that hung.
+    pub hangs: u64,
+    /// Requests delayed by the slow fault.
+    pub slow: u64,
+    /// Requests running now.
+    pub running: u64,
+    /// Requests waiting for a slot now.
+    pub waiting: u64,
+    /// Requests hanging now.
+    pub hanging: u64,
+    /// Most requests ever running at once.
+    pub max_running_seen: u64,
+}
+
+impl Stats {
+    /// Copies every counter.
+    pub fn snapshot(&self) -> SimStats {
+        SimStats {
+            requests: self.requests.load(Relaxed),
+            executed: self.executed.load(Relaxed),
+            ok: self.ok.load(Relaxed),
+            bad_request: self.bad_request.load(Relaxed),
+            too_many_requests: self.too_many_requests.load(Relaxed),
+            rejected_capacity: self.rejected_capacity.load(Relaxed),
+            server_error: self.server_error.load(Relaxed),
+            resets: self.resets.load(Relaxed),
+            hangs: self.hangs.load(Relaxed),
+            slow: self.slow.load(Relaxed),
+            running: self.running.load(Relaxed),
+            waiting: self.waiting.load(Relaxed),
+            hanging: self.hanging.load(Relaxed),
+            max_running_seen: self.max_running_seen.load(Relaxed),
+        }
+    }
+
+    /// Renders the Prometheus text exposition: vLLM's gauge and counter names with a
+    /// `model_name` label, so tools that watch vLLM can watch the simulator, plus a few
+    /// `inferq_sim_` counters of its own.
+    pub fn render_prometheus(&self, model_name: &str) -> String {
+        let model = escape_label(model_name);
+        let s = self.snapshot();
+        let ok_length = self.ok_length.load(Relaxed);
+        let mut out = String::with_capacity(2048);
+        let mut metric = |name: &str, kind: &str, help: &str, samples: &[(&str, u64)]| {
+            // Writing to a String cannot fail.
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+            for (extra, value) in samples {
+                let _ = writeln!(out, "{name}{{model_name=\"{model}\"{extra}}} {value}");
+            }
+        };
+        metric(
+            "vllm:num_requests_running",
+            "gauge",
+            "Number of requests currently running.",
+            &[("", s.running)],
+        );
+        metric(
+            "vllm:num_requests_waiting",
+            "gauge",
+            "Number of requests waiting to be processed.",
+            &[("", s.waiting)],
+        );
+        metric(
+            "vllm:request_success_total",
+            "counter",
+            "Count of successfully processed requests.",
+            &[
+                (",finished_reason=\"stop\"", s.ok.saturating_sub(ok_length)),
+                (",finished_reason=\"length\"", ok_length),
+            ],
+        );
+        metric(
+            "vllm:prompt_tokens_total",
+            "counter",
+            "Number of prefill tokens processed.",
+            &[("", self.prompt_tokens.load(Relaxed))],
+        );
+        metric(
+            "vllm:generation_tokens_total",
+            "counter",
+            "Number of generation tokens processed.",
+            &[("", self.generation_tokens.load(Relaxed))],
+        );
+        metric(
+            "inferq_sim_requests_total",
+            "counter",
+            "Requests that reached a completion endpoint.",
+            &[("", s.requests)],
+        );
+        metric(
+            "inferq_sim_executed_total",
+            "counter",
+            "Requests admitted to the run stage.",
+            &[("", s.executed)],
+        );
+        metric(
+            "inferq_sim_responses_total",
+            "counter",
+            "Requests by how they ended.",
+            &[
+                (",outcome=\"ok\"", s.ok),
+                (",outcome=\"bad_request\"", s.bad_request),
+                (",outcome=\"too_many_requests\"", s.too_many_requests),
+                (",outcome=\"server_error\"", s.server_error),
+                (",outcome=\"reset\"", s.resets),
+                (",outcome=\"hang\"", s.hangs),
+            ],
+        );
+        out
+    }
+}
+
+/// Escapes a Prometheus label value.
+fn escape_label(value: &str) -> String {
+    let mut out = String::with_capacity(value.len());
+    for c in value.chars() {
+        match c {
+            '\\' => out.push_str("\\\\"),
+            '"' => out.push_str("\\\""),
+            '\n' => out.push_str("\\n"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// Shards of the per-id map: enough that concurrent handlers rarely meet on one lock.
+const SHARDS: usize = 32;
+
+/// How many times each `x-inferq-request-id` was admitted to run. Sharded by a hash of the id
+/// so that each update locks one small map for a single insert.
+#[derive(Debug)]
+pub struct Executions {
+    hasher: RandomState,
+    shards: Vec<Mutex<HashMap<String, u64>>>,
+}
+
+impl Default for Executions {
+    fn default() -> Self {
+        Self {
+            hasher: RandomState::new(),
+            shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
+        }
+    }
+}
+
+impl Executions {
+    /// Counts one execution of `id`.
+    pub fn record(&self, id: &str) {
+        let shard = &self.shards[self.hasher.hash_one(id) as usize % SHARDS];
+        // A poisoned shard only means a panic elsewhere mid-insert; the counts are still usable.
+        let mut map = shard
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        match map.get_mut(id) {
+            Some(count) => *count += 1,
+            None => {
+                map.insert(id.to_owned(), 1);
+            }
+        }
+    }
+
+    /// Copies all counts into one map.
+    pub fn snapshot(&self) -> HashMap<String, u64> {
+        let mut all = HashMap::new();
+        for shard in &self.shards {
+            let map = shard
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            all.extend(map.iter().map(|(k, v)| (k.clone(), *v)));
+        }
+        all
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn executions_count_per_id_across_shards() {
+        let ex = Executions::default();
+        for i in 0..100 {
+            for _ in 0..(i % 3 + 1) {
+                ex.record(&format!("id-{i}"));
+            }
+        }
+        let snap = ex.snapshot();
+        assert_eq!(snap.len(), 100);
+        assert_eq!(snap["id-0"], 1);
+        assert_eq!(snap["id-5"], 3);
+        assert_eq!(snap.values().sum::<u64>(), 199);
+    }
+
+    #[test]
+    fn prometheus_text_has_vllm_gauges_and_escapes_labels() {
+        let stats = Stats::default();
+        stats.running.store(3, Relaxed);
+        stats.ok.store(5, Relaxed);
+        stats.ok_length.store(2, Relaxed);
+        let text = stats.render_prometheus("a\"b");
+        assert!(text.contains("# TYPE vllm:num_requests_running gauge"));
+        assert!(text.contains("vllm:num_requests_running{model_name=\"a\\\"b\"} 3"));
+        assert!(text.contains("vllm:num_requests_waiting{model_name=\"a\\\"b\"} 0"));
+        assert!(text.contains(
+            "vllm:request_success_total{model_name=\"a\\\"b\",finished_reason=\"stop\"} 3"
+        ));
+    }
+}

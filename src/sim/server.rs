@@ -1,0 +1,373 @@
+//! The HTTP face of the simulator: the axum router and its handlers. A completion request comes
+//! in as a POST body plus an optional `x-inferq-request-id` header and goes through three stages:
+//!
+//! ```text
+//!  arrive ──► parse body ──► rate-limit fault ──► admission ──► run stage ──► answer
+//!  (requests)    │ 400            │ 429              │ 429     (executed, per-id count)
+//!                ▼                ▼                  ▼          fault: 400 / 5xx / reset / hang
+//!                                                               else: sleep latency, 200
+//! ```
+//!
+//! Only requests that pass admission count as executions; what then happens to them (success
+//! or an injected fault) does not change that; an id that is not a visible-ASCII header value
+//! counts in the totals only. Counts leave through `/stats`, `/executions` and
+//! `/metrics`.
+
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use axum::body::Bytes;
+use axum::extract::{ConnectInfo, State};
+use axum::http::header::{CONTENT_TYPE, RETRY_AFTER};
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio_util::sync::CancellationToken;
+
+use super::faults::{Fault, FaultPlan};
+use super::listener::ConnControl;
+use super::metrics::{Executions, Stats};
+use super::openai::{self, Answer, Endpoint};
+use super::SimConfig;
+
+/// The header carrying the processor's request id.
+pub const REQUEST_ID_HEADER: &str = "x-inferq-request-id";
+
+/// Everything the handlers share, behind one `Arc`.
+#[derive(Debug)]
+pub struct SimState {
+    cfg: SimConfig,
+    faults: FaultPlan,
+    admission: Admission,
+    /// Numbers answers so their ids are unique.
+    seq: AtomicU64,
+    /// `Retry-After` value of every 429, rendered once.
+    retry_after: HeaderValue,
+    /// Cancelled when the simulator stops; ends sleeps and hangs.
+    shutdown: CancellationToken,
+    pub(super) stats: Stats,
+    pub(super) executions: Executions,
+}
+
+impl SimState {
+    /// Shared state for a validated config.
+    pub fn new(cfg: SimConfig, shutdown: CancellationToken) -> Self {
+        Self {
+            faults: FaultPlan::new(&cfg),
+            admission: Admission::new(cfg.capacity, cfg.queue),
+            seq: AtomicU64::new(0),
+            retry_after: HeaderValue::from(cfg.retry_after_s),
+            shutdown,
+            stats: Stats::default(),
+            executions: Executions::default(),
+            cfg,
+        }
+    }
+}
+
+/// All routes of the simulator.
+pub fn router(state: Arc<SimState>) -> Router {
+    Router::new()
+        .route("/v1/completions", post(completions))
+        .route("/v1/chat/completions", post(chat_completions))
+        .route("/v1/models", get(models))
+        .route("/executions", get(executions))
+        .route("/stats", get(stats))
+        .route("/metrics", get(metrics))
+        .route("/healthz", get(|| async { StatusCode::OK }))
+        .fallback(not_found)
+        .with_state(state)
+}
+
+async fn completions(
+    State(state): State<Arc<SimState>>,
+    ConnectInfo(conn): ConnectInfo<ConnControl>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    complete(&state, &conn, Endpoint::Completions, &headers, &body).await
+}
+
+async fn chat_completions(
+    State(state): State<Arc<SimState>>,
+    ConnectInfo(conn): ConnectInfo<ConnControl>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    complete(&state, &conn, Endpoint::Chat, &headers, &body).await
+}
+
+/// One completion request through parse, admission and the run stage.
+async fn complete(
+    state: &SimState,
+    conn: &ConnControl,
+    endpoint: Endpoint,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Response {
+    let stats = &state.stats;
+    stats.requests.fetch_add(1, Relaxed);
+
+    let request = match openai::parse_request(endpoint, body) {
+        Ok(request) => request,
+        Err(message) => return bad_request(stats, &message),
+    };
+
+    if state.faults.rate_limited() {
+        return too_many_requests(state, "rate limit exceeded (injected fault)");
+    }
+    let _slot = match state.admission.admit(stats, &state.shutdown).await {
+        Ok(slot) => slot,
+        Err(Refusal::Full) => {
+            stats.rejected_capacity.fetch_add(1, Relaxed);
+            return too_many_requests(state, "the simulator is at capacity");
+        }
+        Err(Refusal::ShuttingDown) => return shutting_down(stats),
+    };
+
+    // The run stage: from here on the request counts as executed.
+    let _running = Gauge::enter(&stats.running, Some(&stats.max_running_seen));
+    stats.executed.fetch_add(1, Relaxed);
+    if let Some(id) = headers.get(REQUEST_ID_HEADER).and_then(|v| v.to_str().ok()) {
+        state.executions.record(id);
+    }
+
+    match state.faults.draw() {
+        Fault::None => {}
+        Fault::BadRequest => return bad_request(stats, "invalid request (injected fault)"),
+        Fault::ServerError { unavailable } => {
+            stats.server_error.fetch_add(1, Relaxed);
+            let (status, kind) = if unavailable {
+                (StatusCode::SERVICE_UNAVAILABLE, "service_unavailable")
+            } else {
+                (StatusCode::INTERNAL_SERVER_ERROR, "server_error")
+            };
+            return error_response(status, "internal error (injected fault)", kind);
+        }
+        Fault::Reset => {
+            stats.resets.fetch_add(1, Relaxed);
+            conn.reset();
+            // Never delivered: writing it fails and hyper drops the connection.
+            return StatusCode::INTERNAL_SERVER_ERROR.into_response();
+        }
+        Fault::Hang => {
+            stats.hangs.fetch_add(1, Relaxed);
+            let _hanging = Gauge::enter(&stats.hanging, None);
+            // Dropped with the connection when the client gives up; ended here on shutdown.
+            state.shutdown.cancelled().await;
+            return shutting_down(stats);
+        }
+    }
+
+    let cap = state.cfg.max_tokens_cap;
+    let tokens = request
+        .max_tokens
+        .unwrap_or(state.cfg.default_tokens)
+        .min(cap);
+    let hit_limit = request.max_tokens == Some(tokens);
+    let (delay, slow) = state.faults.latency(tokens);
+    if slow {
+        stats.slow.fetch_add(1, Relaxed);
+    }
+    if !delay.is_zero() {
+        tokio::select! {
+            _ = tokio::time::sleep(delay) => {}
+            _ = state.shutdown.cancelled() => return shutting_down(stats),
+        }
+    }
+
+    let answer = Answer {
+        seq: state.seq.fetch_add(1, Relaxed),
+        created: SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs()),
+        model: request
+            .model
+            .as_deref()
+            .unwrap_or(&state.cfg.served_model_name),
+        prompt_tokens: request.prompt_tokens,
+        completion_tokens: tokens,
+        hit_limit,
+    };
+    match openai::completion_body(endpoint, &answer) {
+        Ok(body) => {
+            stats.ok.fetch_add(1, Relaxed);
+            if hit_limit {
+                stats.ok_length.fetch_add(1, Relaxed);
+            }
+            stats
+                .prompt_tokens
+                .fetch_add(request.prompt_tokens, Relaxed);
+            stats.generation_tokens.fetch_add(tokens, Relaxed);
+            json_response(StatusCode::OK, body)
+        }
+        Err(e) => {
+            stats.server_error.fetch_add(1, Relaxed);
+            error_response(StatusCode::INTERNAL_SERVER_ERROR, &e, "server_error")
+        }
+    }
+}
+
+async fn models(State(state): State<Arc<SimState>>) -> Response {
+    let body = serde_json::json!({
+        "object": "list",
+        "data": [{
+            "id": state.cfg.served_model_name,
+            "object": "model",
+            "owned_by": "inferq-sim",
+        }],
+    });
+    axum::Json(body).into_response()
+}
+
+async fn executions(State(state): State<Arc<SimState>>) -> Response {
+    axum::Json(state.executions.snapshot()).into_response()
+}
+
+async fn stats(State(state): State<Arc<SimState>>) -> Response {
+    axum::Json(state.stats.snapshot()).into_response()
+}
+
+async fn metrics(State(state): State<Arc<SimState>>) -> Response {
+    let text = state.stats.render_prometheus(&state.cfg.served_model_name);
+    (
+        [(
+            CONTENT_TYPE,
+            HeaderValue::from_static("text/plain; version=0.0.4; charset=utf-8"),
+        )],
+        text,
+    )
+        .into_response()
+}
+
+async fn not_found() -> Response {
+    error_response(
+        StatusCode::NOT_FOUND,
+        "unknown request URL",
+        "invalid_request_error",
+    )
+}
+
+fn json_response(status: StatusCode, body: Vec<u8>) -> Response {
+    (
+        status,
+        [(CONTENT_TYPE, HeaderValue::from_static("application/json"))],
+        body,
+    )
+        .into_response()
+}
+
+fn error_response(status: StatusCode, message: &str, kind: &str) -> Response {
+    json_response(status, openai::error_body(message, kind))
+}
+
+fn bad_request(stats: &Stats, message: &str) -> Response {
+    stats.bad_request.fetch_add(1, Relaxed);
+    error_response(StatusCode::BAD_REQUEST, message, "invalid_request_error")
+}
+
+fn too_many_requests(state: &SimState, message: &str) -> Response {
+    state.stats.too_many_requests.fetch_add(1, Relaxed);
+    let mut response = error_response(StatusCode::TOO_MANY_REQUESTS, message, "rate_limit_error");
+    response
+        .headers_mut()
+        .insert(RETRY_AFTER, state.retry_after.clone());
+    response
+}
+
+fn shutting_down(stats: &Stats) -> Response {
+    stats.server_error.fetch_add(1, Relaxed);
+    error_response(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "the simulator is shutting down",
+        "service_unavailable",
+    )
+}
+
+/// Holds a gauge up by one for as long as it lives, so no exit path forgets to lower it.
+struct Gauge<'a> {
+    gauge: &'a AtomicU64,
+}
+
+impl<'a> Gauge<'a> {
+    /// Raises `gauge`, recording the new level in `high_water` if given.
+    fn enter(gauge: &'a AtomicU64, high_water: Option<&AtomicU64>) -> Self {
+        let level = gauge.fetch_add(1, Relaxed) + 1;
+        if let Some(high_water) = high_water {
+            high_water.fetch_max(level, Relaxed);
+        }
+        Self { gauge }
+    }
+}
+
+impl Drop for Gauge<'_> {
+    fn drop(&mut self) {
+        self.gauge.fetch_sub(1, Relaxed);
+    }
+}
+
+/// Why a request was not admitted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Refusal {
+    /// All slots busy and the queue full.
+    Full,
+    /// The simulator stopped while the request waited.
+    ShuttingDown,
+}
+
+/// The capacity gate: `capacity` run slots and up to `queue` requests waiting for one.
+#[derive(Debug)]
+struct Admission {
+    /// `None` when capacity is unlimited.
+    slots: Option<Arc<Semaphore>>,
+    queue: u64,
+}
+
+impl Admission {
+    fn new(capacity: usize, queue: usize) -> Self {
+        Self {
+            slots: (capacity > 0).then(|| Arc::new(Semaphore::new(capacity))),
+            queue: queue as u64,
+        }
+    }
+
+    /// A run slot (held until dropped), after waiting in the queue if there is room in it.
+    /// `Ok(None)` means capacity is unlimited.
+    async fn admit(
+        &self,
+        stats: &Stats,
+        shutdown: &CancellationToken,
+    ) -> Result<Option<OwnedSemaphorePermit>, Refusal> {
+        let Some(slots) = &self.slots else {
+            return Ok(None);
+        };
+        if let Ok(permit) = Arc::clone(slots).try_acquire_owned() {
+            return Ok(Some(permit));
+        }
+        let queue = self.queue;
+        let joined = stats
+            .waiting
+            .fetch_update(Relaxed, Relaxed, |w| (w < queue).then_some(w + 1));
+        if joined.is_err() {
+            return Err(Refusal::Full);
+        }
+        // Lowers `waiting` whether the wait ends in a slot, a shutdown or a vanished client.
+        let _waiting = Leave(&stats.waiting);
+        tokio::select! {
+            permit = Arc::clone(slots).acquire_owned() => permit.map(Some).map_err(|_| Refusal::ShuttingDown),
+            _ = shutdown.cancelled() => Err(Refusal::ShuttingDown),
+        }
+    }
+}
+
+/// Lowers a gauge raised elsewhere when dropped.
+struct Leave<'a>(&'a AtomicU64);
+
+impl Drop for Leave<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Relaxed);
+    }
+}
