@@ -4,6 +4,7 @@
 
 mod input;
 mod results;
+mod run;
 mod submit;
 
 use std::process::ExitCode;
@@ -26,12 +27,26 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Run the processor (flags and config files as the Go llm-d-async processor).
+    #[command(args_override_self = true)]
+    Run(Box<crate::config::RunArgs>),
+    /// Run the built-in OpenAI-compatible simulator gateway.
+    Sim(SimArgs),
     /// Submit requests from JSONL (native lines or OpenAI Batch input lines).
     Submit(submit::SubmitArgs),
     /// Cancel the newest generation of request ids.
     Cancel(submit::CancelArgs),
     /// Write results as JSONL until N results or a timeout.
     Results(results::ResultsArgs),
+}
+
+#[derive(Debug, clap::Args)]
+struct SimArgs {
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1:8000")]
+    listen: std::net::SocketAddr,
+    #[command(flatten)]
+    sim: crate::sim::SimConfig,
 }
 
 /// Where Redis is, shared by the producer-side subcommands.
@@ -78,6 +93,7 @@ fn init_tracing(default_level: &str) {
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level));
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_writer(std::io::stderr)
         .try_init();
 }
@@ -105,6 +121,13 @@ pub fn main() -> ExitCode {
     };
     let outcome = runtime.block_on(async move {
         match cli.command {
+            Command::Run(args) => run::run(*args).await,
+            Command::Sim(args) => crate::sim::run_foreground(args.sim, args.listen)
+                .await
+                .map_err(|e| match e {
+                    crate::sim::SimError::InvalidKnob { .. } => Failure::bad_input(e),
+                    other => Failure::from(other),
+                }),
             Command::Submit(args) => submit::submit(args).await,
             Command::Cancel(args) => submit::cancel(args).await,
             Command::Results(args) => results::results(args).await,

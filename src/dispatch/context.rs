@@ -31,7 +31,12 @@ pub struct QueueCtx {
 impl QueueCtx {
     /// Where a result goes: the queue's result list, else the message's, else the default.
     pub fn result_list(&self, routing: &Routing) -> String {
-        if let Some(list) = self.spec.result_queue_name.as_deref().filter(|l| !l.is_empty()) {
+        if let Some(list) = self
+            .spec
+            .result_queue_name
+            .as_deref()
+            .filter(|l| !l.is_empty())
+        {
             return list.to_owned();
         }
         if !routing.result_queue_name.is_empty() {

@@ -242,7 +242,10 @@ mod tests {
         assert_eq!(a.aborted().await, Abort::Lost);
         assert_eq!(h.len(), 1);
         assert!(h.is_valid(&fence("b", "1"), now));
-        assert!(!h.is_valid(&fence("b", "2"), now), "another token is not ours");
+        assert!(
+            !h.is_valid(&fence("b", "2"), now),
+            "another token is not ours"
+        );
     }
 
     #[tokio::test]

@@ -1,1 +1,32 @@
-//! dispatch (to be written)
+//! The processor: takes requests from the queues under leases, dispatches them to the inference
+//! gateway, and writes each one's outcome back through the queue moves.
+//!
+//! ```text
+//!  Redis pending ──peek/claim──▶ consumer (per queue) ──▶ channel ─┐
+//!                                   │ dead-letter, CANCELLED,       │ random-robin
+//!                                   │ DEADLINE_EXCEEDED             ▼
+//!                                   │                        pool (N workers) ──▶ gateway
+//!                                   ▼                               │
+//!  Redis result list / parked ◀── outbox (batched ack/park/release) ◀┘
+//!          ▲
+//!  heartbeat (renew), cancel watch, reclaimer, promoter: per queue, in the background
+//! ```
+//!
+//! - [`holdings`]: what this instance holds, with local lease validity and abort handles.
+//! - [`consumer`]: peek → triage → claim → hand to the pool.
+//! - [`merge`]: random-robin across a pool's queues.
+//! - [`worker`]: one request → one HTTP attempt → its next move.
+//! - [`outbox`]: batched, outage-tolerant writing of outcomes.
+//! - [`upkeep`]: renewals, cancel checks, reclaim, promotion, backlog.
+//! - [`processor`]: the lifecycle and graceful shutdown.
+
+pub mod consumer;
+pub mod context;
+pub mod holdings;
+pub mod merge;
+pub mod outbox;
+pub mod processor;
+pub mod upkeep;
+pub mod worker;
+
+pub use processor::{run, DispatchError};

@@ -22,7 +22,11 @@ pub const MAX_BATCH: usize = 256;
 
 /// Writes outcomes until `flush` is cancelled and nothing is left to write (or everything left
 /// has lost its lease).
-pub async fn run_outbox(ctx: Arc<QueueCtx>, mut rx: UnboundedReceiver<Finish>, flush: CancellationToken) {
+pub async fn run_outbox(
+    ctx: Arc<QueueCtx>,
+    mut rx: UnboundedReceiver<Finish>,
+    flush: CancellationToken,
+) {
     let mut waiting: VecDeque<Finish> = VecDeque::new();
     let mut backoff = Duration::from_millis(50);
     let depth = ctx.metrics.outbox_depth.get_or_create(&ctx.labels).clone();

@@ -137,28 +137,116 @@ impl Metrics {
         };
         let go = |name: &str| format!("llm_d_async_async_{name}");
         let r = &mut registry;
-        r.register(go("request"), "Requests started (first attempt)", m.requests.clone());
-        r.register(go("request_retries"), "Retries scheduled with a backoff", m.retries.clone());
-        r.register(go("successful_requests"), "Requests answered below 400", m.successful.clone());
-        r.register(go("failed_requests"), "Requests that failed terminally", m.failed.clone());
-        r.register(go("exceeded_deadline_requests"), "Requests that ran out of time", m.exceeded.clone());
-        r.register(go("shedded_requests"), "Requests answered 429", m.shedded.clone());
-        r.register(go("inference_latency_time_millis"), "Milliseconds per inference attempt", m.inference_latency.clone());
-        r.register(go("queue_residence_time_millis"), "Milliseconds from claim to a worker", m.residence.clone());
-        r.register(go("queue_depth"), "Claimed requests waiting for a worker", m.queue_depth.clone());
-        r.register(go("inflight_requests"), "Requests being sent", m.inflight.clone());
-        r.register(go("broker_backlog"), "Pending requests in the queue", m.backlog.clone());
-        r.register(go("pool_worker_limit"), "Workers per pool", m.pool_worker_limit.clone());
-        r.register(go("claim_depth"), "Claims held by this instance", m.claim_depth.clone());
-        r.register(go("claims_expired"), "Claims redelivered after their lease expired", m.claims_expired.clone());
-        r.register("inferq_cancelled_requests", "Requests finished as CANCELLED", m.cancelled.clone());
-        r.register("inferq_renewals", "Lease renewals by outcome", m.renewals.clone());
-        r.register("inferq_fenced_finishes", "Finishes refused because the claim was no longer ours", m.fenced.clone());
-        r.register("inferq_outbox_depth", "Outcomes waiting to be written to Redis", m.outbox_depth.clone());
-        r.register("inferq_outbox_dropped", "Outcomes dropped after the lease was lost", m.outbox_dropped.clone());
-        r.register("inferq_dead_letters", "Requests dead-lettered, by reason", m.dead_letters.clone());
-        r.register("inferq_delivery_attempts", "Claims taken (delivery attempts)", m.deliveries.clone());
-        r.register("inferq_aborted_requests", "In-flight requests aborted, by reason", m.aborted.clone());
+        r.register(
+            go("request"),
+            "Requests started (first attempt)",
+            m.requests.clone(),
+        );
+        r.register(
+            go("request_retries"),
+            "Retries scheduled with a backoff",
+            m.retries.clone(),
+        );
+        r.register(
+            go("successful_requests"),
+            "Requests answered below 400",
+            m.successful.clone(),
+        );
+        r.register(
+            go("failed_requests"),
+            "Requests that failed terminally",
+            m.failed.clone(),
+        );
+        r.register(
+            go("exceeded_deadline_requests"),
+            "Requests that ran out of time",
+            m.exceeded.clone(),
+        );
+        r.register(
+            go("shedded_requests"),
+            "Requests answered 429",
+            m.shedded.clone(),
+        );
+        r.register(
+            go("inference_latency_time_millis"),
+            "Milliseconds per inference attempt",
+            m.inference_latency.clone(),
+        );
+        r.register(
+            go("queue_residence_time_millis"),
+            "Milliseconds from claim to a worker",
+            m.residence.clone(),
+        );
+        r.register(
+            go("queue_depth"),
+            "Claimed requests waiting for a worker",
+            m.queue_depth.clone(),
+        );
+        r.register(
+            go("inflight_requests"),
+            "Requests being sent",
+            m.inflight.clone(),
+        );
+        r.register(
+            go("broker_backlog"),
+            "Pending requests in the queue",
+            m.backlog.clone(),
+        );
+        r.register(
+            go("pool_worker_limit"),
+            "Workers per pool",
+            m.pool_worker_limit.clone(),
+        );
+        r.register(
+            go("claim_depth"),
+            "Claims held by this instance",
+            m.claim_depth.clone(),
+        );
+        r.register(
+            go("claims_expired"),
+            "Claims redelivered after their lease expired",
+            m.claims_expired.clone(),
+        );
+        r.register(
+            "inferq_cancelled_requests",
+            "Requests finished as CANCELLED",
+            m.cancelled.clone(),
+        );
+        r.register(
+            "inferq_renewals",
+            "Lease renewals by outcome",
+            m.renewals.clone(),
+        );
+        r.register(
+            "inferq_fenced_finishes",
+            "Finishes refused because the claim was no longer ours",
+            m.fenced.clone(),
+        );
+        r.register(
+            "inferq_outbox_depth",
+            "Outcomes waiting to be written to Redis",
+            m.outbox_depth.clone(),
+        );
+        r.register(
+            "inferq_outbox_dropped",
+            "Outcomes dropped after the lease was lost",
+            m.outbox_dropped.clone(),
+        );
+        r.register(
+            "inferq_dead_letters",
+            "Requests dead-lettered, by reason",
+            m.dead_letters.clone(),
+        );
+        r.register(
+            "inferq_delivery_attempts",
+            "Claims taken (delivery attempts)",
+            m.deliveries.clone(),
+        );
+        r.register(
+            "inferq_aborted_requests",
+            "In-flight requests aborted, by reason",
+            m.aborted.clone(),
+        );
         Metrics { registry, ..m }
     }
 
@@ -189,7 +277,10 @@ mod tests {
         m.claim_depth.get_or_create(&l).set(3);
         let text = m.encode();
         assert!(text.contains(r#"llm_d_async_async_request_total{queue_id="q1",queue_name="q",pool_name="default"} 1"#), "{text}");
-        assert!(text.contains("llm_d_async_async_inference_latency_time_millis_bucket"), "{text}");
+        assert!(
+            text.contains("llm_d_async_async_inference_latency_time_millis_bucket"),
+            "{text}"
+        );
         assert!(text.contains("llm_d_async_async_claim_depth{"), "{text}");
     }
 }

@@ -1,0 +1,310 @@
+//! The processor's lifecycle: start the health and metrics servers, connect to Redis (retrying
+//! while it is down, not ready meanwhile), wire one set of tasks per queue and one dispatcher per
+//! pool, report ready, and on shutdown: stop claiming, release unstarted claims at once, drain
+//! in-flight work for `--drain-timeout`, release what is left, flush the outbox, stop.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::{mpsc, Semaphore};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use super::consumer::{run_consumer, Polling};
+use super::context::{Job, QueueCtx};
+use super::holdings::{Abort, Holdings};
+use super::merge::RandomRobin;
+use super::outbox::run_outbox;
+use super::upkeep;
+use super::worker::{work, WorkerEnv};
+use crate::config::{RunConfig, TlsFiles};
+use crate::gateway::{self, GatewayClient, GatewayTls};
+use crate::ops::{
+    metrics::PoolLabels, serve_health, serve_metrics, Metrics, QueueLabels, Readiness,
+};
+use crate::queue::{connect, scripts::SCRIPTS, Queue};
+
+/// Why the processor could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum DispatchError {
+    #[error("cannot listen for {what} on {addr}: {source}")]
+    Bind {
+        what: &'static str,
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+    #[error("invalid config: {0}")]
+    Config(String),
+    #[error("gateway client: {0}")]
+    Gateway(#[from] gateway::GatewayError),
+}
+
+/// How often in-flight requests' cancel markers are checked.
+const CANCEL_CHECK_EVERY: Duration = Duration::from_millis(500);
+
+fn gateway_tls(tls: &Option<TlsFiles>) -> GatewayTls {
+    match tls {
+        None => GatewayTls::default(),
+        Some(t) => GatewayTls {
+            ca_cert: t.ca_cert.clone(),
+            cert: t.client.as_ref().map(|c| c.cert.clone()),
+            key: t.client.as_ref().map(|c| c.key.clone()),
+            insecure_skip_verify: t.insecure_skip_verify,
+        },
+    }
+}
+
+async fn connect_until_up(
+    client: &redis::Client,
+    shutdown: &CancellationToken,
+) -> Option<redis::aio::ConnectionManager> {
+    let mut attempt = 0u32;
+    loop {
+        match connect::manager(client).await {
+            Ok(mut con) => match SCRIPTS.load_all(&mut con).await {
+                Ok(()) => return Some(con),
+                Err(e) => tracing::warn!(error = %e, "cannot load scripts into Redis; retrying"),
+            },
+            Err(e) => {
+                if attempt % 10 == 0 {
+                    tracing::warn!(error = %e, "cannot reach Redis; retrying (not ready meanwhile)");
+                }
+            }
+        }
+        attempt = attempt.saturating_add(1);
+        tokio::select! {
+            _ = shutdown.cancelled() => return None,
+            _ = tokio::time::sleep(Duration::from_millis(500)) => {}
+        }
+    }
+}
+
+async fn refuse_cluster(con: &mut redis::aio::ConnectionManager) -> Result<(), DispatchError> {
+    let info: String = redis::cmd("INFO")
+        .arg("cluster")
+        .query_async(con)
+        .await
+        .unwrap_or_default();
+    if info.contains("cluster_enabled:1") {
+        return Err(DispatchError::Config(
+            "url: this Redis runs in cluster mode, which inferq does not drive yet; use a \
+             standalone or replicated Redis (queue names with a {hash tag} keep every key of a \
+             queue in one slot for when cluster support lands)"
+                .to_owned(),
+        ));
+    }
+    Ok(())
+}
+
+/// Runs the processor until `shutdown` is cancelled, then shuts down gracefully.
+pub async fn run(config: RunConfig, shutdown: CancellationToken) -> Result<(), DispatchError> {
+    let metrics = Arc::new(Metrics::new());
+    let readiness = Readiness::new();
+    let servers = CancellationToken::new();
+    let health_addr = SocketAddr::from(([0, 0, 0, 0], config.health_port));
+    let metrics_addr = SocketAddr::from(([0, 0, 0, 0], config.metrics_port));
+    let health = serve_health(health_addr, readiness.clone(), servers.clone())
+        .await
+        .map_err(|source| DispatchError::Bind {
+            what: "health",
+            addr: health_addr,
+            source,
+        })?;
+    let metrics_server = serve_metrics(metrics_addr, metrics.clone(), servers.clone())
+        .await
+        .map_err(|source| DispatchError::Bind {
+            what: "metrics",
+            addr: metrics_addr,
+            source,
+        })?;
+
+    let transport = &config.transport;
+    let client = redis::Client::open(transport.url.expose()).map_err(|e| {
+        DispatchError::Config(format!(
+            "url: {}",
+            crate::config::redact_in_text(&e.to_string())
+        ))
+    })?;
+    let gateway_client = GatewayClient::new(
+        &gateway_tls(&config.tls),
+        usize::try_from(config.total_workers()).unwrap_or(64),
+    )?;
+    tracing::info!(redis = %transport.url.redacted(), queues = transport.queues.len(), "inferq starting");
+    let Some(mut con) = connect_until_up(&client, &shutdown).await else {
+        servers.cancel();
+        return Ok(());
+    };
+    refuse_cluster(&mut con).await?;
+    readiness.set_connection(con.clone());
+
+    let env = Arc::new(WorkerEnv {
+        client: gateway_client,
+        request_timeout: config.request_timeout,
+        fairness: config.merge_policy.fairness.clone(),
+    });
+    let stop_claiming = CancellationToken::new();
+    let flush = CancellationToken::new();
+    let stop_upkeep = CancellationToken::new();
+    let consumers = TaskTracker::new();
+    let pools = TaskTracker::new();
+    let workers = TaskTracker::new();
+    let outboxes = TaskTracker::new();
+    let upkeep_tasks = TaskTracker::new();
+    let polling = Polling {
+        interval: transport.poll_interval,
+        batch: usize::try_from(transport.batch_size).unwrap_or(10).max(1),
+    };
+    let promote_every = transport.poll_interval.min(Duration::from_millis(500));
+
+    let mut ctxs = Vec::new();
+    let mut pool_inputs: HashMap<String, Vec<mpsc::Receiver<Job>>> = HashMap::new();
+    for (i, q) in transport.queues.iter().enumerate() {
+        let (outbox_tx, outbox_rx) = mpsc::unbounded_channel();
+        let labels = QueueLabels {
+            queue_id: q.id.clone(),
+            queue_name: q.queue_name.clone(),
+            pool_name: q.worker_pool_id.clone(),
+        };
+        let ctx = Arc::new(QueueCtx {
+            spec: q.clone(),
+            queue: Queue::new(con.clone(), &q.queue_name, config.claim),
+            holdings: Holdings::new(config.claim.lease),
+            outbox: outbox_tx,
+            labels,
+            metrics: metrics.clone(),
+            default_result_list: transport.result_queue_name.clone(),
+            default_url: gateway::join_url(&q.igw_base_url, &q.request_path_url)
+                .map_err(|e| e.to_string()),
+        });
+        let (tx, rx) = mpsc::channel(polling.batch);
+        pool_inputs
+            .entry(q.worker_pool_id.clone())
+            .or_default()
+            .push(rx);
+        outboxes.spawn(run_outbox(ctx.clone(), outbox_rx, flush.clone()));
+        upkeep_tasks.spawn(upkeep::heartbeat(ctx.clone(), stop_upkeep.clone()));
+        upkeep_tasks.spawn(upkeep::cancel_watch(
+            ctx.clone(),
+            CANCEL_CHECK_EVERY,
+            stop_upkeep.clone(),
+        ));
+        upkeep_tasks.spawn(upkeep::reclaimer(ctx.clone(), stop_upkeep.clone()));
+        upkeep_tasks.spawn(upkeep::promoter(
+            ctx.clone(),
+            promote_every,
+            Some(transport.retry_queue_name.clone()),
+            i == 0,
+            stop_upkeep.clone(),
+        ));
+        if let Some(every) = config
+            .metrics_backlog_poll_interval
+            .filter(|d| !d.is_zero())
+        {
+            upkeep_tasks.spawn(upkeep::backlog(ctx.clone(), every, stop_upkeep.clone()));
+        }
+        consumers.spawn(run_consumer(
+            ctx.clone(),
+            tx,
+            polling,
+            stop_claiming.clone(),
+        ));
+        ctxs.push(ctx);
+    }
+    for pool in &config.pools {
+        let inputs = pool_inputs.remove(&pool.id).unwrap_or_default();
+        if inputs.is_empty() {
+            continue;
+        }
+        metrics
+            .pool_worker_limit
+            .get_or_create(&PoolLabels {
+                pool_name: pool.id.clone(),
+            })
+            .set(i64::from(pool.workers));
+        pools.spawn(run_pool(
+            usize::try_from(pool.workers).unwrap_or(1).max(1),
+            RandomRobin::new(inputs),
+            env.clone(),
+            workers.clone(),
+            stop_claiming.clone(),
+        ));
+    }
+    readiness.set(true);
+    tracing::info!(health = %health_addr, metrics = %metrics_addr, "inferq ready");
+
+    shutdown.cancelled().await;
+    readiness.set(false);
+    tracing::info!("shutting down: no new claims; releasing unstarted work");
+    stop_claiming.cancel();
+    consumers.close();
+    pools.close();
+    consumers.wait().await;
+    pools.wait().await;
+    workers.close();
+    if tokio::time::timeout(config.drain_timeout, workers.wait())
+        .await
+        .is_err()
+    {
+        tracing::warn!(drain_timeout = ?config.drain_timeout, "drain timeout: aborting in-flight requests and releasing their claims");
+        for ctx in &ctxs {
+            ctx.holdings.abort_all(Abort::Shutdown);
+        }
+        let _ = tokio::time::timeout(Duration::from_secs(5), workers.wait()).await;
+    }
+    flush.cancel();
+    outboxes.close();
+    let flush_limit = config.claim.lease + Duration::from_secs(1);
+    if tokio::time::timeout(flush_limit, outboxes.wait())
+        .await
+        .is_err()
+    {
+        tracing::warn!("could not write every outcome before the leases ran out; survivors will redo that work");
+    }
+    stop_upkeep.cancel();
+    upkeep_tasks.close();
+    upkeep_tasks.wait().await;
+    servers.cancel();
+    let _ = health.await;
+    let _ = metrics_server.await;
+    tracing::info!("inferq stopped");
+    Ok(())
+}
+
+/// One pool: takes the next request from its queues (random-robin) whenever a worker is free.
+async fn run_pool(
+    workers: usize,
+    mut merge: RandomRobin<Job>,
+    env: Arc<WorkerEnv>,
+    tracker: TaskTracker,
+    stop: CancellationToken,
+) {
+    let slots = Arc::new(Semaphore::new(workers));
+    loop {
+        let permit = tokio::select! {
+            biased;
+            _ = stop.cancelled() => break,
+            p = slots.clone().acquire_owned() => match p {
+                Ok(p) => p,
+                Err(_) => break,
+            },
+        };
+        let job = tokio::select! {
+            biased;
+            _ = stop.cancelled() => break,
+            j = merge.next() => match j {
+                Some(j) => j,
+                None => break,
+            },
+        };
+        let env = env.clone();
+        tracker.spawn(async move {
+            work(job, env).await;
+            drop(permit);
+        });
+    }
+    // Dropping the merge drops every claimed request still waiting for a worker, and each
+    // releases its claim back to pending at once.
+    drop(merge);
+}

@@ -1,0 +1,199 @@
+//! The background loops of one queue: renew held leases (one call, every third of the lease),
+//! watch cancel markers of in-flight requests, reclaim expired leases, promote due retries, and
+//! report the backlog. Each runs until its stop token is cancelled.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio_util::sync::CancellationToken;
+
+use super::context::QueueCtx;
+use super::holdings::Abort;
+use crate::queue::{TakenOver, Takeover};
+use crate::wire::ResultMessage;
+
+/// Most claims renewed per script call.
+const RENEW_CHUNK: usize = 2000;
+/// Most claims reclaimed per script call.
+const RECLAIM_BATCH: usize = 200;
+/// Most retries promoted per script call.
+const PROMOTE_BATCH: usize = 500;
+
+async fn tick(stop: &CancellationToken, every: Duration) -> bool {
+    tokio::select! {
+        biased;
+        _ = stop.cancelled() => false,
+        _ = tokio::time::sleep(every) => true,
+    }
+}
+
+/// Renews every held claim every `lease / 3`; drops (and aborts) claims that are no longer ours
+/// or whose lease ran out locally while Redis could not be reached.
+pub async fn heartbeat(ctx: Arc<QueueCtx>, stop: CancellationToken) {
+    let every = ctx
+        .queue
+        .settings()
+        .renew_every()
+        .max(Duration::from_millis(50));
+    let depth = ctx.metrics.claim_depth.get_or_create(&ctx.labels).clone();
+    while tick(&stop, every).await {
+        let fences = ctx.holdings.fences();
+        for chunk in fences.chunks(RENEW_CHUNK) {
+            let sent_at = Instant::now();
+            match ctx.queue.renew(chunk).await {
+                Ok(statuses) => {
+                    let lost = ctx.holdings.renewed(chunk, &statuses, sent_at);
+                    let renewed = chunk.len() - lost;
+                    let m = &ctx.metrics.renewals;
+                    m.get_or_create(&ctx.labels.with_outcome("renewed"))
+                        .inc_by(renewed as u64);
+                    if lost > 0 {
+                        m.get_or_create(&ctx.labels.with_outcome("lost"))
+                            .inc_by(lost as u64);
+                        tracing::warn!(queue = %ctx.queue.name(), lost, "claims taken over by another instance; their work is aborted");
+                    }
+                }
+                Err(e) => {
+                    ctx.metrics
+                        .renewals
+                        .get_or_create(&ctx.labels.with_outcome("error"))
+                        .inc();
+                    tracing::warn!(queue = %ctx.queue.name(), error = %e, "cannot renew leases; keeping work while they last");
+                }
+            }
+        }
+        let expired = ctx.holdings.expire_overdue(Instant::now());
+        if expired > 0 {
+            tracing::warn!(queue = %ctx.queue.name(), expired, "leases ran out while Redis was unreachable; that work is abandoned to the next owner");
+        }
+        depth.set(i64::try_from(ctx.holdings.len()).unwrap_or(i64::MAX));
+    }
+}
+
+/// Checks the cancel markers of in-flight requests (one MGET per check) and aborts cancelled
+/// ones, which then publish `CANCELLED`.
+pub async fn cancel_watch(ctx: Arc<QueueCtx>, every: Duration, stop: CancellationToken) {
+    while tick(&stop, every).await {
+        let working = ctx.holdings.cancellable();
+        for chunk in working.chunks(500) {
+            let keys: Vec<String> = chunk
+                .iter()
+                .map(|(_, id, _)| crate::queue::keys::cancel_key(id))
+                .collect();
+            let markers: Vec<Option<String>> = match redis::cmd("MGET")
+                .arg(&keys)
+                .query_async(&mut ctx.queue.connection())
+                .await
+            {
+                Ok(m) => m,
+                Err(_) => break,
+            };
+            for ((claim_key, _, token), marker) in chunk.iter().zip(markers) {
+                if marker.as_deref() == Some(token.as_str()) {
+                    ctx.holdings.abort(claim_key, Abort::Cancelled);
+                }
+            }
+        }
+    }
+}
+
+/// Moves expired leases back to pending; finishes what reclaim takes over (passed deadline →
+/// `DEADLINE_EXCEEDED`; delivery limit → dead letter).
+pub async fn reclaimer(ctx: Arc<QueueCtx>, stop: CancellationToken) {
+    let every = ctx
+        .queue
+        .settings()
+        .reclaim_interval
+        .max(Duration::from_millis(50));
+    while tick(&stop, every).await {
+        loop {
+            let taken_at = Instant::now();
+            let reclaimed = match ctx.queue.reclaim(RECLAIM_BATCH).await {
+                Ok(r) => r,
+                Err(e) => {
+                    tracing::debug!(queue = %ctx.queue.name(), error = %e, "reclaim failed; will retry");
+                    break;
+                }
+            };
+            let n = reclaimed.requeued as usize + reclaimed.taken_over.len();
+            if n > 0 {
+                ctx.metrics
+                    .claims_expired
+                    .get_or_create(&ctx.labels)
+                    .inc_by(n as u64);
+                tracing::info!(queue = %ctx.queue.name(), requeued = reclaimed.requeued, taken_over = reclaimed.taken_over.len(), "reclaimed expired leases");
+            }
+            for taken in reclaimed.taken_over {
+                finish_taken(&ctx, taken, taken_at);
+            }
+            if n < RECLAIM_BATCH {
+                break;
+            }
+        }
+    }
+}
+
+fn finish_taken(ctx: &QueueCtx, taken: TakenOver, taken_at: Instant) {
+    let (id, request_token) = taken
+        .envelope
+        .as_ref()
+        .map(|e| (e.request.id.clone(), e.internal.request_token.clone()))
+        .unwrap_or_default();
+    ctx.holdings
+        .insert(taken.fence.clone(), &id, &request_token, taken_at);
+    match (taken.reason, &taken.envelope) {
+        (Takeover::Deadline, Some(env)) => {
+            ctx.metrics.exceeded.get_or_create(&ctx.labels).inc();
+            ctx.publish(&taken.fence, env, ResultMessage::deadline_exceeded(&id));
+        }
+        (Takeover::Deliveries, _) | (Takeover::Deadline, None) => {
+            let reason = format!(
+                "delivery limit reached: its lease expired {} times (max_deliveries) without a result",
+                taken.deliveries
+            );
+            tracing::warn!(queue = %ctx.queue.name(), %id, deliveries = taken.deliveries, "dead-lettering a request whose deliveries keep dying");
+            ctx.bury(&taken.fence, &taken.member, &reason, taken.deliveries);
+        }
+    }
+}
+
+/// Moves due retries (ours, and this queue's entries in the Go retry set) back to pending.
+pub async fn promoter(
+    ctx: Arc<QueueCtx>,
+    every: Duration,
+    go_retry_set: Option<String>,
+    default_queue: bool,
+    stop: CancellationToken,
+) {
+    while tick(&stop, every).await {
+        loop {
+            match ctx
+                .queue
+                .promote(PROMOTE_BATCH, go_retry_set.as_deref(), default_queue)
+                .await
+            {
+                Ok(n) if n as usize >= PROMOTE_BATCH => continue,
+                Ok(_) => break,
+                Err(e) => {
+                    tracing::debug!(queue = %ctx.queue.name(), error = %e, "promote failed; will retry");
+                    break;
+                }
+            }
+        }
+    }
+}
+
+/// Reports the pending backlog (ZCARD) every `every`.
+pub async fn backlog(ctx: Arc<QueueCtx>, every: Duration, stop: CancellationToken) {
+    let gauge = ctx.metrics.backlog.get_or_create(&ctx.labels).clone();
+    loop {
+        let n: Result<i64, _> = redis::cmd("ZCARD")
+            .arg(ctx.queue.name())
+            .query_async(&mut ctx.queue.connection())
+            .await;
+        gauge.set(n.unwrap_or(0));
+        if !tick(&stop, every).await {
+            return;
+        }
+    }
+}

@@ -1,0 +1,170 @@
+//! One worker's handling of one claimed request: build the URL and headers, send it to the
+//! gateway bounded by min(--request-timeout, deadline), and turn what came back into the
+//! request's next move: publish a result, park a retry, or — when the claim is no longer ours or
+//! the processor is shutting down — abandon or release it.
+//!
+//! A cancel marker, a lost lease or the end of the drain time aborts the in-flight HTTP request
+//! at once: GPU time spent on a result that cannot be published is waste.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+
+use super::context::Job;
+use super::holdings::Abort;
+use crate::config::Fairness;
+use crate::gateway::{self, GatewayClient, Outcome, RetryDecision};
+use crate::queue::producer::unix_ms;
+use crate::wire::{ErrorCode, ResultMessage};
+
+/// What every worker shares.
+pub struct WorkerEnv {
+    pub client: GatewayClient,
+    pub request_timeout: Duration,
+    pub fairness: Fairness,
+}
+
+/// Handles one request to the end.
+pub async fn work(job: Job, env: Arc<WorkerEnv>) {
+    let ctx = job.ctx.clone();
+    let labels = &ctx.labels;
+    let m = &ctx.metrics;
+    m.queue_depth.get_or_create(labels).dec();
+    m.residence
+        .get_or_create(labels)
+        .observe(job.claimed_at.elapsed().as_secs_f64() * 1000.0);
+    let request = &job.held.envelope.request;
+    if job.held.envelope.internal.retry_count == 0 {
+        m.requests.get_or_create(labels).inc();
+    }
+    if let Some(reason) = job.ticket.reason() {
+        return aborted(job, reason);
+    }
+    let deadline_ms = request.deadline.saturating_mul(1000);
+    let left_ms = deadline_ms - unix_ms();
+    if left_ms <= 0 {
+        m.exceeded.get_or_create(labels).inc();
+        let id = request.id.clone();
+        return job.publish(ResultMessage::deadline_exceeded(&id));
+    }
+    let url = if request.endpoint.is_empty() {
+        ctx.default_url.clone()
+    } else {
+        gateway::join_url(&ctx.spec.igw_base_url, &request.endpoint).map_err(|e| e.to_string())
+    };
+    let url = match url {
+        Ok(url) => url,
+        Err(e) => {
+            m.failed.get_or_create(labels).inc();
+            let id = request.id.clone();
+            let msg = format!("Failed to send request to inference: INVALID_REQ: failed to create request (caused by: {e})");
+            return job.publish(ResultMessage::error(&id, ErrorCode::InferenceError, &msg));
+        }
+    };
+    let fairness = env.fairness.header.as_deref().and_then(|header| {
+        request
+            .metadata
+            .get(&env.fairness.attribute)
+            .map(|value| (header, value.as_str()))
+    });
+    let headers = gateway::build_headers(
+        ctx.spec.inference_objective.as_deref().unwrap_or(""),
+        request
+            .headers
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str())),
+        fairness,
+        &request.id,
+    );
+    let body = Bytes::copy_from_slice(request.payload.get().as_bytes());
+    let timeout = env
+        .request_timeout
+        .min(Duration::from_millis(u64::try_from(left_ms).unwrap_or(0)));
+    let inflight = m.inflight.get_or_create(labels).clone();
+    inflight.inc();
+    let attempt = tokio::select! {
+        biased;
+        reason = job.ticket.aborted() => Err(reason),
+        attempt = env.client.send(&url, headers, body, timeout) => Ok(attempt),
+    };
+    inflight.dec();
+    let attempt = match attempt {
+        Ok(a) => a,
+        Err(reason) => return aborted(job, reason),
+    };
+    m.inference_latency
+        .get_or_create(labels)
+        .observe(attempt.elapsed.as_secs_f64() * 1000.0);
+    let id = job.held.envelope.request.id.clone();
+    match attempt.outcome {
+        Outcome::Success { status, body } => {
+            m.successful.get_or_create(labels).inc();
+            job.publish(ResultMessage::http(&id, status, &body));
+        }
+        Outcome::Terminal { status, body, .. } => {
+            m.failed.get_or_create(labels).inc();
+            job.publish(ResultMessage::http(&id, status, &body));
+        }
+        Outcome::Fatal { error } => {
+            m.failed.get_or_create(labels).inc();
+            let msg = error.inference_error_message();
+            job.publish(ResultMessage::error(&id, ErrorCode::InferenceError, &msg));
+        }
+        Outcome::Retry {
+            status,
+            body,
+            retry_after,
+            shed,
+            error,
+            ..
+        } => {
+            if shed {
+                m.shedded.get_or_create(labels).inc();
+            }
+            let retry_count = job.held.envelope.internal.retry_count.saturating_add(1);
+            let seconds_left = job.held.envelope.request.deadline - unix_ms() / 1000;
+            let decision =
+                gateway::retry_decision(retry_count, seconds_left, retry_after, &mut rand::rng());
+            match decision {
+                RetryDecision::Backoff(backoff) => {
+                    m.retries.get_or_create(labels).inc();
+                    tracing::debug!(%id, %error, ?backoff, retry_count, "retrying later");
+                    job.park(backoff);
+                }
+                RetryDecision::DeadlineExceeded => {
+                    m.exceeded.get_or_create(labels).inc();
+                    let result = match status {
+                        Some(status) => {
+                            ResultMessage::http(&id, status, body.as_deref().unwrap_or(b""))
+                        }
+                        None => ResultMessage::deadline_exceeded(&id),
+                    };
+                    job.publish(result);
+                }
+            }
+        }
+    }
+}
+
+fn aborted(job: Job, reason: Abort) {
+    let ctx = job.ctx.clone();
+    let tag = match reason {
+        Abort::Lost => "lost",
+        Abort::Cancelled => "cancelled",
+        Abort::Shutdown => "shutdown",
+    };
+    ctx.metrics
+        .aborted
+        .get_or_create(&ctx.labels.with_outcome(tag))
+        .inc();
+    match reason {
+        Abort::Lost => job.abandon(),
+        Abort::Cancelled => {
+            ctx.metrics.cancelled.get_or_create(&ctx.labels).inc();
+            let id = job.held.envelope.request.id.clone();
+            job.publish(ResultMessage::cancelled(&id));
+        }
+        Abort::Shutdown => job.release(),
+    }
+}
