@@ -63,7 +63,8 @@ pub struct TakenResult {
     pub result: Result<ResultMessage, String>,
 }
 
-pub(crate) fn unix_ms() -> i64 {
+/// Now, in Unix milliseconds (this host's clock: used only for deadlines, never for leases).
+pub fn unix_ms() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))

@@ -1,0 +1,416 @@
+//! Shared harness for the end-to-end tests: a real redis-server (from `inferq::testkit`), a
+//! scriptable gateway (a real axum HTTP server in the test) that records what it received, and
+//! `inferq run` as a child process of the built binary, which tests signal and kill.
+
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+use std::io::Read;
+use std::net::SocketAddr;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode, Uri};
+use axum::response::{IntoResponse, Response};
+use inferq::queue::producer::Producer;
+use inferq::testkit::{free_port, RedisServer};
+use inferq::wire::{NewRequest, ResultMessage};
+use redis::AsyncCommands;
+use serde_json::value::RawValue;
+
+/// What the gateway answers for one attempt.
+#[derive(Clone, Debug)]
+pub struct Reply {
+    pub status: u16,
+    pub body: String,
+    pub headers: Vec<(String, String)>,
+    pub delay: Duration,
+}
+
+impl Reply {
+    pub fn ok(body: &str) -> Reply {
+        Reply::status(200, body)
+    }
+    pub fn status(status: u16, body: &str) -> Reply {
+        Reply {
+            status,
+            body: body.to_owned(),
+            headers: Vec::new(),
+            delay: Duration::ZERO,
+        }
+    }
+    pub fn after(mut self, delay: Duration) -> Reply {
+        self.delay = delay;
+        self
+    }
+    pub fn header(mut self, k: &str, v: &str) -> Reply {
+        self.headers.push((k.to_owned(), v.to_owned()));
+        self
+    }
+}
+
+/// One request the gateway received.
+#[derive(Clone, Debug)]
+pub struct Seen {
+    pub path: String,
+    pub headers: HeaderMap,
+    pub body: Bytes,
+    pub at: Instant,
+}
+
+#[derive(Default)]
+struct Script {
+    /// Per request id: replies for successive attempts; the last one repeats.
+    replies: HashMap<String, Vec<Reply>>,
+    seen: HashMap<String, Vec<Seen>>,
+    /// Attempts whose handler was dropped before answering (the client went away).
+    aborted: HashMap<String, u32>,
+}
+
+/// A scriptable gateway on a free port.
+#[derive(Clone)]
+pub struct Gateway {
+    script: Arc<Mutex<Script>>,
+    pub addr: SocketAddr,
+}
+
+struct AbortWatch {
+    script: Arc<Mutex<Script>>,
+    id: String,
+    done: bool,
+}
+
+impl Drop for AbortWatch {
+    fn drop(&mut self) {
+        if !self.done {
+            *self
+                .script
+                .lock()
+                .unwrap()
+                .aborted
+                .entry(self.id.clone())
+                .or_default() += 1;
+        }
+    }
+}
+
+async fn handle(
+    State(script): State<Arc<Mutex<Script>>>,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let id = headers
+        .get("x-inferq-request-id")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_owned();
+    let reply = {
+        let mut s = script.lock().unwrap();
+        let seen = s.seen.entry(id.clone()).or_default();
+        seen.push(Seen {
+            path: uri.path().to_owned(),
+            headers: headers.clone(),
+            body: body.clone(),
+            at: Instant::now(),
+        });
+        let attempt = seen.len() - 1;
+        match s.replies.get(&id) {
+            Some(list) if !list.is_empty() => list[attempt.min(list.len() - 1)].clone(),
+            _ => Reply::ok(r#"{"id":"cmpl-1","choices":[{"text":"ok"}]}"#),
+        }
+    };
+    let mut watch = AbortWatch {
+        script: script.clone(),
+        id,
+        done: false,
+    };
+    if !reply.delay.is_zero() {
+        tokio::time::sleep(reply.delay).await;
+    }
+    watch.done = true;
+    let mut response = (
+        StatusCode::from_u16(reply.status).unwrap(),
+        reply.body.clone(),
+    )
+        .into_response();
+    for (k, v) in &reply.headers {
+        response.headers_mut().insert(
+            axum::http::HeaderName::from_bytes(k.as_bytes()).unwrap(),
+            v.parse().unwrap(),
+        );
+    }
+    response
+}
+
+impl Gateway {
+    pub async fn start() -> Gateway {
+        let script = Arc::new(Mutex::new(Script::default()));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let app = axum::Router::new()
+            .fallback(handle)
+            .with_state(script.clone());
+        tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+        Gateway { script, addr }
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    pub fn script(&self, id: &str, replies: Vec<Reply>) {
+        self.script
+            .lock()
+            .unwrap()
+            .replies
+            .insert(id.to_owned(), replies);
+    }
+
+    pub fn seen(&self, id: &str) -> Vec<Seen> {
+        self.script
+            .lock()
+            .unwrap()
+            .seen
+            .get(id)
+            .cloned()
+            .unwrap_or_default()
+    }
+
+    pub fn aborted(&self, id: &str) -> u32 {
+        self.script
+            .lock()
+            .unwrap()
+            .aborted
+            .get(id)
+            .copied()
+            .unwrap_or(0)
+    }
+
+    pub fn executions(&self) -> HashMap<String, usize> {
+        self.script
+            .lock()
+            .unwrap()
+            .seen
+            .iter()
+            .map(|(k, v)| (k.clone(), v.len()))
+            .collect()
+    }
+}
+
+/// Settings for one processor.
+#[derive(Clone, Debug)]
+pub struct ProcessorOpts {
+    pub queue: String,
+    pub lease_s: f64,
+    pub reclaim_ms: u64,
+    pub concurrency: u32,
+    pub drain: &'static str,
+    pub request_timeout: &'static str,
+    pub extra_queue_fields: String,
+}
+
+impl Default for ProcessorOpts {
+    fn default() -> Self {
+        ProcessorOpts {
+            queue: "request-sortedset".to_owned(),
+            lease_s: 30.0,
+            reclaim_ms: 5000,
+            concurrency: 8,
+            drain: "30s",
+            request_timeout: "30s",
+            extra_queue_fields: String::new(),
+        }
+    }
+}
+
+/// `inferq run` as a child process.
+pub struct Processor {
+    child: Option<Child>,
+    pub health_port: u16,
+    pub metrics_port: u16,
+    log: tempfile::NamedTempFile,
+}
+
+impl Processor {
+    pub async fn start(redis: &RedisServer, gateway: &Gateway, opts: &ProcessorOpts) -> Processor {
+        let health_port = free_port().unwrap();
+        let metrics_port = free_port().unwrap();
+        let config = format!(
+            r#"{{"url":"{}","poll_interval_ms":50,"batch_size":10,"claim_lease_ttl_seconds":{},"claim_reclaim_interval_ms":{},"queues":[{{"queue_name":"{}","igw_base_url":"{}","inference_objective":"batch-obj"{}}}]}}"#,
+            redis.url(),
+            opts.lease_s,
+            opts.reclaim_ms,
+            opts.queue,
+            gateway.url(),
+            opts.extra_queue_fields
+        );
+        let log = tempfile::NamedTempFile::new().unwrap();
+        let child = Command::new(env!("CARGO_BIN_EXE_inferq"))
+            .args([
+                "run",
+                "--transport",
+                "redis-sortedset",
+                "--transport-config",
+                &config,
+            ])
+            .args(["--health-port", &health_port.to_string()])
+            .args(["--metrics-port", &metrics_port.to_string()])
+            .args(["--metrics-endpoint-auth=false"])
+            .args(["--concurrency", &opts.concurrency.to_string()])
+            .args([
+                "--drain-timeout",
+                opts.drain,
+                "--request-timeout",
+                opts.request_timeout,
+            ])
+            .env("RUST_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(log.reopen().unwrap())
+            .stderr(log.reopen().unwrap())
+            .spawn()
+            .unwrap();
+        let p = Processor {
+            child: Some(child),
+            health_port,
+            metrics_port,
+            log,
+        };
+        p.wait_ready().await;
+        p
+    }
+
+    async fn wait_ready(&self) {
+        let url = format!("http://127.0.0.1:{}/readyz", self.health_port);
+        let started = Instant::now();
+        while started.elapsed() < Duration::from_secs(20) {
+            if let Ok(r) = reqwest::get(&url).await {
+                if r.status().is_success() {
+                    return;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        panic!("processor not ready; log:\n{}", self.log());
+    }
+
+    pub fn log(&self) -> String {
+        let mut s = String::new();
+        let _ = std::fs::File::open(self.log.path()).and_then(|mut f| f.read_to_string(&mut s));
+        s
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().map(Child::id).unwrap_or(0)
+    }
+
+    pub fn signal(&self, sig: &str) {
+        let status = Command::new("kill")
+            .args([&format!("-{sig}"), &self.pid().to_string()])
+            .status()
+            .unwrap();
+        assert!(status.success());
+    }
+
+    /// SIGKILL: no shutdown of any kind.
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Waits for the process to exit; returns its exit code.
+    pub async fn wait_exit(&mut self, limit: Duration) -> Option<i32> {
+        let started = Instant::now();
+        while started.elapsed() < limit {
+            if let Some(c) = self.child.as_mut() {
+                if let Ok(Some(status)) = c.try_wait() {
+                    self.child = None;
+                    return status.code();
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        None
+    }
+
+    pub async fn metrics(&self) -> String {
+        reqwest::get(format!("http://127.0.0.1:{}/metrics", self.metrics_port))
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap()
+    }
+}
+
+impl Drop for Processor {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!("--- processor log ---\n{}", self.log());
+        }
+        self.kill();
+    }
+}
+
+/// A request with a deadline `secs` from now.
+pub fn request(id: &str, secs: i64, payload: &str) -> NewRequest {
+    let now = inferq::queue::producer::unix_ms() / 1000;
+    NewRequest {
+        id: id.to_owned(),
+        created: now,
+        deadline: now + secs,
+        payload: RawValue::from_string(payload.to_owned()).unwrap(),
+        metadata: Default::default(),
+        headers: Default::default(),
+        endpoint: String::new(),
+    }
+}
+
+pub async fn producer(redis: &RedisServer, queue: &str) -> Producer {
+    Producer::connect(&redis.url(), queue, "result-list")
+        .await
+        .unwrap()
+}
+
+pub async fn con(redis: &RedisServer) -> redis::aio::ConnectionManager {
+    let client = redis::Client::open(redis.url()).unwrap();
+    inferq::queue::connect::manager(&client).await.unwrap()
+}
+
+/// Raw result JSON strings on `list`, oldest first.
+pub async fn raw_results(con: &mut redis::aio::ConnectionManager, list: &str) -> Vec<String> {
+    let mut v: Vec<String> = con.lrange(list, 0, -1).await.unwrap();
+    v.reverse();
+    v
+}
+
+pub async fn results(con: &mut redis::aio::ConnectionManager) -> Vec<ResultMessage> {
+    raw_results(con, "result-list")
+        .await
+        .iter()
+        .map(|r| serde_json::from_str(r).unwrap())
+        .collect()
+}
+
+/// Waits until `n` results are on the default result list (or panics after `limit`).
+pub async fn wait_results(
+    con: &mut redis::aio::ConnectionManager,
+    n: usize,
+    limit: Duration,
+) -> Vec<ResultMessage> {
+    let started = Instant::now();
+    loop {
+        let r = results(con).await;
+        if r.len() >= n || started.elapsed() > limit {
+            return r;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}

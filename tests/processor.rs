@@ -1,0 +1,453 @@
+//! End-to-end tests of `inferq run`: real processes, a real Redis, a real HTTP gateway.
+//! Each test states the user-visible behaviour it checks.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+use inferq::testkit::RedisServer;
+use redis::AsyncCommands;
+
+const Q: &str = "request-sortedset";
+
+/// Success path: the gateway gets the exact payload bytes, Go's headers and URL; the result
+/// list gets the Go ResultMessage with the raw body as a string.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn success_path_speaks_the_go_wire_format() {
+    let redis = RedisServer::start().unwrap();
+    let gw = Gateway::start().await;
+    let body = r#"{"id":"cmpl-7","choices":[{"text":"<b>hi</b>"}]}"#;
+    gw.script("ok-1", vec![Reply::status(201, body)]);
+    let _p = Processor::start(&redis, &gw, &ProcessorOpts::default()).await;
+    let producer = producer(&redis, Q).await;
+    let payload = r#"{"model":"m","prompt":"<tags> & more","seed":12345678901234567890,"t":1.0}"#;
+    let mut req = request("ok-1", 60, payload);
+    req.metadata.insert("userid".into(), "alice".into());
+    req.headers.insert("X-Custom".into(), "yes".into());
+    producer.submit(req).await.unwrap();
+    let mut con = con(&redis).await;
+    let got = wait_results(&mut con, 1, Duration::from_secs(10)).await;
+    assert_eq!(got.len(), 1);
+    let raw = raw_results(&mut con, "result-list").await;
+    assert_eq!(
+        raw[0],
+        format!(
+            r#"{{"id":"ok-1","status_code":201,"payload":{}}}"#,
+            serde_json::to_string(body).unwrap()
+        )
+    );
+    let seen = gw.seen("ok-1");
+    assert_eq!(seen.len(), 1);
+    assert_eq!(seen[0].path, "/v1/completions");
+    assert_eq!(
+        &seen[0].body[..],
+        payload.as_bytes(),
+        "payload bytes must pass through unchanged"
+    );
+    let h = &seen[0].headers;
+    assert_eq!(h["content-type"], "application/json");
+    assert_eq!(h["x-gateway-inference-objective"], "batch-obj");
+    assert_eq!(h["x-custom"], "yes");
+    assert_eq!(h["x-llm-d-inference-fairness-id"], "alice");
+    // Nothing left behind: no claim, nothing pending, producer keys cleaned up.
+    let claimed: u64 = con.hlen(format!("{Q}:claimed")).await.unwrap();
+    let pending: u64 = con.zcard(Q).await.unwrap();
+    let active: Option<String> = con.get("request-active:ok-1").await.unwrap();
+    assert_eq!((claimed, pending, active), (0, 0, None));
+}
+
+/// A member written by hand exactly as the Go producer writes it (envelope, token, routing)
+/// is processed and its result lands on the result list the member names.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn go_producer_member_written_by_hand() {
+    let redis = RedisServer::start().unwrap();
+    let gw = Gateway::start().await;
+    let _p = Processor::start(&redis, &gw, &ProcessorOpts::default()).await;
+    let mut con = con(&redis).await;
+    let deadline = inferq::queue::producer::unix_ms() / 1000 + 60;
+    let member = format!(
+        r#"{{"internal":{{"request_token":"9f0c1e0000000000000000000000abcd","request_queue_name":"{Q}","result_queue_name":"go-results"}},"request_kind":"plain","data":{{"id":"go-1","created":1764044000,"deadline":{deadline},"payload":{{"model":"m","prompt":"hi"}},"metadata":{{"userid":"u1"}}}}}}"#
+    );
+    let _: () = redis::pipe()
+        .atomic()
+        .del("request-cancel:go-1")
+        .set_ex(
+            "request-active:go-1",
+            "9f0c1e0000000000000000000000abcd",
+            60,
+        )
+        .zadd(Q, &member, deadline)
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    let started = Instant::now();
+    let mut raw = Vec::new();
+    while raw.is_empty() && started.elapsed() < Duration::from_secs(10) {
+        raw = raw_results(&mut con, "go-results").await;
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    assert_eq!(raw.len(), 1);
+    assert!(
+        raw[0].starts_with(r#"{"id":"go-1","status_code":200,"payload":"{\"id\":\"cmpl-1\""#),
+        "{}",
+        raw[0]
+    );
+    assert_eq!(
+        gw.seen("go-1")[0].body.as_ref(),
+        br#"{"model":"m","prompt":"hi"}"#
+    );
+}
+
+/// 503 is retried (parked with Go's backoff) until the gateway answers 200: one result.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_error_then_success() {
+    let redis = RedisServer::start().unwrap();
+    let gw = Gateway::start().await;
+    gw.script(
+        "r503",
+        vec![Reply::status(503, "busy"), Reply::ok(r#"{"ok":true}"#)],
+    );
+    let p = Processor::start(&redis, &gw, &ProcessorOpts::default()).await;
+    producer(&redis, Q)
+        .await
+        .submit(request("r503", 60, "{}"))
+        .await
+        .unwrap();
+    let mut con = con(&redis).await;
+    let got = wait_results(&mut con, 1, Duration::from_secs(15)).await;
+    assert_eq!(got.len(), 1);
+    assert_eq!(
+        (got[0].status_code, got[0].payload.as_str()),
+        (200, r#"{"ok":true}"#)
+    );
+    let seen = gw.seen("r503");
+    assert_eq!(seen.len(), 2);
+    let gap = seen[1].at - seen[0].at;
+    assert!(
+        gap >= Duration::from_millis(1900),
+        "first retry waits [2,4) s, waited {gap:?}"
+    );
+    assert!(p.metrics().await.contains("llm_d_async_async_request_retries_total{queue_id=\"request-sortedset\",queue_name=\"request-sortedset\",pool_name=\"default\"} 1"));
+}
+
+/// 429 with Retry-After is honoured (and counted as shed), then the request succeeds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rate_limited_with_retry_after() {
+    let redis = RedisServer::start().unwrap();
+    let gw = Gateway::start().await;
+    gw.script(
+        "r429",
+        vec![
+            Reply::status(429, "slow down").header("retry-after", "5"),
+            Reply::ok("{}"),
+        ],
+    );
+    let p = Processor::start(&redis, &gw, &ProcessorOpts::default()).await;
+    producer(&redis, Q)
+        .await
+        .submit(request("r429", 60, "{}"))
+        .await
+        .unwrap();
+    let mut con = con(&redis).await;
+    let got = wait_results(&mut con, 1, Duration::from_secs(15)).await;
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].status_code, 200);
+    let seen = gw.seen("r429");
+    let gap = seen[1].at - seen[0].at;
+    assert!(
+        gap >= Duration::from_millis(4900),
+        "Retry-After 5 s must be honoured, waited {gap:?}"
+    );
+    assert!(p.metrics().await.contains("llm_d_async_async_shedded_requests_total{queue_id=\"request-sortedset\",queue_name=\"request-sortedset\",pool_name=\"default\"} 1"));
+}
+
+/// A 4xx other than 429 is terminal: one attempt, the status and body as the result.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_error_is_terminal() {
+    let redis = RedisServer::start().unwrap();
+    let gw = Gateway::start().await;
+    gw.script("r400", vec![Reply::status(400, r#"{"error":"bad model"}"#)]);
+    let _p = Processor::start(&redis, &gw, &ProcessorOpts::default()).await;
+    producer(&redis, Q)
+        .await
+        .submit(request("r400", 60, "{}"))
+        .await
+        .unwrap();
+    let mut con = con(&redis).await;
+    let got = wait_results(&mut con, 1, Duration::from_secs(10)).await;
+    assert_eq!(got.len(), 1);
+    assert_eq!(
+        (got[0].status_code, got[0].payload.as_str()),
+        (400, r#"{"error":"bad model"}"#)
+    );
+    assert!(got[0].error_code.is_empty());
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(gw.seen("r400").len(), 1, "no retry of a 4xx");
+}
+
+/// A request whose deadline has passed gets DEADLINE_EXCEEDED without reaching the gateway;
+/// one that keeps failing until its deadline ends with exactly one terminal record.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn passed_deadlines_end_with_deadline_exceeded() {
+    let redis = RedisServer::start().unwrap();
+    let gw = Gateway::start().await;
+    let mut con = con(&redis).await;
+    let past = inferq::queue::producer::unix_ms() / 1000 - 5;
+    let member = format!(
+        r#"{{"internal":{{}},"request_kind":"redis","data":{{"id":"late","deadline":{past},"payload":{{}}}}}}"#
+    );
+    let _: () = con.zadd(Q, &member, past).await.unwrap();
+    gw.script("doomed", vec![Reply::status(503, "down")]);
+    let _p = Processor::start(&redis, &gw, &ProcessorOpts::default()).await;
+    producer(&redis, Q)
+        .await
+        .submit(request("doomed", 3, "{}"))
+        .await
+        .unwrap();
+    let got = wait_results(&mut con, 2, Duration::from_secs(12)).await;
+    assert_eq!(got.len(), 2, "{got:?}");
+    let late = got.iter().find(|r| r.id == "late").unwrap();
+    assert_eq!(late.error_code, "DEADLINE_EXCEEDED");
+    assert_eq!(late.payload, r#"{"error":"deadline exceeded"}"#);
+    assert!(gw.seen("late").is_empty());
+    let doomed = got.iter().find(|r| r.id == "doomed").unwrap();
+    assert!(
+        doomed.error_code == "DEADLINE_EXCEEDED" || doomed.status_code == 503,
+        "the last HTTP response or DEADLINE_EXCEEDED: {doomed:?}"
+    );
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        results(&mut con).await.len(),
+        2,
+        "exactly one terminal record each"
+    );
+}
+
+/// Cancel before dispatch: CANCELLED, and the gateway never sees the request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancel_before_dispatch() {
+    let redis = RedisServer::start().unwrap();
+    let gw = Gateway::start().await;
+    let producer = producer(&redis, Q).await;
+    producer.submit(request("c1", 60, "{}")).await.unwrap();
+    assert_eq!(
+        producer.cancel(&["c1".to_owned()]).await.unwrap(),
+        vec![true]
+    );
+    let _p = Processor::start(&redis, &gw, &ProcessorOpts::default()).await;
+    let mut con = con(&redis).await;
+    let got = wait_results(&mut con, 1, Duration::from_secs(10)).await;
+    assert_eq!(
+        (got[0].id.as_str(), got[0].error_code.as_str()),
+        ("c1", "CANCELLED")
+    );
+    assert_eq!(got[0].error_message, "cancelled");
+    assert!(gw.seen("c1").is_empty());
+}
+
+/// Cancel during dispatch: the in-flight HTTP request is aborted and CANCELLED published
+/// promptly (Go let it run to the end).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancel_during_dispatch_aborts_the_request() {
+    let redis = RedisServer::start().unwrap();
+    let gw = Gateway::start().await;
+    gw.script("c2", vec![Reply::ok("{}").after(Duration::from_secs(20))]);
+    let _p = Processor::start(&redis, &gw, &ProcessorOpts::default()).await;
+    let producer = producer(&redis, Q).await;
+    producer.submit(request("c2", 60, "{}")).await.unwrap();
+    let started = Instant::now();
+    while gw.seen("c2").is_empty() && started.elapsed() < Duration::from_secs(10) {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(gw.seen("c2").len(), 1);
+    let cancelled_at = Instant::now();
+    producer.cancel(&["c2".to_owned()]).await.unwrap();
+    let mut con = con(&redis).await;
+    let got = wait_results(&mut con, 1, Duration::from_secs(5)).await;
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].error_code, "CANCELLED");
+    assert!(
+        cancelled_at.elapsed() < Duration::from_secs(3),
+        "took {:?}",
+        cancelled_at.elapsed()
+    );
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(gw.aborted("c2"), 1, "the gateway saw the request abandoned");
+}
+
+/// SIGTERM: claimed-but-unstarted work goes back to pending at once, in-flight work drains,
+/// and the process exits 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_drains_and_releases_unstarted_work() {
+    let redis = RedisServer::start().unwrap();
+    let gw = Gateway::start().await;
+    let opts = ProcessorOpts {
+        concurrency: 2,
+        ..ProcessorOpts::default()
+    };
+    let producer = producer(&redis, Q).await;
+    let mut deadlines = Vec::new();
+    for i in 0..8 {
+        let id = format!("d{i}");
+        gw.script(
+            &id,
+            vec![Reply::ok("{}").after(Duration::from_millis(1500))],
+        );
+        let req = request(&id, 60 + i, "{}");
+        deadlines.push((id, req.deadline));
+        producer.submit(req).await.unwrap();
+    }
+    let mut p = Processor::start(&redis, &gw, &opts).await;
+    let mut con = con(&redis).await;
+    let started = Instant::now();
+    while gw.executions().len() < 2 && started.elapsed() < Duration::from_secs(10) {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Two in flight; the consumer holds more claims waiting for a worker.
+    let claimed: u64 = con.hlen(format!("{Q}:claimed")).await.unwrap();
+    assert!(claimed > 2, "claimed {claimed}");
+    p.signal("TERM");
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let claimed: u64 = con.hlen(format!("{Q}:claimed")).await.unwrap();
+    assert_eq!(
+        claimed, 2,
+        "only the two in-flight claims remain after SIGTERM"
+    );
+    let pending: Vec<(String, f64)> = con.zrange_withscores(Q, 0, -1).await.unwrap();
+    assert_eq!(pending.len(), 6);
+    for (member, score) in &pending {
+        let env = inferq::wire::Envelope::decode(member.as_bytes()).unwrap();
+        let want = deadlines
+            .iter()
+            .find(|(id, _)| *id == env.request.id)
+            .unwrap()
+            .1;
+        assert_eq!(*score, want as f64, "released at the original score");
+    }
+    assert_eq!(p.wait_exit(Duration::from_secs(10)).await, Some(0));
+    let got = results(&mut con).await;
+    assert_eq!(got.len(), 2, "the in-flight pair finished during the drain");
+    let claimed: u64 = con.hlen(format!("{Q}:claimed")).await.unwrap();
+    assert_eq!(claimed, 0);
+}
+
+/// SIGKILL mid-request with a short lease: a second processor reclaims the request after the
+/// lease and finishes it; exactly one result, two executions (at least once, said plainly).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigkill_mid_request_is_finished_by_a_survivor() {
+    let redis = RedisServer::start().unwrap();
+    let gw = Gateway::start().await;
+    gw.script(
+        "k1",
+        vec![
+            Reply::ok("first").after(Duration::from_secs(30)),
+            Reply::ok("second"),
+        ],
+    );
+    let opts = ProcessorOpts {
+        lease_s: 1.5,
+        reclaim_ms: 300,
+        ..ProcessorOpts::default()
+    };
+    let mut a = Processor::start(&redis, &gw, &opts).await;
+    producer(&redis, Q)
+        .await
+        .submit(request("k1", 60, "{}"))
+        .await
+        .unwrap();
+    let started = Instant::now();
+    while gw.seen("k1").is_empty() && started.elapsed() < Duration::from_secs(10) {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    a.kill();
+    let killed_at = Instant::now();
+    let _b = Processor::start(&redis, &gw, &opts).await;
+    let mut con = con(&redis).await;
+    let got = wait_results(&mut con, 1, Duration::from_secs(10)).await;
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].payload, "second");
+    let redelivered = killed_at.elapsed();
+    assert!(
+        redelivered < Duration::from_secs(5),
+        "redelivered after {redelivered:?}"
+    );
+    assert_eq!(gw.seen("k1").len(), 2);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(results(&mut con).await.len(), 1);
+}
+
+/// Two processors on one queue: every request gets exactly one result.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_processors_one_result_each() {
+    let redis = RedisServer::start().unwrap();
+    let gw = Gateway::start().await;
+    let _a = Processor::start(&redis, &gw, &ProcessorOpts::default()).await;
+    let _b = Processor::start(&redis, &gw, &ProcessorOpts::default()).await;
+    let producer = producer(&redis, Q).await;
+    let reqs = (0..300)
+        .map(|i| request(&format!("m{i}"), 60, "{}"))
+        .collect();
+    for r in producer.submit_many(reqs).await.unwrap() {
+        r.unwrap();
+    }
+    let mut con = con(&redis).await;
+    let got = wait_results(&mut con, 300, Duration::from_secs(30)).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let got_again = results(&mut con).await;
+    assert_eq!(got.len(), 300);
+    assert_eq!(got_again.len(), 300, "no extra results");
+    let ids: std::collections::HashSet<_> = got_again.iter().map(|r| r.id.clone()).collect();
+    assert_eq!(ids.len(), 300);
+}
+
+/// Bad members are dead-lettered with a reason (and INVALID_REQUEST when an id is readable)
+/// while good work behind them flows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_members_do_not_block_the_queue() {
+    let redis = RedisServer::start().unwrap();
+    let gw = Gateway::start().await;
+    let mut con = con(&redis).await;
+    let _: () = con.zadd(Q, "garbage", 1).await.unwrap();
+    let _: () = con
+        .zadd(
+            Q,
+            r#"{"request_kind":"plain","data":{"id":"nodl","payload":{}}}"#,
+            2,
+        )
+        .await
+        .unwrap();
+    let _p = Processor::start(&redis, &gw, &ProcessorOpts::default()).await;
+    producer(&redis, Q)
+        .await
+        .submit(request("good", 60, "{}"))
+        .await
+        .unwrap();
+    let got = wait_results(&mut con, 2, Duration::from_secs(10)).await;
+    let bad = got.iter().find(|r| r.id == "nodl").unwrap();
+    assert_eq!(bad.error_code, "INVALID_REQUEST");
+    assert!(got.iter().any(|r| r.id == "good" && r.status_code == 200));
+    let dead: Vec<String> = con.lrange(format!("{Q}:dead"), 0, -1).await.unwrap();
+    assert_eq!(dead.len(), 2);
+    assert!(dead.iter().any(|d| d.contains("not valid JSON")));
+    let pending: u64 = con.zcard(Q).await.unwrap();
+    assert_eq!(pending, 0);
+}
+
+/// A bad config exits with code 2 and names the field.
+#[test]
+fn bad_config_exits_2_naming_the_field() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_inferq"))
+        .args([
+            "run",
+            "--transport",
+            "redis-sortedset",
+            "--transport-config",
+            r#"{"url":"redis://127.0.0.1:1","queues":[{"queue_name":"q","igw_base_ur":"http://x"}]}"#,
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("queues[0].igw_base_ur"), "{err}");
+}
