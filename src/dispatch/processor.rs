@@ -158,6 +158,12 @@ pub async fn run(config: RunConfig, shutdown: CancellationToken) -> Result<(), D
     };
     let promote_every = transport.poll_interval.min(Duration::from_millis(500));
 
+    for q in transport.queues.iter().filter(|q| q.gate.is_some()) {
+        tracing::warn!(queue = %q.queue_name, "gate_type is accepted but not enforced yet: this queue is dispatched without its gate");
+    }
+    for p in config.pools.iter().filter(|p| p.gate.is_some()) {
+        tracing::warn!(pool = %p.id, "pool gate_type is accepted but not enforced yet: this pool dispatches without its gate");
+    }
     let mut ctxs = Vec::new();
     let mut pool_inputs: HashMap<String, Vec<mpsc::Receiver<Job>>> = HashMap::new();
     for (i, q) in transport.queues.iter().enumerate() {
