@@ -451,3 +451,62 @@ fn bad_config_exits_2_naming_the_field() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("queues[0].igw_base_ur"), "{err}");
 }
+
+/// Redis killed (kill -9, AOF always) while requests are in flight, then restarted: `/readyz`
+/// says not ready during the outage, finished work waits in the outbox instead of being thrown
+/// away, and every request ends with exactly one result.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_restart_loses_nothing_and_readyz_is_honest() {
+    let mut redis = RedisServer::start().unwrap();
+    let gw = Gateway::start().await;
+    let opts = ProcessorOpts {
+        lease_s: 10.0,
+        reclaim_ms: 1000,
+        ..ProcessorOpts::default()
+    };
+    for i in 0..6 {
+        gw.script(
+            &format!("o{i}"),
+            vec![Reply::ok("{}").after(Duration::from_millis(800))],
+        );
+    }
+    let p = Processor::start(&redis, &gw, &opts).await;
+    let producer = producer(&redis, Q).await;
+    for i in 0..6 {
+        producer
+            .submit(request(&format!("o{i}"), 120, "{}"))
+            .await
+            .unwrap();
+    }
+    let started = Instant::now();
+    while gw.executions().len() < 6 && started.elapsed() < Duration::from_secs(10) {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    redis.kill();
+    let readyz = format!("http://127.0.0.1:{}/readyz", p.health_port);
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    let during = reqwest::get(&readyz).await.unwrap();
+    assert_eq!(during.status().as_u16(), 503);
+    let body = during.text().await.unwrap();
+    assert!(
+        body.contains("not ready") && body.contains("redis"),
+        "{body}"
+    );
+    redis.restart().unwrap();
+    let mut con = con(&redis).await;
+    let got = wait_results(&mut con, 6, Duration::from_secs(15)).await;
+    assert_eq!(got.len(), 6, "{got:?}");
+    let ids: std::collections::HashSet<_> = got.iter().map(|r| r.id.clone()).collect();
+    assert_eq!(ids.len(), 6);
+    assert!(got.iter().all(|r| r.status_code == 200));
+    let executions: usize = gw.executions().values().sum();
+    assert_eq!(executions, 6, "finished work was kept, not redone");
+    let started = Instant::now();
+    while !reqwest::get(&readyz).await.unwrap().status().is_success() {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "ready again after Redis is back"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}

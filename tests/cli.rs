@@ -1,0 +1,143 @@
+//! End-to-end tests of the producer-side subcommands (`submit`, `cancel`, `results`) run as
+//! the built binary against a real Redis.
+
+mod common;
+
+use std::io::Write;
+use std::process::{Command, Output, Stdio};
+
+use inferq::testkit::RedisServer;
+use inferq::wire::{Envelope, ResultMessage};
+use redis::AsyncCommands;
+
+fn inferq(redis: &RedisServer, args: &[&str], stdin: &str) -> Output {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_inferq"))
+        .args(args)
+        .env("REDIS_URL", redis.url())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(stdin.as_bytes())
+        .unwrap();
+    child.wait_with_output().unwrap()
+}
+
+/// A bad line is named with its number and reason, and nothing at all is submitted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn submit_refuses_a_file_with_a_bad_line_and_names_it() {
+    let redis = RedisServer::start().unwrap();
+    let input = "{\"id\":\"a\",\"timeout_s\":60,\"payload\":{}}\n\n{\"id\":\"b\",\"payload\":{},\"timeout_s\":0}\n";
+    let out = inferq(&redis, &["submit"], input);
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("line 3: timeout_s 0 must be at least 1 second"),
+        "{err}"
+    );
+    assert!(err.contains("nothing was submitted"), "{err}");
+    let mut con = common::con(&redis).await;
+    let pending: u64 = con.zcard("request-sortedset").await.unwrap();
+    assert_eq!(pending, 0);
+}
+
+/// Native and OpenAI Batch lines are submitted as the Go producer would, payload bytes intact.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn submit_native_and_openai_batch_lines() {
+    let redis = RedisServer::start().unwrap();
+    let input = concat!(
+        r#"{"id":"n1","timeout_s":60,"payload":{"prompt":"<b>","big":12345678901234567890},"metadata":{"userid":"u"}}"#,
+        "\n",
+        r#"{"custom_id":"task-7","method":"POST","url":"/v1/chat/completions","body":{"model":"m","messages":[{"role":"user","content":"hi"}]}}"#,
+        "\n"
+    );
+    let out = inferq(&redis, &["submit", "--queue", "jobs"], input);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains(r#""submitted":2"#));
+    let mut con = common::con(&redis).await;
+    let members: Vec<String> = con.zrange("jobs", 0, -1).await.unwrap();
+    let envs: Vec<Envelope> = members
+        .iter()
+        .map(|m| Envelope::decode(m.as_bytes()).unwrap())
+        .collect();
+    let n1 = envs.iter().find(|e| e.request.id == "n1").unwrap();
+    assert_eq!(
+        n1.request.payload.get(),
+        r#"{"prompt":"<b>","big":12345678901234567890}"#
+    );
+    assert_eq!(n1.internal.request_queue_name, "jobs");
+    assert_eq!(n1.internal.result_queue_name, "result-list");
+    let active: String = con.get("request-active:n1").await.unwrap();
+    assert_eq!(active, n1.internal.request_token);
+    let t7 = envs.iter().find(|e| e.request.id == "task-7").unwrap();
+    assert_eq!(t7.request.endpoint, "/v1/chat/completions");
+    assert!(t7
+        .request
+        .payload
+        .get()
+        .starts_with(r#"{"model":"m","messages""#));
+    // Cancel marks the newest generation; an unknown id is a no-op.
+    let out = inferq(&redis, &["cancel", "--queue", "jobs", "n1", "nope"], "");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains(r#"{"id":"n1","result":"cancelled"}"#),
+        "{text}"
+    );
+    assert!(
+        text.contains(r#"{"id":"nope","result":"no active generation"}"#),
+        "{text}"
+    );
+}
+
+/// `results` writes JSONL; the reliable mode hands back what a dead consumer took.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn results_writes_jsonl_and_reliable_mode_survives_a_dead_consumer() {
+    let redis = RedisServer::start().unwrap();
+    let mut con = common::con(&redis).await;
+    for id in ["a", "b", "c"] {
+        let _: () = con
+            .lpush("result-list", ResultMessage::http(id, 200, b"{}").to_json())
+            .await
+            .unwrap();
+    }
+    // A reliable consumer that takes one result and dies before storing it.
+    let producer = common::producer(&redis, "request-sortedset").await;
+    let mut dying = producer.reliable("w1").await.unwrap();
+    let taken = dying
+        .take(std::time::Duration::from_secs(1))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(taken.result.unwrap().id, "a");
+    drop(dying);
+    let out = inferq(
+        &redis,
+        &["results", "-n", "3", "--timeout", "5s", "--consumer", "w1"],
+        "",
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let lines: Vec<ResultMessage> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let ids: Vec<&str> = lines.iter().map(|r| r.id.as_str()).collect();
+    assert_eq!(ids, ["a", "b", "c"], "the handed-back result comes first");
+    let taken_left: u64 = con.llen("result-list:taken:w1").await.unwrap();
+    assert_eq!(taken_left, 0);
+    // Timing out short of N exits non-zero.
+    let out = inferq(&redis, &["results", "-n", "1", "--timeout", "300ms"], "");
+    assert_eq!(out.status.code(), Some(1));
+}
