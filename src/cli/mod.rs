@@ -63,6 +63,20 @@ pub struct RedisArgs {
     pub result_queue: String,
 }
 
+impl RedisArgs {
+    /// A producer on these queues.
+    pub async fn producer(&self) -> Result<crate::queue::producer::Producer, Failure> {
+        use anyhow::Context;
+        Ok(crate::queue::producer::Producer::connect(
+            &self.redis_url,
+            &self.queue,
+            &self.result_queue,
+        )
+        .await
+        .context("cannot connect to Redis")?)
+    }
+}
+
 /// A failure with its exit code.
 #[derive(Debug)]
 pub struct Failure {
@@ -108,7 +122,14 @@ pub fn main() -> ExitCode {
             return ExitCode::from(code);
         }
     };
-    init_tracing("info");
+    // Go's -v: 2 is the default, 3 verbose, 4 debug, 5 trace. RUST_LOG overrides.
+    let level = match &cli.command {
+        Command::Run(args) if args.v >= 5 => "trace",
+        Command::Run(args) if args.v >= 4 => "debug",
+        Command::Run(args) if args.v <= 0 => "warn",
+        _ => "info",
+    };
+    init_tracing(level);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

@@ -10,7 +10,6 @@ use std::time::{Duration, Instant};
 use anyhow::Context;
 
 use super::{Failure, RedisArgs};
-use crate::queue::producer::Producer;
 
 #[derive(Debug, clap::Args)]
 pub struct ResultsArgs {
@@ -31,13 +30,7 @@ pub struct ResultsArgs {
 }
 
 pub async fn results(args: ResultsArgs) -> Result<(), Failure> {
-    let producer = Producer::connect(
-        &args.redis.redis_url,
-        &args.redis.queue,
-        &args.redis.result_queue,
-    )
-    .await
-    .context("cannot connect to Redis")?;
+    let producer = args.redis.producer().await?;
     let mut out: Box<dyn Write> = match &args.output {
         Some(p) => Box::new(
             std::fs::OpenOptions::new()

@@ -9,7 +9,6 @@ use anyhow::Context;
 
 use super::input::{parse_line, LineError};
 use super::{Failure, RedisArgs};
-use crate::queue::producer::Producer;
 use crate::wire::NewRequest;
 
 #[derive(Debug, clap::Args)]
@@ -78,13 +77,7 @@ pub async fn submit(args: SubmitArgs) -> Result<(), Failure> {
             bad.len()
         )));
     }
-    let producer = Producer::connect(
-        &args.redis.redis_url,
-        &args.redis.queue,
-        &args.redis.result_queue,
-    )
-    .await
-    .context("cannot connect to Redis")?;
+    let producer = args.redis.producer().await?;
     let bar = progress(requests.len() as u64);
     let mut submitted = 0u64;
     let mut refused = 0u64;
@@ -131,13 +124,7 @@ pub(crate) fn progress(len: u64) -> indicatif::ProgressBar {
 }
 
 pub async fn cancel(args: CancelArgs) -> Result<(), Failure> {
-    let producer = Producer::connect(
-        &args.redis.redis_url,
-        &args.redis.queue,
-        &args.redis.result_queue,
-    )
-    .await
-    .context("cannot connect to Redis")?;
+    let producer = args.redis.producer().await?;
     let marked = producer.cancel(&args.ids).await.context("cancel failed")?;
     for (id, marked) in args.ids.iter().zip(marked) {
         let state = if marked {

@@ -282,7 +282,27 @@ impl Queue {
         Ok(statuses.into_iter().skip(1).map(|s| s == 1).collect())
     }
 
-    /// Acks and buries a batch of generations in one round trip (one script call each).
+    /// KEYS of ack (and of bury, with the dead list): the claim bookkeeping, the result list,
+    /// then the producer's keys for the guarded cleanup when it is on.
+    fn finish_keys(&self, result_list: &str, dead: Option<&str>, id: &str) -> Vec<String> {
+        let k = &self.keys;
+        let mut keys = vec![
+            k.claimed.clone(),
+            k.owners.clone(),
+            k.idx.clone(),
+            k.scores.clone(),
+            k.deliveries.clone(),
+            result_list.to_owned(),
+        ];
+        keys.extend(dead.map(str::to_owned));
+        if self.forget_generations {
+            keys.push(active_key(id));
+            keys.push(cancel_key(id));
+        }
+        keys
+    }
+
+    /// Acks, buries, parks and releases a batch of generations in one round trip (one script call each).
     /// An outer error means the replies are unknown: retrying the whole batch is safe, because
     /// a repeated finish of a generation already done answers `NotYours` and writes nothing.
     pub async fn finish(&self, batch: &[Finish]) -> Result<Vec<Finished>, QueueError> {
@@ -297,18 +317,7 @@ impl Queue {
                     result_list,
                     result,
                 } => {
-                    let mut keys = vec![
-                        k.claimed.clone(),
-                        k.owners.clone(),
-                        k.idx.clone(),
-                        k.scores.clone(),
-                        k.deliveries.clone(),
-                        result_list.clone(),
-                    ];
-                    if self.forget_generations {
-                        keys.push(active_key(id));
-                        keys.push(cancel_key(id));
-                    }
+                    let keys = self.finish_keys(result_list, None, id);
                     let args = [&fence.key, &fence.token, result, request_token];
                     calls.push(&SCRIPTS.ack, SCRIPTS.ack.cmd(&keys, &args));
                 }
@@ -320,19 +329,7 @@ impl Queue {
                     result,
                     record,
                 } => {
-                    let mut keys = vec![
-                        k.claimed.clone(),
-                        k.owners.clone(),
-                        k.idx.clone(),
-                        k.scores.clone(),
-                        k.deliveries.clone(),
-                        result_list.clone(),
-                        k.dead.clone(),
-                    ];
-                    if self.forget_generations {
-                        keys.push(active_key(id));
-                        keys.push(cancel_key(id));
-                    }
+                    let keys = self.finish_keys(result_list, Some(&k.dead), id);
                     let args = [&fence.key, &fence.token, result, record, request_token];
                     calls.push(&SCRIPTS.bury, SCRIPTS.bury.cmd(&keys, &args));
                 }
