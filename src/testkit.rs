@@ -2,7 +2,9 @@
 //! with its own data directory (AOF on), so fault tests can kill, restart and flush it.
 //!
 //! A [`RedisServer`] is started from the `redis-server` on `PATH` (or `$INFERQ_REDIS_SERVER`),
-//! answers `PING` before [`RedisServer::start`] returns, and is killed when dropped.
+//! answers `PING` before [`RedisServer::start`] returns, and is killed when dropped. Its data
+//! directory is a fresh temporary one (removed on drop), or one the caller names with
+//! [`RedisServer::start_in`] (kept: a restarted server, or a later run, finds the AOF there).
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
@@ -34,9 +36,26 @@ pub enum Fsync {
 /// A redis-server child process on a free port.
 pub struct RedisServer {
     port: u16,
-    dir: tempfile::TempDir,
+    dir: DataDir,
     fsync: Fsync,
     child: Option<Child>,
+}
+
+/// Where a server keeps its AOF and log.
+enum DataDir {
+    /// Ours: removed when the server is dropped.
+    Temp(tempfile::TempDir),
+    /// The caller's: left in place.
+    Given(PathBuf),
+}
+
+impl DataDir {
+    fn path(&self) -> &Path {
+        match self {
+            DataDir::Temp(dir) => dir.path(),
+            DataDir::Given(path) => path,
+        }
+    }
 }
 
 /// Picks a free loopback TCP port.
@@ -60,6 +79,20 @@ impl RedisServer {
     /// Starts a server with the given fsync policy.
     pub fn start_with(fsync: Fsync) -> Result<RedisServer, TestkitError> {
         let dir = tempfile::Builder::new().prefix("inferq-redis-").tempdir()?;
+        Self::start_on(DataDir::Temp(dir), fsync)
+    }
+
+    /// Starts a server whose data directory is `dir` (created if missing, never removed), so
+    /// whatever an earlier server left in its AOF is loaded again.
+    pub fn start_in(dir: &Path, fsync: Fsync) -> Result<RedisServer, TestkitError> {
+        std::fs::create_dir_all(dir)?;
+        // redis-server runs with `--dir`, which it changes into: an absolute path keeps the
+        // log and AOF paths meaningful whatever our own working directory is.
+        let dir = std::path::absolute(dir)?;
+        Self::start_on(DataDir::Given(dir), fsync)
+    }
+
+    fn start_on(dir: DataDir, fsync: Fsync) -> Result<RedisServer, TestkitError> {
         let mut server = RedisServer {
             port: free_port()?,
             dir,
@@ -123,6 +156,11 @@ impl RedisServer {
         self.dir.path()
     }
 
+    /// The fsync policy it was started with.
+    pub fn fsync(&self) -> Fsync {
+        self.fsync
+    }
+
     /// A blocking client, handy in tests.
     pub fn client(&self) -> redis::RedisResult<redis::Client> {
         redis::Client::open(self.url())
@@ -183,5 +221,28 @@ mod tests {
         let mut con = server.client().unwrap().get_connection().unwrap();
         let v: String = redis::cmd("GET").arg("k").query(&mut con).unwrap();
         assert_eq!(v, "v");
+    }
+
+    #[test]
+    fn a_given_data_dir_is_used_and_kept() {
+        let parent = tempfile::tempdir().unwrap();
+        let dir = parent.path().join("data");
+        {
+            let server = RedisServer::start_in(&dir, Fsync::EverySec).unwrap();
+            assert_eq!(server.fsync(), Fsync::EverySec);
+            let mut con = server.client().unwrap().get_connection().unwrap();
+            let _: () = redis::cmd("SET")
+                .arg("k")
+                .arg("kept")
+                .query(&mut con)
+                .unwrap();
+            // Dropped: SIGKILL. The AOF write reached the kernel before the reply, so a killed
+            // process (unlike a lost machine) keeps it even under everysec.
+        }
+        assert!(dir.join("redis.log").exists());
+        let server = RedisServer::start_in(&dir, Fsync::Always).unwrap();
+        let mut con = server.client().unwrap().get_connection().unwrap();
+        let v: String = redis::cmd("GET").arg("k").query(&mut con).unwrap();
+        assert_eq!(v, "kept");
     }
 }

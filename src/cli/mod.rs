@@ -2,6 +2,7 @@
 //! file and calls into the library. Exit codes: 0 success, 2 bad input or configuration (the
 //! message names the field or line), 1 anything else.
 
+mod demo;
 mod input;
 mod results;
 mod run;
@@ -38,6 +39,9 @@ enum Command {
     Cancel(submit::CancelArgs),
     /// Write results as JSONL until N results or a timeout.
     Results(results::ResultsArgs),
+    /// Run everything locally (redis-server, the simulator, `inferq run`), push N requests
+    /// through and print throughput, latency, outcomes, retries and the no-loss check.
+    Demo(demo::DemoArgs),
 }
 
 #[derive(Debug, clap::Args)]
@@ -152,6 +156,7 @@ pub fn main() -> ExitCode {
             Command::Submit(args) => submit::submit(args).await,
             Command::Cancel(args) => submit::cancel(args).await,
             Command::Results(args) => results::results(args).await,
+            Command::Demo(args) => demo::demo(args).await,
         }
     });
     match outcome {
