@@ -320,7 +320,7 @@ struct Claim {
     key: ClaimKey,
     member: Generation,
     owner: OwnerToken,
-    /// Redis `TIME` has passed the lease expiry: `renew` refuses, `reclaim` may take it.
+    /// Redis `TIME` has passed the lease expiry: `reclaim` may take it (until the owner renews).
     lease_expired: bool,
 }
 
@@ -461,13 +461,16 @@ impl Redis {
     fn renew_succeeds(&self, cfg: &ModelCfg, key: ClaimKey, token: OwnerToken) -> bool {
         match self.claim_at(key) {
             None => false,
-            Some(c) if cfg.fenced_renew => c.owner == token && !c.lease_expired,
+            // As renew-2.lua: the owner token is the only fence. A lease that ran out but was
+            // not reclaimed yet is still the owner's (nobody else can hold it), so it renews.
+            Some(c) if cfg.fenced_renew => c.owner == token,
             // The unfenced heartbeat: "the claim exists, push its expiry out".
             Some(_) => true,
         }
     }
 
-    /// renew: the lease stays valid, only for its owner and only before it expired.
+    /// renew: the lease is valid again, only for its owner (also after it ran out, as long as
+    /// nobody reclaimed it).
     fn renew(&mut self, cfg: &ModelCfg, key: ClaimKey, token: OwnerToken) -> Status {
         if !self.renew_succeeds(cfg, key, token) {
             return Status::Lost;
