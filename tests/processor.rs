@@ -510,3 +510,62 @@ async fn redis_restart_loses_nothing_and_readyz_is_honest() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// A claim taken over by another owner (here: its owner token overwritten, as a reclaim by a
+/// survivor would) is dropped at the next renewal: the in-flight HTTP request is aborted and the
+/// old owner publishes nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lost_renewal_aborts_the_in_flight_request() {
+    let redis = RedisServer::start().unwrap();
+    let gw = Gateway::start().await;
+    gw.script("t1", vec![Reply::ok("{}").after(Duration::from_secs(20))]);
+    let opts = ProcessorOpts {
+        lease_s: 1.5,
+        reclaim_ms: 1000,
+        ..ProcessorOpts::default()
+    };
+    let p = Processor::start(&redis, &gw, &opts).await;
+    producer(&redis, Q)
+        .await
+        .submit(request("t1", 60, "{}"))
+        .await
+        .unwrap();
+    let started = Instant::now();
+    while gw.seen("t1").is_empty() && started.elapsed() < Duration::from_secs(10) {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let mut con = con(&redis).await;
+    let keys: Vec<String> = con.hkeys(format!("{Q}:claim-owners")).await.unwrap();
+    assert_eq!(keys.len(), 1);
+    let _: () = con
+        .hset(format!("{Q}:claim-owners"), &keys[0], "a-survivor's-token")
+        .await
+        .unwrap();
+    let stolen_at = Instant::now();
+    while gw.aborted("t1") == 0 && stolen_at.elapsed() < Duration::from_secs(5) {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        gw.aborted("t1"),
+        1,
+        "the request was aborted at the gateway"
+    );
+    assert!(
+        stolen_at.elapsed() < Duration::from_secs(2),
+        "within one renewal period"
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        results(&mut con).await.is_empty(),
+        "the old owner publishes nothing"
+    );
+    let owner: String = con
+        .hget(format!("{Q}:claim-owners"), &keys[0])
+        .await
+        .unwrap();
+    assert_eq!(
+        owner, "a-survivor's-token",
+        "and leaves the new owner's claim alone"
+    );
+    assert!(p.metrics().await.contains("inferq_renewals_total{queue_id=\"request-sortedset\",queue_name=\"request-sortedset\",pool_name=\"default\",outcome=\"lost\"} 1"));
+}
