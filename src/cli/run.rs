@@ -17,7 +17,8 @@ pub async fn run(args: RunArgs) -> Result<(), Failure> {
     crate::dispatch::run(config, shutdown)
         .await
         .map_err(|e| match e {
-            crate::dispatch::DispatchError::Config(_) => Failure::bad_input(e),
+            crate::dispatch::DispatchError::Config(_)
+            | crate::dispatch::DispatchError::Gateway(_) => Failure::bad_input(e),
             other => Failure::from(other),
         })
 }

@@ -196,13 +196,15 @@ pub async fn run(config: RunConfig, shutdown: CancellationToken) -> Result<(), D
             CANCEL_CHECK_EVERY,
             stop_upkeep.clone(),
         ));
-        upkeep_tasks.spawn(upkeep::reclaimer(ctx.clone(), stop_upkeep.clone()));
+        // Reclaim and promote move work towards this instance: they stop with claiming, so a
+        // shutting-down instance takes over nothing it would not finish.
+        upkeep_tasks.spawn(upkeep::reclaimer(ctx.clone(), stop_claiming.clone()));
         upkeep_tasks.spawn(upkeep::promoter(
             ctx.clone(),
             promote_every,
             Some(transport.retry_queue_name.clone()),
             i == 0,
-            stop_upkeep.clone(),
+            stop_claiming.clone(),
         ));
         if let Some(every) = config
             .metrics_backlog_poll_interval
