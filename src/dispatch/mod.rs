@@ -22,6 +22,7 @@
 
 pub mod consumer;
 pub mod context;
+pub mod gates;
 pub mod holdings;
 pub mod merge;
 pub mod outbox;

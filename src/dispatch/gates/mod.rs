@@ -1,0 +1,146 @@
+//! Dispatch gates: decide, from capacity signals, how much of a queue may be taken now
+//! ([`Gate::budget`]) and whether one request may go ([`Gate::apply`]).
+//!
+//! Queue-level gates are consulted between peek and claim, so a refused request is never
+//! claimed: it stays pending at its score, and the requests behind it in the same poll are still
+//! considered (Go re-popped a refused head over and over). Pool-level gates are consulted by a
+//! worker before it sends. The gate types and their parameters are the Go processor's
+//! (go-compat §6); [`build`] makes one from a config [`GateSpec`].
+//!
+//! - [`basic`]: `constant`, `redis`, `redis-quota`, `local-max-concurrency`, `composite`,
+//!   `wait-on-refuse`, `tier-priority-admission`.
+//! - [`metric`]: `prometheus-saturation`, `prometheus-budget`, `prometheus-query`,
+//!   `endpoint-scrape`.
+//! - [`params`]: Go's lenient parameter coercion.
+
+pub mod basic;
+pub mod metric;
+pub mod params;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+
+use crate::config::{GateSpec, GateType};
+use crate::wire::ResultMessage;
+
+/// What a gate says about one request.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Verdict {
+    /// Dispatch it.
+    Continue,
+    /// Not now: leave it where it is and ask again later (pending at queue level; the worker
+    /// re-asks every 50 ms at pool level).
+    Wait,
+    /// Not now, for a reason Go reports as refusal (e.g. over quota): handled like `Wait`, but
+    /// counted as `gate_closed` / `quota_exhausted`.
+    Refuse,
+    /// Finish it now with this result (or `GATE_DROPPED` when `None`).
+    Drop(Option<ResultMessage>),
+}
+
+/// Undoes a reservation a gate made (a concurrency slot, a quota unit). Runs once the request's
+/// outcome is decided, or at once when the request is not dispatched after all.
+pub struct Release(Box<dyn FnOnce() -> BoxFuture<'static, ()> + Send>);
+
+impl Release {
+    pub fn new<F>(f: F) -> Release
+    where
+        F: FnOnce() -> BoxFuture<'static, ()> + Send + 'static,
+    {
+        Release(Box::new(f))
+    }
+
+    /// Runs the release.
+    pub async fn run(self) {
+        (self.0)().await
+    }
+}
+
+impl std::fmt::Debug for Release {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Release")
+    }
+}
+
+/// A gate's decision about one request.
+#[derive(Debug)]
+pub struct Decision {
+    pub verdict: Verdict,
+    /// `reserved` / `overflow` as quota gates classify (written into `internal.labels`).
+    pub classification: Option<String>,
+    /// Reservations to undo when the request is done (run in reverse order).
+    pub releases: Vec<Release>,
+}
+
+impl Decision {
+    pub fn verdict(verdict: Verdict) -> Decision {
+        Decision {
+            verdict,
+            classification: None,
+            releases: Vec::new(),
+        }
+    }
+
+    pub fn go() -> Decision {
+        Decision::verdict(Verdict::Continue)
+    }
+
+    /// Runs every release, newest first.
+    pub async fn release_all(releases: Vec<Release>) {
+        for r in releases.into_iter().rev() {
+            r.run().await;
+        }
+    }
+}
+
+/// What a gate may look at: the request's metadata and its labels (`tier`, `classification`).
+#[derive(Debug, Clone, Copy)]
+pub struct GateInput<'a> {
+    pub metadata: &'a BTreeMap<String, String>,
+    pub labels: &'a BTreeMap<String, String>,
+}
+
+/// A gate. Budgets never fail (a gate that cannot read its signal answers its fallback).
+pub trait Gate: Send + Sync {
+    /// The fraction in [0, 1] of a poll's batch that may be taken now.
+    fn budget(&self) -> BoxFuture<'_, f64>;
+    /// Decides one request. An error is a gate failure (`GATE_ERROR` at pool level; the request
+    /// stays pending at queue level).
+    fn apply<'a>(&'a self, input: GateInput<'a>) -> BoxFuture<'a, Result<Decision, GateError>>;
+}
+
+/// Gate errors.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum GateError {
+    #[error("gate {gate}: parameter {param}: {reason}")]
+    Param {
+        gate: &'static str,
+        param: String,
+        reason: String,
+    },
+    #[error("gate {gate}: {reason}")]
+    Failed { gate: &'static str, reason: String },
+}
+
+/// What building a gate may need besides its own parameters.
+#[derive(Debug, Clone, Default)]
+pub struct GateEnv {
+    /// `--prometheus-url`.
+    pub prometheus_url: Option<String>,
+    /// `--prometheus-cache-ttl` (zero disables the cache).
+    pub prometheus_cache_ttl: Duration,
+}
+
+/// Builds the gate a config names.
+pub fn build(spec: &GateSpec, env: &GateEnv) -> Result<Arc<dyn Gate>, GateError> {
+    match spec.kind {
+        GateType::PrometheusSaturation
+        | GateType::PrometheusBudget
+        | GateType::PrometheusQuery
+        | GateType::EndpointScrape => metric::build(spec, env),
+        _ => basic::build(spec, env),
+    }
+}
