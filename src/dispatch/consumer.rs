@@ -13,6 +13,7 @@ use tokio::sync::mpsc::Sender;
 use tokio_util::sync::CancellationToken;
 
 use super::context::{Job, QueueCtx};
+use super::gates::{Decision, GateInput, Release, Verdict};
 use crate::queue::dead::DeadRecord;
 use crate::queue::{Claimed, Peeked, QueueError};
 use crate::wire::{Envelope, ErrorCode, ResultMessage};
@@ -42,11 +43,34 @@ pub async fn run_consumer(
                 Err(_) => return,
             },
         };
-        let want = room.min(polling.batch).max(1);
+        let mut want = room.min(polling.batch).max(1);
+        if let Some(gate) = &ctx.gate {
+            let budget = gate.budget().await.clamp(0.0, 1.0);
+            ctx.metrics
+                .dispatch_budget
+                .get_or_create(&ctx.labels)
+                .set(budget);
+            // Go's sizing: floor(batch × budget); a budget under 1/batch closes the queue.
+            let allowed = (polling.batch as f64 * budget).floor() as usize;
+            if allowed == 0 {
+                record_closed(&ctx).await;
+                tokio::select! {
+                    biased;
+                    _ = stop.cancelled() => return,
+                    _ = tokio::time::sleep(polling.interval) => {}
+                }
+                continue;
+            }
+            want = want.min(allowed);
+        }
         let pause = match poll_once(&ctx, &tx, want).await {
-            Ok(seen) => {
+            Ok(Polled {
+                seen,
+                admitted,
+                window,
+            }) => {
                 failures = 0;
-                if seen >= want {
+                if seen >= window && admitted > 0 {
                     Duration::ZERO
                 } else {
                     polling.interval
@@ -72,30 +96,67 @@ pub async fn run_consumer(
     }
 }
 
-/// One poll. Returns how many members it saw at the head of the queue.
+/// What one poll saw and did.
+struct Polled {
+    /// Members peeked.
+    seen: usize,
+    /// Members admitted by the gate (claimed or not).
+    admitted: usize,
+    /// How many were asked for.
+    window: usize,
+}
+
+/// With a gate, a poll looks this many times further than it may take, so requests the gate
+/// refuses at the head do not hide the ones behind them.
+const GATED_LOOKAHEAD: usize = 4;
+
+/// One poll: peek, triage, gate, claim, hand over.
 async fn poll_once(
     ctx: &Arc<QueueCtx>,
     tx: &Sender<Job>,
     want: usize,
-) -> Result<usize, QueueError> {
-    let peeked = ctx.queue.peek(want).await?;
+) -> Result<Polled, QueueError> {
+    let window = if ctx.gate.is_some() {
+        (want * GATED_LOOKAHEAD).min(1000)
+    } else {
+        want
+    };
+    let peeked = ctx.queue.peek(window).await?;
     let seen = peeked.len();
     if seen == 0 {
-        return Ok(0);
+        return Ok(Polled {
+            seen,
+            admitted: 0,
+            window,
+        });
     }
-    let mut candidates = Vec::with_capacity(seen);
+    let mut candidates = Vec::with_capacity(seen.min(want));
+    let mut admissions = Vec::with_capacity(seen.min(want));
     for Peeked { member, .. } in peeked {
-        match Envelope::decode(&member) {
-            Ok(env) => candidates.push((member, stamp(ctx, env))),
-            Err(e) => dead_letter(ctx, &member, &e.to_string()).await?,
+        if candidates.len() >= want {
+            break;
+        }
+        let env = match Envelope::decode(&member) {
+            Ok(env) => stamp(ctx, env),
+            Err(e) => {
+                dead_letter(ctx, &member, &e.to_string()).await?;
+                continue;
+            }
+        };
+        if let Some((env, admission)) = admit(ctx, env).await {
+            candidates.push((member, env));
+            admissions.push(admission);
         }
     }
+    let admitted = candidates.len();
     let cancelled = cancel_markers(ctx, &candidates).await?;
     let taken_at = Instant::now();
     let claimed = ctx.queue.claim(candidates).await?;
     let now_ms = crate::queue::producer::unix_ms();
-    for (claim, cancelled) in claimed.into_iter().zip(cancelled) {
+    for ((claim, cancelled), admission) in claimed.into_iter().zip(cancelled).zip(admissions) {
         let Claimed::Held(held) = claim else {
+            // Not ours after all: undo the gate's reservations now.
+            Decision::release_all(admission.releases).await;
             continue;
         };
         let held = *held;
@@ -107,8 +168,15 @@ async fn poll_once(
             &env.internal.request_token,
             taken_at,
         );
-        let job = Job::new(ctx.clone(), held, ticket);
-        if cancelled {
+        let job = Job::new(ctx.clone(), held, ticket, admission.releases);
+        if let Some(result) = admission.dropped {
+            ctx.metrics
+                .gate_decisions
+                .get_or_create(&ctx.labels.with_reason("dropped"))
+                .inc();
+            let id = job.held.envelope.request.id.clone();
+            job.publish(dropped_result(&id, result));
+        } else if cancelled {
             ctx.metrics.cancelled.get_or_create(&ctx.labels).inc();
             let id = job.held.envelope.request.id.clone();
             job.publish(ResultMessage::cancelled(&id));
@@ -125,7 +193,105 @@ async fn poll_once(
             }
         }
     }
-    Ok(seen)
+    Ok(Polled {
+        seen,
+        admitted,
+        window,
+    })
+}
+
+/// The queue gate's word on one request, when it may be claimed.
+struct Admission {
+    releases: Vec<Release>,
+    /// `Some` when the gate drops the request: claim it and finish it with this result.
+    dropped: Option<Option<ResultMessage>>,
+}
+
+/// Asks the queue gate. `None`: leave the request pending (refused, waiting, or the gate failed).
+async fn admit(ctx: &QueueCtx, mut env: Envelope) -> Option<(Envelope, Admission)> {
+    let Some(gate) = &ctx.gate else {
+        return Some((
+            env,
+            Admission {
+                releases: Vec::new(),
+                dropped: None,
+            },
+        ));
+    };
+    let input = GateInput {
+        metadata: &env.request.metadata,
+        labels: &env.internal.labels,
+    };
+    let decision = match gate.apply(input).await {
+        Ok(d) => d,
+        Err(e) => {
+            ctx.metrics
+                .gate_decisions
+                .get_or_create(&ctx.labels.with_reason("error"))
+                .inc();
+            tracing::warn!(queue = %ctx.queue.name(), error = %e, "queue gate failed; the request stays pending");
+            return None;
+        }
+    };
+    if let Some(class) = &decision.classification {
+        env.internal
+            .labels
+            .insert("classification".to_owned(), class.clone());
+    }
+    match decision.verdict {
+        Verdict::Continue => Some((
+            env,
+            Admission {
+                releases: decision.releases,
+                dropped: None,
+            },
+        )),
+        Verdict::Drop(result) => Some((
+            env,
+            Admission {
+                releases: decision.releases,
+                dropped: Some(result),
+            },
+        )),
+        Verdict::Wait | Verdict::Refuse => {
+            Decision::release_all(decision.releases).await;
+            let reason = if decision.classification.as_deref() == Some("overflow") {
+                "quota_exhausted"
+            } else {
+                "gate_closed"
+            };
+            ctx.metrics
+                .gate_decisions
+                .get_or_create(&ctx.labels.with_reason(reason))
+                .inc();
+            None
+        }
+    }
+}
+
+/// The result of a gate's drop: its own (with the request's id) or `GATE_DROPPED`.
+pub fn dropped_result(id: &str, result: Option<ResultMessage>) -> ResultMessage {
+    match result {
+        Some(mut r) => {
+            r.id = id.to_owned();
+            r
+        }
+        None => ResultMessage::error(id, ErrorCode::GateDropped, "Pool gating dropped request"),
+    }
+}
+
+/// A closed gate is counted as Go counts it: once per poll, and only when work is waiting.
+async fn record_closed(ctx: &QueueCtx) {
+    let depth: Result<u64, _> = redis::cmd("ZCARD")
+        .arg(ctx.queue.name())
+        .query_async(&mut ctx.queue.connection())
+        .await;
+    if depth.is_ok_and(|d| d > 0) {
+        ctx.metrics
+            .gate_decisions
+            .get_or_create(&ctx.labels.with_reason("gate_closed"))
+            .inc();
+    }
 }
 
 /// Stamps the queue's routing into the in-process envelope, as Go does at dequeue.

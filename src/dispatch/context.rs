@@ -7,6 +7,7 @@ use std::time::Instant;
 
 use tokio::sync::mpsc::UnboundedSender;
 
+use super::gates::{Decision, Gate, Release};
 use super::holdings::{Holdings, Ticket};
 use crate::config::QueueConfig;
 use crate::ops::{Metrics, QueueLabels};
@@ -26,6 +27,12 @@ pub struct QueueCtx {
     pub default_result_list: String,
     /// The queue's default URL (base joined with `request_path_url`), precomputed.
     pub default_url: Result<String, String>,
+    /// The queue-level gate, consulted between peek and claim.
+    pub gate: Option<Arc<dyn Gate>>,
+    /// The gate of this queue's pool, consulted by a worker before it sends.
+    pub pool_gate: Option<Arc<dyn Gate>>,
+    /// Labels of the pool gate's decisions (Go: empty queue labels, the pool's name).
+    pub pool_labels: QueueLabels,
 }
 
 impl QueueCtx {
@@ -104,30 +111,48 @@ pub struct Job {
     pub held: Held,
     pub ticket: Ticket,
     pub claimed_at: Instant,
+    /// Gate reservations, undone once the outcome is decided.
+    releases: Vec<Release>,
     done: bool,
 }
 
 impl Job {
-    pub fn new(ctx: Arc<QueueCtx>, held: Held, ticket: Ticket) -> Job {
+    pub fn new(ctx: Arc<QueueCtx>, held: Held, ticket: Ticket, releases: Vec<Release>) -> Job {
         Job {
             ctx,
             held,
             ticket,
             claimed_at: Instant::now(),
+            releases,
             done: false,
+        }
+    }
+
+    /// Adds reservations (a pool gate's) to undo with the outcome.
+    pub fn hold_releases(&mut self, releases: Vec<Release>) {
+        self.releases.extend(releases);
+    }
+
+    fn settle(&mut self) {
+        self.done = true;
+        let releases = std::mem::take(&mut self.releases);
+        if !releases.is_empty() {
+            if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+                runtime.spawn(Decision::release_all(releases));
+            }
         }
     }
 
     /// Publishes the terminal result.
     pub fn publish(mut self, result: ResultMessage) {
-        self.done = true;
+        self.settle();
         self.ctx
             .publish(&self.held.fence, &self.held.envelope, result);
     }
 
     /// Parks for a retry after `backoff`.
     pub fn park(mut self, backoff: std::time::Duration) {
-        self.done = true;
+        self.settle();
         self.ctx.finish(Finish::Park {
             fence: self.held.fence.clone(),
             member: Queue::retry_member(&self.held.envelope),
@@ -137,7 +162,7 @@ impl Job {
 
     /// Gives the claim back to pending untouched.
     pub fn release(mut self) {
-        self.done = true;
+        self.settle();
         self.ctx.finish(Finish::Release {
             fence: self.held.fence.clone(),
         });
@@ -145,7 +170,7 @@ impl Job {
 
     /// The lease is lost: someone else owns the request now; write nothing.
     pub fn abandon(mut self) {
-        self.done = true;
+        self.settle();
         self.ctx.holdings.remove(&self.held.fence);
     }
 }
@@ -153,6 +178,7 @@ impl Job {
 impl Drop for Job {
     fn drop(&mut self) {
         if !self.done {
+            self.settle();
             self.ctx.finish(Finish::Release {
                 fence: self.held.fence.clone(),
             });

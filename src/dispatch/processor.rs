@@ -14,6 +14,7 @@ use tokio_util::task::TaskTracker;
 
 use super::consumer::{run_consumer, Polling};
 use super::context::{Job, QueueCtx};
+use super::gates::{self, Gate, GateEnv};
 use super::holdings::{Abort, Holdings};
 use super::merge::RandomRobin;
 use super::outbox::run_outbox;
@@ -158,11 +159,23 @@ pub async fn run(config: RunConfig, shutdown: CancellationToken) -> Result<(), D
     };
     let promote_every = transport.poll_interval.min(Duration::from_millis(500));
 
-    for q in transport.queues.iter().filter(|q| q.gate.is_some()) {
-        tracing::warn!(queue = %q.queue_name, "gate_type is accepted but not enforced yet: this queue is dispatched without its gate");
-    }
-    for p in config.pools.iter().filter(|p| p.gate.is_some()) {
-        tracing::warn!(pool = %p.id, "pool gate_type is accepted but not enforced yet: this pool dispatches without its gate");
+    let gate_env = GateEnv {
+        prometheus_url: config.prometheus.url.clone(),
+        prometheus_cache_ttl: config.prometheus.cache_ttl,
+    };
+    let mut pool_gates: HashMap<String, Arc<dyn Gate>> = HashMap::new();
+    for (i, pool) in config.pools.iter().enumerate() {
+        if let Some(spec) = &pool.gate {
+            let gate = gates::build(spec, &gate_env)
+                .map_err(|e| DispatchError::Config(format!("pools[{i}].gate_params: {e}")))?;
+            let labels = QueueLabels {
+                queue_id: String::new(),
+                queue_name: String::new(),
+                pool_name: pool.id.clone(),
+            };
+            metrics.precreate_gate_series(&labels);
+            pool_gates.insert(pool.id.clone(), gate);
+        }
     }
     let mut ctxs = Vec::new();
     let mut pool_inputs: HashMap<String, Vec<mpsc::Receiver<Job>>> = HashMap::new();
@@ -171,6 +184,20 @@ pub async fn run(config: RunConfig, shutdown: CancellationToken) -> Result<(), D
         let labels = QueueLabels {
             queue_id: q.id.clone(),
             queue_name: q.queue_name.clone(),
+            pool_name: q.worker_pool_id.clone(),
+        };
+        let gate = match &q.gate {
+            Some(spec) => {
+                let gate = gates::build(spec, &gate_env)
+                    .map_err(|e| DispatchError::Config(format!("queues[{i}].gate_params: {e}")))?;
+                metrics.precreate_gate_series(&labels);
+                Some(gate)
+            }
+            None => None,
+        };
+        let pool_labels = QueueLabels {
+            queue_id: String::new(),
+            queue_name: String::new(),
             pool_name: q.worker_pool_id.clone(),
         };
         let ctx = Arc::new(QueueCtx {
@@ -183,6 +210,9 @@ pub async fn run(config: RunConfig, shutdown: CancellationToken) -> Result<(), D
             default_result_list: transport.result_queue_name.clone(),
             default_url: gateway::join_url(&q.igw_base_url, &q.request_path_url)
                 .map_err(|e| e.to_string()),
+            gate,
+            pool_gate: pool_gates.get(&q.worker_pool_id).cloned(),
+            pool_labels,
         });
         let (tx, rx) = mpsc::channel(polling.batch);
         pool_inputs

@@ -11,7 +11,9 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
+use super::consumer::dropped_result;
 use super::context::Job;
+use super::gates::{Decision, Gate, GateError, GateInput, Verdict};
 use super::holdings::Abort;
 use crate::config::Fairness;
 use crate::gateway::{self, GatewayClient, Outcome, RetryDecision};
@@ -25,6 +27,114 @@ pub struct WorkerEnv {
     pub fairness: Fairness,
 }
 
+/// How often a request waiting at its pool gate asks again.
+const POOL_GATE_RETRY: Duration = Duration::from_millis(50);
+
+enum AtGate {
+    Aborted(Abort),
+    OutOfTime,
+    Decided(Result<Decision, GateError>),
+}
+
+/// Waits at the pool gate until it lets the request through (the job comes back, holding the
+/// gate's reservations) or the request is finished some other way: dropped by the gate, failed
+/// by it, out of time, cancelled, lost, or shut down. Unlike Go, the wait is bounded by the
+/// request's deadline, not by `--request-timeout`.
+async fn pass_pool_gate(mut job: Job, gate: Arc<dyn Gate>) -> Option<Job> {
+    let ctx = job.ctx.clone();
+    let mut counted = false;
+    loop {
+        let left_ms = job.held.envelope.request.deadline.saturating_mul(1000) - unix_ms();
+        let at_gate = if left_ms <= 0 {
+            AtGate::OutOfTime
+        } else {
+            let input = GateInput {
+                metadata: &job.held.envelope.request.metadata,
+                labels: &job.held.envelope.internal.labels,
+            };
+            let left = Duration::from_millis(u64::try_from(left_ms).unwrap_or(0));
+            tokio::select! {
+                biased;
+                reason = job.ticket.aborted() => AtGate::Aborted(reason),
+                decided = tokio::time::timeout(left, gate.apply(input)) => match decided {
+                    Ok(d) => AtGate::Decided(d),
+                    Err(_) => AtGate::OutOfTime,
+                },
+            }
+        };
+        let decision = match at_gate {
+            AtGate::Aborted(reason) => {
+                aborted(job, reason);
+                return None;
+            }
+            AtGate::OutOfTime => {
+                ctx.metrics.exceeded.get_or_create(&ctx.labels).inc();
+                let id = job.held.envelope.request.id.clone();
+                job.publish(ResultMessage::deadline_exceeded(&id));
+                return None;
+            }
+            AtGate::Decided(Err(e)) => {
+                ctx.metrics
+                    .gate_decisions
+                    .get_or_create(&ctx.pool_labels.with_reason("error"))
+                    .inc();
+                let id = job.held.envelope.request.id.clone();
+                let msg = format!("Pool gating error: {e}");
+                job.publish(ResultMessage::error(&id, ErrorCode::GateError, &msg));
+                return None;
+            }
+            AtGate::Decided(Ok(d)) => d,
+        };
+        if let Some(class) = &decision.classification {
+            job.held
+                .envelope
+                .internal
+                .labels
+                .insert("classification".to_owned(), class.clone());
+        }
+        match decision.verdict {
+            Verdict::Continue => {
+                job.hold_releases(decision.releases);
+                return Some(job);
+            }
+            Verdict::Drop(result) => {
+                ctx.metrics
+                    .gate_decisions
+                    .get_or_create(&ctx.pool_labels.with_reason("dropped"))
+                    .inc();
+                job.hold_releases(decision.releases);
+                let id = job.held.envelope.request.id.clone();
+                job.publish(dropped_result(&id, result));
+                return None;
+            }
+            Verdict::Wait | Verdict::Refuse => {
+                Decision::release_all(decision.releases).await;
+                if !counted {
+                    counted = true;
+                    let reason = if decision.classification.as_deref() == Some("overflow") {
+                        "quota_exhausted"
+                    } else {
+                        "gate_closed"
+                    };
+                    ctx.metrics
+                        .gate_decisions
+                        .get_or_create(&ctx.pool_labels.with_reason(reason))
+                        .inc();
+                }
+                let abort = tokio::select! {
+                    biased;
+                    reason = job.ticket.aborted() => Some(reason),
+                    _ = tokio::time::sleep(POOL_GATE_RETRY) => None,
+                };
+                if let Some(reason) = abort {
+                    aborted(job, reason);
+                    return None;
+                }
+            }
+        }
+    }
+}
+
 /// Handles one request to the end.
 pub async fn work(job: Job, env: Arc<WorkerEnv>) {
     let ctx = job.ctx.clone();
@@ -34,10 +144,17 @@ pub async fn work(job: Job, env: Arc<WorkerEnv>) {
     m.residence
         .get_or_create(labels)
         .observe(job.claimed_at.elapsed().as_secs_f64() * 1000.0);
-    let request = &job.held.envelope.request;
     if job.held.envelope.internal.retry_count == 0 {
         m.requests.get_or_create(labels).inc();
     }
+    let job = match ctx.pool_gate.clone() {
+        Some(gate) => match pass_pool_gate(job, gate).await {
+            Some(job) => job,
+            None => return,
+        },
+        None => job,
+    };
+    let request = &job.held.envelope.request;
     if let Some(reason) = job.ticket.reason() {
         return aborted(job, reason);
     }

@@ -31,7 +31,25 @@ pub struct OutcomeLabels {
     pub outcome: String,
 }
 
+/// Gate decisions carry Go's `reason` label.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabels {
+    pub queue_id: String,
+    pub queue_name: String,
+    pub pool_name: String,
+    pub reason: String,
+}
+
 impl QueueLabels {
+    pub fn with_reason(&self, reason: &str) -> ReasonLabels {
+        ReasonLabels {
+            queue_id: self.queue_id.clone(),
+            queue_name: self.queue_name.clone(),
+            pool_name: self.pool_name.clone(),
+            reason: reason.to_owned(),
+        }
+    }
+
     pub fn with_outcome(&self, outcome: &str) -> OutcomeLabels {
         OutcomeLabels {
             queue_id: self.queue_id.clone(),
@@ -81,6 +99,10 @@ pub struct Metrics {
     /// Pending requests (ZCARD), polled.
     pub backlog: Gauges,
     pub pool_worker_limit: Family<PoolLabels, Gauge>,
+    /// Queue gate budget at each poll.
+    pub dispatch_budget: Family<QueueLabels, Gauge<f64, std::sync::atomic::AtomicU64>>,
+    /// Gate decisions by reason: gate_closed, quota_exhausted, dropped, error.
+    pub gate_decisions: Family<ReasonLabels, Counter>,
     /// Claims this instance holds (Go durable-claims name).
     pub claim_depth: Gauges,
     /// Redeliveries after lease expiry (Go durable-claims name).
@@ -124,6 +146,8 @@ impl Metrics {
             inflight: Gauges::default(),
             backlog: Gauges::default(),
             pool_worker_limit: Family::default(),
+            dispatch_budget: Family::default(),
+            gate_decisions: Family::default(),
             claim_depth: Gauges::default(),
             claims_expired: Counters::default(),
             renewals: Family::default(),
@@ -248,6 +272,15 @@ impl Metrics {
             m.aborted.clone(),
         );
         Metrics { registry, ..m }
+    }
+
+    /// Creates Go's four gate-decision series at 0 for a gated queue or pool.
+    pub fn precreate_gate_series(&self, labels: &QueueLabels) {
+        for reason in ["gate_closed", "quota_exhausted", "dropped", "error"] {
+            let _ = self
+                .gate_decisions
+                .get_or_create(&labels.with_reason(reason));
+        }
     }
 
     /// The Prometheus text exposition.
