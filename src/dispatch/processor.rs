@@ -132,6 +132,34 @@ pub async fn run(config: RunConfig, shutdown: CancellationToken) -> Result<(), D
         &gateway_tls(&config.tls),
         usize::try_from(config.total_workers()).unwrap_or(64),
     )?;
+    let gate_env = GateEnv {
+        prometheus_url: config.prometheus.url.clone(),
+        prometheus_cache_ttl: config.prometheus.cache_ttl,
+    };
+    let mut pool_gates: HashMap<String, Arc<dyn Gate>> = HashMap::new();
+    for (i, pool) in config.pools.iter().enumerate() {
+        if let Some(spec) = &pool.gate {
+            let gate = gates::build(spec, &gate_env)
+                .map_err(|e| DispatchError::Config(format!("pools[{i}].gate_params: {e}")))?;
+            let labels = QueueLabels {
+                queue_id: String::new(),
+                queue_name: String::new(),
+                pool_name: pool.id.clone(),
+            };
+            metrics.precreate_gate_series(&labels);
+            pool_gates.insert(pool.id.clone(), gate);
+        }
+    }
+    let mut queue_gates: Vec<Option<Arc<dyn Gate>>> = Vec::new();
+    for (i, q) in transport.queues.iter().enumerate() {
+        queue_gates.push(match &q.gate {
+            Some(spec) => Some(
+                gates::build(spec, &gate_env)
+                    .map_err(|e| DispatchError::Config(format!("queues[{i}].gate_params: {e}")))?,
+            ),
+            None => None,
+        });
+    }
     tracing::info!(redis = %transport.url.redacted(), queues = transport.queues.len(), "inferq starting");
     let Some(mut con) = connect_until_up(&client, &shutdown).await else {
         servers.cancel();
@@ -159,24 +187,6 @@ pub async fn run(config: RunConfig, shutdown: CancellationToken) -> Result<(), D
     };
     let promote_every = transport.poll_interval.min(Duration::from_millis(500));
 
-    let gate_env = GateEnv {
-        prometheus_url: config.prometheus.url.clone(),
-        prometheus_cache_ttl: config.prometheus.cache_ttl,
-    };
-    let mut pool_gates: HashMap<String, Arc<dyn Gate>> = HashMap::new();
-    for (i, pool) in config.pools.iter().enumerate() {
-        if let Some(spec) = &pool.gate {
-            let gate = gates::build(spec, &gate_env)
-                .map_err(|e| DispatchError::Config(format!("pools[{i}].gate_params: {e}")))?;
-            let labels = QueueLabels {
-                queue_id: String::new(),
-                queue_name: String::new(),
-                pool_name: pool.id.clone(),
-            };
-            metrics.precreate_gate_series(&labels);
-            pool_gates.insert(pool.id.clone(), gate);
-        }
-    }
     let mut ctxs = Vec::new();
     let mut pool_inputs: HashMap<String, Vec<mpsc::Receiver<Job>>> = HashMap::new();
     for (i, q) in transport.queues.iter().enumerate() {

@@ -213,6 +213,8 @@ pub struct ProcessorOpts {
     pub drain: &'static str,
     pub request_timeout: &'static str,
     pub extra_queue_fields: String,
+    /// A pool config file's JSON (`--pool-config-file`), when set.
+    pub pools: Option<String>,
 }
 
 impl Default for ProcessorOpts {
@@ -225,6 +227,7 @@ impl Default for ProcessorOpts {
             drain: "30s",
             request_timeout: "30s",
             extra_queue_fields: String::new(),
+            pools: None,
         }
     }
 }
@@ -235,6 +238,7 @@ pub struct Processor {
     pub health_port: u16,
     pub metrics_port: u16,
     log: tempfile::NamedTempFile,
+    _pools: tempfile::NamedTempFile,
 }
 
 impl Processor {
@@ -251,9 +255,15 @@ impl Processor {
             opts.extra_queue_fields
         );
         let log = tempfile::NamedTempFile::new().unwrap();
-        let child = Command::new(env!("CARGO_BIN_EXE_inferq"))
+        let pools = tempfile::NamedTempFile::new().unwrap();
+        let mut command = Command::new(env!("CARGO_BIN_EXE_inferq"));
+        command.arg("run");
+        if let Some(json) = &opts.pools {
+            std::fs::write(pools.path(), json).unwrap();
+            command.arg("--pool-config-file").arg(pools.path());
+        }
+        let child = command
             .args([
-                "run",
                 "--transport",
                 "redis-sortedset",
                 "--transport-config",
@@ -280,6 +290,7 @@ impl Processor {
             health_port,
             metrics_port,
             log,
+            _pools: pools,
         };
         p.wait_ready().await;
         p

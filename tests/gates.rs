@@ -1,0 +1,176 @@
+//! End-to-end tests of dispatch gates with `inferq run`: the Go gate configs are honoured, a
+//! refused request stays pending without blocking the ones behind it, and pool gates bound
+//! concurrency at the gateway.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::*;
+use inferq::testkit::RedisServer;
+use redis::AsyncCommands;
+
+const Q: &str = "request-sortedset";
+
+/// The `redis` budget gate: budget 0 closes the queue (nothing is claimed, the closed gate is
+/// counted); raising it lets the work flow.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_budget_gate_closes_and_opens_the_queue() {
+    let redis = RedisServer::start().unwrap();
+    let gw = Gateway::start().await;
+    let mut con = con(&redis).await;
+    let _: () = con.set("dispatch-gate-budget", "0").await.unwrap();
+    let opts = ProcessorOpts {
+        extra_queue_fields: format!(
+            r#","gate_type":"redis","gate_params":{{"address":"127.0.0.1:{}"}}"#,
+            redis.port()
+        ),
+        ..ProcessorOpts::default()
+    };
+    let p = Processor::start(&redis, &gw, &opts).await;
+    let producer = producer(&redis, Q).await;
+    for i in 0..5 {
+        producer
+            .submit(request(&format!("g{i}"), 60, "{}"))
+            .await
+            .unwrap();
+    }
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let claimed: u64 = con.hlen(format!("{Q}:claimed")).await.unwrap();
+    let pending: u64 = con.zcard(Q).await.unwrap();
+    assert_eq!((claimed, pending), (0, 5), "a closed gate claims nothing");
+    assert!(gw.executions().is_empty());
+    let metrics = p.metrics().await;
+    assert!(
+        metrics.contains(r#"llm_d_async_async_dispatch_budget{queue_id="request-sortedset",queue_name="request-sortedset",pool_name="default"} 0"#),
+        "{metrics}"
+    );
+    assert!(
+        !metrics.contains(r#"reason="gate_closed"} 0"#),
+        "closed polls are counted"
+    );
+    let _: () = con.set("dispatch-gate-budget", "1").await.unwrap();
+    let got = wait_results(&mut con, 5, Duration::from_secs(10)).await;
+    assert_eq!(got.len(), 5);
+}
+
+/// `redis-quota` (blocking, concurrency 1 per user) at queue level: the over-quota user's second
+/// request stays pending while another user's request behind it is dispatched at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn over_quota_head_does_not_block_the_queue() {
+    let redis = RedisServer::start().unwrap();
+    let gw = Gateway::start().await;
+    gw.script(
+        "alice-1",
+        vec![Reply::ok("{}").after(Duration::from_millis(1500))],
+    );
+    let opts = ProcessorOpts {
+        extra_queue_fields: format!(
+            r#","gate_type":"redis-quota","gate_params":{{"address":"127.0.0.1:{}","mode":"concurrency","limit":1}}"#,
+            redis.port()
+        ),
+        ..ProcessorOpts::default()
+    };
+    let _p = Processor::start(&redis, &gw, &opts).await;
+    let producer = producer(&redis, Q).await;
+    for (id, user, secs) in [
+        ("alice-1", "alice", 30),
+        ("alice-2", "alice", 31),
+        ("bob-1", "bob", 32),
+    ] {
+        let mut r = request(id, secs, "{}");
+        r.metadata.insert("userid".into(), user.into());
+        producer.submit(r).await.unwrap();
+    }
+    let started = Instant::now();
+    while gw.seen("bob-1").is_empty() && started.elapsed() < Duration::from_secs(5) {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(gw.seen("bob-1").len(), 1, "bob is not stuck behind alice");
+    assert!(
+        gw.seen("alice-2").is_empty(),
+        "alice's second request waits for her quota"
+    );
+    let mut con = con(&redis).await;
+    let got = wait_results(&mut con, 3, Duration::from_secs(10)).await;
+    assert_eq!(got.len(), 3);
+    let a1 = gw.seen("alice-1")[0].at;
+    let a2 = gw.seen("alice-2")[0].at;
+    assert!(
+        a2 - a1 >= Duration::from_millis(1400),
+        "alice-2 ran after alice-1 released its slot"
+    );
+}
+
+/// A blocking `local-max-concurrency` pool gate of 2 with 6 workers: never more than 2 requests
+/// at the gateway at once, and no retries.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pool_gate_bounds_concurrency_at_the_gateway() {
+    let redis = RedisServer::start().unwrap();
+    let gw = Gateway::start().await;
+    for i in 0..6 {
+        gw.script(
+            &format!("p{i}"),
+            vec![Reply::ok("{}").after(Duration::from_millis(400))],
+        );
+    }
+    let opts = ProcessorOpts {
+        pools: Some(
+            r#"[{"id":"default","workers":6,"gate_type":"local-max-concurrency","gate_params":{"limit":2,"gating_mode":"blocking"}}]"#
+                .to_owned(),
+        ),
+        ..ProcessorOpts::default()
+    };
+    let p = Processor::start(&redis, &gw, &opts).await;
+    let producer = producer(&redis, Q).await;
+    for i in 0..6 {
+        producer
+            .submit(request(&format!("p{i}"), 60, "{}"))
+            .await
+            .unwrap();
+    }
+    let mut con = con(&redis).await;
+    let got = wait_results(&mut con, 6, Duration::from_secs(10)).await;
+    assert_eq!(got.len(), 6);
+    let mut starts: Vec<Instant> = (0..6).map(|i| gw.seen(&format!("p{i}"))[0].at).collect();
+    starts.sort();
+    // With 2 slots and 400 ms each, the 3rd and 5th starts wait for earlier ones to finish.
+    assert!(
+        starts[2] - starts[0] >= Duration::from_millis(350),
+        "{starts:?}"
+    );
+    assert!(
+        starts[4] - starts[2] >= Duration::from_millis(350),
+        "{starts:?}"
+    );
+    let metrics = p.metrics().await;
+    assert!(
+        !metrics.contains("llm_d_async_async_request_retries_total{"),
+        "no retries: {metrics}"
+    );
+}
+
+/// A gate that cannot be built is a config error naming the field: exit 2.
+#[test]
+fn bad_gate_params_exit_2() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_inferq"))
+        .args([
+            "run",
+            "--transport",
+            "redis-sortedset",
+            "--transport-config",
+            r#"{"url":"redis://127.0.0.1:1","queues":[{"queue_name":"q","igw_base_url":"http://127.0.0.1:9","gate_type":"local-max-concurrency","gate_params":{"limit":0}}]}"#,
+            "--health-port",
+            "0",
+            "--metrics-port",
+            "0",
+        ])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("queues[0].gate_params") && err.contains("limit"),
+        "{err}"
+    );
+}
