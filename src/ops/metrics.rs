@@ -222,6 +222,16 @@ impl Metrics {
             m.pool_worker_limit.clone(),
         );
         r.register(
+            go("dispatch_budget"),
+            "Queue gate budget at each poll",
+            m.dispatch_budget.clone(),
+        );
+        r.register(
+            go("gate_decisions"),
+            "Gate decisions by reason",
+            m.gate_decisions.clone(),
+        );
+        r.register(
             go("claim_depth"),
             "Claims held by this instance",
             m.claim_depth.clone(),
@@ -308,7 +318,16 @@ mod tests {
         m.requests.get_or_create(&l).inc();
         m.inference_latency.get_or_create(&l).observe(12.0);
         m.claim_depth.get_or_create(&l).set(3);
+        m.dispatch_budget.get_or_create(&l).set(0.5);
+        m.precreate_gate_series(&l);
         let text = m.encode();
+        assert!(text.contains(r#"llm_d_async_async_dispatch_budget{queue_id="q1",queue_name="q",pool_name="default"} 0.5"#), "{text}");
+        for reason in ["gate_closed", "quota_exhausted", "dropped", "error"] {
+            let series = format!(
+                r#"llm_d_async_async_gate_decisions_total{{queue_id="q1",queue_name="q",pool_name="default",reason="{reason}"}} 0"#
+            );
+            assert!(text.contains(&series), "{series} missing from {text}");
+        }
         assert!(text.contains(r#"llm_d_async_async_request_total{queue_id="q1",queue_name="q",pool_name="default"} 1"#), "{text}");
         assert!(
             text.contains("llm_d_async_async_inference_latency_time_millis_bucket"),
