@@ -1,0 +1,369 @@
+//! The metric-driven gates (go-compat §6.2, §6.5): `prometheus-saturation`, `prometheus-budget`,
+//! `prometheus-query` and `endpoint-scrape`. Each reads one number from a [`source`] (a
+//! Prometheus instant query, a cascade of them, or a scraped `/metrics` page, behind a TTL cache
+//! of `--prometheus-cache-ttl`) and turns it into a budget; `apply` only asks whether the budget
+//! is above zero.
+//!
+//! ```text
+//!   GateSpec params ──build──▶ MetricGate { source, threshold, fallback }
+//!   budget(): source ──v──▶ v ≤ threshold ? 0 : min(1, v − threshold)
+//!             (error, no sample, NaN, ±Inf) ──▶ fallback
+//!   apply():  budget ≤ 0 ? Refuse : Continue
+//! ```
+//!
+//! The last reading is kept for the processor's gauges ([`MetricGate::last_reading`]).
+//!
+//! - [`promql`]: the Go PromQL text for the saturation and budget gates.
+//! - [`source`]: HTTP reads, the cascade, the scrape arithmetic, the cache.
+//! - [`text`]: the Prometheus text-format parser.
+
+mod promql;
+mod source;
+#[cfg(test)]
+mod tests;
+mod text;
+
+use std::sync::{Arc, Mutex};
+
+use futures::future::BoxFuture;
+
+use self::source::{Cached, Prometheus, Scrape, Source, Target};
+use super::params::Params;
+use super::{Decision, Gate, GateEnv, GateError, GateInput, Verdict};
+use crate::config::{GateSpec, GateType};
+
+/// What a metric gate saw last time it computed its budget.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Reading {
+    /// The source's value, or `None` when the source was unavailable (error, no sample, NaN or
+    /// infinite) and the fallback was answered.
+    pub value: Option<f64>,
+    /// The value at or below which the budget is zero.
+    pub threshold: f64,
+    /// The budget answered.
+    pub budget: f64,
+}
+
+impl Reading {
+    /// Whether the source answered a usable value (Go's `async_gate_metric_source_available`).
+    pub fn source_available(&self) -> bool {
+        self.value.is_some()
+    }
+}
+
+/// A budget-only gate driven by one metric.
+#[derive(Debug)]
+pub struct MetricGate {
+    kind: GateType,
+    /// The pool the gate watches, for metric labels (none for `endpoint-scrape`, as in Go).
+    pool: Option<String>,
+    source: Cached,
+    threshold: f64,
+    /// The budget when the source is unavailable, already clamped to [0, 1].
+    fallback: f64,
+    last: Mutex<Option<Reading>>,
+}
+
+impl MetricGate {
+    /// The gate type.
+    pub fn kind(&self) -> GateType {
+        self.kind
+    }
+
+    /// The pool the gate watches, when it names one.
+    pub fn pool(&self) -> Option<&str> {
+        self.pool.as_deref()
+    }
+
+    /// The reading behind the last budget, if a budget was computed yet.
+    pub fn last_reading(&self) -> Option<Reading> {
+        *self.last.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Reads the source and computes the budget (see the module comment).
+    pub async fn read_budget(&self) -> f64 {
+        let value = match self.source.read().await {
+            Ok(values) => match values.first() {
+                Some(&v) if v.is_finite() => Ok(v),
+                Some(&v) => Err(format!("the sample is {v}")),
+                None => Err("no samples".to_owned()),
+            },
+            Err(e) => Err(e),
+        };
+        let reading = match &value {
+            Ok(v) => Reading {
+                value: Some(*v),
+                threshold: self.threshold,
+                budget: if *v <= self.threshold {
+                    0.0
+                } else {
+                    (v - self.threshold).min(1.0)
+                },
+            },
+            Err(_) => Reading {
+                value: None,
+                threshold: self.threshold,
+                budget: self.fallback,
+            },
+        };
+        let previous = self
+            .last
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .replace(reading);
+        let was_available = previous.map(|r| r.source_available());
+        match value {
+            Err(reason) if was_available != Some(false) => tracing::warn!(
+                gate = self.kind.as_str(),
+                pool = self.pool(),
+                fallback = self.fallback,
+                "metric source unavailable, answering the fallback budget: {reason}"
+            ),
+            Ok(v) if was_available == Some(false) => tracing::info!(
+                gate = self.kind.as_str(),
+                pool = self.pool(),
+                value = v,
+                "metric source available again"
+            ),
+            _ => {}
+        }
+        reading.budget
+    }
+}
+
+impl Gate for MetricGate {
+    fn budget(&self) -> BoxFuture<'_, f64> {
+        Box::pin(self.read_budget())
+    }
+
+    fn apply<'a>(&'a self, _input: GateInput<'a>) -> BoxFuture<'a, Result<Decision, GateError>> {
+        Box::pin(async move {
+            let verdict = if self.read_budget().await <= 0.0 {
+                Verdict::Refuse
+            } else {
+                Verdict::Continue
+            };
+            Ok(Decision::verdict(verdict))
+        })
+    }
+}
+
+/// Builds a gate of this family (called by [`super::build`]).
+pub fn build(spec: &GateSpec, env: &GateEnv) -> Result<Arc<dyn Gate>, GateError> {
+    let gate: Arc<dyn Gate> = build_metric(spec, env)?;
+    Ok(gate)
+}
+
+/// Builds a metric gate, keeping its concrete type so its readings can be exported.
+pub fn build_metric(spec: &GateSpec, env: &GateEnv) -> Result<Arc<MetricGate>, GateError> {
+    let gate = spec.kind.as_str();
+    let p = Params::new(gate, &spec.params);
+    let failed = |reason: String| GateError::Failed { gate, reason };
+    let prometheus = || match env.prometheus_url.as_deref().filter(|u| !u.is_empty()) {
+        None => Err(failed(format!(
+            "{gate:?} requires --prometheus-url flag to be set"
+        ))),
+        Some(url) => {
+            let client = source::client().map_err(failed)?;
+            Prometheus::new(client, url).map_err(failed)
+        }
+    };
+    let parts = match spec.kind {
+        GateType::PrometheusSaturation => saturation(&p, prometheus()?)?,
+        GateType::PrometheusBudget => budget(&p, prometheus()?)?,
+        GateType::PrometheusQuery => query(&p, prometheus()?)?,
+        GateType::EndpointScrape => scrape(&p, source::client().map_err(failed)?)?,
+        other => return Err(failed(format!("{:?} is not a metric gate", other.as_str()))),
+    };
+    Ok(Arc::new(MetricGate {
+        kind: spec.kind,
+        pool: parts.pool,
+        source: Cached::new(parts.source, env.prometheus_cache_ttl),
+        threshold: parts.threshold,
+        fallback: parts.fallback.clamp(0.0, 1.0),
+        last: Mutex::new(None),
+    }))
+}
+
+/// What a gate type's parameters resolve to.
+struct Parts {
+    source: Source,
+    threshold: f64,
+    /// Unclamped.
+    fallback: f64,
+    pool: Option<String>,
+}
+
+fn saturation(p: &Params, prometheus: Prometheus) -> Result<Parts, GateError> {
+    let pool = p.required_string("pool")?;
+    let namespace = p.string("namespace");
+    let threshold = number(p, "threshold", 0.8, |_| true, "")?;
+    // Go takes the fallback in saturation space: the default 0 means "not saturated", budget 1.
+    let fallback = 1.0 - number(p, "fallback", 0.0, |_| true, "")?;
+    let query = promql::saturation(&pool, namespace.as_deref());
+    tracing::info!(gate = p.gate, %pool, %query, threshold, "metric gate query");
+    if fallback > 0.0 {
+        tracing::warn!(
+            gate = p.gate,
+            %pool,
+            "prometheus-saturation fails open: while Prometheus cannot answer, the budget is {} \
+             (the fallback parameter is a saturation; set \"fallback\": 1 to stop dispatching \
+             instead)",
+            fallback.clamp(0.0, 1.0)
+        );
+    }
+    Ok(Parts {
+        source: Source::Query { prometheus, query },
+        threshold: 1.0 - threshold,
+        fallback,
+        pool: Some(pool),
+    })
+}
+
+fn budget(p: &Params, prometheus: Prometheus) -> Result<Parts, GateError> {
+    let pool = p.required_string("pool")?;
+    let namespace = p.string("namespace");
+    let max_concurrency = number(p, "max_concurrency", 100.0, |v| v > 0.0, "> 0")?;
+    let baseline = number(
+        p,
+        "baseline",
+        0.05,
+        |v| (0.0..1.0).contains(&v),
+        "in [0, 1)",
+    )?;
+    let fallback = number(p, "fallback", 0.0, |_| true, "")?;
+    let queries = promql::budget_cascade(&pool, namespace.as_deref(), max_concurrency);
+    for (i, query) in queries.iter().enumerate() {
+        tracing::info!(gate = p.gate, %pool, source = i, %query, "metric gate cascade query");
+    }
+    tracing::info!(
+        gate = p.gate,
+        %pool,
+        max_concurrency,
+        baseline,
+        "closes at a load per ready pod of {}",
+        max_concurrency * (1.0 - baseline)
+    );
+    Ok(Parts {
+        source: Source::cascade(prometheus, queries.into()),
+        threshold: baseline,
+        fallback,
+        pool: Some(pool),
+    })
+}
+
+fn query(p: &Params, prometheus: Prometheus) -> Result<Parts, GateError> {
+    let query = p.required_string("query")?;
+    let fallback = number(p, "fallback", 0.0, |_| true, "")?;
+    let pool = p.string("pool");
+    tracing::info!(gate = p.gate, pool = pool.as_deref(), %query, "metric gate query");
+    Ok(Parts {
+        source: Source::Query { prometheus, query },
+        threshold: 0.0,
+        fallback,
+        pool,
+    })
+}
+
+fn scrape(p: &Params, client: reqwest::Client) -> Result<Parts, GateError> {
+    let target = Target {
+        url: http_url(p, "url")?.ok_or_else(|| param(p, "url", "required".to_owned()))?,
+        metric: p.required_string("metric")?,
+        labels: sorted(p.string_map("labels")?),
+    };
+    let max_count_per_pod = number(p, "max_count_per_pod", 0.0, |v| v >= 0.0, ">= 0")?;
+    let baseline = number(p, "baseline", 0.0, |_| true, "")?;
+    let fallback = number(p, "fallback", 0.0, |_| true, "")?;
+    let pods_url = http_url(p, "pods_url")?;
+    let pods_metric = p.string("pods_metric");
+    let pods_labels = sorted(p.string_map("pods_labels")?);
+    let pods = match (pods_url, pods_metric) {
+        (Some(url), Some(metric)) => Some(Target {
+            url,
+            metric,
+            labels: pods_labels,
+        }),
+        (None, None) => None,
+        (url, _) => {
+            let (set, unset) = if url.is_some() {
+                ("pods_url", "pods_metric")
+            } else {
+                ("pods_metric", "pods_url")
+            };
+            tracing::warn!(
+                gate = p.gate,
+                "{set} is set but {unset} is not; the ready-pod count is not read and \
+                 max_count_per_pod is the whole capacity"
+            );
+            None
+        }
+    };
+    tracing::info!(
+        gate = p.gate,
+        url = %target.url,
+        metric = %target.metric,
+        labels = ?target.labels,
+        max_count_per_pod,
+        pods_url = pods.as_ref().map(|t| t.url.as_str()),
+        pods_metric = pods.as_ref().map(|t| t.metric.as_str()),
+        "metric gate scrape"
+    );
+    Ok(Parts {
+        source: Source::Scrape(Scrape {
+            client,
+            target,
+            max_count_per_pod,
+            pods,
+        }),
+        threshold: baseline,
+        fallback,
+        pool: None,
+    })
+}
+
+fn param(p: &Params, name: &str, reason: String) -> GateError {
+    GateError::Param {
+        gate: p.gate,
+        param: name.to_owned(),
+        reason,
+    }
+}
+
+/// A finite number parameter that satisfies `ok` (described by `rule`).
+fn number(
+    p: &Params,
+    name: &str,
+    default: f64,
+    ok: impl Fn(f64) -> bool,
+    rule: &str,
+) -> Result<f64, GateError> {
+    let v = p.float_or(name, default)?;
+    if !v.is_finite() {
+        return Err(param(p, name, format!("must be a finite number, got {v}")));
+    }
+    if !ok(v) {
+        return Err(param(p, name, format!("must be {rule}, got {v}")));
+    }
+    Ok(v)
+}
+
+/// An optional `http://` or `https://` URL parameter.
+fn http_url(p: &Params, name: &str) -> Result<Option<reqwest::Url>, GateError> {
+    let Some(raw) = p.string(name) else {
+        return Ok(None);
+    };
+    match reqwest::Url::parse(&raw) {
+        Ok(url) if matches!(url.scheme(), "http" | "https") => Ok(Some(url)),
+        Ok(url) => Err(param(
+            p,
+            name,
+            format!("{raw:?} is not an http(s) URL (scheme {:?})", url.scheme()),
+        )),
+        Err(e) => Err(param(p, name, format!("{raw:?} is not a URL: {e}"))),
+    }
+}
+
+fn sorted(mut labels: Vec<(String, String)>) -> Vec<(String, String)> {
+    labels.sort();
+    labels
+}

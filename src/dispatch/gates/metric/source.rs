@@ -1,0 +1,341 @@
+//! Where the metric gates read their signal: a Prometheus instant query, a cascade of them, or a
+//! scraped `/metrics` page; each behind a TTL cache. A read leaves as the sample values (first
+//! one used by the gate) or an error text; it never takes longer than the HTTP timeouts allow.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use serde::Deserialize;
+use serde_json::Value;
+use tokio::sync::Mutex;
+
+use super::text;
+
+/// Per-request bound on a Prometheus query (headers and body).
+pub(super) const PROMETHEUS_TIMEOUT: Duration = Duration::from_secs(5);
+/// Per-request bound on a scrape, as Go's 10 s client timeout.
+pub(super) const SCRAPE_TIMEOUT: Duration = Duration::from_secs(10);
+/// Bound on one whole read, however many requests it takes (a cascade makes up to three, a
+/// scrape with pods two): a budget never keeps a consumer waiting longer.
+pub(super) const READ_BOUND: Duration = Duration::from_secs(10);
+
+/// What a read yields: the samples' values, or why there are none.
+pub(super) type Values = Result<Vec<f64>, String>;
+
+/// The one HTTP client every metric gate shares (connection pools are per client).
+pub(super) fn client() -> Result<reqwest::Client, String> {
+    static CLIENT: OnceLock<reqwest::Client> = OnceLock::new();
+    if let Some(c) = CLIENT.get() {
+        return Ok(c.clone());
+    }
+    let built = reqwest::Client::builder()
+        .connect_timeout(PROMETHEUS_TIMEOUT)
+        .build()
+        .map_err(|e| format!("cannot build the HTTP client: {e}"))?;
+    Ok(CLIENT.get_or_init(|| built).clone())
+}
+
+/// GETs `url`; anything but 200 is an error.
+async fn get(
+    client: &reqwest::Client,
+    url: reqwest::Url,
+    timeout: Duration,
+) -> Result<Bytes, String> {
+    let shown = url.to_string();
+    let response = client
+        .get(url)
+        .timeout(timeout)
+        .send()
+        .await
+        .map_err(|e| format!("GET {shown}: {e}"))?;
+    let status = response.status();
+    let body = response
+        .bytes()
+        .await
+        .map_err(|e| format!("GET {shown}: reading the body: {e}"))?;
+    if status != reqwest::StatusCode::OK {
+        let text = String::from_utf8_lossy(&body);
+        let text: String = text.chars().take(200).collect();
+        return Err(format!("GET {shown}: status {status}: {text}"));
+    }
+    Ok(body)
+}
+
+/// A Prometheus server's instant-query endpoint.
+#[derive(Debug, Clone)]
+pub(super) struct Prometheus {
+    client: reqwest::Client,
+    /// `<--prometheus-url>/api/v1/query`.
+    endpoint: reqwest::Url,
+}
+
+impl Prometheus {
+    pub fn new(client: reqwest::Client, base: &str) -> Result<Prometheus, String> {
+        let joined = format!("{}/api/v1/query", base.trim_end_matches('/'));
+        let endpoint = reqwest::Url::parse(&joined)
+            .map_err(|e| format!("bad --prometheus-url {base:?}: {e}"))?;
+        Ok(Prometheus { client, endpoint })
+    }
+
+    /// Evaluates `query` now; the result must be an instant vector.
+    pub async fn instant(&self, query: &str) -> Values {
+        let mut url = self.endpoint.clone();
+        url.query_pairs_mut().append_pair("query", query);
+        let body = get(&self.client, url, PROMETHEUS_TIMEOUT).await?;
+        decode_vector(&body).map_err(|e| format!("query {query:?}: {e}"))
+    }
+}
+
+#[derive(Deserialize)]
+struct QueryResponse {
+    status: String,
+    data: Option<QueryData>,
+    error: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct QueryData {
+    #[serde(rename = "resultType")]
+    result_type: String,
+    result: Value,
+}
+
+#[derive(Deserialize)]
+struct VectorSample {
+    /// `[unix time, "value"]`.
+    value: (Value, String),
+}
+
+/// The values of a `{"status":"success","data":{"resultType":"vector",…}}` answer.
+fn decode_vector(body: &[u8]) -> Values {
+    let response: QueryResponse =
+        serde_json::from_slice(body).map_err(|e| format!("not a query response: {e}"))?;
+    if response.status != "success" {
+        return Err(format!(
+            "status {:?}: {}",
+            response.status,
+            response.error.unwrap_or_default()
+        ));
+    }
+    let data = response.data.ok_or("no data in the response")?;
+    if data.result_type != "vector" {
+        return Err(format!(
+            "result type {:?}, want an instant vector",
+            data.result_type
+        ));
+    }
+    let samples: Vec<VectorSample> =
+        serde_json::from_value(data.result).map_err(|e| format!("bad vector: {e}"))?;
+    samples
+        .iter()
+        .map(|s| {
+            text::parse_value(&s.value.1).ok_or_else(|| format!("bad sample value {:?}", s.value.1))
+        })
+        .collect()
+}
+
+/// A `/metrics` page to read one family from.
+#[derive(Debug, Clone)]
+pub(super) struct Target {
+    pub url: reqwest::Url,
+    pub metric: String,
+    pub labels: Vec<(String, String)>,
+}
+
+/// The `endpoint-scrape` reading: a count (or a fraction) against an optional capacity.
+#[derive(Debug)]
+pub(super) struct Scrape {
+    pub client: reqwest::Client,
+    pub target: Target,
+    pub max_count_per_pod: f64,
+    /// Where the ready-pod count is read; the capacity is then `pods × max_count_per_pod`.
+    pub pods: Option<Target>,
+}
+
+impl Scrape {
+    async fn values(&self, target: &Target) -> Values {
+        let body = get(&self.client, target.url.clone(), SCRAPE_TIMEOUT).await?;
+        let text = std::str::from_utf8(&body)
+            .map_err(|_| format!("{}: the page is not UTF-8", target.url))?;
+        let page = text::parse(text).map_err(|e| format!("{}: {e}", target.url))?;
+        Ok(page.values(&target.metric, &target.labels))
+    }
+
+    /// One value, `1 − saturation`, or none when no series matches.
+    ///
+    /// Several matching series combine by what they are: with a capacity (a positive
+    /// `max_count_per_pod`) they are counts and are summed, since the capacity is pool-wide;
+    /// without one they are already fractions and the largest (most saturated) is taken. Go
+    /// takes the first; with a single matching series all three agree.
+    async fn read(&self) -> Values {
+        let values = self.values(&self.target).await?;
+        if values.is_empty() {
+            return Ok(values);
+        }
+        let capacity = match &self.pods {
+            None => self.max_count_per_pod,
+            Some(pods) => {
+                let counts = self.values(pods).await.map_err(|e| format!("pods: {e}"))?;
+                let ready = *counts.first().ok_or_else(|| {
+                    format!("pods metric {} not found at {}", pods.metric, pods.url)
+                })?;
+                if ready.is_nan() || ready <= 0.0 {
+                    return Err(format!("ready pods is {ready}, cannot compute capacity"));
+                }
+                ready * self.max_count_per_pod
+            }
+        };
+        let saturation = if capacity > 0.0 {
+            values.iter().sum::<f64>() / capacity
+        } else {
+            values.iter().copied().fold(f64::NEG_INFINITY, |a, b| {
+                if a.is_nan() || b.is_nan() {
+                    f64::NAN
+                } else {
+                    a.max(b)
+                }
+            })
+        };
+        // `clamp` keeps NaN, which the gate then treats as unavailable.
+        Ok(vec![1.0 - saturation.clamp(0.0, 1.0)])
+    }
+}
+
+/// One way of reading a gate's signal.
+#[derive(Debug)]
+pub(super) enum Source {
+    /// One PromQL query.
+    Query {
+        prometheus: Prometheus,
+        query: String,
+    },
+    /// Several queries in order; the first with a sample wins.
+    Cascade {
+        prometheus: Prometheus,
+        queries: Vec<String>,
+        /// Index of the query that won last time (`NONE` before the first read, `ALL_FAILED`
+        /// when none did), to log changes only.
+        winner: AtomicUsize,
+    },
+    /// A scraped `/metrics` page.
+    Scrape(Scrape),
+}
+
+const NONE: usize = usize::MAX;
+const ALL_FAILED: usize = usize::MAX - 1;
+
+impl Source {
+    pub fn cascade(prometheus: Prometheus, queries: Vec<String>) -> Source {
+        Source::Cascade {
+            prometheus,
+            queries,
+            winner: AtomicUsize::new(NONE),
+        }
+    }
+
+    async fn read(&self) -> Values {
+        match self {
+            Source::Query { prometheus, query } => prometheus.instant(query).await,
+            Source::Cascade {
+                prometheus,
+                queries,
+                winner,
+            } => {
+                let mut failures = Vec::new();
+                for (i, query) in queries.iter().enumerate() {
+                    match prometheus.instant(query).await {
+                        Ok(values) if !values.is_empty() => {
+                            if winner.swap(i, Ordering::Relaxed) != i {
+                                tracing::info!(source = i, %query, "prometheus-budget: reading from cascade source {i}");
+                            }
+                            return Ok(values);
+                        }
+                        Ok(_) => failures.push(format!("source {i}: no samples")),
+                        Err(e) => failures.push(format!("source {i}: {e}")),
+                    }
+                }
+                // The gate logs the failure; a later winner is logged as a change.
+                winner.store(ALL_FAILED, Ordering::Relaxed);
+                Err(format!(
+                    "every cascade source failed ({})",
+                    failures.join("; ")
+                ))
+            }
+            Source::Scrape(scrape) => scrape.read().await,
+        }
+    }
+}
+
+/// A source behind a TTL cache: within `ttl` of a read, its outcome (error included) is
+/// answered again without asking. Concurrent readers of an expired entry wait for one read.
+#[derive(Debug)]
+pub(super) struct Cached {
+    source: Source,
+    /// Zero: every read asks the source.
+    ttl: Duration,
+    last: Mutex<Option<(Instant, Values)>>,
+}
+
+impl Cached {
+    pub fn new(source: Source, ttl: Duration) -> Cached {
+        Cached {
+            source,
+            ttl,
+            last: Mutex::new(None),
+        }
+    }
+
+    pub async fn read(&self) -> Values {
+        if self.ttl.is_zero() {
+            return self.bounded_read().await;
+        }
+        let mut last = self.last.lock().await;
+        if let Some((at, values)) = last.as_ref() {
+            if at.elapsed() < self.ttl {
+                return values.clone();
+            }
+        }
+        let values = self.bounded_read().await;
+        *last = Some((Instant::now(), values.clone()));
+        values
+    }
+
+    async fn bounded_read(&self) -> Values {
+        tokio::time::timeout(READ_BOUND, self.source.read())
+            .await
+            .unwrap_or_else(|_| Err(format!("no answer within {READ_BOUND:?}")))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn decodes_only_instant_vectors() {
+        let ok = br#"{"status":"success","data":{"resultType":"vector","result":[
+            {"metric":{"a":"b"},"value":[1712345678.5,"0.25"]},
+            {"metric":{},"value":[1712345678.5,"NaN"]},
+            {"metric":{},"value":[1712345678.5,"+Inf"]}]}}"#;
+        let values = decode_vector(ok).unwrap();
+        assert_eq!(values[0], 0.25);
+        assert!(values[1].is_nan());
+        assert_eq!(values[2], f64::INFINITY);
+        let empty = br#"{"status":"success","data":{"resultType":"vector","result":[]}}"#;
+        assert_eq!(decode_vector(empty).unwrap(), Vec::<f64>::new());
+
+        for (bad, why) in [
+            (&br#"{"status":"success","data":{"resultType":"scalar","result":[1,"2"]}}"#[..], "result type \"scalar\""),
+            (br#"{"status":"error","errorType":"bad_data","error":"parse error"}"#, "parse error"),
+            (br#"{"status":"success"}"#, "no data"),
+            (br#"{"status":"success","data":{"resultType":"vector","result":[{"value":[1,"x"]}]}}"#, "bad sample value"),
+            (br#"{"status":"success","data":{"resultType":"vector","result":[{"value":[1]}]}}"#, "bad vector"),
+            (b"<html>", "not a query response"),
+        ] {
+            let err = decode_vector(bad).unwrap_err();
+            assert!(err.contains(why), "{err}");
+        }
+    }
+}

@@ -1,0 +1,544 @@
+//! Tests of the metric gates against a real fake Prometheus: an axum server on a free local port
+//! that answers `/api/v1/query` with canned vectors chosen by the `query` parameter (recording
+//! every query it receives) and serves text-format pages for `endpoint-scrape`.
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::extract::{Path, Query, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use axum::{Json, Router};
+use serde_json::{json, Map, Value};
+
+use super::*;
+
+/// What the fake answers to one query.
+#[derive(Clone)]
+enum Answer {
+    /// An instant vector with these sample values (as Prometheus writes them).
+    Vector(Vec<&'static str>),
+    /// This status with an error body.
+    Status(u16),
+    /// This exact JSON.
+    Raw(Value),
+}
+
+#[derive(Default)]
+struct Fake {
+    answers: HashMap<String, Answer>,
+    queries: Vec<String>,
+    /// Page name → (status, text) for `/pages/{name}`.
+    pages: HashMap<String, (u16, String)>,
+    scrapes: usize,
+}
+
+type Shared = Arc<Mutex<Fake>>;
+
+async fn query(State(fake): State<Shared>, Query(q): Query<HashMap<String, String>>) -> Response {
+    let text = q.get("query").cloned().unwrap_or_default();
+    let answer = {
+        let mut f = fake.lock().unwrap();
+        f.queries.push(text.clone());
+        f.answers.get(&text).cloned()
+    };
+    match answer.unwrap_or(Answer::Vector(vec![])) {
+        Answer::Vector(values) => {
+            let result: Vec<Value> = values
+                .iter()
+                .map(|v| json!({"metric": {"inference_pool": "p1"}, "value": [1712345678.123, v]}))
+                .collect();
+            Json(json!({"status": "success", "data": {"resultType": "vector", "result": result}}))
+                .into_response()
+        }
+        Answer::Status(code) => (
+            StatusCode::from_u16(code).unwrap(),
+            Json(json!({"status": "error", "errorType": "internal", "error": "boom"})),
+        )
+            .into_response(),
+        Answer::Raw(v) => Json(v).into_response(),
+    }
+}
+
+async fn page(State(fake): State<Shared>, Path(name): Path<String>) -> Response {
+    let mut f = fake.lock().unwrap();
+    f.scrapes += 1;
+    match f.pages.get(&name) {
+        Some((code, text)) => (StatusCode::from_u16(*code).unwrap(), text.clone()).into_response(),
+        None => StatusCode::NOT_FOUND.into_response(),
+    }
+}
+
+struct Server {
+    fake: Shared,
+    base: String,
+}
+
+impl Server {
+    async fn start() -> Server {
+        let fake = Shared::default();
+        let app = Router::new()
+            .route("/api/v1/query", get(query))
+            .route("/pages/{name}", get(page))
+            .with_state(fake.clone());
+        let listener = tokio::net::TcpListener::bind(SocketAddr::from(([127, 0, 0, 1], 0)))
+            .await
+            .unwrap();
+        let base = format!("http://{}", listener.local_addr().unwrap());
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        Server { fake, base }
+    }
+
+    fn answer(&self, query: &str, answer: Answer) {
+        self.fake
+            .lock()
+            .unwrap()
+            .answers
+            .insert(query.to_owned(), answer);
+    }
+
+    fn page(&self, name: &str, status: u16, text: &str) {
+        self.fake
+            .lock()
+            .unwrap()
+            .pages
+            .insert(name.to_owned(), (status, text.to_owned()));
+    }
+
+    fn page_url(&self, name: &str) -> String {
+        format!("{}/pages/{name}", self.base)
+    }
+
+    /// The queries received so far, emptying the record.
+    fn take_queries(&self) -> Vec<String> {
+        std::mem::take(&mut self.fake.lock().unwrap().queries)
+    }
+
+    fn env(&self, ttl: Duration) -> GateEnv {
+        GateEnv {
+            prometheus_url: Some(format!("{}/", self.base)),
+            prometheus_cache_ttl: ttl,
+        }
+    }
+
+    fn gate(&self, kind: GateType, params: Value) -> Arc<MetricGate> {
+        build_metric(&spec(kind, params), &self.env(Duration::ZERO)).unwrap()
+    }
+}
+
+fn spec(kind: GateType, params: Value) -> GateSpec {
+    let params: Map<String, Value> = serde_json::from_value(params).unwrap();
+    GateSpec { kind, params }
+}
+
+async fn verdict(gate: &MetricGate) -> Verdict {
+    let (metadata, labels) = (BTreeMap::new(), BTreeMap::new());
+    let input = GateInput {
+        metadata: &metadata,
+        labels: &labels,
+    };
+    gate.apply(input).await.unwrap().verdict
+}
+
+fn close(a: f64, b: f64) -> bool {
+    (a - b).abs() < 1e-9
+}
+
+const SAT_P1: &str = r#"1 - inference_extension_flow_control_pool_saturation{inference_pool="p1"}"#;
+
+#[tokio::test]
+async fn saturation_threshold_fallback_and_apply() {
+    let s = Server::start().await;
+    let gate = s.gate(GateType::PrometheusSaturation, json!({"pool": "p1"}));
+    assert!(gate.last_reading().is_none());
+
+    // Budget value v = 1 − saturation; gate threshold = 1 − 0.8 = 0.2.
+    for (v, want) in [("0.5", 0.3), ("0.2", 0.0), ("0.1", 0.0), ("1", 0.8)] {
+        s.answer(SAT_P1, Answer::Vector(vec![v, "0.99"]));
+        let b = gate.budget().await;
+        assert!(close(b, want), "v={v}: {b}");
+    }
+    assert_eq!(s.take_queries(), vec![SAT_P1; 4]);
+    let r = gate.last_reading().unwrap();
+    assert_eq!(r.value, Some(1.0));
+    assert!(close(r.threshold, 0.2) && r.source_available());
+    assert_eq!(verdict(&gate).await, Verdict::Continue);
+    // Saturation exactly 0.8: Prometheus computes 1 − 0.8 in float64, as the gate does.
+    s.answer(SAT_P1, Answer::Vector(vec!["0.19999999999999996"]));
+    assert_eq!(gate.budget().await, 0.0);
+    assert_eq!(verdict(&gate).await, Verdict::Refuse);
+
+    // Unavailable: the default fallback (saturation 0) fails open, as Go.
+    for bad in [
+        Answer::Vector(vec![]),
+        Answer::Vector(vec!["NaN"]),
+        Answer::Vector(vec!["+Inf"]),
+        Answer::Status(503),
+        Answer::Raw(
+            json!({"status": "success", "data": {"resultType": "scalar", "result": [1, "0.5"]}}),
+        ),
+    ] {
+        s.answer(SAT_P1, bad);
+        assert_eq!(gate.budget().await, 1.0);
+        let r = gate.last_reading().unwrap();
+        assert!(!r.source_available());
+        assert_eq!(r.budget, 1.0);
+    }
+
+    s.take_queries();
+
+    // A saturation fallback of 1 fails closed; of 0.25 gives 0.75; out-of-range values clamp.
+    for (fallback, want) in [
+        (json!(1), 0.0),
+        (json!("0.25"), 0.75),
+        (json!(-3), 1.0),
+        (json!(7), 0.0),
+    ] {
+        let g = s.gate(
+            GateType::PrometheusSaturation,
+            json!({"pool": "p1", "namespace": "ns", "fallback": fallback, "threshold": 0.5}),
+        );
+        assert_eq!(g.budget().await, want);
+        assert!(close(g.last_reading().unwrap().threshold, 0.5));
+    }
+    // With a namespace, the query names it (nothing answers it, hence the fallbacks above).
+    let with_ns = r#"1 - inference_extension_flow_control_pool_saturation{inference_pool="p1",namespace="ns"}"#;
+    assert_eq!(s.take_queries(), vec![with_ns; 4]);
+}
+
+#[tokio::test]
+async fn query_gate_arithmetic() {
+    let s = Server::start().await;
+    let gate = s.gate(
+        GateType::PrometheusQuery,
+        json!({"query": "my_budget", "pool": "p9"}),
+    );
+    assert_eq!(gate.pool(), Some("p9"));
+    for (v, want) in [
+        ("0.4", 0.4),
+        ("1.5", 1.0),
+        ("0", 0.0),
+        ("-0.3", 0.0),
+        ("-Inf", 0.0),
+    ] {
+        s.answer("my_budget", Answer::Vector(vec![v]));
+        assert!(close(gate.budget().await, want), "{v}");
+    }
+    assert_eq!(s.take_queries(), vec!["my_budget"; 5]);
+
+    // Default fallback 0 fails closed; a set fallback is answered, clamped.
+    s.answer("my_budget", Answer::Status(500));
+    assert_eq!(gate.budget().await, 0.0);
+    assert_eq!(verdict(&gate).await, Verdict::Refuse);
+    let g = s.gate(
+        GateType::PrometheusQuery,
+        json!({"query": "my_budget", "fallback": 0.6}),
+    );
+    assert_eq!(g.budget().await, 0.6);
+    assert_eq!(verdict(&g).await, Verdict::Continue);
+    let g = s.gate(
+        GateType::PrometheusQuery,
+        json!({"query": "my_budget", "fallback": 2}),
+    );
+    assert_eq!(g.budget().await, 1.0);
+}
+
+#[tokio::test]
+async fn budget_cascade_falls_through() {
+    let s = Server::start().await;
+    let gate = s.gate(
+        GateType::PrometheusBudget,
+        json!({"pool": "p1", "namespace": "prod", "max_concurrency": "64", "baseline": 0.1}),
+    );
+    let q = promql::budget_cascade("p1", Some("prod"), 64.0);
+    assert!(
+        q[0].contains(r#"{name="p1",namespace="prod"} * 64))"#),
+        "{}",
+        q[0]
+    );
+
+    // Nothing answers: all three are asked in order, then the fail-closed fallback.
+    assert_eq!(gate.budget().await, 0.0);
+    assert_eq!(s.take_queries(), q.to_vec());
+    assert!(!gate.last_reading().unwrap().source_available());
+
+    // The first is empty, the second fails: the third wins.
+    s.answer(&q[1], Answer::Status(500));
+    s.answer(&q[2], Answer::Vector(vec!["0.7"]));
+    assert!(close(gate.budget().await, 0.6));
+    assert_eq!(s.take_queries(), q.to_vec());
+
+    // The second has a sample: the third is not asked.
+    s.answer(&q[1], Answer::Vector(vec!["0.05"]));
+    assert_eq!(gate.budget().await, 0.0, "0.05 ≤ baseline 0.1");
+    assert_eq!(s.take_queries(), q[..2].to_vec());
+
+    // The first has a sample, even NaN: it wins, and NaN means the fallback.
+    s.answer(&q[0], Answer::Vector(vec!["0.9"]));
+    assert!(close(gate.budget().await, 0.8));
+    s.answer(&q[0], Answer::Vector(vec!["NaN"]));
+    assert_eq!(gate.budget().await, 0.0);
+    assert_eq!(s.take_queries(), vec![q[0].clone(); 2]);
+
+    // Without a namespace, with the defaults (max_concurrency 100, baseline 0.05).
+    let gate = s.gate(
+        GateType::PrometheusBudget,
+        json!({"pool": "p1", "fallback": 0.5}),
+    );
+    assert_eq!(gate.budget().await, 0.5);
+    let q = promql::budget_cascade("p1", None, 100.0);
+    assert_eq!(s.take_queries(), q.to_vec());
+    s.answer(&q[0], Answer::Vector(vec!["0.55"]));
+    assert!(close(gate.budget().await, 0.5));
+    assert!(close(gate.last_reading().unwrap().threshold, 0.05));
+}
+
+#[tokio::test]
+async fn cache_answers_within_the_ttl() {
+    let s = Server::start().await;
+    s.answer(SAT_P1, Answer::Vector(vec!["0.6"]));
+    let params = json!({"pool": "p1"});
+    let cached = build_metric(
+        &spec(GateType::PrometheusSaturation, params.clone()),
+        &s.env(Duration::from_secs(60)),
+    )
+    .unwrap();
+    assert!(close(cached.budget().await, 0.4));
+    assert!(close(cached.budget().await, 0.4));
+    assert_eq!(s.take_queries().len(), 1);
+
+    let uncached = s.gate(GateType::PrometheusSaturation, params);
+    uncached.budget().await;
+    uncached.budget().await;
+    assert_eq!(s.take_queries().len(), 2);
+
+    // Errors are cached too; a short TTL expires.
+    s.answer("q", Answer::Status(500));
+    let gate = build_metric(
+        &spec(GateType::PrometheusQuery, json!({"query": "q"})),
+        &s.env(Duration::from_millis(200)),
+    )
+    .unwrap();
+    assert_eq!(gate.budget().await, 0.0);
+    s.answer("q", Answer::Vector(vec!["0.3"]));
+    assert_eq!(gate.budget().await, 0.0, "the error is still cached");
+    assert_eq!(s.take_queries().len(), 1);
+    tokio::time::sleep(Duration::from_millis(250)).await;
+    assert!(close(gate.budget().await, 0.3));
+    assert_eq!(s.take_queries().len(), 1);
+}
+
+const VLLM_PAGE: &str = r#"# HELP vllm:num_requests_running Running requests.
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{model_name="m",pod="a"} 3 1712345678000
+vllm:num_requests_running{model_name="m",pod="b"} 5
+vllm:num_requests_running{model_name="other",pod="a"} 40
+# TYPE kv gauge
+kv{pod="a"} 0.25
+kv{pod="b"} 0.75
+"#;
+
+const EPP_PAGE: &str = "# TYPE inference_pool_ready_pods gauge\n\
+                        inference_pool_ready_pods{name=\"p1\"} 2\n\
+                        inference_pool_ready_pods{name=\"empty\"} 0\n";
+
+#[tokio::test]
+async fn endpoint_scrape() {
+    let s = Server::start().await;
+    s.page("vllm", 200, VLLM_PAGE);
+    s.page("epp", 200, EPP_PAGE);
+    s.page("down", 500, "oops");
+    s.page("broken", 200, "m{a=\"x\"} one\n");
+    // No --prometheus-url needed.
+    let scrape = |params: Value| {
+        build_metric(&spec(GateType::EndpointScrape, params), &GateEnv::default()).unwrap()
+    };
+    let vllm = s.page_url("vllm");
+
+    // Static capacity: matching counts are summed (3 + 5 = 8 of 10), budget 0.2.
+    let g = scrape(json!({"url": vllm, "metric": "vllm:num_requests_running",
+        "labels": {"model_name": "m"}, "max_count_per_pod": 10}));
+    assert!(close(g.budget().await, 0.2));
+    assert_eq!(g.pool(), None);
+    // Labels as a JSON string, one series; a baseline.
+    let g = scrape(json!({"url": vllm, "metric": "vllm:num_requests_running",
+        "labels": "{\"model_name\":\"m\",\"pod\":\"b\"}", "max_count_per_pod": 10, "baseline": 0.1}));
+    assert!(close(g.budget().await, 0.4), "1 − 5/10 − 0.1");
+    // Over capacity clamps to a value of 0.
+    let g = scrape(
+        json!({"url": vllm, "metric": "vllm:num_requests_running", "max_count_per_pod": 10}),
+    );
+    assert_eq!(g.budget().await, 0.0);
+    assert_eq!(g.last_reading().unwrap().value, Some(0.0));
+    // No capacity: values are fractions, the largest counts (1 − 0.75).
+    let g = scrape(json!({"url": vllm, "metric": "kv"}));
+    assert!(close(g.budget().await, 0.25));
+
+    // Pods: capacity = 2 ready × 5 = 10.
+    let with_pods = |pods_labels: Value| {
+        scrape(json!({"url": vllm, "metric": "vllm:num_requests_running",
+            "labels": {"model_name": "m"}, "max_count_per_pod": 5,
+            "pods_url": s.page_url("epp"), "pods_metric": "inference_pool_ready_pods",
+            "pods_labels": pods_labels, "fallback": 0.9}))
+    };
+    assert!(close(with_pods(json!({"name": "p1"})).budget().await, 0.2));
+    // Zero ready pods, or none found: the fallback.
+    assert_eq!(with_pods(json!({"name": "empty"})).budget().await, 0.9);
+    assert_eq!(with_pods(json!({"name": "nope"})).budget().await, 0.9);
+
+    // Unavailable: no matching series, a non-200 page, a malformed page.
+    for (url, metric) in [
+        (&vllm, "absent"),
+        (&s.page_url("down"), "m"),
+        (&s.page_url("broken"), "m"),
+    ] {
+        let g = scrape(json!({"url": url, "metric": metric, "fallback": 0.3}));
+        assert_eq!(g.budget().await, 0.3, "{url} {metric}");
+        assert!(!g.last_reading().unwrap().source_available());
+    }
+}
+
+#[tokio::test]
+async fn scrape_cache() {
+    let s = Server::start().await;
+    s.page("vllm", 200, VLLM_PAGE);
+    let env = GateEnv {
+        prometheus_url: None,
+        prometheus_cache_ttl: Duration::from_secs(60),
+    };
+    let params = json!({"url": s.page_url("vllm"), "metric": "kv"});
+    let g = build_metric(&spec(GateType::EndpointScrape, params), &env).unwrap();
+    g.budget().await;
+    g.budget().await;
+    assert_eq!(s.fake.lock().unwrap().scrapes, 1);
+}
+
+#[test]
+fn build_errors_name_the_parameter() {
+    let env = GateEnv {
+        prometheus_url: Some("http://127.0.0.1:9".to_owned()),
+        prometheus_cache_ttl: Duration::ZERO,
+    };
+    let err = |kind: GateType, params: Value| match build_metric(&spec(kind, params), &env) {
+        Ok(_) => panic!("{kind:?} built"),
+        Err(e) => e.to_string(),
+    };
+    use GateType::*;
+    for (kind, params, want) in [
+        (
+            PrometheusSaturation,
+            json!({}),
+            "gate prometheus-saturation: parameter pool: required",
+        ),
+        (
+            PrometheusSaturation,
+            json!({"pool": "p", "threshold": "high"}),
+            "parameter threshold: not a number",
+        ),
+        (
+            PrometheusBudget,
+            json!({"pool": ""}),
+            "gate prometheus-budget: parameter pool: required",
+        ),
+        (
+            PrometheusBudget,
+            json!({"pool": "p", "max_concurrency": 0}),
+            "parameter max_concurrency: must be > 0, got 0",
+        ),
+        (
+            PrometheusBudget,
+            json!({"pool": "p", "baseline": 1}),
+            "parameter baseline: must be in [0, 1), got 1",
+        ),
+        (
+            PrometheusBudget,
+            json!({"pool": "p", "fallback": "NaN"}),
+            "parameter fallback: must be a finite number",
+        ),
+        (
+            PrometheusQuery,
+            json!({"pool": "p"}),
+            "gate prometheus-query: parameter query: required",
+        ),
+        (
+            EndpointScrape,
+            json!({"metric": "m"}),
+            "gate endpoint-scrape: parameter url: required",
+        ),
+        (
+            EndpointScrape,
+            json!({"url": "http://x/metrics"}),
+            "parameter metric: required",
+        ),
+        (
+            EndpointScrape,
+            json!({"url": "ftp://x", "metric": "m"}),
+            "parameter url: \"ftp://x\" is not an http(s) URL",
+        ),
+        (
+            EndpointScrape,
+            json!({"url": "http://x", "metric": "m", "labels": "[1]"}),
+            "parameter labels: not a JSON object",
+        ),
+        (
+            EndpointScrape,
+            json!({"url": "http://x", "metric": "m", "max_count_per_pod": -1}),
+            "parameter max_count_per_pod: must be >= 0",
+        ),
+        (
+            EndpointScrape,
+            json!({"url": "http://x", "metric": "m", "pods_url": "x"}),
+            "parameter pods_url: \"x\" is not a URL",
+        ),
+        (Constant, json!({}), "\"constant\" is not a metric gate"),
+    ] {
+        let e = err(kind, params);
+        assert!(e.contains(want), "{kind:?}: {e}");
+    }
+
+    // The prometheus-* types need --prometheus-url; endpoint-scrape does not.
+    for kind in [PrometheusSaturation, PrometheusBudget, PrometheusQuery] {
+        for url in [None, Some(String::new())] {
+            let env = GateEnv {
+                prometheus_url: url,
+                prometheus_cache_ttl: Duration::ZERO,
+            };
+            let e = super::build(&spec(kind, json!({"pool": "p", "query": "q"})), &env);
+            let e = e.err().map(|e| e.to_string()).unwrap_or_default();
+            let name = kind.as_str();
+            assert_eq!(
+                e,
+                format!("gate {name}: \"{name}\" requires --prometheus-url flag to be set")
+            );
+        }
+    }
+    let scrape = spec(
+        EndpointScrape,
+        json!({"url": "http://x/metrics", "metric": "m"}),
+    );
+    assert!(crate::dispatch::gates::build(&scrape, &GateEnv::default()).is_ok());
+}
+
+#[tokio::test]
+async fn unreachable_prometheus_gives_the_fallback() {
+    // Port 9 (discard) is closed on loopback: the connection is refused at once.
+    let env = GateEnv {
+        prometheus_url: Some("http://127.0.0.1:9".to_owned()),
+        prometheus_cache_ttl: Duration::ZERO,
+    };
+    let g = build_metric(
+        &spec(GateType::PrometheusBudget, json!({"pool": "p"})),
+        &env,
+    )
+    .unwrap();
+    assert_eq!(g.budget().await, 0.0);
+    let g = build_metric(
+        &spec(GateType::PrometheusSaturation, json!({"pool": "p"})),
+        &env,
+    )
+    .unwrap();
+    assert_eq!(g.budget().await, 1.0, "fails open, as Go");
+}
