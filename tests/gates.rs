@@ -174,3 +174,57 @@ fn bad_gate_params_exit_2() {
         "{err}"
     );
 }
+
+/// A `prometheus-query` queue gate reads its budget from Prometheus (`--prometheus-url`): a
+/// reading at or below the threshold closes the queue, a higher one opens it, and the reading is
+/// exported under Go's gauge names.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prometheus_gate_follows_the_metric() {
+    use std::sync::{Arc, Mutex};
+    let value = Arc::new(Mutex::new("0".to_owned()));
+    let served = value.clone();
+    let app = axum::Router::new().route(
+        "/api/v1/query",
+        axum::routing::get(move || {
+            let v = served.lock().unwrap().clone();
+            async move {
+                format!(
+                    r#"{{"status":"success","data":{{"resultType":"vector","result":[{{"metric":{{}},"value":[1,"{v}"]}}]}}}}"#
+                )
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let prom = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    let redis = RedisServer::start().unwrap();
+    let gw = Gateway::start().await;
+    let opts = ProcessorOpts {
+        extra_queue_fields: r#","gate_type":"prometheus-query","gate_params":{"query":"free_capacity","pool":"pool-a"}"#.to_owned(),
+        extra_args: vec![
+            format!("--prometheus-url=http://{prom}"),
+            "--prometheus-cache-ttl=0s".to_owned(),
+        ],
+        ..ProcessorOpts::default()
+    };
+    let p = Processor::start(&redis, &gw, &opts).await;
+    let producer = producer(&redis, Q).await;
+    for i in 0..3 {
+        producer
+            .submit(request(&format!("pq{i}"), 60, "{}"))
+            .await
+            .unwrap();
+    }
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert!(gw.executions().is_empty(), "budget 0: the queue is closed");
+    let metrics = p.metrics().await;
+    assert!(metrics.contains(r#"llm_d_async_async_gate_metric_source_available{queue_id="request-sortedset",queue_name="request-sortedset",pool_name="default",inference_pool="pool-a"} 1"#), "{metrics}");
+    *value.lock().unwrap() = "0.8".to_owned();
+    let mut con = con(&redis).await;
+    let got = wait_results(&mut con, 3, Duration::from_secs(10)).await;
+    assert_eq!(got.len(), 3);
+    let metrics = p.metrics().await;
+    assert!(metrics.contains(r#"llm_d_async_async_gate_metric_value{queue_id="request-sortedset",queue_name="request-sortedset",pool_name="default",inference_pool="pool-a"} 0.8"#), "{metrics}");
+}

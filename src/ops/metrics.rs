@@ -31,6 +31,15 @@ pub struct OutcomeLabels {
     pub outcome: String,
 }
 
+/// Metric gates' gauges carry Go's `inference_pool` label.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PoolGaugeLabels {
+    pub queue_id: String,
+    pub queue_name: String,
+    pub pool_name: String,
+    pub inference_pool: String,
+}
+
 /// Gate decisions carry Go's `reason` label.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ReasonLabels {
@@ -103,6 +112,10 @@ pub struct Metrics {
     pub dispatch_budget: Family<QueueLabels, Gauge<f64, std::sync::atomic::AtomicU64>>,
     /// Gate decisions by reason: gate_closed, quota_exhausted, dropped, error.
     pub gate_decisions: Family<ReasonLabels, Counter>,
+    /// A metric gate's last reading, its threshold, and whether its source answered.
+    pub gate_metric_value: Family<PoolGaugeLabels, Gauge<f64, std::sync::atomic::AtomicU64>>,
+    pub gate_metric_threshold: Family<PoolGaugeLabels, Gauge<f64, std::sync::atomic::AtomicU64>>,
+    pub gate_metric_source_available: Family<PoolGaugeLabels, Gauge>,
     /// Claims this instance holds (Go durable-claims name).
     pub claim_depth: Gauges,
     /// Redeliveries after lease expiry (Go durable-claims name).
@@ -148,6 +161,9 @@ impl Metrics {
             pool_worker_limit: Family::default(),
             dispatch_budget: Family::default(),
             gate_decisions: Family::default(),
+            gate_metric_value: Family::default(),
+            gate_metric_threshold: Family::default(),
+            gate_metric_source_available: Family::default(),
             claim_depth: Gauges::default(),
             claims_expired: Counters::default(),
             renewals: Family::default(),
@@ -232,6 +248,21 @@ impl Metrics {
             m.gate_decisions.clone(),
         );
         r.register(
+            go("gate_metric_value"),
+            "A metric gate's last reading",
+            m.gate_metric_value.clone(),
+        );
+        r.register(
+            go("gate_metric_threshold"),
+            "A metric gate's threshold",
+            m.gate_metric_threshold.clone(),
+        );
+        r.register(
+            go("gate_metric_source_available"),
+            "Whether a metric gate's source answered (1) or its fallback was used (0)",
+            m.gate_metric_source_available.clone(),
+        );
+        r.register(
             go("claim_depth"),
             "Claims held by this instance",
             m.claim_depth.clone(),
@@ -282,6 +313,29 @@ impl Metrics {
             m.aborted.clone(),
         );
         Metrics { registry, ..m }
+    }
+
+    /// Records a metric gate's reading under Go's gauge names.
+    pub fn record_gate_reading(
+        &self,
+        labels: &QueueLabels,
+        inference_pool: &str,
+        value: Option<f64>,
+        threshold: f64,
+    ) {
+        let l = PoolGaugeLabels {
+            queue_id: labels.queue_id.clone(),
+            queue_name: labels.queue_name.clone(),
+            pool_name: labels.pool_name.clone(),
+            inference_pool: inference_pool.to_owned(),
+        };
+        if let Some(v) = value {
+            self.gate_metric_value.get_or_create(&l).set(v);
+        }
+        self.gate_metric_threshold.get_or_create(&l).set(threshold);
+        self.gate_metric_source_available
+            .get_or_create(&l)
+            .set(i64::from(value.is_some()));
     }
 
     /// Creates Go's four gate-decision series at 0 for a gated queue or pool.

@@ -215,6 +215,8 @@ pub struct ProcessorOpts {
     pub extra_queue_fields: String,
     /// A pool config file's JSON (`--pool-config-file`), when set.
     pub pools: Option<String>,
+    /// More flags for `inferq run`.
+    pub extra_args: Vec<String>,
 }
 
 impl Default for ProcessorOpts {
@@ -228,6 +230,7 @@ impl Default for ProcessorOpts {
             request_timeout: "30s",
             extra_queue_fields: String::new(),
             pools: None,
+            extra_args: Vec::new(),
         }
     }
 }
@@ -262,6 +265,7 @@ impl Processor {
             std::fs::write(pools.path(), json).unwrap();
             command.arg("--pool-config-file").arg(pools.path());
         }
+        command.args(&opts.extra_args);
         let child = command
             .args([
                 "--transport",

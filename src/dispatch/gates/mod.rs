@@ -110,6 +110,11 @@ pub trait Gate: Send + Sync {
     /// Decides one request. An error is a gate failure (`GATE_ERROR` at pool level; the request
     /// stays pending at queue level).
     fn apply<'a>(&'a self, input: GateInput<'a>) -> BoxFuture<'a, Result<Decision, GateError>>;
+    /// The last metric reading of a metric gate, for Go's `gate_metric_*` gauges: the
+    /// `inference_pool` label, and the reading. Other gates have none.
+    fn reading(&self) -> Option<(String, metric::Reading)> {
+        None
+    }
 }
 
 /// Gate errors.

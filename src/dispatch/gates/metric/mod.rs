@@ -132,6 +132,11 @@ impl MetricGate {
 }
 
 impl Gate for MetricGate {
+    fn reading(&self) -> Option<(String, Reading)> {
+        let pool = self.pool().unwrap_or("").to_owned();
+        self.last_reading().map(|r| (pool, r))
+    }
+
     fn budget(&self) -> BoxFuture<'_, f64> {
         Box::pin(self.read_budget())
     }
