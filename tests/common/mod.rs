@@ -217,6 +217,8 @@ pub struct ProcessorOpts {
     pub pools: Option<String>,
     /// More flags for `inferq run`.
     pub extra_args: Vec<String>,
+    /// The Redis URL to give the processor instead of the server's plain one.
+    pub redis_url: Option<String>,
 }
 
 impl Default for ProcessorOpts {
@@ -231,6 +233,7 @@ impl Default for ProcessorOpts {
             extra_queue_fields: String::new(),
             pools: None,
             extra_args: Vec::new(),
+            redis_url: None,
         }
     }
 }
@@ -250,7 +253,7 @@ impl Processor {
         let metrics_port = free_port().unwrap();
         let config = format!(
             r#"{{"url":"{}","poll_interval_ms":50,"batch_size":10,"claim_lease_ttl_seconds":{},"claim_reclaim_interval_ms":{},"queues":[{{"queue_name":"{}","igw_base_url":"{}","inference_objective":"batch-obj"{}}}]}}"#,
-            redis.url(),
+            opts.redis_url.clone().unwrap_or_else(|| redis.url()),
             opts.lease_s,
             opts.reclaim_ms,
             opts.queue,
