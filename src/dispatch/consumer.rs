@@ -262,12 +262,8 @@ async fn admit(ctx: &QueueCtx, mut env: Envelope) -> Option<(Envelope, Admission
             },
         )),
         Verdict::Wait | Verdict::Refuse => {
+            let reason = decision.refusal_reason();
             Decision::release_all(decision.releases).await;
-            let reason = if decision.classification.as_deref() == Some("overflow") {
-                "quota_exhausted"
-            } else {
-                "gate_closed"
-            };
             ctx.metrics
                 .gate_decisions
                 .get_or_create(&ctx.labels.with_reason(reason))

@@ -108,14 +108,10 @@ async fn pass_pool_gate(mut job: Job, gate: Arc<dyn Gate>) -> Option<Job> {
                 return None;
             }
             Verdict::Wait | Verdict::Refuse => {
+                let reason = decision.refusal_reason();
                 Decision::release_all(decision.releases).await;
                 if !counted {
                     counted = true;
-                    let reason = if decision.classification.as_deref() == Some("overflow") {
-                        "quota_exhausted"
-                    } else {
-                        "gate_closed"
-                    };
                     ctx.metrics
                         .gate_decisions
                         .get_or_create(&ctx.pool_labels.with_reason(reason))

@@ -88,6 +88,16 @@ impl Decision {
         Decision::verdict(Verdict::Continue)
     }
 
+    /// How Go counts a refusal or wait: `quota_exhausted` when a quota gate classified the
+    /// request as overflow, `gate_closed` otherwise.
+    pub fn refusal_reason(&self) -> &'static str {
+        if self.classification.as_deref() == Some("overflow") {
+            "quota_exhausted"
+        } else {
+            "gate_closed"
+        }
+    }
+
     /// Runs every release, newest first.
     pub async fn release_all(releases: Vec<Release>) {
         for r in releases.into_iter().rev() {
