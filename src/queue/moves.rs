@@ -51,8 +51,6 @@ pub struct Peeked {
 #[derive(Debug, Clone)]
 pub struct Held {
     pub fence: Fence,
-    /// The member exactly as stored in Redis.
-    pub member: Vec<u8>,
     pub envelope: Envelope,
 }
 
@@ -152,9 +150,6 @@ pub enum Finished {
 pub struct Queue {
     keys: QueueKeys,
     settings: ClaimSettings,
-    /// Cleanup of `request-active:` / `request-cancel:` keys inside ack; off in Redis Cluster
-    /// mode, where those keys live in other slots.
-    forget_generations: bool,
     con: ConnectionManager,
 }
 
@@ -167,15 +162,8 @@ impl Queue {
         Queue {
             keys: QueueKeys::new(queue_name),
             settings,
-            forget_generations: true,
             con,
         }
-    }
-
-    /// Turns off the cross-slot cleanup of producer keys (Redis Cluster).
-    pub fn without_generation_cleanup(mut self) -> Queue {
-        self.forget_generations = false;
-        self
     }
 
     pub fn keys(&self) -> &QueueKeys {
@@ -222,21 +210,24 @@ impl Queue {
         if members.is_empty() {
             return Ok(Vec::new());
         }
-        let mut args: Vec<Vec<u8>> = Vec::with_capacity(1 + members.len() * 3);
-        args.push(ms(self.settings.lease).to_string().into_bytes());
-        let mut fences = Vec::with_capacity(members.len());
-        for (member, env) in &members {
-            let fence = Fence {
+        let fences: Vec<Fence> = members
+            .iter()
+            .map(|(member, env)| Fence {
                 key: claim_key(&env.request.id, &env.internal.request_token, member),
                 token: fresh_token(),
-            };
-            args.push(member.clone());
-            args.push(fence.key.clone().into_bytes());
-            args.push(fence.token.clone().into_bytes());
-            fences.push(fence);
+            })
+            .collect();
+        let lease = ms(self.settings.lease).to_string();
+        let mut args: Vec<&[u8]> = Vec::with_capacity(1 + members.len() * 3);
+        args.push(lease.as_bytes());
+        for ((member, _), fence) in members.iter().zip(&fences) {
+            args.push(member);
+            args.push(fence.key.as_bytes());
+            args.push(fence.token.as_bytes());
         }
         let k = &self.keys;
         let keys = [&k.pending, &k.claimed, &k.owners, &k.idx, &k.scores];
+        // The command encodes the arguments, so the members are not copied again after this.
         let cmd = SCRIPTS.claim.cmd(&keys, &args);
         let reply = SCRIPTS.claim.run(&mut self.con.clone(), &cmd).await?;
         let statuses = int_array(&reply).ok_or_else(|| bad_reply("claim", &reply))?;
@@ -247,12 +238,8 @@ impl Queue {
             .into_iter()
             .zip(fences)
             .zip(statuses.into_iter().skip(1))
-            .map(|(((member, envelope), fence), status)| match status {
-                1 => Claimed::Held(Box::new(Held {
-                    fence,
-                    member,
-                    envelope,
-                })),
+            .map(|(((_, envelope), fence), status)| match status {
+                1 => Claimed::Held(Box::new(Held { fence, envelope })),
                 -1 => Claimed::Duplicate,
                 _ => Claimed::Gone,
             })
@@ -283,7 +270,7 @@ impl Queue {
     }
 
     /// KEYS of ack (and of bury, with the dead list): the claim bookkeeping, the result list,
-    /// then the producer's keys for the guarded cleanup when it is on.
+    /// then the producer's keys for the guarded cleanup.
     fn finish_keys(&self, result_list: &str, dead: Option<&str>, id: &str) -> Vec<String> {
         let k = &self.keys;
         let mut keys = vec![
@@ -295,10 +282,8 @@ impl Queue {
             result_list.to_owned(),
         ];
         keys.extend(dead.map(str::to_owned));
-        if self.forget_generations {
-            keys.push(active_key(id));
-            keys.push(cancel_key(id));
-        }
+        keys.push(active_key(id));
+        keys.push(cancel_key(id));
         keys
     }
 
@@ -531,15 +516,6 @@ impl Queue {
             Value::Int(n) => Ok(n == 1),
             other => Err(bad_reply("deadLetter", &other)),
         }
-    }
-
-    /// How many claims are held on this queue (by anyone).
-    pub async fn claim_count(&self) -> Result<u64, QueueError> {
-        let n: u64 = redis::cmd("HLEN")
-            .arg(&self.keys.claimed)
-            .query_async(&mut self.con.clone())
-            .await?;
-        Ok(n)
     }
 }
 

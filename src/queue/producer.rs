@@ -272,11 +272,6 @@ pub struct ReliableConsumer {
 }
 
 impl ReliableConsumer {
-    /// The in-progress list's key.
-    pub fn taken_list(&self) -> &str {
-        &self.taken
-    }
-
     /// Takes the oldest result, waiting up to `timeout`.
     pub async fn take(&mut self, timeout: Duration) -> Result<Option<TakenResult>, ProducerError> {
         let raw: Option<Vec<u8>> = redis::cmd("BLMOVE")
