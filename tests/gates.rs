@@ -82,10 +82,7 @@ async fn over_quota_head_does_not_block_the_queue() {
         r.metadata.insert("userid".into(), user.into());
         producer.submit(r).await.unwrap();
     }
-    let started = Instant::now();
-    while gw.seen("bob-1").is_empty() && started.elapsed() < Duration::from_secs(5) {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    gw.wait_seen("bob-1", Duration::from_secs(5)).await;
     assert_eq!(gw.seen("bob-1").len(), 1, "bob is not stuck behind alice");
     assert!(
         gw.seen("alice-2").is_empty(),

@@ -256,10 +256,7 @@ async fn cancel_during_dispatch_aborts_the_request() {
     let _p = Processor::start(&redis, &gw, &ProcessorOpts::default()).await;
     let producer = producer(&redis, Q).await;
     producer.submit(request("c2", 60, "{}")).await.unwrap();
-    let started = Instant::now();
-    while gw.seen("c2").is_empty() && started.elapsed() < Duration::from_secs(10) {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    gw.wait_seen("c2", Duration::from_secs(10)).await;
     assert_eq!(gw.seen("c2").len(), 1);
     let cancelled_at = Instant::now();
     producer.cancel(&["c2".to_owned()]).await.unwrap();
@@ -300,10 +297,7 @@ async fn sigterm_drains_and_releases_unstarted_work() {
     }
     let mut p = Processor::start(&redis, &gw, &opts).await;
     let mut con = con(&redis).await;
-    let started = Instant::now();
-    while gw.executions().len() < 2 && started.elapsed() < Duration::from_secs(10) {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    gw.wait_executions(2, Duration::from_secs(10)).await;
     // Two in flight; the consumer holds more claims waiting for a worker.
     let claimed: u64 = con.hlen(format!("{Q}:claimed")).await.unwrap();
     assert!(claimed > 2, "claimed {claimed}");
@@ -356,10 +350,7 @@ async fn sigkill_mid_request_is_finished_by_a_survivor() {
         .submit(request("k1", 60, "{}"))
         .await
         .unwrap();
-    let started = Instant::now();
-    while gw.seen("k1").is_empty() && started.elapsed() < Duration::from_secs(10) {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    gw.wait_seen("k1", Duration::from_secs(10)).await;
     a.kill();
     let killed_at = Instant::now();
     let _b = Processor::start(&redis, &gw, &opts).await;
@@ -478,10 +469,7 @@ async fn redis_restart_loses_nothing_and_readyz_is_honest() {
             .await
             .unwrap();
     }
-    let started = Instant::now();
-    while gw.executions().len() < 6 && started.elapsed() < Duration::from_secs(10) {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    gw.wait_executions(6, Duration::from_secs(10)).await;
     redis.kill();
     let readyz = format!("http://127.0.0.1:{}/readyz", p.health_port);
     tokio::time::sleep(Duration::from_millis(1200)).await;
@@ -530,10 +518,7 @@ async fn lost_renewal_aborts_the_in_flight_request() {
         .submit(request("t1", 60, "{}"))
         .await
         .unwrap();
-    let started = Instant::now();
-    while gw.seen("t1").is_empty() && started.elapsed() < Duration::from_secs(10) {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    gw.wait_seen("t1", Duration::from_secs(10)).await;
     let mut con = con(&redis).await;
     let keys: Vec<String> = con.hkeys(format!("{Q}:claim-owners")).await.unwrap();
     assert_eq!(keys.len(), 1);

@@ -182,6 +182,22 @@ impl Gateway {
             .unwrap_or_default()
     }
 
+    /// Waits (up to `limit`) until the request `id` has reached the gateway.
+    pub async fn wait_seen(&self, id: &str, limit: Duration) {
+        let started = Instant::now();
+        while self.seen(id).is_empty() && started.elapsed() < limit {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// Waits (up to `limit`) until `n` distinct requests have reached the gateway.
+    pub async fn wait_executions(&self, n: usize, limit: Duration) {
+        let started = Instant::now();
+        while self.executions().len() < n && started.elapsed() < limit {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
     pub fn aborted(&self, id: &str) -> u32 {
         self.script
             .lock()
