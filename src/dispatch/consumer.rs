@@ -343,14 +343,11 @@ async fn cancel_markers(
 
 /// pending -> dead for a member that cannot be a request.
 async fn dead_letter(ctx: &QueueCtx, member: &[u8], reason: &str) -> Result<(), QueueError> {
-    let mut record = DeadRecord::new(ctx.queue.name(), reason, member);
-    let salvaged = Envelope::salvage_id(member);
-    let result = salvaged.as_ref().map(|(id, routing)| {
-        record.id = id.clone();
-        record.request_token = routing.request_token.clone();
+    let (record, who) = DeadRecord::about(ctx.queue.name(), reason, member, None);
+    let result = who.map(|(id, routing)| {
         (
-            ctx.result_list(routing),
-            ResultMessage::error(id, ErrorCode::InvalidRequest, &format!("Failed: {reason}")),
+            ctx.result_list(&routing),
+            ResultMessage::error(&id, ErrorCode::InvalidRequest, &format!("Failed: {reason}")),
         )
     });
     let moved = ctx

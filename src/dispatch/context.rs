@@ -72,23 +72,24 @@ impl QueueCtx {
     }
 
     /// Sets a claimed generation aside with `reason`, publishing a `DEAD_LETTERED` result when
-    /// its id can be read.
-    pub fn bury(&self, fence: &Fence, member: &[u8], reason: &str, deliveries: u32) {
-        let mut record = DeadRecord::new(self.queue.name(), reason, member);
+    /// its id can be read. `known` is its envelope when the caller already decoded it.
+    pub fn bury(
+        &self,
+        fence: &Fence,
+        member: &[u8],
+        known: Option<&Envelope>,
+        reason: &str,
+        deliveries: u32,
+    ) {
+        let (mut record, who) = DeadRecord::about(self.queue.name(), reason, member, known);
         record.deliveries = deliveries;
-        let (id, routing) = match Envelope::decode(member) {
-            Ok(env) => (Some(env.request.id), env.internal),
-            Err(_) => match Envelope::salvage_id(member) {
-                Some((id, routing)) => (Some(id), routing),
-                None => (None, Routing::default()),
-            },
+        let (result, routing) = match who {
+            Some((id, routing)) => (
+                ResultMessage::error(&id, ErrorCode::DeadLettered, reason).to_json(),
+                routing,
+            ),
+            None => (String::new(), Routing::default()),
         };
-        record.id = id.clone().unwrap_or_default();
-        record.request_token = routing.request_token.clone();
-        let result = id
-            .as_deref()
-            .map(|id| ResultMessage::error(id, ErrorCode::DeadLettered, reason).to_json())
-            .unwrap_or_default();
         self.metrics
             .dead_letters
             .get_or_create(&self.labels.with_outcome("deliveries"))

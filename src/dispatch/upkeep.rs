@@ -152,7 +152,13 @@ fn finish_taken(ctx: &QueueCtx, taken: TakenOver, taken_at: Instant) {
                 taken.deliveries
             );
             tracing::warn!(queue = %ctx.queue.name(), %id, deliveries = taken.deliveries, "dead-lettering a request whose deliveries keep dying");
-            ctx.bury(&taken.fence, &taken.member, &reason, taken.deliveries);
+            ctx.bury(
+                &taken.fence,
+                &taken.member,
+                taken.envelope.as_ref(),
+                &reason,
+                taken.deliveries,
+            );
         }
     }
 }
