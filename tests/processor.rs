@@ -595,3 +595,27 @@ async fn acl_user_and_password_work_and_stay_secret() {
         "the password leaked into the log:\n{log}"
     );
 }
+
+/// An endpoint that cannot be joined to the gateway URL (an invalid `%` escape) is a terminal
+/// INFERENCE_ERROR with Go's client-error text, and nothing is sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unjoinable_endpoint_is_an_inference_error() {
+    let redis = RedisServer::start().unwrap();
+    let gw = Gateway::start().await;
+    let _p = Processor::start(&redis, &gw, &ProcessorOpts::default()).await;
+    let mut req = request("badurl", 60, "{}");
+    req.endpoint = "/v1/%zz".to_owned();
+    producer(&redis, Q).await.submit(req).await.unwrap();
+    let mut con = con(&redis).await;
+    let got = wait_results(&mut con, 1, Duration::from_secs(10)).await;
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].error_code, "INFERENCE_ERROR");
+    assert!(
+        got[0]
+            .error_message
+            .starts_with("Failed to send request to inference: INVALID_REQ: failed to create request (caused by: "),
+        "{}",
+        got[0].error_message
+    );
+    assert!(gw.seen("badurl").is_empty());
+}

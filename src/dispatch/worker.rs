@@ -16,7 +16,7 @@ use super::context::Job;
 use super::gates::{Decision, Gate, GateError, GateInput, Verdict};
 use super::holdings::Abort;
 use crate::config::Fairness;
-use crate::gateway::{self, GatewayClient, Outcome, RetryDecision};
+use crate::gateway::{self, ClientError, ErrorCategory, GatewayClient, Outcome, RetryDecision};
 use crate::queue::producer::unix_ms;
 use crate::wire::{ErrorCode, ResultMessage};
 
@@ -171,7 +171,9 @@ pub async fn work(job: Job, env: Arc<WorkerEnv>) {
         Err(e) => {
             m.failed.get_or_create(labels).inc();
             let id = request.id.clone();
-            let msg = format!("Failed to send request to inference: INVALID_REQ: failed to create request (caused by: {e})");
+            let msg = ClientError::new(ErrorCategory::InvalidReq, "failed to create request")
+                .with_cause(e)
+                .inference_error_message();
             return job.publish(ResultMessage::error(&id, ErrorCode::InferenceError, &msg));
         }
     };
