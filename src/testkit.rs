@@ -174,6 +174,35 @@ impl RedisServer {
         }
     }
 
+    /// SIGTERM: Redis's graceful shutdown (flushes the AOF, closes clients); waits up to
+    /// `limit` for the process to exit, then SIGKILLs it. A later [`RedisServer::restart`]
+    /// brings it back on the same port and data directory.
+    pub fn terminate(&mut self, limit: Duration) {
+        let Some(child) = self.child.as_mut() else {
+            return;
+        };
+        if matches!(child.try_wait(), Ok(None)) {
+            let _ = Command::new("kill")
+                .args(["-TERM", &child.id().to_string()])
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status();
+            let started = Instant::now();
+            while started.elapsed() < limit && matches!(child.try_wait(), Ok(None)) {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        }
+        self.kill();
+    }
+
+    /// Whether the server process is running.
+    pub fn is_running(&mut self) -> bool {
+        self.child
+            .as_mut()
+            .is_some_and(|c| matches!(c.try_wait(), Ok(None)))
+    }
+
     /// Starts the server again on the same port and data directory.
     pub fn restart(&mut self) -> Result<(), TestkitError> {
         self.kill();
@@ -218,6 +247,23 @@ mod tests {
         server.kill();
         assert!(!ping(server.port()));
         server.restart().unwrap();
+        let mut con = server.client().unwrap().get_connection().unwrap();
+        let v: String = redis::cmd("GET").arg("k").query(&mut con).unwrap();
+        assert_eq!(v, "v");
+    }
+
+    #[test]
+    fn a_graceful_stop_keeps_data_and_restarts_on_the_same_port() {
+        let mut server = RedisServer::start().unwrap();
+        let port = server.port();
+        let mut con = server.client().unwrap().get_connection().unwrap();
+        let _: () = redis::cmd("SET").arg("k").arg("v").query(&mut con).unwrap();
+        server.terminate(Duration::from_secs(10));
+        assert!(!server.is_running());
+        assert!(!ping(port));
+        server.restart().unwrap();
+        assert!(server.is_running());
+        assert_eq!(server.port(), port);
         let mut con = server.client().unwrap().get_connection().unwrap();
         let v: String = redis::cmd("GET").arg("k").query(&mut con).unwrap();
         assert_eq!(v, "v");

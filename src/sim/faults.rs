@@ -23,7 +23,41 @@ pub enum Fault {
     Hang,
 }
 
-/// The fault rates and latency knobs, fixed at start.
+/// The rates of the injected faults, apart from latency: what `GET /faults` shows and
+/// `POST /faults` replaces while the simulator runs. A field left out of a posted body is 0.
+#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct FaultRates {
+    /// `--error-rate`: 500 or 503.
+    pub error_rate: f64,
+    /// `--rate-limit-rate`: 429 before admission.
+    pub rate_limit_rate: f64,
+    /// `--hang-rate`: no answer until the client gives up.
+    pub hang_rate: f64,
+    /// `--reset-rate`: the connection is reset.
+    pub reset_rate: f64,
+    /// `--bad-request-rate`: 400.
+    pub bad_request_rate: f64,
+    /// `--slow-rate`: an extra `--slow-ms` of latency.
+    pub slow_rate: f64,
+}
+
+impl FaultRates {
+    /// `cfg` with these rates in place of its own.
+    pub fn apply(&self, cfg: &SimConfig) -> SimConfig {
+        SimConfig {
+            error_rate: self.error_rate,
+            rate_limit_rate: self.rate_limit_rate,
+            hang_rate: self.hang_rate,
+            reset_rate: self.reset_rate,
+            bad_request_rate: self.bad_request_rate,
+            slow_rate: self.slow_rate,
+            ..cfg.clone()
+        }
+    }
+}
+
+/// The fault rates and latency knobs; replaced as a whole when the rates change at run time.
 #[derive(Debug, Clone)]
 pub struct FaultPlan {
     rate_limit: f64,
@@ -52,6 +86,18 @@ impl FaultPlan {
             ttft: Duration::from_millis(cfg.ttft_ms),
             per_token_ms: cfg.per_token_ms,
             jitter: cfg.jitter,
+        }
+    }
+
+    /// The rates this plan draws with.
+    pub fn rates(&self) -> FaultRates {
+        FaultRates {
+            error_rate: self.error,
+            rate_limit_rate: self.rate_limit,
+            hang_rate: self.hang,
+            reset_rate: self.reset,
+            bad_request_rate: self.bad_request,
+            slow_rate: self.slow,
         }
     }
 

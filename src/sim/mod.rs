@@ -6,13 +6,14 @@
 //!
 //! Knobs enter through [`SimConfig`] (flags of `inferq sim`); [`Sim::start`] serves them on a
 //! socket, and counts leave through [`Sim`]'s accessors and the `/stats`, `/executions` and
-//! `/metrics` endpoints.
+//! `/metrics` endpoints. Fault rates can be changed while it runs (`GET`/`POST /faults`).
 //!
 //! # Layout
 //!
 //! - [`config`]: [`SimConfig`], its defaults and validation.
 //! - `server`: the routes and the life of one request (parse → admission → run stage).
-//! - `faults`: turning rates into a fault and a latency per request.
+//! - `faults`: turning rates into a fault and a latency per request; [`FaultRates`] can be
+//!   replaced at run time (`POST /faults`, [`Sim::set_faults`]).
 //! - `metrics`: lock-free counters, the per-id execution map, Prometheus text.
 //! - `openai`: request parsing and the JSON of answers and errors.
 //! - `listener`: the accept loop whose connections a handler can reset.
@@ -37,6 +38,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 pub use config::SimConfig;
+pub use faults::FaultRates;
 pub use metrics::SimStats;
 pub use server::REQUEST_ID_HEADER;
 
@@ -123,6 +125,22 @@ impl Sim {
     /// How many times each `x-inferq-request-id` was admitted to run (faulted runs included).
     pub fn executions(&self) -> HashMap<String, u64> {
         self.state.executions.snapshot()
+    }
+
+    /// When each `x-inferq-request-id` was admitted to run, in Unix milliseconds, oldest first.
+    pub fn execution_times(&self) -> HashMap<String, Vec<u64>> {
+        self.state.executions.times()
+    }
+
+    /// The fault rates now in force.
+    pub fn faults(&self) -> FaultRates {
+        self.state.fault_rates()
+    }
+
+    /// Replaces the fault rates while the simulator runs (what `POST /faults` does); the
+    /// latency knobs stay. A bad rate is refused and the old rates stay in force.
+    pub fn set_faults(&self, rates: FaultRates) -> Result<(), SimError> {
+        self.state.set_fault_rates(rates)
     }
 
     /// Every request that reached a completion endpoint, admitted or not.

@@ -14,7 +14,7 @@
 //! `/metrics`.
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::Arc;
+use std::sync::{Arc, PoisonError, RwLock};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use axum::body::Bytes;
@@ -27,11 +27,11 @@ use axum::Router;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 
-use super::faults::{Fault, FaultPlan};
+use super::faults::{Fault, FaultPlan, FaultRates};
 use super::listener::ConnControl;
 use super::metrics::{Executions, Stats};
 use super::openai::{self, Answer, Endpoint};
-use super::SimConfig;
+use super::{SimConfig, SimError};
 
 /// The header carrying the processor's request id.
 pub const REQUEST_ID_HEADER: &str = "x-inferq-request-id";
@@ -40,7 +40,9 @@ pub const REQUEST_ID_HEADER: &str = "x-inferq-request-id";
 #[derive(Debug)]
 pub struct SimState {
     cfg: SimConfig,
-    faults: FaultPlan,
+    /// The fault rates now in force: set at start, replaced at run time by `POST /faults`
+    /// (or [`super::Sim::set_faults`]) so a chaos run can switch gateway faults on and off.
+    faults: RwLock<FaultPlan>,
     admission: Admission,
     /// Numbers answers so their ids are unique.
     seq: AtomicU64,
@@ -56,7 +58,7 @@ impl SimState {
     /// Shared state for a validated config.
     pub fn new(cfg: SimConfig, shutdown: CancellationToken) -> Self {
         Self {
-            faults: FaultPlan::new(&cfg),
+            faults: RwLock::new(FaultPlan::new(&cfg)),
             admission: Admission::new(cfg.capacity, cfg.queue),
             seq: AtomicU64::new(0),
             retry_after: HeaderValue::from(cfg.retry_after_s),
@@ -68,6 +70,29 @@ impl SimState {
     }
 }
 
+impl SimState {
+    /// The fault plan now in force.
+    fn fault_plan(&self) -> FaultPlan {
+        self.faults
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// The fault rates now in force.
+    pub fn fault_rates(&self) -> FaultRates {
+        self.fault_plan().rates()
+    }
+
+    /// Replaces the fault rates (latency knobs stay), after checking them as the flags are.
+    pub fn set_fault_rates(&self, rates: FaultRates) -> Result<(), SimError> {
+        let cfg = rates.apply(&self.cfg);
+        cfg.validate()?;
+        *self.faults.write().unwrap_or_else(PoisonError::into_inner) = FaultPlan::new(&cfg);
+        Ok(())
+    }
+}
+
 /// All routes of the simulator.
 pub fn router(state: Arc<SimState>) -> Router {
     Router::new()
@@ -75,6 +100,7 @@ pub fn router(state: Arc<SimState>) -> Router {
         .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/models", get(models))
         .route("/executions", get(executions))
+        .route("/faults", get(current_faults).post(set_faults))
         .route("/stats", get(stats))
         .route("/metrics", get(metrics))
         .route("/healthz", get(|| async { StatusCode::OK }))
@@ -116,7 +142,9 @@ async fn complete(
         Err(message) => return bad_request(stats, &message),
     };
 
-    if state.faults.rate_limited() {
+    // One copy per request, so a rate change mid-request cannot mix two plans.
+    let faults = state.fault_plan();
+    if faults.rate_limited() {
         return too_many_requests(state, "rate limit exceeded (injected fault)");
     }
     let _slot = match state.admission.admit(stats, &state.shutdown).await {
@@ -135,7 +163,7 @@ async fn complete(
         state.executions.record(id);
     }
 
-    match state.faults.draw() {
+    match faults.draw() {
         Fault::None => {}
         Fault::BadRequest => return bad_request(stats, "invalid request (injected fault)"),
         Fault::ServerError { unavailable } => {
@@ -168,7 +196,7 @@ async fn complete(
         .unwrap_or(state.cfg.default_tokens)
         .min(cap);
     let hit_limit = request.max_tokens == Some(tokens);
-    let (delay, slow) = state.faults.latency(tokens);
+    let (delay, slow) = faults.latency(tokens);
     if slow {
         stats.slow.fetch_add(1, Relaxed);
     }
@@ -225,6 +253,33 @@ async fn models(State(state): State<Arc<SimState>>) -> Response {
 
 async fn executions(State(state): State<Arc<SimState>>) -> Response {
     axum::Json(state.executions.snapshot()).into_response()
+}
+
+async fn current_faults(State(state): State<Arc<SimState>>) -> Response {
+    axum::Json(state.fault_rates()).into_response()
+}
+
+/// `POST /faults` with a [`FaultRates`] JSON body: 200 with the rates now in force, or 400
+/// naming the bad knob.
+async fn set_faults(State(state): State<Arc<SimState>>, body: Bytes) -> Response {
+    let rates: FaultRates = match serde_json::from_slice(&body) {
+        Ok(rates) => rates,
+        Err(e) => {
+            return error_response(
+                StatusCode::BAD_REQUEST,
+                &format!("bad fault rates: {e}"),
+                "invalid_request_error",
+            )
+        }
+    };
+    match state.set_fault_rates(rates) {
+        Ok(()) => axum::Json(state.fault_rates()).into_response(),
+        Err(e) => error_response(
+            StatusCode::BAD_REQUEST,
+            &e.to_string(),
+            "invalid_request_error",
+        ),
+    }
 }
 
 async fn stats(State(state): State<Arc<SimState>>) -> Response {

@@ -643,3 +643,47 @@ async fn throughput() {
     println!("{n} requests in {secs:.2}s = {:.0} req/s", n / secs);
     sim.stop().await;
 }
+
+#[tokio::test]
+async fn fault_rates_switch_at_run_time_over_http_and_in_process() {
+    let sim = start(SimConfig::instant()).await;
+    let c = client();
+    let url = format!("{}/faults", sim.base_url());
+    assert_eq!(post(&c, &sim, Some("a")).await.status(), 200);
+
+    let set = c
+        .post(&url)
+        .body(r#"{"error_rate": 1.0}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(set.status(), 200);
+    assert_eq!(from_body(&set.bytes().await.unwrap())["error_rate"], 1.0);
+    assert!(post(&c, &sim, Some("a")).await.status().is_server_error());
+    assert_eq!(get_json(&c, url.clone()).await["error_rate"], 1.0);
+
+    // A bad rate is refused with the knob's name, and the old rates stay in force.
+    let bad = c
+        .post(&url)
+        .body(r#"{"hang_rate": 2.0}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(bad.status(), 400);
+    let body = from_body(&bad.bytes().await.unwrap());
+    assert!(body.to_string().contains("hang-rate"), "{body}");
+    assert_eq!(sim.faults().error_rate, 1.0);
+    let unknown = c
+        .post(&url)
+        .body(r#"{"eror_rate": 1}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(unknown.status(), 400);
+
+    sim.set_faults(FaultRates::default()).unwrap();
+    assert_eq!(post(&c, &sim, Some("a")).await.status(), 200);
+    let times = sim.execution_times();
+    assert_eq!(times["a"].len(), 3);
+    sim.stop().await;
+}
