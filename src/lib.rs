@@ -22,9 +22,12 @@
 //!   back into an outcome (result, retry, terminal error).
 //! - [`ops`]: Prometheus metrics under the Go names and the health / readiness server.
 //! - [`sim`]: a stand-alone OpenAI-compatible simulator gateway for demos and tests.
+//! - [`chaos`]: the chaos harness (`inferq chaos`): real processes, injected faults, and a
+//!   check of the whole history.
 //! - [`cli`]: the `inferq` subcommands; `src/main.rs` only calls into it.
 //! - [`testkit`]: real `redis-server` processes on free ports for tests and the demo.
 
+pub mod chaos;
 pub mod cli;
 pub mod config;
 pub mod dispatch;

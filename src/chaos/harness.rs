@@ -1,0 +1,275 @@
+//! One whole chaos run, start to verdict: start Redis, the simulator, the proxies and the
+//! processors; submit the workload while the fault plan runs; restore everything; wait for
+//! quiescence; read the whole history back and check it; stop the processors; run the
+//! stale-owner races; return the [`Report`].
+//!
+//! [`run`] takes [`ChaosSettings`] and returns the report (a failed check is in the report,
+//! not an error). [`races_only`] runs just the races against a Redis of its own. Progress goes
+//! to the log (`tracing`, standard error).
+
+use std::collections::HashSet;
+use std::time::{Duration, Instant};
+
+use super::history::{self, History, Orphans};
+use super::inject::{FaultRecord, Rig};
+use super::observe::{key_sizes, lrange};
+use super::processes::{Processor, ProcessorSpec};
+use super::proxy::Proxy;
+use super::report::{ProcessorSummary, Report};
+use super::schedule::{self, PlanShape};
+use super::workload::Workload;
+use super::{races, ChaosError, ChaosSettings};
+use crate::queue::producer::Producer;
+use crate::queue::{connect, QueueKeys};
+use crate::sim::{Sim, SimConfig};
+use crate::testkit::{Fsync, RedisServer};
+use crate::wire::ResultMessage;
+
+const QUEUE: &str = "chaos:requests";
+const RESULTS: &str = "chaos:results";
+
+fn ms(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// Runs the whole chaos test.
+pub async fn run(settings: ChaosSettings) -> Result<Report, ChaosError> {
+    let started = Instant::now();
+    let redis_dir = settings.dir.join("redis");
+    let redis = tokio::task::block_in_place(|| RedisServer::start_in(&redis_dir, Fsync::Always))?;
+    tracing::info!(
+        port = redis.port(),
+        "redis-server started (AOF, appendfsync always)"
+    );
+    let sim = Sim::start(
+        SimConfig {
+            ttft_ms: settings.ttft_ms,
+            per_token_ms: settings.per_token_ms,
+            jitter: 0.3,
+            ..SimConfig::default()
+        },
+        ([127, 0, 0, 1], 0).into(),
+    )
+    .await?;
+    let upstream = ([127, 0, 0, 1], redis.port()).into();
+    let mut proxies = Vec::new();
+    for _ in 0..settings.processors {
+        proxies.push(Proxy::start(upstream).await?);
+    }
+    let spec = ProcessorSpec {
+        exe: settings.exe.clone(),
+        queue: QUEUE.to_owned(),
+        result_list: RESULTS.to_owned(),
+        gateway: sim.base_url(),
+        lease: settings.lease,
+        reclaim_interval: settings.reclaim_interval,
+        concurrency: settings.concurrency,
+        request_timeout: settings.request_timeout,
+        dir: settings.dir.clone(),
+    };
+    let http = reqwest::Client::builder()
+        .no_proxy()
+        .timeout(Duration::from_secs(2))
+        .build()
+        .map_err(|e| ChaosError::Process(format!("http client: {e}")))?;
+    let mut processors = Vec::new();
+    for (i, proxy) in proxies.iter().enumerate() {
+        processors.push(Processor::start(i, &spec, &proxy.redis_url())?);
+    }
+    for p in &mut processors {
+        p.wait_ready(&http, Duration::from_secs(30)).await?;
+    }
+    tracing::info!(processors = processors.len(), "processors ready");
+
+    let client = redis::Client::open(redis.url())?;
+    let admin = connect::manager(&client).await?;
+    let producer = Producer::connect(&redis.url(), QUEUE, RESULTS)
+        .await
+        .map_err(|e| ChaosError::Process(format!("producer: {e}")))?;
+    let mut rig = Rig {
+        redis,
+        proxies,
+        processors,
+        sim,
+        admin,
+        keys: QueueKeys::new(QUEUE),
+        lease: settings.lease,
+    };
+
+    let plan = schedule::plan(
+        settings.seed,
+        &PlanShape {
+            processors: settings.processors,
+            lease: settings.lease,
+            window: settings.fault_window,
+            gap: settings.fault_gap,
+        },
+    );
+    tracing::info!(
+        seed = settings.seed,
+        faults = plan.len(),
+        requests = settings.requests,
+        "workload and faults start"
+    );
+    let workload = Workload {
+        tag: "chaos".to_owned(),
+        requests: settings.requests,
+        rate: settings.rate,
+        deadline: settings.deadline,
+        max_tokens: settings.max_tokens,
+    };
+
+    let t0 = Instant::now();
+    let submitting = async {
+        let ledger = workload.run(&producer).await;
+        (ledger, t0.elapsed())
+    };
+    let injecting = async {
+        let mut log: Vec<FaultRecord> = Vec::new();
+        let mut orphans: Vec<Orphans> = Vec::new();
+        for (i, planned) in plan.iter().enumerate() {
+            tokio::time::sleep(planned.gap).await;
+            let (record, o) = rig.inject(i, &planned.fault, t0).await;
+            log.push(record);
+            orphans.extend(o);
+        }
+        (log, orphans, t0.elapsed())
+    };
+    let ((ledger, submit_took), (faults, orphans, faults_took)) =
+        tokio::join!(submitting, injecting);
+    tracing::info!(
+        accepted = ledger.accepted(),
+        uncertain = ledger.uncertain(),
+        "workload submitted, faults over; restoring"
+    );
+
+    let restore_problems = rig.restore().await;
+    let quiet_from = Instant::now();
+    let accepted: HashSet<String> = ledger
+        .ids
+        .iter()
+        .filter(|(_, (_, f))| *f == super::workload::Fate::Accepted)
+        .map(|(id, _)| id.clone())
+        .collect();
+    let quiesced = quiesce(&mut rig, &accepted, settings.quiesce_limit).await;
+    let quiesced_after_ms = quiesced.then(|| ms(quiet_from.elapsed()));
+    tracing::info!(?quiesced_after_ms, "quiescence");
+    // A frozen owner's late writes would land now: give them time before reading.
+    tokio::time::sleep(settings.lease * 2).await;
+
+    let history = History {
+        ledger,
+        results: lrange(&mut rig.admin, RESULTS).await?,
+        dead: lrange(&mut rig.admin, &rig.keys.dead).await?,
+        keys: key_sizes(&mut rig.admin, &rig.keys).await?,
+        dead_key: rig.keys.dead.clone(),
+        executions: rig.sim.execution_times(),
+        orphans,
+    };
+    let findings = history::check(&history);
+
+    let mut summaries = Vec::new();
+    for p in &mut rig.processors {
+        let final_stop = p.stop(Duration::from_secs(20)).await;
+        let _ = p.life();
+        summaries.push(ProcessorSummary {
+            index: p.index,
+            starts: p.starts,
+            unexpected_exits: p.unexpected_exits.clone(),
+            final_stop,
+        });
+    }
+
+    let races = if settings.races > 0 {
+        tracing::info!(count = settings.races, "stale-owner races");
+        Some(
+            races::run(
+                &rig.redis.url(),
+                "chaos:races",
+                settings.races,
+                settings.seed,
+            )
+            .await?,
+        )
+    } else {
+        None
+    };
+
+    let mut report = Report {
+        passed: false,
+        failures: Vec::new(),
+        seed: settings.seed,
+        wall_ms: ms(started.elapsed()),
+        submit_ms: ms(submit_took),
+        faults_ms: ms(faults_took),
+        quiesced_after_ms,
+        restore_problems,
+        history: findings,
+        faults,
+        processors: summaries,
+        races,
+        data_dir: settings.dir.display().to_string(),
+        settings,
+    };
+    report.collect_failures();
+    Ok(report)
+}
+
+/// Runs only the stale-owner races, against a Redis of its own.
+pub async fn races_only(settings: ChaosSettings) -> Result<Report, ChaosError> {
+    let started = Instant::now();
+    let redis_dir = settings.dir.join("redis");
+    let redis = tokio::task::block_in_place(|| RedisServer::start_in(&redis_dir, Fsync::Always))?;
+    let races = races::run(&redis.url(), "chaos:races", settings.races, settings.seed).await?;
+    let mut report = Report {
+        passed: false,
+        failures: Vec::new(),
+        seed: settings.seed,
+        wall_ms: ms(started.elapsed()),
+        submit_ms: 0,
+        faults_ms: 0,
+        quiesced_after_ms: Some(0),
+        restore_problems: Vec::new(),
+        history: Default::default(),
+        faults: Vec::new(),
+        processors: Vec::new(),
+        races: Some(races),
+        data_dir: settings.dir.display().to_string(),
+        settings,
+    };
+    report.collect_failures();
+    Ok(report)
+}
+
+/// Waits until every accepted request has a result and every queue key is empty.
+async fn quiesce(rig: &mut Rig, accepted: &HashSet<String>, limit: Duration) -> bool {
+    let started = Instant::now();
+    let mut last_log = Instant::now();
+    while started.elapsed() < limit {
+        if let (Ok(results), Ok(keys)) = (
+            lrange(&mut rig.admin, RESULTS).await,
+            key_sizes(&mut rig.admin, &rig.keys).await,
+        ) {
+            let done: HashSet<String> = results
+                .iter()
+                .filter_map(|r| serde_json::from_slice::<ResultMessage>(r).ok())
+                .map(|r| r.id)
+                .collect();
+            let missing = accepted.iter().filter(|id| !done.contains(*id)).count();
+            let busy: u64 = keys
+                .iter()
+                .filter(|(k, _)| **k != rig.keys.dead)
+                .map(|(_, n)| n)
+                .sum();
+            if missing == 0 && busy == 0 {
+                return true;
+            }
+            if last_log.elapsed() > Duration::from_secs(5) {
+                tracing::info!(missing, busy, "waiting for quiescence");
+                last_log = Instant::now();
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    false
+}

@@ -1,0 +1,150 @@
+//! The workload: N requests submitted at a steady rate with the library [`Producer`],
+//! straight to Redis (not through the processors' proxies), whatever faults are going on.
+//!
+//! Each batch is submitted by its own task, so a Redis outage delays only the batches it
+//! catches and the rate holds. What comes out is a [`Ledger`]: for every id, when it was
+//! submitted and whether Redis accepted it. A submit that failed is never retried under the
+//! same id — its fate is unknown (the transaction may have run before the reply was lost), so
+//! the checker allows it zero or one terminal record, never two.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use serde::Serialize;
+
+use crate::queue::producer::{unix_ms, Producer, ProducerError};
+use crate::sim::config::DEFAULT_MODEL_NAME;
+use crate::wire::NewRequest;
+
+/// How a submit went.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Fate {
+    /// Redis answered the transaction: the generation is accepted.
+    Accepted,
+    /// The call failed (Redis down, connection cut): accepted or not, nobody knows.
+    Uncertain(String),
+}
+
+/// Every submitted id, with when and how.
+#[derive(Debug, Default, Clone)]
+pub struct Ledger {
+    /// id -> (submit time in Unix ms, fate).
+    pub ids: BTreeMap<String, (i64, Fate)>,
+}
+
+impl Ledger {
+    pub fn accepted(&self) -> usize {
+        self.ids
+            .values()
+            .filter(|(_, f)| *f == Fate::Accepted)
+            .count()
+    }
+
+    pub fn uncertain(&self) -> usize {
+        self.ids.len() - self.accepted()
+    }
+}
+
+/// What to submit.
+#[derive(Debug, Clone)]
+pub struct Workload {
+    /// Prefix of every id: `<tag>-000042`.
+    pub tag: String,
+    pub requests: u64,
+    /// Requests per second.
+    pub rate: f64,
+    /// Each request's deadline, from its submission.
+    pub deadline: Duration,
+    /// Output tokens each asks for (the simulated inference time grows with it).
+    pub max_tokens: u64,
+}
+
+impl Workload {
+    pub fn id(&self, i: u64) -> String {
+        format!("{}-{i:06}", self.tag)
+    }
+
+    fn request(&self, i: u64, now_s: i64) -> Result<NewRequest, serde_json::Error> {
+        let payload = serde_json::value::to_raw_value(&serde_json::json!({
+            "model": DEFAULT_MODEL_NAME,
+            "prompt": format!("chaos request {i}"),
+            "max_tokens": self.max_tokens,
+        }))?;
+        let deadline_s = i64::try_from(self.deadline.as_secs()).unwrap_or(i64::MAX);
+        Ok(NewRequest {
+            id: self.id(i),
+            created: now_s,
+            deadline: now_s.saturating_add(deadline_s.max(1)),
+            payload,
+            metadata: BTreeMap::new(),
+            headers: BTreeMap::new(),
+            endpoint: String::new(),
+        })
+    }
+
+    /// Submits every request at the configured rate; returns once every submit has an answer.
+    pub async fn run(&self, producer: &Producer) -> Ledger {
+        let ledger = Arc::new(Mutex::new(Ledger::default()));
+        let started = tokio::time::Instant::now();
+        let mut tick = tokio::time::interval(Duration::from_millis(100));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut tasks = tokio::task::JoinSet::new();
+        let mut next = 0u64;
+        while next < self.requests {
+            tick.tick().await;
+            let due = (started.elapsed().as_secs_f64() * self.rate).ceil() as u64;
+            let end = due.clamp(next + 1, self.requests);
+            let now = unix_ms();
+            let mut batch = Vec::new();
+            for i in next..end {
+                match self.request(i, now / 1000) {
+                    Ok(r) => batch.push(r),
+                    Err(e) => record(&ledger, self.id(i), now, Fate::Uncertain(e.to_string())),
+                }
+            }
+            next = end;
+            let producer = producer.clone();
+            let ledger = Arc::clone(&ledger);
+            tasks.spawn(async move {
+                let ids: Vec<String> = batch.iter().map(|r| r.id.clone()).collect();
+                let at = unix_ms();
+                match producer.submit_many(batch).await {
+                    Ok(outcomes) => {
+                        for (id, outcome) in ids.into_iter().zip(outcomes) {
+                            let fate = match outcome {
+                                Ok(_) => Fate::Accepted,
+                                Err(e) => Fate::Uncertain(e.to_string()),
+                            };
+                            record(&ledger, id, at, fate);
+                        }
+                    }
+                    Err(e) => {
+                        let why = match e {
+                            ProducerError::Redis(e) => format!("redis: {e}"),
+                            other => other.to_string(),
+                        };
+                        for id in ids {
+                            record(&ledger, id, at, Fate::Uncertain(why.clone()));
+                        }
+                    }
+                }
+            });
+        }
+        while tasks.join_next().await.is_some() {}
+        let out = ledger
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        out
+    }
+}
+
+fn record(ledger: &Mutex<Ledger>, id: String, at: i64, fate: Fate) {
+    ledger
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .ids
+        .insert(id, (at, fate));
+}

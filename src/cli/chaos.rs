@@ -1,0 +1,94 @@
+//! `inferq chaos`: the chaos harness (see [`crate::chaos`]). Flags pick a profile, a seed and
+//! where the JSON report goes; `inferq chaos races` runs only the stale-owner races. The
+//! summary table goes to standard output, progress to standard error; the exit code is 0 when
+//! every check passed and 1 when any failed.
+
+use std::path::PathBuf;
+
+use anyhow::{anyhow, Context};
+
+use super::Failure;
+use crate::chaos::{harness, ChaosSettings, Profile, Report};
+
+#[derive(Debug, clap::Args)]
+pub struct ChaosArgs {
+    /// Only the stale-owner races.
+    #[command(subcommand)]
+    pub only: Option<ChaosOnly>,
+    /// Size of the run: `short` (≤ 3 minutes, CI) or `long` (about 15 minutes of faults).
+    #[arg(long, value_enum, default_value = "short", global = true)]
+    pub profile: Profile,
+    /// Seed of the fault plan and the races [default: random, printed].
+    #[arg(long, global = true)]
+    pub seed: Option<u64>,
+    /// Where the JSON report goes.
+    #[arg(long, default_value = "chaos-report.json", global = true)]
+    pub report: PathBuf,
+    /// Requests to submit [default: the profile's].
+    #[arg(long)]
+    pub requests: Option<u64>,
+    /// Stale-owner races after the run [default: 1000; 0 for none].
+    #[arg(long)]
+    pub races: Option<u64>,
+    /// Keep the data directory (Redis AOF, processor logs) even when the run passes.
+    #[arg(long, global = true)]
+    pub keep_data: bool,
+}
+
+#[derive(Debug, clap::Subcommand)]
+pub enum ChaosOnly {
+    /// Forced stale-owner races at the library level, against a Redis of their own.
+    Races {
+        /// How many races.
+        #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..))]
+        count: u64,
+    },
+}
+
+pub async fn chaos(args: ChaosArgs) -> Result<(), Failure> {
+    let seed = args.seed.unwrap_or_else(rand::random);
+    let exe = std::env::current_exe().context("cannot find the inferq binary")?;
+    let dir = tempfile::Builder::new()
+        .prefix("inferq-chaos-")
+        .tempdir()
+        .context("cannot create a data directory")?;
+    let mut settings = ChaosSettings::profile(args.profile, seed, exe, dir.path().to_owned());
+    if let Some(n) = args.requests {
+        settings.requests = n;
+    }
+    if let Some(n) = args.races {
+        settings.races = n;
+    }
+    println!(
+        "inferq chaos: profile {:?}, seed {seed} (replay with --seed {seed})",
+        args.profile
+    );
+    let report = match args.only {
+        Some(ChaosOnly::Races { count }) => {
+            settings.races = count;
+            harness::races_only(settings).await?
+        }
+        None => harness::run(settings).await?,
+    };
+    finish(&report, &args.report)?;
+    if args.keep_data || !report.passed {
+        let kept = dir.keep();
+        println!("data kept in {}", kept.display());
+    }
+    if report.passed {
+        Ok(())
+    } else {
+        Err(Failure::from(anyhow!(
+            "chaos checks failed (seed {seed}): {}",
+            report.failures.join("; ")
+        )))
+    }
+}
+
+fn finish(report: &Report, path: &PathBuf) -> Result<(), Failure> {
+    let json = serde_json::to_vec_pretty(report).context("cannot encode the report")?;
+    std::fs::write(path, json).with_context(|| format!("cannot write {}", path.display()))?;
+    print!("{}", report.table());
+    println!("report written to {}", path.display());
+    Ok(())
+}
