@@ -69,6 +69,9 @@ pub struct Rig {
     pub lease: Duration,
 }
 
+/// Attempts of one admin command before it counts as failed.
+const ADMIN_TRIES: usize = 3;
+
 fn ms(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
@@ -122,11 +125,23 @@ impl Rig {
                 tokio::time::sleep(*down).await;
                 tokio::task::block_in_place(|| self.redis.restart()).map_err(|e| e.to_string())
             }
-            Fault::ScriptFlush => redis::cmd("SCRIPT")
-                .arg("FLUSH")
-                .query_async::<()>(&mut self.admin)
-                .await
-                .map_err(|e| e.to_string()),
+            Fault::ScriptFlush => {
+                let mut last = Ok(());
+                // The admin connection may still be broken from a Redis restart: it
+                // reconnects on the next try.
+                for _ in 0..ADMIN_TRIES {
+                    last = redis::cmd("SCRIPT")
+                        .arg("FLUSH")
+                        .query_async::<()>(&mut self.admin)
+                        .await
+                        .map_err(|e| e.to_string());
+                    if last.is_ok() {
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                last
+            }
             Fault::CutConnections { index: p } => {
                 self.proxies_of(*p).for_each(Proxy::cut);
                 Ok(())
@@ -218,8 +233,19 @@ impl Rig {
         (orphans, Ok(()))
     }
 
-    /// Every claim's owner token and lease expiry, read in one transaction.
+    /// Every claim's owner token and lease expiry, read in one transaction (tried a few
+    /// times: the admin connection may be broken from a Redis restart and reconnects).
     async fn claims(&mut self) -> Option<Claims> {
+        for _ in 0..ADMIN_TRIES {
+            if let Some(claims) = self.claims_once().await {
+                return Some(claims);
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        None
+    }
+
+    async fn claims_once(&mut self) -> Option<Claims> {
         let (owners, idx): (HashMap<String, String>, Vec<(String, f64)>) = redis::pipe()
             .atomic()
             .cmd("HGETALL")

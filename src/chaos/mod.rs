@@ -121,8 +121,8 @@ impl ChaosSettings {
             seed,
             exe,
             dir,
-            requests: 900,
-            rate: 18.0,
+            requests: 1000,
+            rate: 20.0,
             processors: 3,
             concurrency: 16,
             lease: Duration::from_secs(2),
@@ -133,9 +133,11 @@ impl ChaosSettings {
             fault_gap: (Duration::from_millis(800), Duration::from_millis(2500)),
             quiesce_limit: Duration::from_secs(75),
             races: 1000,
+            // About 0.8 s of simulated inference: ~16 requests in flight, so a kill or a
+            // freeze catches several.
             max_tokens: 16,
-            per_token_ms: 15.0,
-            ttft_ms: 100,
+            per_token_ms: 40.0,
+            ttft_ms: 150,
         };
         match profile {
             Profile::Short => short,
@@ -152,7 +154,7 @@ impl ChaosSettings {
     }
 }
 
-mod millis {
+pub(crate) mod millis {
     use std::time::Duration;
 
     pub fn serialize<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {

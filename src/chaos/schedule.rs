@@ -13,18 +13,30 @@ use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
 
-/// One fault.
+/// One fault. Durations appear in the JSON report as milliseconds.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum Fault {
     /// SIGKILL a processor; start it again after `down`.
-    KillProcessor { index: usize, down: Duration },
+    KillProcessor {
+        index: usize,
+        #[serde(serialize_with = "super::millis::serialize")]
+        down: Duration,
+    },
     /// SIGSTOP a processor for `stopped` (longer than its lease), then SIGCONT: a zombie owner
     /// comes back believing it still holds its claims.
-    PauseProcessor { index: usize, stopped: Duration },
+    PauseProcessor {
+        index: usize,
+        #[serde(serialize_with = "super::millis::serialize")]
+        stopped: Duration,
+    },
     /// Restart Redis: `SIGTERM` (graceful) or `SIGKILL`, down for `down`, then again on the
     /// same port and data directory (the AOF, `appendfsync always`, brings everything back).
-    RestartRedis { graceful: bool, down: Duration },
+    RestartRedis {
+        graceful: bool,
+        #[serde(serialize_with = "super::millis::serialize")]
+        down: Duration,
+    },
     /// `SCRIPT FLUSH`: every processor's cached scripts vanish.
     ScriptFlush,
     /// Drop every connection through the proxy of one processor, or of all (`None`).
@@ -32,6 +44,7 @@ pub enum Fault {
     /// Stop forwarding through the proxy of one processor, or of all, for `stalled`.
     StallConnections {
         index: Option<usize>,
+        #[serde(serialize_with = "super::millis::serialize")]
         stalled: Duration,
     },
     /// The gateway answers 5xx, 429, resets or hangs at these rates for `lasting`.
@@ -40,6 +53,7 @@ pub enum Fault {
         hang_rate: f64,
         reset_rate: f64,
         rate_limit_rate: f64,
+        #[serde(serialize_with = "super::millis::serialize")]
         lasting: Duration,
     },
 }
