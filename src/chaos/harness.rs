@@ -117,6 +117,9 @@ pub async fn run(settings: ChaosSettings) -> Result<Report, ChaosError> {
         rate: settings.rate,
         deadline: settings.deadline,
         max_tokens: settings.max_tokens,
+        short_deadline_every: 20,
+        short_deadline: Duration::from_secs(3),
+        cancel_every: 25,
     };
 
     let t0 = Instant::now();

@@ -76,6 +76,9 @@ pub struct Findings {
     /// Submits that failed: their fate is unknown.
     pub uncertain: usize,
     pub uncertain_with_result: usize,
+    /// Cancellations the producer made that found the generation active (each must still end
+    /// with one terminal record: `CANCELLED`, or the result if it was already done).
+    pub cancelled: u64,
     /// Accepted with no terminal record (up to 20 ids listed).
     pub lost: usize,
     pub lost_ids: Vec<String>,
@@ -160,6 +163,7 @@ pub fn check(h: &History) -> Findings {
         submitted: h.ledger.ids.len(),
         accepted: h.ledger.accepted(),
         uncertain: h.ledger.uncertain(),
+        cancelled: h.ledger.cancelled,
         ..Findings::default()
     };
 

@@ -110,6 +110,7 @@ impl Report {
                     h.submitted, h.accepted, h.uncertain, h.uncertain_with_result
                 ),
             );
+            row("cancelled by the producer", h.cancelled.to_string());
             row("lost", h.lost.to_string());
             row(
                 "duplicate terminal records",

@@ -5,7 +5,9 @@
 //! catches and the rate holds. What comes out is a [`Ledger`]: for every id, when it was
 //! submitted and whether Redis accepted it. A submit that failed is never retried under the
 //! same id — its fate is unknown (the transaction may have run before the reply was lost), so
-//! the checker allows it zero or one terminal record, never two.
+//! the checker allows it zero or one terminal record, never two. Some requests get a short
+//! deadline and some are cancelled soon after submission, so the `DEADLINE_EXCEEDED` and
+//! `CANCELLED` endings happen under the faults too.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -32,6 +34,10 @@ pub enum Fate {
 pub struct Ledger {
     /// id -> (submit time in Unix ms, fate).
     pub ids: BTreeMap<String, (i64, Fate)>,
+    /// Ids whose cancellation Redis accepted (the generation was still active).
+    pub cancelled: u64,
+    /// Cancellations that failed or found nothing active.
+    pub cancel_missed: u64,
 }
 
 impl Ledger {
@@ -59,6 +65,13 @@ pub struct Workload {
     pub deadline: Duration,
     /// Output tokens each asks for (the simulated inference time grows with it).
     pub max_tokens: u64,
+    /// Every n-th request (0: none) gets [`Workload::short_deadline`] instead, so some expire
+    /// under the faults and end `DEADLINE_EXCEEDED` (on claim, on reclaim or after a retry).
+    pub short_deadline_every: u64,
+    pub short_deadline: Duration,
+    /// Every n-th request (0: none) is cancelled by the producer within a second of its
+    /// submission, so some end `CANCELLED` before or during dispatch.
+    pub cancel_every: u64,
 }
 
 impl Workload {
@@ -72,7 +85,13 @@ impl Workload {
             "prompt": format!("chaos request {i}"),
             "max_tokens": self.max_tokens,
         }))?;
-        let deadline_s = i64::try_from(self.deadline.as_secs()).unwrap_or(i64::MAX);
+        let short = self.short_deadline_every > 0 && i % self.short_deadline_every == 1;
+        let deadline = if short {
+            self.short_deadline
+        } else {
+            self.deadline
+        };
+        let deadline_s = i64::try_from(deadline.as_secs()).unwrap_or(i64::MAX);
         Ok(NewRequest {
             id: self.id(i),
             created: now_s,
@@ -107,17 +126,39 @@ impl Workload {
             next = end;
             let producer = producer.clone();
             let ledger = Arc::clone(&ledger);
+            let cancel_every = self.cancel_every;
             tasks.spawn(async move {
                 let ids: Vec<String> = batch.iter().map(|r| r.id.clone()).collect();
                 let at = unix_ms();
                 match producer.submit_many(batch).await {
                     Ok(outcomes) => {
+                        let mut to_cancel = Vec::new();
                         for (id, outcome) in ids.into_iter().zip(outcomes) {
                             let fate = match outcome {
                                 Ok(_) => Fate::Accepted,
                                 Err(e) => Fate::Uncertain(e.to_string()),
                             };
+                            if fate == Fate::Accepted
+                                && cancel_every > 0
+                                && number(&id) % cancel_every == 0
+                            {
+                                to_cancel.push(id.clone());
+                            }
                             record(&ledger, id, at, fate);
+                        }
+                        if !to_cancel.is_empty() {
+                            let wait = rand::random_range(0..1000);
+                            tokio::time::sleep(Duration::from_millis(wait)).await;
+                            let (hit, missed) = match producer.cancel(&to_cancel).await {
+                                Ok(done) => {
+                                    let hit = done.iter().filter(|d| **d).count() as u64;
+                                    (hit, done.len() as u64 - hit)
+                                }
+                                Err(_) => (0, to_cancel.len() as u64),
+                            };
+                            let mut l = ledger.lock().unwrap_or_else(PoisonError::into_inner);
+                            l.cancelled += hit;
+                            l.cancel_missed += missed;
                         }
                     }
                     Err(e) => {
@@ -139,6 +180,14 @@ impl Workload {
             .clone();
         out
     }
+}
+
+/// The number at the end of an id.
+fn number(id: &str) -> u64 {
+    id.rsplit('-')
+        .next()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
 }
 
 fn record(ledger: &Mutex<Ledger>, id: String, at: i64, fate: Fate) {
