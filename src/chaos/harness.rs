@@ -5,7 +5,8 @@
 //!
 //! [`run`] takes [`ChaosSettings`] and returns the report (a failed check is in the report,
 //! not an error). [`races_only`] runs just the races against a Redis of its own. Progress goes
-//! to the log (`tracing`, standard error).
+//! to the log (`tracing`, standard error). Both need tokio's multi-threaded runtime: Redis is
+//! stopped and started in `block_in_place`. Dropping a run stops everything it started.
 
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
@@ -174,7 +175,6 @@ pub async fn run(settings: ChaosSettings) -> Result<Report, ChaosError> {
     let mut summaries = Vec::new();
     for p in &mut rig.processors {
         let final_stop = p.stop(Duration::from_secs(20)).await;
-        let _ = p.life();
         summaries.push(ProcessorSummary {
             index: p.index,
             starts: p.starts,

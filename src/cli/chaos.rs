@@ -1,12 +1,13 @@
 //! `inferq chaos`: the chaos harness (see [`crate::chaos`]). Flags pick a profile, a seed and
 //! where the JSON report goes; `inferq chaos races` runs only the stale-owner races. The
 //! summary table goes to standard output, progress to standard error; the exit code is 0 when
-//! every check passed and 1 when any failed.
+//! every check passed, 1 when any failed, 130 when interrupted (everything started is stopped).
 
 use std::path::PathBuf;
 
 use anyhow::{anyhow, Context};
 
+use super::demo::{interrupted, EXIT_INTERRUPTED};
 use super::Failure;
 use crate::chaos::{harness, ChaosSettings, Profile, Report};
 
@@ -63,15 +64,30 @@ pub async fn chaos(args: ChaosArgs) -> Result<(), Failure> {
         "inferq chaos: profile {:?}, seed {seed} (replay with --seed {seed})",
         args.profile
     );
-    let report = match args.only {
-        Some(ChaosOnly::Races { count }) => {
-            settings.races = count;
-            harness::races_only(settings).await?
+    let (report_path, keep_data) = (args.report.clone(), args.keep_data);
+    let run = async move {
+        match args.only {
+            Some(ChaosOnly::Races { count }) => {
+                settings.races = count;
+                harness::races_only(settings).await
+            }
+            None => harness::run(settings).await,
         }
-        None => harness::run(settings).await?,
     };
-    finish(&report, &args.report)?;
-    if args.keep_data || !report.passed {
+    // On a signal the run is dropped, and with it everything it started: processors
+    // (SIGKILL), Redis, the simulator, the proxies; then the data directory.
+    let report = tokio::select! {
+        biased;
+        signal = interrupted() => {
+            return Err(Failure {
+                code: EXIT_INTERRUPTED,
+                error: anyhow!("interrupted by {signal} (seed {seed})"),
+            });
+        }
+        report = run => report?,
+    };
+    finish(&report, &report_path)?;
+    if keep_data || !report.passed {
         let kept = dir.keep();
         println!("data kept in {}", kept.display());
     }

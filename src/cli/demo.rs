@@ -67,7 +67,7 @@ const STOP_LIMIT: Duration = Duration::from_secs(30);
 /// How long a processor left behind by an error or an interrupt gets before SIGKILL.
 const ABANDON_LIMIT: Duration = Duration::from_secs(5);
 /// Exit code after SIGINT / SIGTERM / SIGHUP (128 + SIGINT, as shells report Ctrl-C).
-const EXIT_INTERRUPTED: u8 = 130;
+pub(super) const EXIT_INTERRUPTED: u8 = 130;
 
 #[derive(Debug, clap::Args)]
 pub struct DemoArgs {
@@ -149,7 +149,7 @@ pub async fn demo(args: DemoArgs) -> Result<(), Failure> {
 }
 
 /// Resolves when the demo is asked to stop; installs the handlers on first poll.
-async fn interrupted() -> &'static str {
+pub(super) async fn interrupted() -> &'static str {
     #[cfg(unix)]
     {
         use tokio::signal::unix::{signal, SignalKind};
