@@ -133,10 +133,10 @@ impl ChaosSettings {
             fault_gap: (Duration::from_millis(800), Duration::from_millis(2500)),
             quiesce_limit: Duration::from_secs(75),
             races: 1000,
-            // About 0.8 s of simulated inference: ~16 requests in flight, so a kill or a
+            // About 1.1 s of simulated inference: ~20 requests in flight, so a kill or a
             // freeze catches several.
             max_tokens: 16,
-            per_token_ms: 40.0,
+            per_token_ms: 60.0,
             ttft_ms: 150,
         };
         match profile {
