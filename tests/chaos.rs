@@ -76,11 +76,11 @@ fn the_short_profile_loses_nothing_duplicates_nothing_strands_nothing() {
     for f in faults {
         assert_eq!(f["outcome"], "ok", "{f}");
     }
-    // Killed and frozen processors held requests, and survivors ran them again.
-    assert!(
-        h["redelivery"]["orphaned"].as_u64().unwrap() > 0,
-        "{context}"
-    );
+    // Killed and frozen processors held requests (about 20 are in flight at any time, and
+    // every run kills and freezes at least once each), and survivors ran them again.
+    let redelivery = &h["redelivery"];
+    assert!(redelivery["orphaned"].as_u64().unwrap() > 0, "{context}");
+    assert!(redelivery["re_executed"].as_u64().unwrap() > 0, "{context}");
     for p in r["processors"].as_array().unwrap() {
         assert_eq!(p["final_stop"], "exit 0 after SIGTERM", "{context}");
     }
