@@ -72,7 +72,7 @@ fn the_short_profile_loses_nothing_duplicates_nothing_strands_nothing() {
             }
         })
         .collect();
-    assert_eq!(kinds.len(), 8, "{kinds:?}");
+    assert_eq!(kinds.len(), 9, "{kinds:?}");
     for f in faults {
         assert_eq!(f["outcome"], "ok", "{f}");
     }

@@ -113,6 +113,25 @@ impl Rig {
                 let resumed = self.processors[*p].resume().map_err(|e| e.to_string());
                 result.and(resumed)
             }
+            Fault::FrozenAcrossRedisRestart { index: p, stopped } => {
+                // Orphans are read while Redis is still up, half a lease into the freeze; the
+                // Redis restart follows at once, and the freeze lasts `stopped` in all.
+                let began = Instant::now();
+                let (o, result) = self
+                    .with_orphans(index, *p, Duration::ZERO, |proc| {
+                        proc.pause().map_err(|e| e.to_string())
+                    })
+                    .await;
+                held = o.as_ref().map(|o| o.ids.len());
+                orphans = o;
+                tokio::task::block_in_place(|| self.redis.kill());
+                tokio::time::sleep(Duration::from_millis(300)).await;
+                let restarted =
+                    tokio::task::block_in_place(|| self.redis.restart()).map_err(|e| e.to_string());
+                tokio::time::sleep(stopped.saturating_sub(began.elapsed())).await;
+                let resumed = self.processors[*p].resume().map_err(|e| e.to_string());
+                result.and(restarted).and(resumed)
+            }
             Fault::RestartRedis { graceful, down } => {
                 let graceful = *graceful;
                 tokio::task::block_in_place(|| {

@@ -37,6 +37,14 @@ pub enum Fault {
         #[serde(serialize_with = "super::millis::serialize")]
         down: Duration,
     },
+    /// SIGSTOP a processor, SIGKILL Redis while it is frozen and bring Redis back, then
+    /// SIGCONT after `stopped`: the zombie wakes up to broken connections, a restarted Redis
+    /// and claims that are no longer its own.
+    FrozenAcrossRedisRestart {
+        index: usize,
+        #[serde(serialize_with = "super::millis::serialize")]
+        stopped: Duration,
+    },
     /// `SCRIPT FLUSH`: every processor's cached scripts vanish.
     ScriptFlush,
     /// Drop every connection through the proxy of one processor, or of all (`None`).
@@ -63,7 +71,8 @@ impl Fault {
     pub fn span(&self) -> Duration {
         match self {
             Fault::KillProcessor { down, .. } => *down,
-            Fault::PauseProcessor { stopped, .. } => *stopped,
+            Fault::PauseProcessor { stopped, .. }
+            | Fault::FrozenAcrossRedisRestart { stopped, .. } => *stopped,
             Fault::RestartRedis { down, .. } => *down + Duration::from_millis(300),
             Fault::ScriptFlush | Fault::CutConnections { .. } => Duration::ZERO,
             Fault::StallConnections { stalled, .. } => *stalled,
@@ -89,6 +98,10 @@ impl Fault {
                 "{} Redis, down {}",
                 if *graceful { "SIGTERM" } else { "SIGKILL" },
                 s(down)
+            ),
+            Fault::FrozenAcrossRedisRestart { index, stopped } => format!(
+                "SIGSTOP processor {index} for {}, SIGKILL + restart Redis meanwhile, SIGCONT",
+                s(stopped)
             ),
             Fault::ScriptFlush => "SCRIPT FLUSH".to_owned(),
             Fault::CutConnections { index } => format!("cut Redis connections of {}", who(index)),
@@ -135,7 +148,7 @@ pub struct PlanShape {
     pub gap: (Duration, Duration),
 }
 
-const KINDS: usize = 8;
+const KINDS: usize = 9;
 
 fn draw_kind(kind: usize, shape: &PlanShape, rng: &mut StdRng) -> Fault {
     let ms = |rng: &mut StdRng, lo: u64, hi: u64| Duration::from_millis(rng.random_range(lo..=hi));
@@ -167,6 +180,10 @@ fn draw_kind(kind: usize, shape: &PlanShape, rng: &mut StdRng) -> Fault {
         6 => Fault::StallConnections {
             index: one_or_all(rng),
             stalled: ms(rng, 1000, lease_ms * 2 + 1000),
+        },
+        8 => Fault::FrozenAcrossRedisRestart {
+            index,
+            stopped: ms(rng, lease_ms + lease_ms / 2, lease_ms * 2 + 1000),
         },
         _ => Fault::GatewayFaults {
             error_rate: rng.random_range(0.1..0.5),
@@ -232,6 +249,7 @@ mod tests {
             Fault::CutConnections { .. } => "cut",
             Fault::StallConnections { .. } => "stall",
             Fault::GatewayFaults { .. } => "gateway",
+            Fault::FrozenAcrossRedisRestart { .. } => "frozen-across-redis",
         }
     }
 
