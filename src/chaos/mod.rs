@@ -66,7 +66,7 @@ pub enum ChaosError {
 pub enum Profile {
     /// About a minute of faults; the whole run well under three minutes (CI).
     Short,
-    /// About fifteen minutes of faults and ten times the requests.
+    /// About fifteen minutes of faults and 15,000 requests.
     Long,
 }
 
