@@ -171,6 +171,7 @@ pub async fn run(settings: ChaosSettings) -> Result<Report, ChaosError> {
         orphans,
     };
     let findings = history::check(&history);
+    let gateway = Some(rig.sim.stats());
 
     let mut summaries = Vec::new();
     for p in &mut rig.processors {
@@ -208,6 +209,7 @@ pub async fn run(settings: ChaosSettings) -> Result<Report, ChaosError> {
         quiesced_after_ms,
         restore_problems,
         history: findings,
+        gateway,
         faults,
         processors: summaries,
         races,
@@ -234,6 +236,7 @@ pub async fn races_only(settings: ChaosSettings) -> Result<Report, ChaosError> {
         quiesced_after_ms: Some(0),
         restore_problems: Vec::new(),
         history: Default::default(),
+        gateway: None,
         faults: Vec::new(),
         processors: Vec::new(),
         races: Some(races),

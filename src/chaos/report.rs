@@ -41,6 +41,10 @@ pub struct Report {
     /// What could not be brought back after the last fault.
     pub restore_problems: Vec<String>,
     pub history: Findings,
+    /// The simulator's counters: executions that ended in an injected 5xx, reset or hang
+    /// explain part of the duplicate executions (the rest are redeliveries after lost leases).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub gateway: Option<crate::sim::SimStats>,
     pub faults: Vec<FaultRecord>,
     pub processors: Vec<ProcessorSummary>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -148,6 +152,15 @@ impl Report {
                     h.max_executions_of_one_id
                 ),
             );
+            if let Some(g) = &self.gateway {
+                row(
+                    "gateway answers",
+                    format!(
+                        "{} 200, {} 5xx, {} resets, {} hangs, {} 429 (injected faults included)",
+                        g.ok, g.server_error, g.resets, g.hangs, g.too_many_requests
+                    ),
+                );
+            }
             let r = &h.redelivery;
             row(
                 "redelivery after kill/stop",
