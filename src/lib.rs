@@ -22,9 +22,11 @@
 //!   back into an outcome (result, retry, terminal error).
 //! - [`ops`]: Prometheus metrics under the Go names and the health / readiness server.
 //! - [`sim`]: a stand-alone OpenAI-compatible simulator gateway for demos and tests.
+//! - [`bench`]: `inferq bench`, the benchmark of drains, latency, Redis commands and memory.
 //! - [`cli`]: the `inferq` subcommands; `src/main.rs` only calls into it.
 //! - [`testkit`]: real `redis-server` processes on free ports for tests and the demo.
 
+pub mod bench;
 pub mod cli;
 pub mod config;
 pub mod dispatch;

@@ -2,6 +2,7 @@
 //! file and calls into the library. Exit codes: 0 success, 2 bad input or configuration (the
 //! message names the field or line), 1 anything else.
 
+mod bench;
 mod demo;
 mod input;
 mod results;
@@ -42,6 +43,9 @@ enum Command {
     /// Run everything locally (redis-server, the simulator, `inferq run`), push N requests
     /// through and print throughput, latency, outcomes, retries and the no-loss check.
     Demo(demo::DemoArgs),
+    /// Benchmark (issue 5): drains, open-loop latency, Redis commands per request, CPU and
+    /// memory, redelivery after kill -9, and BullMQ on the same Redis when installed.
+    Bench(bench::BenchArgs),
 }
 
 #[derive(Debug, clap::Args)]
@@ -157,6 +161,7 @@ pub fn main() -> ExitCode {
             Command::Cancel(args) => submit::cancel(args).await,
             Command::Results(args) => results::results(args).await,
             Command::Demo(args) => demo::demo(args).await,
+            Command::Bench(args) => bench::bench(args).await,
         }
     });
     match outcome {

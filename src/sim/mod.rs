@@ -14,9 +14,11 @@
 //! - `server`: the routes and the life of one request (parse → admission → run stage).
 //! - `faults`: turning rates into a fault and a latency per request.
 //! - `metrics`: lock-free counters, the per-id execution map, Prometheus text.
+//! - `arrivals`: when each id was admitted to run (`/arrivals`), for benchmarks.
 //! - `openai`: request parsing and the JSON of answers and errors.
 //! - `listener`: the accept loop whose connections a handler can reset.
 
+mod arrivals;
 pub mod config;
 mod faults;
 mod listener;
@@ -36,6 +38,7 @@ use std::time::Duration;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
+pub use arrivals::unix_us;
 pub use config::SimConfig;
 pub use metrics::SimStats;
 pub use server::REQUEST_ID_HEADER;
@@ -123,6 +126,11 @@ impl Sim {
     /// How many times each `x-inferq-request-id` was admitted to run (faulted runs included).
     pub fn executions(&self) -> HashMap<String, u64> {
         self.state.executions.snapshot()
+    }
+
+    /// Unix-microsecond times at which each id starting with `prefix` was admitted to run.
+    pub fn arrivals(&self, prefix: &str) -> HashMap<String, Vec<u64>> {
+        self.state.arrivals.snapshot(prefix)
     }
 
     /// Every request that reached a completion endpoint, admitted or not.
