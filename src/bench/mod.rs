@@ -15,11 +15,13 @@
 //! - `measure`: INFO commandstats, CPU and peak RSS, the machine.
 //! - `load`: requests, pre-loading, watching results.
 //! - `ceiling`: the gateway's own ceiling (an in-process HTTP load generator).
+//! - `census`: top-level commands vs commands inside scripts, from MONITOR.
 //! - `drain`, `open_loop`, `redelivery`, `bullmq`: the phases.
 //! - `stats`: latency percentiles. `report`: targets, table, JSON. `plot`: the PNG.
 
 mod bullmq;
 mod ceiling;
+mod census;
 mod drain;
 mod load;
 mod measure;
@@ -185,8 +187,7 @@ pub async fn run(opts: BenchOptions) -> Result<Report, BenchError> {
 
     let mut ceilings = Vec::new();
     for g in &gateways {
-        let url = format!("{}/v1/chat/completions", g.base_url());
-        let c = ceiling::measure(&url, opts.concurrency, opts.ceiling).await?;
+        let c = ceiling::measure(g.port, opts.concurrency, opts.ceiling).await?;
         say(format!(
             "gateway {} ceiling: {:.0} req/s ({} answered, {} failed, concurrency {})",
             g.kind.name(),
@@ -222,6 +223,13 @@ pub async fn run(opts: BenchOptions) -> Result<Report, BenchError> {
             drains.push(d);
         }
     }
+
+    let census_n = opts.drains.iter().copied().min().unwrap_or(1000).min(5000);
+    let census = census::run(&mut ctx, &gateways[gateways.len() - 1], census_n).await?;
+    say(format!(
+        "command census ({census_n} requests under MONITOR): {:.2} top-level commands/request, {:.2} inside scripts",
+        census.top_level_per_request, census.inside_scripts_per_request
+    ));
 
     let bullmq = match (
         gateways.iter().find(|g| g.kind == GatewayKind::Node),
@@ -282,6 +290,7 @@ pub async fn run(opts: BenchOptions) -> Result<Report, BenchError> {
         Settings::from_options(&opts),
         ceilings,
         drains,
+        census,
         bullmq,
         open,
         redelivery,

@@ -30,6 +30,15 @@ fn font_ready() -> bool {
     })
 }
 
+/// An axis number: whole above 10, one decimal below.
+fn number(v: &f64) -> String {
+    if v.abs() >= 10.0 {
+        format!("{v:.0}")
+    } else {
+        format!("{v:.1}")
+    }
+}
+
 fn err(e: impl std::fmt::Display) -> BenchError {
     BenchError::Plot(e.to_string())
 }
@@ -201,7 +210,10 @@ fn panel(
             if text {
                 mesh.x_desc(x_desc)
                     .y_desc(y_desc)
-                    .label_style(("sans-serif", 13));
+                    .label_style(("sans-serif", 13))
+                    .x_labels(6)
+                    .x_label_formatter(&number)
+                    .y_label_formatter(&number);
             } else {
                 mesh.x_labels(0).y_labels(0);
             }

@@ -9,6 +9,7 @@ use serde::Serialize;
 
 use super::bullmq::BullmqDrain;
 use super::ceiling::Ceiling;
+use super::census::Census;
 use super::drain::Drain;
 use super::measure::Machine;
 use super::open_loop::OpenLoop;
@@ -123,6 +124,8 @@ pub struct Report {
     pub settings: Settings,
     pub gateway_ceilings: Vec<Ceilings>,
     pub drains: Vec<Drain>,
+    /// Top-level commands vs commands inside scripts (a small drain under MONITOR).
+    pub command_census: Census,
     pub bullmq: BullmqSection,
     pub open_loop: Vec<OpenLoop>,
     pub redelivery: Redelivery,
@@ -137,6 +140,7 @@ impl Report {
         settings: Settings,
         gateway_ceilings: Vec<Ceilings>,
         drains: Vec<Drain>,
+        command_census: Census,
         bullmq: BullmqSection,
         open_loop: Vec<OpenLoop>,
         redelivery: Redelivery,
@@ -148,6 +152,7 @@ impl Report {
             settings,
             gateway_ceilings,
             drains,
+            command_census,
             bullmq,
             open_loop,
             redelivery,
@@ -231,6 +236,16 @@ impl Report {
             .iter()
             .map(|d| d.commands.script_calls_per_request)
             .collect());
+        let census = &self.command_census;
+        t.push(Target {
+            name: "Redis commands sent per completed request (top level)".into(),
+            target: "<= 3".into(),
+            measured: format!(
+                "{:.2} (MONITOR census of {} requests)",
+                census.top_level_per_request, census.requests
+            ),
+            pass: Some(census.top_level_per_request <= 3.0),
+        });
         t.push(Target {
             name: "Redis calls per completed request (all, incl. inside scripts)".into(),
             target: "<= 3".into(),
@@ -347,6 +362,18 @@ impl Report {
                 d.peak_rss_mib
             );
         }
+        let c = &self.command_census;
+        println!(
+            "command census (MONITOR, {} requests): {:.2} top-level commands/request ({}), {:.2} inside scripts",
+            c.requests,
+            c.top_level_per_request,
+            c.top_level_by_command
+                .iter()
+                .map(|(k, v)| format!("{k} {:.2}", *v as f64 / c.requests.max(1) as f64))
+                .collect::<Vec<_>>()
+                .join(", "),
+            c.inside_scripts_per_request
+        );
         println!();
         if self.bullmq.measured {
             println!(
