@@ -41,6 +41,9 @@ use crate::testkit::{Fsync, RedisServer};
 use procs::{Gateway, GatewayKind, ProcessorSpec};
 use report::{BullmqSection, Ceilings, Report, Settings};
 
+/// How long a Redis reply of the bench's own connection may take.
+const FLUSH_LIMIT: Duration = Duration::from_secs(120);
+
 /// What can stop a benchmark run.
 #[derive(Debug, thiserror::Error)]
 pub enum BenchError {
@@ -62,9 +65,23 @@ pub enum BenchError {
     Phase(String),
     #[error("cannot draw the plot: {0}")]
     Plot(String),
+    #[error("{phase}: {source}")]
+    During {
+        phase: String,
+        #[source]
+        source: Box<BenchError>,
+    },
 }
 
 impl BenchError {
+    /// This error, saying which phase it stopped.
+    fn during(self, phase: impl Into<String>) -> BenchError {
+        BenchError::During {
+            phase: phase.into(),
+            source: Box::new(self),
+        }
+    }
+
     fn setup(what: impl Into<String>, source: std::io::Error) -> BenchError {
         BenchError::Setup {
             what: what.into(),
@@ -159,7 +176,9 @@ pub async fn run(opts: BenchOptions) -> Result<Report, BenchError> {
         redis.port(),
         dir.display()
     ));
-    let con = redis.client()?.get_multiplexed_async_connection().await?;
+    let mut con = redis.client()?.get_multiplexed_async_connection().await?;
+    // FLUSHALL after a large drain (BullMQ keeps every completed job) takes a while.
+    con.set_response_timeout(FLUSH_LIMIT);
     let http = reqwest::Client::builder()
         .no_proxy()
         .timeout(Duration::from_secs(10))
@@ -187,7 +206,9 @@ pub async fn run(opts: BenchOptions) -> Result<Report, BenchError> {
 
     let mut ceilings = Vec::new();
     for g in &gateways {
-        let c = ceiling::measure(g.port, opts.concurrency, opts.ceiling).await?;
+        let c = ceiling::measure(g.port, opts.concurrency, opts.ceiling)
+            .await
+            .map_err(|e| e.during(format!("{} gateway ceiling", g.kind.name())))?;
         say(format!(
             "gateway {} ceiling: {:.0} req/s ({} answered, {} failed, concurrency {})",
             g.kind.name(),
@@ -205,7 +226,9 @@ pub async fn run(opts: BenchOptions) -> Result<Report, BenchError> {
     let mut drains = Vec::new();
     for g in &gateways {
         for &n in &opts.drains {
-            let mut d = drain::run(&mut ctx, g, n).await?;
+            let mut d = drain::run(&mut ctx, g, n)
+                .await
+                .map_err(|e| e.during(format!("drain {n} via {}", g.kind.name())))?;
             d.ratio_to_gateway_ceiling = ceilings
                 .iter()
                 .find(|c| c.gateway == g.kind)
@@ -225,7 +248,9 @@ pub async fn run(opts: BenchOptions) -> Result<Report, BenchError> {
     }
 
     let census_n = opts.drains.iter().copied().min().unwrap_or(1000).min(5000);
-    let census = census::run(&mut ctx, &gateways[gateways.len() - 1], census_n).await?;
+    let census = census::run(&mut ctx, &gateways[gateways.len() - 1], census_n)
+        .await
+        .map_err(|e| e.during("command census"))?;
     say(format!(
         "command census ({census_n} requests under MONITOR): {:.2} top-level commands/request, {:.2} inside scripts",
         census.top_level_per_request, census.inside_scripts_per_request
@@ -242,7 +267,9 @@ pub async fn run(opts: BenchOptions) -> Result<Report, BenchError> {
                     .map_err(|e| BenchError::setup("cannot write bullmq_drain.js", e))?;
                 let mut runs = Vec::new();
                 for &n in &opts.drains {
-                    let b = bullmq::run(&mut ctx, &bull_dir, &script, node, n).await?;
+                    let b = bullmq::run(&mut ctx, &bull_dir, &script, node, n)
+                        .await
+                        .map_err(|e| e.during(format!("BullMQ drain {n}")))?;
                     say(format!(
                         "BullMQ drain {n} via node: {:.0} jobs/s in {:.2} s",
                         b.jobs_per_s, b.seconds
@@ -263,7 +290,9 @@ pub async fn run(opts: BenchOptions) -> Result<Report, BenchError> {
     let open_sim = Gateway::sim(&ctx.http, &dir, 0).await?;
     let mut open = Vec::new();
     for &rate in &opts.rates {
-        let o = open_loop::run(&mut ctx, &open_sim, rate, opts.open_loop).await?;
+        let o = open_loop::run(&mut ctx, &open_sim, rate, opts.open_loop)
+            .await
+            .map_err(|e| e.during(format!("open loop at {rate}/s")))?;
         say(format!(
             "open loop {rate}/s: submitted {:.0}/s, {} of {} results; enqueue→dispatch p50 {:.2} ms p99 {:.2} ms; submit→result p50 {:.2} ms p99 {:.2} ms",
             o.achieved_submit_rps,
@@ -278,7 +307,9 @@ pub async fn run(opts: BenchOptions) -> Result<Report, BenchError> {
     }
     drop(open_sim);
 
-    let redelivery = redelivery::run(&mut ctx, opts.redelivery_requests).await?;
+    let redelivery = redelivery::run(&mut ctx, opts.redelivery_requests)
+        .await
+        .map_err(|e| e.during("redelivery"))?;
     say(format!(
         "redelivery after kill -9 ({} requests, lease {} s): p50 {:.2} s, max {:.2} s",
         redelivery.requests, redelivery.lease_s, redelivery.p50_s, redelivery.max_s

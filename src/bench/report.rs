@@ -20,6 +20,10 @@ use super::{BenchError, BenchOptions};
 /// How the processors and Redis were configured.
 #[derive(Debug, Clone, Serialize)]
 pub struct Settings {
+    /// "quick" or "full".
+    pub profile: String,
+    /// The command line that produced the report.
+    pub command: String,
     pub concurrency: u32,
     pub poll_interval_ms: u64,
     pub batch_size: u32,
@@ -34,6 +38,8 @@ pub struct Settings {
 impl Settings {
     pub fn from_options(o: &BenchOptions) -> Settings {
         Settings {
+            profile: o.profile.clone(),
+            command: o.command.clone(),
             concurrency: o.concurrency,
             poll_interval_ms: o.poll_interval_ms,
             batch_size: o.batch_size,
@@ -319,8 +325,8 @@ impl Report {
             m.node.as_deref().unwrap_or("absent")
         );
         println!(
-            "processor: concurrency {}, poll {} ms, batch {}; Redis AOF appendfsync {}",
-            s.concurrency, s.poll_interval_ms, s.batch_size, s.redis_appendfsync
+            "{} profile: `{}`; processor: concurrency {}, poll {} ms, batch {}; Redis AOF appendfsync {}",
+            s.profile, s.command, s.concurrency, s.poll_interval_ms, s.batch_size, s.redis_appendfsync
         );
         println!();
         println!(
