@@ -1,7 +1,7 @@
 //! A drain: N requests pre-loaded into a fresh queue, then `inferq run` started against a
 //! stand-in gateway, timed until all N results are on the result list. In: the gateway and N;
 //! out: a [`Drain`] with requests/s (from processor start, and first to last result), Redis
-//! commands per request over the drain only (INFO commandstats delta taken after the pre-load,
+//! commands per request and redis-server CPU over the drain only (INFO commandstats delta taken after the pre-load,
 //! the bench's own `LLEN` polls and `INFO` left out), and the processor's CPU and peak RSS.
 //! Also measured on the way: the producer's commands per submit during the pre-load.
 
@@ -10,7 +10,7 @@ use std::time::Duration;
 use serde::Serialize;
 
 use super::load::{preload, wait_for_results};
-use super::measure::{commandstats, delta, script_calls, CommandCounts};
+use super::measure::{commandstats, delta, proc_usage, script_calls, CommandCounts};
 use super::procs::{Gateway, GatewayKind, Processor};
 use super::{BenchError, Ctx};
 use crate::queue::producer::Producer;
@@ -63,6 +63,15 @@ pub struct Drain {
     pub cpu_s: f64,
     pub cpu_s_per_1k: f64,
     pub peak_rss_mib: f64,
+    /// redis-server's CPU seconds per 1k requests over the drain.
+    pub redis_cpu_s_per_1k: Option<f64>,
+}
+
+/// redis-server's CPU seconds so far.
+fn redis_cpu(ctx: &Ctx) -> Option<f64> {
+    ctx.redis_pid
+        .and_then(|pid| proc_usage(pid).ok())
+        .map(|u| u.cpu_s)
 }
 
 /// Runs one drain of `n` requests against `gateway`.
@@ -78,6 +87,7 @@ pub async fn run(ctx: &mut Ctx, gateway: &Gateway, n: u64) -> Result<Drain, Benc
     let own_info = CommandCounts::from([("info".to_owned(), 1)]);
     let producer_counts = delta(&before_load, &before, &own_info);
 
+    let redis_before = redis_cpu(ctx);
     let (mut processor, _health) = Processor::spawn(&spec, &ctx.dir)?;
     let limit = Duration::from_secs(120 + n / 200);
     let watched = wait_for_results(&mut ctx.con, &spec.results, n, limit, || {
@@ -95,6 +105,10 @@ pub async fn run(ctx: &mut Ctx, gateway: &Gateway, n: u64) -> Result<Drain, Benc
         }
     };
     let usage = processor.usage()?;
+    let redis_cpu_s = match (redis_before, redis_cpu(ctx)) {
+        (Some(before), Some(after)) => Some(after - before),
+        _ => None,
+    };
     let after = commandstats(&mut ctx.con).await?;
     processor.kill9();
 
@@ -120,5 +134,6 @@ pub async fn run(ctx: &mut Ctx, gateway: &Gateway, n: u64) -> Result<Drain, Benc
         cpu_s: usage.cpu_s,
         cpu_s_per_1k: usage.cpu_s * 1000.0 / n as f64,
         peak_rss_mib: usage.peak_rss_mib,
+        redis_cpu_s_per_1k: redis_cpu_s.map(|s| s * 1000.0 / n as f64),
     })
 }

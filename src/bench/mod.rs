@@ -118,6 +118,8 @@ pub struct BenchOptions {
 /// What the phases share: Redis, a scratch folder, an HTTP client and the options.
 pub struct Ctx {
     pub redis_url: String,
+    /// redis-server's pid, for its CPU time.
+    pub redis_pid: Option<u32>,
     pub redis_port: u16,
     pub con: MultiplexedConnection,
     pub dir: PathBuf,
@@ -185,6 +187,7 @@ pub async fn run(opts: BenchOptions) -> Result<Report, BenchError> {
         .build()?;
     let mut ctx = Ctx {
         redis_url: redis.url(),
+        redis_pid: redis.pid(),
         redis_port: redis.port(),
         con,
         dir: dir.clone(),

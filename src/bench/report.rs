@@ -342,7 +342,7 @@ impl Report {
         }
         println!();
         println!(
-            "drains    {:>7} {:>9} {:>8} {:>8} {:>10} {:>9} {:>11} {:>10} {:>9}",
+            "drains    {:>7} {:>9} {:>8} {:>8} {:>10} {:>9} {:>11} {:>10} {:>9} {:>12}",
             "N",
             "req/s",
             "seconds",
@@ -351,11 +351,12 @@ impl Report {
             "evals/req",
             "producer/req",
             "CPU s/1k",
-            "peak MiB"
+            "peak MiB",
+            "redis CPU/1k"
         );
         for d in &self.drains {
             println!(
-                "  {:<7} {:>7} {:>9.0} {:>8.2} {:>7.0}% {:>10.2} {:>9.3} {:>11.2} {:>10.3} {:>9.1}",
+                "  {:<7} {:>7} {:>9.0} {:>8.2} {:>7.0}% {:>10.2} {:>9.3} {:>11.2} {:>10.3} {:>9.1} {:>12.3}",
                 d.gateway.name(),
                 d.n,
                 d.requests_per_s,
@@ -365,7 +366,8 @@ impl Report {
                 d.commands.script_calls_per_request,
                 d.producer_commands_per_submit,
                 d.cpu_s_per_1k,
-                d.peak_rss_mib
+                d.peak_rss_mib,
+                d.redis_cpu_s_per_1k.unwrap_or(f64::NAN)
             );
         }
         let c = &self.command_census;
