@@ -24,9 +24,11 @@
 //! - [`sim`]: a stand-alone OpenAI-compatible simulator gateway for demos and tests.
 //! - [`chaos`]: the chaos harness (`inferq chaos`): real processes, injected faults, and a
 //!   check of the whole history.
+//! - [`bench`]: `inferq bench`, the benchmark of drains, latency, Redis commands and memory.
 //! - [`cli`]: the `inferq` subcommands; `src/main.rs` only calls into it.
 //! - [`testkit`]: real `redis-server` processes on free ports for tests and the demo.
 
+pub mod bench;
 pub mod chaos;
 pub mod cli;
 pub mod config;

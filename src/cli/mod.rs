@@ -3,6 +3,7 @@
 //! message names the field or line), 1 anything else.
 
 mod chaos;
+mod bench;
 mod demo;
 mod input;
 mod results;
@@ -46,6 +47,9 @@ enum Command {
     /// Break things on purpose (kill and freeze processors, restart Redis, cut connections,
     /// fail the gateway) under load, then check every request has exactly one result.
     Chaos(chaos::ChaosArgs),
+    /// Benchmark (issue 5): drains, open-loop latency, Redis commands per request, CPU and
+    /// memory, redelivery after kill -9, and BullMQ on the same Redis when installed.
+    Bench(bench::BenchArgs),
 }
 
 #[derive(Debug, clap::Args)]
@@ -162,6 +166,7 @@ pub fn main() -> ExitCode {
             Command::Results(args) => results::results(args).await,
             Command::Demo(args) => demo::demo(args).await,
             Command::Chaos(args) => chaos::chaos(args).await,
+            Command::Bench(args) => bench::bench(args).await,
         }
     });
     match outcome {

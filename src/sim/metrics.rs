@@ -1,6 +1,6 @@
 //! What the simulator counts. Request handlers bump the lock-free counters in [`Stats`] and the
-//! per-request-id [`Executions`] map (with each execution's arrival time) as requests move
-//! through admission and the run stage; the counts leave as a [`SimStats`] snapshot (`GET /stats`, [`super::Sim::stats`]), as the
+//! per-request-id [`Executions`] map as requests move through admission and the run stage; the
+//! counts leave as a [`SimStats`] snapshot (`GET /stats`, [`super::Sim::stats`]), as the
 //! execution map (`GET /executions`) and as Prometheus text (`GET /metrics`).
 
 use std::collections::HashMap;
@@ -8,7 +8,6 @@ use std::fmt::Write as _;
 use std::hash::{BuildHasher, RandomState};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Mutex;
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::Serialize;
 
@@ -200,13 +199,12 @@ fn escape_label(value: &str) -> String {
 /// Shards of the per-id map: enough that concurrent handlers rarely meet on one lock.
 const SHARDS: usize = 32;
 
-/// When each `x-inferq-request-id` was admitted to run (Unix milliseconds; the count is how
-/// many). Sharded by a hash of the id so that each update locks one small map for a single
-/// insert.
+/// How many times each `x-inferq-request-id` was admitted to run. Sharded by a hash of the id
+/// so that each update locks one small map for a single insert.
 #[derive(Debug)]
 pub struct Executions {
     hasher: RandomState,
-    shards: Vec<Mutex<HashMap<String, Vec<u64>>>>,
+    shards: Vec<Mutex<HashMap<String, u64>>>,
 }
 
 impl Default for Executions {
@@ -218,25 +216,18 @@ impl Default for Executions {
     }
 }
 
-fn now_unix_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-}
-
 impl Executions {
-    /// Records one execution of `id`, now.
+    /// Counts one execution of `id`.
     pub fn record(&self, id: &str) {
-        let at = now_unix_ms();
         let shard = &self.shards[self.hasher.hash_one(id) as usize % SHARDS];
         // A poisoned shard only means a panic elsewhere mid-insert; the counts are still usable.
         let mut map = shard
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
         match map.get_mut(id) {
-            Some(times) => times.push(at),
+            Some(count) => *count += 1,
             None => {
-                map.insert(id.to_owned(), vec![at]);
+                map.insert(id.to_owned(), 1);
             }
         }
     }
@@ -248,19 +239,7 @@ impl Executions {
             let map = shard
                 .lock()
                 .unwrap_or_else(|poisoned| poisoned.into_inner());
-            all.extend(map.iter().map(|(k, v)| (k.clone(), v.len() as u64)));
-        }
-        all
-    }
-
-    /// Copies every id's execution times (Unix ms, oldest first) into one map.
-    pub fn times(&self) -> HashMap<String, Vec<u64>> {
-        let mut all = HashMap::new();
-        for shard in &self.shards {
-            let map = shard
-                .lock()
-                .unwrap_or_else(|poisoned| poisoned.into_inner());
-            all.extend(map.iter().map(|(k, v)| (k.clone(), v.clone())));
+            all.extend(map.iter().map(|(k, v)| (k.clone(), *v)));
         }
         all
     }
@@ -283,10 +262,6 @@ mod tests {
         assert_eq!(snap["id-0"], 1);
         assert_eq!(snap["id-5"], 3);
         assert_eq!(snap.values().sum::<u64>(), 199);
-        let times = ex.times();
-        assert_eq!(times["id-5"].len(), 3);
-        assert!(times["id-5"].windows(2).all(|w| w[0] <= w[1]));
-        assert!(times["id-5"][0] > 1_600_000_000_000, "Unix milliseconds");
     }
 
     #[test]

@@ -15,9 +15,11 @@
 //! - `faults`: turning rates into a fault and a latency per request; [`FaultRates`] can be
 //!   replaced at run time (`POST /faults`, [`Sim::set_faults`]).
 //! - `metrics`: lock-free counters, the per-id execution map, Prometheus text.
+//! - `arrivals`: when each id was admitted to run (`/arrivals`), for benchmarks.
 //! - `openai`: request parsing and the JSON of answers and errors.
 //! - `listener`: the accept loop whose connections a handler can reset.
 
+mod arrivals;
 pub mod config;
 mod faults;
 mod listener;
@@ -37,6 +39,7 @@ use std::time::Duration;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
+pub use arrivals::unix_us;
 pub use config::SimConfig;
 pub use faults::FaultRates;
 pub use metrics::SimStats;
@@ -129,7 +132,18 @@ impl Sim {
 
     /// When each `x-inferq-request-id` was admitted to run, in Unix milliseconds, oldest first.
     pub fn execution_times(&self) -> HashMap<String, Vec<u64>> {
-        self.state.executions.times()
+        let mut times = self.state.arrivals.snapshot("");
+        for list in times.values_mut() {
+            for t in list.iter_mut() {
+                *t /= 1000;
+            }
+        }
+        times
+    }
+
+    /// Unix-microsecond times at which each id starting with `prefix` was admitted to run.
+    pub fn arrivals(&self, prefix: &str) -> HashMap<String, Vec<u64>> {
+        self.state.arrivals.snapshot(prefix)
     }
 
     /// The fault rates now in force.

@@ -10,8 +10,8 @@
 //!
 //! Only requests that pass admission count as executions; what then happens to them (success
 //! or an injected fault) does not change that; an id that is not a visible-ASCII header value
-//! counts in the totals only. Counts leave through `/stats`, `/executions` and
-//! `/metrics`.
+//! counts in the totals only. Counts leave through `/stats`, `/executions`,
+//! `/arrivals` (when each id ran) and `/metrics`.
 
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, PoisonError, RwLock};
@@ -27,6 +27,7 @@ use axum::Router;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 
+use super::arrivals::Arrivals;
 use super::faults::{Fault, FaultPlan, FaultRates};
 use super::listener::ConnControl;
 use super::metrics::{Executions, Stats};
@@ -52,6 +53,7 @@ pub struct SimState {
     shutdown: CancellationToken,
     pub(super) stats: Stats,
     pub(super) executions: Executions,
+    pub(super) arrivals: Arrivals,
 }
 
 impl SimState {
@@ -65,6 +67,7 @@ impl SimState {
             shutdown,
             stats: Stats::default(),
             executions: Executions::default(),
+            arrivals: Arrivals::default(),
             cfg,
         }
     }
@@ -101,6 +104,7 @@ pub fn router(state: Arc<SimState>) -> Router {
         .route("/v1/models", get(models))
         .route("/executions", get(executions))
         .route("/faults", get(current_faults).post(set_faults))
+        .route("/arrivals", get(arrivals))
         .route("/stats", get(stats))
         .route("/metrics", get(metrics))
         .route("/healthz", get(|| async { StatusCode::OK }))
@@ -161,6 +165,7 @@ async fn complete(
     stats.executed.fetch_add(1, Relaxed);
     if let Some(id) = headers.get(REQUEST_ID_HEADER).and_then(|v| v.to_str().ok()) {
         state.executions.record(id);
+        state.arrivals.record(id);
     }
 
     match faults.draw() {
@@ -280,6 +285,21 @@ async fn set_faults(State(state): State<Arc<SimState>>, body: Bytes) -> Response
             "invalid_request_error",
         ),
     }
+}
+
+/// `GET /arrivals[?prefix=P]`: Unix-microsecond arrival times of each id's executions.
+async fn arrivals(
+    State(state): State<Arc<SimState>>,
+    axum::extract::Query(query): axum::extract::Query<ArrivalsQuery>,
+) -> Response {
+    axum::Json(state.arrivals.snapshot(&query.prefix)).into_response()
+}
+
+/// The query of `GET /arrivals`.
+#[derive(Debug, Default, serde::Deserialize)]
+struct ArrivalsQuery {
+    #[serde(default)]
+    prefix: String,
 }
 
 async fn stats(State(state): State<Arc<SimState>>) -> Response {

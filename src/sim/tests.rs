@@ -687,3 +687,20 @@ async fn fault_rates_switch_at_run_time_over_http_and_in_process() {
     assert_eq!(times["a"].len(), 3);
     sim.stop().await;
 }
+
+#[tokio::test]
+async fn arrivals_are_served_per_id_with_a_prefix_filter() {
+    let sim = start(SimConfig::instant()).await;
+    let c = client();
+    for id in ["run-a", "run-a", "other"] {
+        assert_eq!(post(&c, &sim, Some(id)).await.status(), 200);
+    }
+    let url = format!("{}/arrivals?prefix=run-", sim.base_url());
+    let body: Value = from_body(&c.get(&url).send().await.unwrap().bytes().await.unwrap());
+    let times = body["run-a"].as_array().unwrap();
+    assert_eq!(times.len(), 2);
+    assert!(times[0].as_u64().unwrap() <= times[1].as_u64().unwrap());
+    assert!(body.get("other").is_none());
+    assert_eq!(sim.arrivals("").len(), 2);
+    sim.stop().await;
+}

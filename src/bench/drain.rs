@@ -1,0 +1,139 @@
+//! A drain: N requests pre-loaded into a fresh queue, then `inferq run` started against a
+//! stand-in gateway, timed until all N results are on the result list. In: the gateway and N;
+//! out: a [`Drain`] with requests/s (from processor start, and first to last result), Redis
+//! commands per request and redis-server CPU over the drain only (INFO commandstats delta taken after the pre-load,
+//! the bench's own `LLEN` polls and `INFO` left out), and the processor's CPU and peak RSS.
+//! Also measured on the way: the producer's commands per submit during the pre-load.
+
+use std::time::Duration;
+
+use serde::Serialize;
+
+use super::load::{preload, wait_for_results};
+use super::measure::{commandstats, delta, proc_usage, script_calls, CommandCounts};
+use super::procs::{Gateway, GatewayKind, Processor};
+use super::{BenchError, Ctx};
+use crate::queue::producer::Producer;
+
+/// Redis commands over a phase.
+#[derive(Debug, Clone, Serialize)]
+pub struct Commands {
+    /// All calls, commands run inside Lua scripts included.
+    pub total: u64,
+    pub per_request: f64,
+    /// Script invocations (EVAL/EVALSHA): each one top-level round trip.
+    pub script_calls: u64,
+    pub script_calls_per_request: f64,
+    /// Calls per command name.
+    pub by_command: CommandCounts,
+}
+
+impl Commands {
+    pub fn over(counts: CommandCounts, requests: u64) -> Commands {
+        let total: u64 = counts.values().sum();
+        let scripts = script_calls(&counts);
+        let per = |n: u64| n as f64 / requests.max(1) as f64;
+        Commands {
+            total,
+            per_request: per(total),
+            script_calls: scripts,
+            script_calls_per_request: per(scripts),
+            by_command: counts,
+        }
+    }
+}
+
+/// One drain's figures.
+#[derive(Debug, Clone, Serialize)]
+pub struct Drain {
+    pub gateway: GatewayKind,
+    pub n: u64,
+    pub concurrency: u32,
+    /// From starting `inferq run` to the last result.
+    pub seconds: f64,
+    pub requests_per_s: f64,
+    /// From the first result to the last.
+    pub seconds_first_to_last: f64,
+    pub requests_per_s_first_to_last: f64,
+    /// `requests_per_s` over the gateway's ceiling measured in this run.
+    pub ratio_to_gateway_ceiling: Option<f64>,
+    pub commands: Commands,
+    /// Producer commands during the pre-load, per submitted request.
+    pub producer_commands_per_submit: f64,
+    pub cpu_s: f64,
+    pub cpu_s_per_1k: f64,
+    pub peak_rss_mib: f64,
+    /// redis-server's CPU seconds per 1k requests over the drain.
+    pub redis_cpu_s_per_1k: Option<f64>,
+}
+
+/// redis-server's CPU seconds so far.
+fn redis_cpu(ctx: &Ctx) -> Option<f64> {
+    ctx.redis_pid
+        .and_then(|pid| proc_usage(pid).ok())
+        .map(|u| u.cpu_s)
+}
+
+/// Runs one drain of `n` requests against `gateway`.
+pub async fn run(ctx: &mut Ctx, gateway: &Gateway, n: u64) -> Result<Drain, BenchError> {
+    ctx.flush().await?;
+    let tag = format!("drain-{}-{n}", gateway.kind.name());
+    let spec = ctx.spec(&gateway.base_url(), &tag);
+    let producer = Producer::connect(&ctx.redis_url, &spec.queue, &spec.results).await?;
+
+    let before_load = commandstats(&mut ctx.con).await?;
+    preload(&producer, &tag, n).await?;
+    let before = commandstats(&mut ctx.con).await?;
+    let own_info = CommandCounts::from([("info".to_owned(), 1)]);
+    let producer_counts = delta(&before_load, &before, &own_info);
+
+    let redis_before = redis_cpu(ctx);
+    let (mut processor, _health) = Processor::spawn(&spec, &ctx.dir)?;
+    let limit = Duration::from_secs(120 + n / 200);
+    let watched = wait_for_results(&mut ctx.con, &spec.results, n, limit, || {
+        processor.check_alive()
+    })
+    .await;
+    let watched = match watched {
+        Ok(w) => w,
+        Err(e) => {
+            return Err(BenchError::Phase(format!(
+                "drain of {n} via {}: {e}\nprocessor log:\n{}",
+                gateway.kind.name(),
+                processor.log_tail()
+            )))
+        }
+    };
+    let usage = processor.usage()?;
+    let redis_cpu_s = match (redis_before, redis_cpu(ctx)) {
+        (Some(before), Some(after)) => Some(after - before),
+        _ => None,
+    };
+    let after = commandstats(&mut ctx.con).await?;
+    processor.kill9();
+
+    let own = CommandCounts::from([("info".to_owned(), 1), ("llen".to_owned(), watched.polls)]);
+    let seconds = watched.last.duration_since(processor.started).as_secs_f64();
+    let first_to_last = watched.last.duration_since(watched.first).as_secs_f64();
+    let producer = Commands::over(producer_counts, n);
+    Ok(Drain {
+        gateway: gateway.kind,
+        n,
+        concurrency: spec.concurrency,
+        seconds,
+        requests_per_s: n as f64 / seconds,
+        seconds_first_to_last: first_to_last,
+        requests_per_s_first_to_last: if first_to_last > 0.0 {
+            n as f64 / first_to_last
+        } else {
+            0.0
+        },
+        ratio_to_gateway_ceiling: None,
+        commands: Commands::over(delta(&before, &after, &own), n),
+        producer_commands_per_submit: producer.per_request,
+        cpu_s: usage.cpu_s,
+        cpu_s_per_1k: usage.cpu_s * 1000.0 / n as f64,
+        peak_rss_mib: usage.peak_rss_mib,
+        redis_cpu_s_per_1k: redis_cpu_s.map(|s| s * 1000.0 / n as f64),
+    })
+}

@@ -1,0 +1,345 @@
+//! `inferq bench`: the benchmark of issue 5, in one run on one machine. It starts its own
+//! `redis-server` (AOF, `appendfsync everysec`), the stand-in gateways (`inferq sim` with no
+//! latency and, when node is installed, a node gateway), and `inferq run` processors as child
+//! processes, and measures: each gateway's own ceiling; drains of N requests at a fixed
+//! concurrency (requests/s, Redis commands per request, processor CPU and peak RSS); BullMQ's
+//! drain on the same Redis and node gateway when BullMQ is installed; open-loop submission at
+//! fixed rates (enqueue→dispatch and submit→result latency); redelivery after a kill -9.
+//!
+//! In: [`BenchOptions`]. Out: a [`report::Report`] printed as a table with targets and
+//! pass/miss, written as `bench.json`, and plotted as `bench.png` in the output folder.
+//!
+//! # Layout
+//!
+//! - `procs`: the child processes (gateways, processors) and their `/proc` readings.
+//! - `measure`: INFO commandstats, CPU and peak RSS, the machine.
+//! - `load`: requests, pre-loading, watching results.
+//! - `ceiling`: the gateway's own ceiling (an in-process HTTP load generator).
+//! - `census`: top-level commands vs commands inside scripts, from MONITOR.
+//! - `drain`, `open_loop`, `redelivery`, `bullmq`: the phases.
+//! - `stats`: latency percentiles. `report`: targets, table, JSON. `plot`: the PNG.
+
+mod bullmq;
+mod ceiling;
+mod census;
+mod drain;
+mod load;
+mod measure;
+mod open_loop;
+mod plot;
+mod procs;
+mod redelivery;
+pub mod report;
+mod stats;
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use redis::aio::MultiplexedConnection;
+
+use crate::testkit::{Fsync, RedisServer};
+use procs::{Gateway, GatewayKind, ProcessorSpec};
+use report::{BullmqSection, Ceilings, Report, Settings};
+
+/// How long a Redis reply of the bench's own connection may take.
+const FLUSH_LIMIT: Duration = Duration::from_secs(120);
+
+/// What can stop a benchmark run.
+#[derive(Debug, thiserror::Error)]
+pub enum BenchError {
+    #[error("{what}: {source}")]
+    Setup {
+        what: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot start redis-server: {0}")]
+    RedisServer(#[from] crate::testkit::TestkitError),
+    #[error("redis: {0}")]
+    Redis(#[from] redis::RedisError),
+    #[error("producer: {0}")]
+    Producer(#[from] crate::queue::producer::ProducerError),
+    #[error("http: {0}")]
+    Http(#[from] reqwest::Error),
+    #[error("{0}")]
+    Phase(String),
+    #[error("cannot draw the plot: {0}")]
+    Plot(String),
+    #[error("{phase}: {source}")]
+    During {
+        phase: String,
+        #[source]
+        source: Box<BenchError>,
+    },
+}
+
+impl BenchError {
+    /// This error, saying which phase it stopped.
+    fn during(self, phase: impl Into<String>) -> BenchError {
+        BenchError::During {
+            phase: phase.into(),
+            source: Box::new(self),
+        }
+    }
+
+    fn setup(what: impl Into<String>, source: std::io::Error) -> BenchError {
+        BenchError::Setup {
+            what: what.into(),
+            source,
+        }
+    }
+}
+
+/// Everything a run is told.
+#[derive(Debug, Clone)]
+pub struct BenchOptions {
+    /// "quick" or "full", for the report.
+    pub profile: String,
+    /// The command line, for the report.
+    pub command: String,
+    pub out: PathBuf,
+    pub drains: Vec<u64>,
+    pub rates: Vec<u64>,
+    pub concurrency: u32,
+    pub open_loop: Duration,
+    pub ceiling: Duration,
+    pub poll_interval_ms: u64,
+    pub batch_size: u32,
+    pub lease_s: u64,
+    pub reclaim_interval_ms: u64,
+    pub redelivery_requests: u64,
+    /// Skip node (its gateway and BullMQ) even when installed.
+    pub no_node: bool,
+    pub bullmq_dir: Option<PathBuf>,
+    /// Extra arguments for every `inferq run`.
+    pub run_args: Vec<String>,
+}
+
+/// What the phases share: Redis, a scratch folder, an HTTP client and the options.
+pub struct Ctx {
+    pub redis_url: String,
+    /// redis-server's pid, for its CPU time.
+    pub redis_pid: Option<u32>,
+    pub redis_port: u16,
+    pub con: MultiplexedConnection,
+    pub dir: PathBuf,
+    pub http: reqwest::Client,
+    pub opts: BenchOptions,
+}
+
+impl Ctx {
+    /// Empties Redis (FLUSHALL) so a phase starts from fresh state.
+    pub async fn flush(&mut self) -> Result<(), BenchError> {
+        let () = redis::cmd("FLUSHALL").query_async(&mut self.con).await?;
+        Ok(())
+    }
+
+    /// A processor on queue `TAG:q` and result list `TAG:r` in front of `gateway_url`.
+    pub fn spec(&self, gateway_url: &str, tag: &str) -> ProcessorSpec {
+        ProcessorSpec {
+            redis_url: self.redis_url.clone(),
+            gateway_url: gateway_url.to_owned(),
+            queue: format!("{tag}:q"),
+            results: format!("{tag}:r"),
+            concurrency: self.opts.concurrency,
+            poll_interval_ms: self.opts.poll_interval_ms,
+            batch_size: self.opts.batch_size,
+            lease_s: None,
+            reclaim_interval_ms: None,
+            extra_args: self.opts.run_args.clone(),
+        }
+    }
+}
+
+/// Prints a progress line to standard error.
+fn say(line: impl AsRef<str>) {
+    eprintln!("inferq bench: {}", line.as_ref());
+}
+
+/// Runs every phase, prints the table and writes `bench.json` and `bench.png` into `opts.out`.
+pub async fn run(opts: BenchOptions) -> Result<Report, BenchError> {
+    let began = Instant::now();
+    std::fs::create_dir_all(&opts.out)
+        .map_err(|e| BenchError::setup(format!("cannot create {}", opts.out.display()), e))?;
+    let machine = measure::Machine::read();
+    let scratch = tempfile::Builder::new()
+        .prefix("inferq-bench-")
+        .tempdir()
+        .map_err(|e| BenchError::setup("cannot create a scratch folder", e))?;
+    let dir = scratch.path().to_owned();
+    let redis = {
+        let redis_dir = dir.join("redis");
+        tokio::task::spawn_blocking(move || RedisServer::start_in(&redis_dir, Fsync::EverySec))
+            .await
+            .map_err(|e| BenchError::Phase(format!("starting redis-server: {e}")))??
+    };
+    say(format!(
+        "redis-server on port {} (AOF, appendfsync everysec); scratch {}",
+        redis.port(),
+        dir.display()
+    ));
+    let mut con = redis.client()?.get_multiplexed_async_connection().await?;
+    // FLUSHALL after a large drain (BullMQ keeps every completed job) takes a while.
+    con.set_response_timeout(FLUSH_LIMIT);
+    let http = reqwest::Client::builder()
+        .no_proxy()
+        .timeout(Duration::from_secs(10))
+        .build()?;
+    let mut ctx = Ctx {
+        redis_url: redis.url(),
+        redis_pid: redis.pid(),
+        redis_port: redis.port(),
+        con,
+        dir: dir.clone(),
+        http,
+        opts: opts.clone(),
+    };
+
+    let mut gateways = vec![Gateway::sim(&ctx.http, &dir, 0).await?];
+    let node_js = dir.join("gateway.js");
+    let node_ready = !opts.no_node && machine.node.is_some();
+    if node_ready {
+        std::fs::write(&node_js, bullmq::GATEWAY_JS)
+            .map_err(|e| BenchError::setup("cannot write gateway.js", e))?;
+        // The node gateway comes first: it is the one BullMQ is measured against.
+        gateways.insert(0, Gateway::node(&ctx.http, &dir, &node_js).await?);
+    } else {
+        say("node not found (or --no-node): the node gateway and BullMQ are skipped");
+    }
+
+    let mut ceilings = Vec::new();
+    for g in &gateways {
+        let c = ceiling::measure(g.port, opts.concurrency, opts.ceiling)
+            .await
+            .map_err(|e| e.during(format!("{} gateway ceiling", g.kind.name())))?;
+        say(format!(
+            "gateway {} ceiling: {:.0} req/s ({} answered, {} failed, concurrency {})",
+            g.kind.name(),
+            c.requests_per_s,
+            c.answered,
+            c.failed,
+            c.concurrency
+        ));
+        ceilings.push(Ceilings {
+            gateway: g.kind,
+            ceiling: c,
+        });
+    }
+
+    let mut drains = Vec::new();
+    for g in &gateways {
+        for &n in &opts.drains {
+            let mut d = drain::run(&mut ctx, g, n)
+                .await
+                .map_err(|e| e.during(format!("drain {n} via {}", g.kind.name())))?;
+            d.ratio_to_gateway_ceiling = ceilings
+                .iter()
+                .find(|c| c.gateway == g.kind)
+                .map(|c| d.requests_per_s / c.ceiling.requests_per_s);
+            say(format!(
+                "drain {n} via {}: {:.0} req/s in {:.2} s, {:.2} Redis calls/request ({:.3} scripts), {:.3} CPU s/1k, peak RSS {:.1} MiB",
+                g.kind.name(),
+                d.requests_per_s,
+                d.seconds,
+                d.commands.per_request,
+                d.commands.script_calls_per_request,
+                d.cpu_s_per_1k,
+                d.peak_rss_mib
+            ));
+            drains.push(d);
+        }
+    }
+
+    let census_n = opts.drains.iter().copied().min().unwrap_or(1000).min(5000);
+    let census = census::run(&mut ctx, &gateways[gateways.len() - 1], census_n)
+        .await
+        .map_err(|e| e.during("command census"))?;
+    say(format!(
+        "command census ({census_n} requests under MONITOR): {:.2} top-level commands/request, {:.2} inside scripts",
+        census.top_level_per_request, census.inside_scripts_per_request
+    ));
+
+    let bullmq = match (
+        gateways.iter().find(|g| g.kind == GatewayKind::Node),
+        node_ready,
+    ) {
+        (Some(node), true) => match bullmq::locate(opts.bullmq_dir.as_deref()) {
+            Ok(bull_dir) => {
+                let script = dir.join("bullmq_drain.js");
+                std::fs::write(&script, bullmq::BULLMQ_DRAIN_JS)
+                    .map_err(|e| BenchError::setup("cannot write bullmq_drain.js", e))?;
+                let mut runs = Vec::new();
+                for &n in &opts.drains {
+                    let b = bullmq::run(&mut ctx, &bull_dir, &script, node, n)
+                        .await
+                        .map_err(|e| e.during(format!("BullMQ drain {n}")))?;
+                    say(format!(
+                        "BullMQ drain {n} via node: {:.0} jobs/s in {:.2} s",
+                        b.jobs_per_s, b.seconds
+                    ));
+                    runs.push(b);
+                }
+                BullmqSection::measured(runs, &drains)
+            }
+            Err(reason) => {
+                say(format!("BullMQ skipped: {reason}"));
+                BullmqSection::skipped(reason)
+            }
+        },
+        _ => BullmqSection::skipped("node not found (or --no-node)".to_owned()),
+    };
+    drop(gateways);
+
+    let open_sim = Gateway::sim(&ctx.http, &dir, 0).await?;
+    let mut open = Vec::new();
+    for &rate in &opts.rates {
+        let o = open_loop::run(&mut ctx, &open_sim, rate, opts.open_loop)
+            .await
+            .map_err(|e| e.during(format!("open loop at {rate}/s")))?;
+        say(format!(
+            "open loop {rate}/s: submitted {:.0}/s, {} of {} results; enqueue→dispatch p50 {:.2} ms p99 {:.2} ms; submit→result p50 {:.2} ms p99 {:.2} ms",
+            o.achieved_submit_rps,
+            o.completed,
+            o.submitted,
+            o.enqueue_to_dispatch.p50_ms,
+            o.enqueue_to_dispatch.p99_ms,
+            o.submit_to_result.p50_ms,
+            o.submit_to_result.p99_ms
+        ));
+        open.push(o);
+    }
+    drop(open_sim);
+
+    let redelivery = redelivery::run(&mut ctx, opts.redelivery_requests)
+        .await
+        .map_err(|e| e.during("redelivery"))?;
+    say(format!(
+        "redelivery after kill -9 ({} requests, lease {} s): p50 {:.2} s, max {:.2} s",
+        redelivery.requests, redelivery.lease_s, redelivery.p50_s, redelivery.max_s
+    ));
+    drop(redis);
+
+    let report = Report::new(
+        machine,
+        Settings::from_options(&opts),
+        ceilings,
+        drains,
+        census,
+        bullmq,
+        open,
+        redelivery,
+        began.elapsed(),
+    );
+    report.print_table();
+    report.write_json(&opts.out.join("bench.json"))?;
+    match plot::draw(&report, &opts.out.join("bench.png")) {
+        Ok(()) => {}
+        Err(e) => say(format!("plot not drawn: {e}")),
+    }
+    say(format!(
+        "wrote {} and {}",
+        opts.out.join("bench.json").display(),
+        opts.out.join("bench.png").display()
+    ));
+    Ok(report)
+}

@@ -1,0 +1,137 @@
+//! End-to-end test of `inferq bench --quick`: the built binary starts redis-server, the
+//! gateways and `inferq run` processors, runs every phase, and must write a `bench.json` with
+//! every figure and a PNG plot. No timing is asserted: the figures only have to be there, be
+//! numbers, and show that no request was lost on the way.
+//!
+//! Needs `redis-server` on `PATH` (or `$INFERQ_REDIS_SERVER`). Uses node and BullMQ when they
+//! are installed; the JSON must then hold BullMQ's drains, otherwise say why they were skipped.
+
+use std::process::Command;
+
+use serde_json::Value;
+
+fn number(v: &Value, path: &str) -> f64 {
+    let mut at = v;
+    for key in path.split('.') {
+        at = match key.parse::<usize>() {
+            Ok(i) => &at[i],
+            Err(_) => &at[key],
+        };
+    }
+    match at.as_f64() {
+        Some(n) if n.is_finite() => n,
+        _ => panic!("{path} is not a number: {at}"),
+    }
+}
+
+#[test]
+fn quick_bench_writes_every_figure() {
+    let out_dir = tempfile::tempdir().unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_inferq"))
+        .args(["bench", "--quick", "--out"])
+        .arg(out_dir.path())
+        .output()
+        .expect("inferq bench runs");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "inferq bench failed ({})\nstdout:\n{stdout}\nstderr:\n{stderr}",
+        out.status
+    );
+    for heading in ["drains", "open loop", "target", "redelivery after kill -9"] {
+        assert!(
+            stdout.contains(heading),
+            "no {heading:?} in the table:\n{stdout}"
+        );
+    }
+
+    let text = std::fs::read_to_string(out_dir.path().join("bench.json")).unwrap();
+    let r: Value = serde_json::from_str(&text).unwrap();
+    assert!(number(&r, "machine.nproc") >= 1.0);
+    assert!(r["machine"]["redis_server"]
+        .as_str()
+        .unwrap()
+        .contains("v="));
+
+    let ceilings = r["gateway_ceilings"].as_array().unwrap();
+    assert!(!ceilings.is_empty());
+    for i in 0..ceilings.len() {
+        assert!(number(&r, &format!("gateway_ceilings.{i}.ceiling.requests_per_s")) > 0.0);
+    }
+
+    // Three sizes through every gateway, each drained completely.
+    let drains = r["drains"].as_array().unwrap();
+    assert_eq!(drains.len(), 3 * ceilings.len(), "{text}");
+    for (i, d) in drains.iter().enumerate() {
+        for field in [
+            "requests_per_s",
+            "seconds",
+            "ratio_to_gateway_ceiling",
+            "commands.per_request",
+            "commands.script_calls_per_request",
+            "producer_commands_per_submit",
+            "cpu_s_per_1k",
+            "peak_rss_mib",
+        ] {
+            assert!(
+                number(&r, &format!("drains.{i}.{field}")) > 0.0,
+                "{field} of {d}"
+            );
+        }
+    }
+    assert!(number(&r, "command_census.top_level_per_request") > 0.0);
+    assert!(number(&r, "command_census.inside_scripts_per_request") >= 0.0);
+
+    if r["bullmq"]["measured"].as_bool().unwrap() {
+        let ratios = r["bullmq"]["ratios"].as_array().unwrap();
+        assert_eq!(ratios.len(), 3, "{text}");
+        for i in 0..3 {
+            assert!(number(&r, &format!("bullmq.ratios.{i}.inferq_over_bullmq")) > 0.0);
+        }
+    } else {
+        assert!(!r["bullmq"]["skipped_because"].as_str().unwrap().is_empty());
+    }
+
+    // Every open-loop request got its result and was seen by the gateway.
+    let open = r["open_loop"].as_array().unwrap();
+    assert_eq!(open.len(), 3);
+    for (i, o) in open.iter().enumerate() {
+        assert_eq!(o["completed"], o["submitted"], "open loop {o}");
+        assert_eq!(o["enqueue_to_dispatch"]["samples"], o["submitted"], "{o}");
+        for field in [
+            "achieved_submit_rps",
+            "throughput_rps",
+            "enqueue_to_dispatch.p50_ms",
+            "enqueue_to_dispatch.p99_ms",
+            "enqueue_to_dispatch.max_ms",
+            "submit_to_result.p50_ms",
+            "submit_to_result.p99_ms",
+            "submit_to_result.max_ms",
+            "cpu_s_per_1k",
+            "peak_rss_mib",
+        ] {
+            assert!(
+                number(&r, &format!("open_loop.{i}.{field}")) > 0.0,
+                "{field} of {o}"
+            );
+        }
+    }
+
+    // The killed processor's requests all ran again.
+    assert_eq!(r["redelivery"]["redelivered"], r["redelivery"]["requests"]);
+    assert!(number(&r, "redelivery.max_s") > 0.0);
+    assert!(number(&r, "redelivery.p50_s") > 0.0);
+
+    let targets = r["targets"].as_array().unwrap();
+    assert!(targets.len() >= 8, "{text}");
+    for t in targets {
+        assert!(t["measured"].as_str().is_some_and(|m| !m.is_empty()), "{t}");
+    }
+
+    let png = std::fs::read(out_dir.path().join("bench.png")).unwrap();
+    assert!(
+        png.starts_with(b"\x89PNG\r\n\x1a\n"),
+        "bench.png is not a PNG"
+    );
+}
