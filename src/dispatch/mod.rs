@@ -19,9 +19,11 @@
 //! - [`outbox`]: batched, outage-tolerant writing of outcomes.
 //! - [`upkeep`]: renewals, cancel checks, reclaim, promotion, backlog.
 //! - [`processor`]: the lifecycle and graceful shutdown.
+//! - [`fault`]: the `INFERQ_FAULT_CRASH_ON` crash hook for poison-request tests.
 
 pub mod consumer;
 pub mod context;
+pub mod fault;
 pub mod gates;
 pub mod holdings;
 pub mod merge;
