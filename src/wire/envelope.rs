@@ -15,10 +15,12 @@ pub const MAX_MEMBER_BYTES: usize = 16 * 1024 * 1024;
 /// Why a member could not be accepted. The text is the dead-letter reason.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum MemberError {
-    #[error("member is {0} bytes, over the {MAX_MEMBER_BYTES}-byte limit")]
+    #[error("member is {0} bytes, over the {MAX_MEMBER_BYTES}-byte (16 MiB) limit; send a smaller request")]
     TooLarge(usize),
     #[error("member is not valid JSON: {0}")]
     NotJson(String),
+    #[error("member is JSON but not an envelope object {{\"internal\", \"request_kind\", \"data\"}}: {0}")]
+    NotEnvelope(String),
     #[error("member has no request_kind")]
     MissingKind,
     #[error("member has unknown request_kind {0:?}")]
@@ -93,8 +95,22 @@ impl Envelope {
         if member.len() > MAX_MEMBER_BYTES {
             return Err(MemberError::TooLarge(member.len()));
         }
-        let raw: RawEnvelope<'_> =
-            serde_json::from_slice(member).map_err(|e| MemberError::NotJson(e.to_string()))?;
+        if member.trim_ascii_start().first() != Some(&b'{') {
+            // Valid JSON of another shape (an array would even fill the struct by position).
+            return Err(
+                match serde_json::from_slice::<serde::de::IgnoredAny>(member) {
+                    Ok(_) => MemberError::NotEnvelope("the member is not a JSON object".to_owned()),
+                    Err(e) => MemberError::NotJson(e.to_string()),
+                },
+            );
+        }
+        let raw: RawEnvelope<'_> = serde_json::from_slice(member).map_err(|e| {
+            if e.classify() == serde_json::error::Category::Data {
+                MemberError::NotEnvelope(e.to_string())
+            } else {
+                MemberError::NotJson(e.to_string())
+            }
+        })?;
         let kind = raw.request_kind.ok_or(MemberError::MissingKind)?;
         if !matches!(kind.as_str(), "plain" | "redis" | "pubsub") {
             return Err(MemberError::UnknownKind(kind));
@@ -126,6 +142,9 @@ impl Envelope {
             internal: Option<Routing>,
             #[serde(default)]
             data: Option<Id>,
+        }
+        if member.trim_ascii_start().first() != Some(&b'{') {
+            return None;
         }
         let p: Partial = serde_json::from_slice(member).ok()?;
         let id = p.data?.id.filter(|id| !id.is_empty())?;
@@ -222,6 +241,20 @@ mod tests {
                 r#"{"request_kind":"plain","data":[1]}"#,
                 MemberError::BadData(String::new()),
             ),
+            ("[1,2,3]", MemberError::NotEnvelope(String::new())),
+            (r#""text""#, MemberError::NotEnvelope(String::new())),
+            (
+                r#"{"internal":7,"request_kind":"plain","data":{"id":"a","deadline":5}}"#,
+                MemberError::NotEnvelope(String::new()),
+            ),
+            (
+                r#"{"request_kind":"plain","data":{"id":"a","deadline":5,"payload":"hi"}}"#,
+                MemberError::BadData(String::new()),
+            ),
+            (
+                r#"{"request_kind":"plain","data":{"id":"a","deadline":5,"payload":7}}"#,
+                MemberError::BadData(String::new()),
+            ),
         ];
         for (member, want) in cases {
             let got = Envelope::decode(member.as_bytes()).unwrap_err();
@@ -244,5 +277,10 @@ mod tests {
             Envelope::salvage_id(br#"{"request_kind":"plain","data":{"id":"x"}}"#).unwrap();
         assert_eq!(id, "x");
         assert!(Envelope::salvage_id(b"garbage").is_none());
+        // An array fills a struct by position in serde; it is still not an envelope.
+        assert!(Envelope::salvage_id(br#"[{},{"id":"x"}]"#).is_none());
+        // A null payload is Go's nil map: accepted.
+        let ok = br#"{"request_kind":"plain","data":{"id":"a","deadline":5,"payload":null}}"#;
+        assert_eq!(Envelope::decode(ok).unwrap().request.payload.get(), "null");
     }
 }
