@@ -2,6 +2,7 @@
 //! file and calls into the library. Exit codes: 0 success, 2 bad input or configuration (the
 //! message names the field or line), 1 anything else.
 
+mod dead_letter;
 mod demo;
 mod input;
 mod results;
@@ -42,6 +43,8 @@ enum Command {
     /// Run everything locally (redis-server, the simulator, `inferq run`), push N requests
     /// through and print throughput, latency, outcomes, retries and the no-loss check.
     Demo(demo::DemoArgs),
+    /// List, requeue or purge a queue's dead-lettered requests.
+    DeadLetter(dead_letter::DeadLetterArgs),
 }
 
 #[derive(Debug, clap::Args)]
@@ -157,6 +160,7 @@ pub fn main() -> ExitCode {
             Command::Cancel(args) => submit::cancel(args).await,
             Command::Results(args) => results::results(args).await,
             Command::Demo(args) => demo::demo(args).await,
+            Command::DeadLetter(args) => dead_letter::dead_letter(args).await,
         }
     });
     match outcome {
