@@ -229,6 +229,7 @@ pub async fn run(config: RunConfig, shutdown: CancellationToken) -> Result<(), D
             gate,
             pool_gate: pool_gates.get(&q.worker_pool_id).cloned(),
             pool_labels,
+            last_chance: Default::default(),
         });
         let (tx, rx) = mpsc::channel(polling.batch);
         pool_inputs
