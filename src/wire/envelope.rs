@@ -271,6 +271,93 @@ mod tests {
         ));
     }
 
+    mod props {
+        use proptest::prelude::*;
+        use serde_json::value::RawValue;
+        use serde_json::Value;
+
+        use super::super::*;
+        use crate::queue::Queue;
+        use crate::wire::NewRequest;
+
+        fn json() -> impl Strategy<Value = Value> {
+            let leaf = prop_oneof![
+                Just(Value::Null),
+                any::<bool>().prop_map(Value::from),
+                any::<i64>().prop_map(Value::from),
+                (-1e12f64..1e12).prop_map(Value::from),
+                "\\PC{0,12}".prop_map(Value::from),
+            ];
+            leaf.prop_recursive(3, 24, 4, |inner| {
+                prop_oneof![
+                    prop::collection::vec(inner.clone(), 0..4).prop_map(Value::from),
+                    prop::collection::btree_map("\\PC{0,6}", inner, 0..4)
+                        .prop_map(|m| Value::Object(m.into_iter().collect())),
+                ]
+            })
+        }
+
+        /// A payload object as text, with a big integer and spacing serde would not write.
+        fn payload() -> impl Strategy<Value = String> {
+            (json(), "[1-9][0-9]{19,30}", "[ \t\n]{0,2}").prop_map(|(v, big, ws)| {
+                format!("{{{ws}\"v\":{ws}{v},\"big\":{big}, \"f\":1.0{ws}}}")
+            })
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(256))]
+
+            #[test]
+            fn arbitrary_bytes_decode_or_are_named(bytes in prop::collection::vec(any::<u8>(), 0..256)) {
+                match Envelope::decode(&bytes) {
+                    Ok(env) => prop_assert!(!env.request.id.is_empty() && env.request.deadline > 0),
+                    Err(e) => prop_assert!(!e.to_string().is_empty()),
+                }
+                let _ = Envelope::salvage_id(&bytes);
+            }
+
+            #[test]
+            fn json_shaped_members_decode_or_are_named(v in json(), wrap in any::<bool>()) {
+                let text = if wrap {
+                    format!(r#"{{"request_kind":"plain","data":{v}}}"#)
+                } else {
+                    v.to_string()
+                };
+                if let Err(e) = Envelope::decode(text.as_bytes()) {
+                    prop_assert!(!e.to_string().is_empty());
+                }
+            }
+
+            #[test]
+            fn encode_decode_keeps_the_data_and_payload_bytes(
+                id in "[A-Za-z0-9._:-]{1,24}",
+                deadline in 1i64..=i64::MAX / 1000,
+                body in payload(),
+                token in "[0-9a-f]{32}",
+                meta in prop::collection::btree_map("[a-z]{1,5}", "\\PC{0,8}", 0..3),
+            ) {
+                let req = NewRequest {
+                    id,
+                    created: 1,
+                    deadline,
+                    payload: RawValue::from_string(body.clone()).unwrap(),
+                    metadata: meta,
+                    headers: Default::default(),
+                    endpoint: String::new(),
+                };
+                let routing = Routing { request_token: token, ..Routing::default() };
+                let env = req.into_envelope(routing).unwrap();
+                let back = Envelope::decode(&env.encode()).unwrap();
+                prop_assert_eq!(back.data.get(), env.data.get());
+                prop_assert_eq!(back.request.payload.get(), body.as_str());
+                // A retry rewrites the routing only.
+                let retried = Envelope::decode(&Queue::retry_member(&back)).unwrap();
+                prop_assert_eq!(retried.internal.retry_count, 1);
+                prop_assert_eq!(retried.data.get(), env.data.get());
+            }
+        }
+    }
+
     #[test]
     fn salvages_an_id_from_a_bad_member() {
         let (id, _) =
