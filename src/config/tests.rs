@@ -634,7 +634,7 @@ mod props {
     fn key() -> impl Strategy<Value = String> {
         prop_oneof![
             4 => prop::sample::select(FIELDS).prop_map(str::to_owned),
-            1 => "[a-z_]{1,8}",
+            1 => "[a-z_]{0,8}",
         ]
     }
 
