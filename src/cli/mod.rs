@@ -4,6 +4,7 @@
 
 mod chaos;
 mod bench;
+mod dead_letter;
 mod demo;
 mod input;
 mod results;
@@ -50,6 +51,8 @@ enum Command {
     /// Benchmark (issue 5): drains, open-loop latency, Redis commands per request, CPU and
     /// memory, redelivery after kill -9, and BullMQ on the same Redis when installed.
     Bench(bench::BenchArgs),
+    /// List, requeue or purge a queue's dead-lettered requests.
+    DeadLetter(dead_letter::DeadLetterArgs),
 }
 
 #[derive(Debug, clap::Args)]
@@ -167,6 +170,7 @@ pub fn main() -> ExitCode {
             Command::Demo(args) => demo::demo(args).await,
             Command::Chaos(args) => chaos::chaos(args).await,
             Command::Bench(args) => bench::bench(args).await,
+            Command::DeadLetter(args) => dead_letter::dead_letter(args).await,
         }
     });
     match outcome {

@@ -51,7 +51,8 @@ fn render_path(root: &str, path: &serde_path_to_error::Path) -> String {
                 if !out.is_empty() {
                     out.push('.');
                 }
-                out.push_str(key);
+                // An empty key would leave the error naming no field at all (found by fuzzing).
+                out.push_str(if key.is_empty() { "\"\"" } else { key });
             }
             Segment::Unknown => {
                 if !out.is_empty() {
@@ -136,6 +137,14 @@ mod tests {
         assert_eq!(
             err_text(r#"{"itms":[]}"#, "root"),
             "invalid config: root.itms: unknown field (expected `items`)"
+        );
+        assert_eq!(
+            err_text(r#"{"":1}"#, ""),
+            "invalid config: \"\": unknown field (expected `items`)"
+        );
+        assert_eq!(
+            err_text(r#"{"items":[{"":1}]}"#, ""),
+            "invalid config: items[0].\"\": unknown field (expected `name` or `size`)"
         );
     }
 

@@ -602,3 +602,148 @@ fn exit_code_is_two() {
     let err = load_with_env(&args, no_env).err().unwrap();
     assert_eq!(err.exit_code(), 2);
 }
+
+mod props {
+    use proptest::prelude::*;
+    use serde_json::Value;
+
+    use super::*;
+
+    const FIELDS: &[&str] = &[
+        "url",
+        "queues",
+        "poll_interval_ms",
+        "batch_size",
+        "claim_lease_ttl_seconds",
+        "claim_reclaim_interval_ms",
+        "max_deliveries",
+        "retry_queue_name",
+        "result_queue_name",
+        "queue_name",
+        "igw_base_url",
+        "id",
+        "worker_pool_id",
+        "gate_type",
+        "gate_params",
+        "labels",
+        "request_path_url",
+        "inference_objective",
+        "enable_tracing",
+    ];
+
+    fn key() -> impl Strategy<Value = String> {
+        prop_oneof![
+            4 => prop::sample::select(FIELDS).prop_map(str::to_owned),
+            1 => "[a-z_]{0,8}",
+        ]
+    }
+
+    fn json() -> impl Strategy<Value = Value> {
+        let leaf = prop_oneof![
+            Just(Value::Null),
+            any::<bool>().prop_map(Value::from),
+            any::<i64>().prop_map(Value::from),
+            (-1e9f64..1e9).prop_map(Value::from),
+            prop::sample::select(vec![
+                "redis://r:6379",
+                "http://gw",
+                "q",
+                "",
+                "constant",
+                "1.5"
+            ])
+            .prop_map(Value::from),
+            "\\PC{0,10}".prop_map(Value::from),
+        ];
+        leaf.prop_recursive(3, 32, 5, |inner| {
+            prop_oneof![
+                prop::collection::vec(inner.clone(), 0..3).prop_map(Value::from),
+                prop::collection::btree_map(key(), inner, 0..6)
+                    .prop_map(|m| Value::Object(m.into_iter().collect())),
+            ]
+        })
+    }
+
+    /// A transport config that is mostly the right shape, so loading gets past the first check.
+    fn transport() -> impl Strategy<Value = Value> {
+        (
+            prop::collection::btree_map(key(), json(), 0..6),
+            prop::collection::vec(prop::collection::btree_map(key(), json(), 0..6), 0..3),
+        )
+            .prop_map(|(top, queues)| {
+                let mut top: serde_json::Map<String, Value> = top.into_iter().collect();
+                top.entry("url")
+                    .or_insert_with(|| Value::from("redis://r:6379"));
+                top.insert(
+                    "queues".to_owned(),
+                    Value::Array(
+                        queues
+                            .into_iter()
+                            .map(|q| Value::Object(q.into_iter().collect()))
+                            .collect(),
+                    ),
+                );
+                Value::Object(top)
+            })
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(256))]
+
+        #[test]
+        fn arbitrary_transport_json_loads_or_names_a_field(
+            v in prop_oneof![transport(), json()],
+        ) {
+            let Ok(args) = parse(&[SS, &inline(&v.to_string())]) else {
+                return Ok(());
+            };
+            if let Err(e) = load_with_env(&args, no_env) {
+                prop_assert!(!e.field().is_empty(), "{}", e);
+            }
+        }
+
+        #[test]
+        fn arbitrary_pool_and_merge_files_load_or_name_a_field(
+            pools in json(),
+            merge in json(),
+        ) {
+            let pools = file(&pools.to_string());
+            let merge = file(&merge.to_string());
+            let args = parse(&[
+                SS,
+                &inline(MINIMAL),
+                &format!("--pool-config-file={}", path(&pools)),
+                &format!("--request-merge-policy-config-file={}", path(&merge)),
+            ])
+            .unwrap();
+            if let Err(e) = load_with_env(&args, no_env) {
+                prop_assert!(!e.field().is_empty(), "{}", e);
+            }
+        }
+
+        #[test]
+        fn arbitrary_flag_words_parse_or_are_refused(
+            words in prop::collection::vec(
+                prop_oneof![
+                    prop::sample::select(vec![
+                        "--concurrency", "--request-timeout", "--drain-timeout",
+                        "--claim-lease-ttl", "--claim-reclaim-interval", "--redis.url",
+                        "--redis.ss.batch-size", "--transport", "-v", "0", "-1", "5m", "1.5s", "x",
+                    ]).prop_map(str::to_owned),
+                    "\\PC{0,8}",
+                ],
+                0..6,
+            ),
+        ) {
+            let mut argv = vec![SS.to_owned(), inline(MINIMAL)];
+            argv.extend(words);
+            let argv: Vec<&str> = argv.iter().map(String::as_str).collect();
+            let Ok(args) = parse(&argv) else {
+                return Ok(());
+            };
+            if let Err(e) = load_with_env(&args, no_env) {
+                prop_assert!(!e.field().is_empty(), "{}", e);
+            }
+        }
+    }
+}

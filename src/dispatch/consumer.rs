@@ -14,7 +14,9 @@ use tokio_util::sync::CancellationToken;
 
 use super::context::{Job, QueueCtx};
 use super::gates::{Decision, GateInput, Release, Verdict};
+use super::last_chance::{LastChance, Slot};
 use crate::queue::dead::DeadRecord;
+use crate::queue::keys::claim_key;
 use crate::queue::{Claimed, Peeked, QueueError};
 use crate::wire::{Envelope, ErrorCode, ResultMessage};
 
@@ -157,11 +159,17 @@ async fn poll_once(
         }
     }
     let admitted = candidates.len();
+    let slots = last_chance_slots(ctx, &mut candidates, &mut admissions).await?;
     let cancelled = cancel_markers(ctx, &candidates).await?;
     let taken_at = Instant::now();
     let claimed = ctx.queue.claim(candidates).await?;
     let now_ms = crate::queue::producer::unix_ms();
-    for ((claim, cancelled), admission) in claimed.into_iter().zip(cancelled).zip(admissions) {
+    let outcomes = claimed
+        .into_iter()
+        .zip(cancelled)
+        .zip(admissions)
+        .zip(slots);
+    for (((claim, cancelled), admission), slot) in outcomes {
         let Claimed::Held(held) = claim else {
             // Not ours after all: undo the gate's reservations now.
             Decision::release_all(admission.releases).await;
@@ -176,7 +184,8 @@ async fn poll_once(
             &env.internal.request_token,
             taken_at,
         );
-        let job = Job::new(ctx.clone(), held, ticket, admission.releases);
+        let mut job = Job::new(ctx.clone(), held, ticket, admission.releases);
+        job.hold_last_chance(slot);
         if let Some(result) = admission.dropped {
             ctx.metrics
                 .gate_decisions
@@ -339,6 +348,51 @@ async fn cancel_markers(
             markers.next().flatten().as_deref() == Some(e.internal.request_token.as_str())
         })
         .collect())
+}
+
+/// Applies the last-chance rule (see [`super::last_chance`]) to the candidates: a request on
+/// its last delivery gets the queue's one slot, or stays pending (and its gate reservations
+/// are returned) while this instance runs another. One HMGET of the delivery counts.
+async fn last_chance_slots(
+    ctx: &QueueCtx,
+    candidates: &mut Vec<(Vec<u8>, Envelope)>,
+    admissions: &mut Vec<Admission>,
+) -> Result<Vec<Option<Slot>>, QueueError> {
+    if candidates.is_empty() {
+        return Ok(Vec::new());
+    }
+    let keys: Vec<String> = candidates
+        .iter()
+        .map(|(member, e)| claim_key(&e.request.id, &e.internal.request_token, member))
+        .collect();
+    let counts: Vec<Option<u64>> = redis::cmd("HMGET")
+        .arg(&ctx.queue.keys().deliveries)
+        .arg(&keys)
+        .query_async(&mut ctx.queue.connection())
+        .await?;
+    let threshold = LastChance::threshold(ctx.queue.settings().max_deliveries);
+    let mut slots = Vec::with_capacity(candidates.len());
+    let mut kept = Vec::with_capacity(candidates.len());
+    let mut kept_admissions = Vec::with_capacity(candidates.len());
+    for ((candidate, admission), count) in candidates
+        .drain(..)
+        .zip(admissions.drain(..))
+        .zip(counts.into_iter().chain(std::iter::repeat(None)))
+    {
+        if count.unwrap_or(0) < threshold {
+            slots.push(None);
+        } else if let Some(slot) = ctx.last_chance.try_take() {
+            slots.push(Some(slot));
+        } else {
+            Decision::release_all(admission.releases).await;
+            continue;
+        }
+        kept.push(candidate);
+        kept_admissions.push(admission);
+    }
+    *candidates = kept;
+    *admissions = kept_admissions;
+    Ok(slots)
 }
 
 /// pending -> dead for a member that cannot be a request.

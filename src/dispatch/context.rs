@@ -9,6 +9,7 @@ use tokio::sync::mpsc::UnboundedSender;
 
 use super::gates::{Decision, Gate, Release};
 use super::holdings::{Holdings, Ticket};
+use super::last_chance::{LastChance, Slot};
 use crate::config::QueueConfig;
 use crate::ops::{Metrics, QueueLabels};
 use crate::queue::dead::DeadRecord;
@@ -33,6 +34,8 @@ pub struct QueueCtx {
     pub pool_gate: Option<Arc<dyn Gate>>,
     /// Labels of the pool gate's decisions (Go: empty queue labels, the pool's name).
     pub pool_labels: QueueLabels,
+    /// The one slot for a request on its last delivery (see [`super::last_chance`]).
+    pub last_chance: LastChance,
 }
 
 impl QueueCtx {
@@ -114,6 +117,8 @@ pub struct Job {
     pub claimed_at: Instant,
     /// Gate reservations, undone once the outcome is decided.
     releases: Vec<Release>,
+    /// The last-chance slot, when this request is on its last delivery; freed with the job.
+    last_chance: Option<Slot>,
     done: bool,
 }
 
@@ -125,8 +130,14 @@ impl Job {
             ticket,
             claimed_at: Instant::now(),
             releases,
+            last_chance: None,
             done: false,
         }
+    }
+
+    /// Holds the queue's last-chance slot until the job is done.
+    pub fn hold_last_chance(&mut self, slot: Option<Slot>) {
+        self.last_chance = slot;
     }
 
     /// Adds reservations (a pool gate's) to undo with the outcome.

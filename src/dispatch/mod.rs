@@ -19,11 +19,16 @@
 //! - [`outbox`]: batched, outage-tolerant writing of outcomes.
 //! - [`upkeep`]: renewals, cancel checks, reclaim, promotion, backlog.
 //! - [`processor`]: the lifecycle and graceful shutdown.
+//! - [`last_chance`]: at most one last-chance request per queue and instance, so a poison
+//!   request does not take its neighbours to the dead list.
+//! - [`fault`]: the `INFERQ_FAULT_CRASH_ON` crash hook for poison-request tests.
 
 pub mod consumer;
 pub mod context;
+pub mod fault;
 pub mod gates;
 pub mod holdings;
+pub mod last_chance;
 pub mod merge;
 pub mod outbox;
 pub mod processor;

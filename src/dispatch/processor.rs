@@ -168,6 +168,12 @@ pub async fn run(config: RunConfig, shutdown: CancellationToken) -> Result<(), D
     refuse_cluster(&mut con).await?;
     readiness.set_connection(con.clone());
 
+    if let Some(marker) = super::fault::arm_from_env() {
+        tracing::warn!(
+            marker = %String::from_utf8_lossy(marker),
+            "fault injection armed: a request whose payload carries the marker aborts this process"
+        );
+    }
     let env = Arc::new(WorkerEnv {
         client: gateway_client,
         request_timeout: config.request_timeout,
@@ -223,6 +229,7 @@ pub async fn run(config: RunConfig, shutdown: CancellationToken) -> Result<(), D
             gate,
             pool_gate: pool_gates.get(&q.worker_pool_id).cloned(),
             pool_labels,
+            last_chance: Default::default(),
         });
         let (tx, rx) = mpsc::channel(polling.batch);
         pool_inputs

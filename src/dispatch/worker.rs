@@ -193,6 +193,7 @@ pub async fn work(job: Job, env: Arc<WorkerEnv>) {
         &request.id,
     );
     let body = Bytes::copy_from_slice(request.payload.get().as_bytes());
+    super::fault::before_dispatch(&request.id, &body);
     let timeout = env
         .request_timeout
         .min(Duration::from_millis(u64::try_from(left_ms).unwrap_or(0)));

@@ -3,7 +3,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::wire::{Envelope, Routing};
+use crate::wire::{Envelope, Routing, MAX_MEMBER_BYTES};
 
 /// One dead-letter record (JSON, newest first in the list).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -22,12 +22,58 @@ pub struct DeadRecord {
     pub deliveries: u32,
     /// When, in Unix milliseconds (this processor's clock; informational).
     pub at_ms: u64,
-    /// The member exactly as it was stored (lossless for the JSON members producers write).
+    /// The member as it was stored: byte for byte when it is UTF-8 and within the size limit.
+    /// A member over [`MAX_MEMBER_BYTES`] keeps only its first [`KEPT_PREFIX_BYTES`] (see
+    /// `member_truncated`); one that is not UTF-8 keeps a lossy copy (see `member_lossy`).
     pub member: String,
+    /// The stored member's size in bytes (0 in records written before this field existed).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub member_bytes: usize,
+    /// `member` is only the start of an oversized member, which could never be served: keeping
+    /// all of it again in Redis would only cost memory. `member_sha1` identifies it.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub member_truncated: bool,
+    /// The member was not valid UTF-8: `member` has U+FFFD where its bad bytes were.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub member_lossy: bool,
+    /// SHA-1 of the stored member's bytes, when `member` is not an exact copy.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub member_sha1: String,
+}
+
+/// How much of an oversized member a dead record keeps.
+pub const KEPT_PREFIX_BYTES: usize = 4096;
+
+fn is_zero(n: &usize) -> bool {
+    *n == 0
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
 }
 
 impl DeadRecord {
     pub fn new(queue: &str, reason: &str, member: &[u8]) -> DeadRecord {
+        let truncated = member.len() > MAX_MEMBER_BYTES;
+        let kept = if truncated {
+            &member[..KEPT_PREFIX_BYTES]
+        } else {
+            member
+        };
+        let (text, lossy) = match std::str::from_utf8(kept) {
+            Ok(text) => (text.to_owned(), false),
+            // A prefix cut inside a character is not a lossy member: drop the partial character.
+            Err(e) if truncated && e.error_len().is_none() => (
+                String::from_utf8_lossy(&kept[..e.valid_up_to()]).into_owned(),
+                false,
+            ),
+            Err(_) => (String::from_utf8_lossy(kept).into_owned(), true),
+        };
+        let member_sha1 = if truncated || lossy {
+            sha1_smol::Sha1::from(member).digest().to_string()
+        } else {
+            String::new()
+        };
         DeadRecord {
             id: String::new(),
             request_token: String::new(),
@@ -35,8 +81,17 @@ impl DeadRecord {
             reason: reason.to_owned(),
             deliveries: 0,
             at_ms: now_ms(),
-            member: String::from_utf8_lossy(member).into_owned(),
+            member: text,
+            member_bytes: member.len(),
+            member_truncated: truncated,
+            member_lossy: lossy,
+            member_sha1,
         }
+    }
+
+    /// The member's exact bytes, when the record holds them (not cut short, not lossy).
+    pub fn exact_member(&self) -> Option<&[u8]> {
+        (!self.member_truncated && !self.member_lossy).then_some(self.member.as_bytes())
     }
 
     /// A record for `member` that names its generation where it can be read: from `known` (an
@@ -102,5 +157,23 @@ mod tests {
             (record.member.as_str(), record.reason.as_str()),
             ("garbage", "not JSON")
         );
+    }
+
+    #[test]
+    fn oversized_and_non_utf8_members_are_marked_not_exact() {
+        let mut big = "é".repeat(MAX_MEMBER_BYTES / 2).into_bytes();
+        big.extend_from_slice(b"xx");
+        let record = DeadRecord::new("q", "too large", &big);
+        assert!(record.member_truncated && !record.member_lossy);
+        assert!(record.member.len() <= KEPT_PREFIX_BYTES && record.member.starts_with("éé"));
+        assert_eq!(record.member_bytes, big.len());
+        assert_eq!(record.member_sha1.len(), 40);
+        assert!(record.exact_member().is_none());
+        let record = DeadRecord::new("q", "not JSON", b"{\"a\":\"\xff\"}");
+        assert!(record.member_lossy && record.exact_member().is_none());
+        let record = DeadRecord::new("q", "not JSON", b"plain");
+        assert_eq!(record.exact_member(), Some(&b"plain"[..]));
+        let back: DeadRecord = serde_json::from_str(&record.to_json()).unwrap();
+        assert_eq!(back, record);
     }
 }

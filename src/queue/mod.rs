@@ -8,10 +8,12 @@
 //!                        │  └──reclaim (lease expired)
 //!   parked ──promote─────┘      ◀──park────────┘
 //!   pending ──dead_letter (undecodable)──▶ dead
+//!   dead ──requeue (operator; a new generation)──▶ pending
 //! ```
 
 pub mod connect;
 pub mod dead;
+pub mod dead_letters;
 pub mod keys;
 pub mod moves;
 pub mod producer;

@@ -169,6 +169,7 @@ pub struct Scripts {
     pub dead_letter: Script,
     pub cancel: Script,
     pub hand_back: Script,
+    pub requeue: Script,
 }
 
 /// The scripts, built once.
@@ -188,10 +189,11 @@ pub static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
     dead_letter: Script::new("deadLetter", &[], lua!("deadLetter-3")),
     cancel: Script::new("cancel", &[], lua!("cancel-2")),
     hand_back: Script::new("handBack", &[], lua!("handBack-2")),
+    requeue: Script::new("requeue", &[], lua!("requeue-4")),
 });
 
 impl Scripts {
-    pub fn all(&self) -> [&Script; 11] {
+    pub fn all(&self) -> [&Script; 12] {
         [
             &self.claim,
             &self.renew,
@@ -204,6 +206,7 @@ impl Scripts {
             &self.dead_letter,
             &self.cancel,
             &self.hand_back,
+            &self.requeue,
         ]
     }
 

@@ -15,10 +15,12 @@ pub const MAX_MEMBER_BYTES: usize = 16 * 1024 * 1024;
 /// Why a member could not be accepted. The text is the dead-letter reason.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum MemberError {
-    #[error("member is {0} bytes, over the {MAX_MEMBER_BYTES}-byte limit")]
+    #[error("member is {0} bytes, over the {MAX_MEMBER_BYTES}-byte (16 MiB) limit; send a smaller request")]
     TooLarge(usize),
     #[error("member is not valid JSON: {0}")]
     NotJson(String),
+    #[error("member is JSON but not an envelope object {{\"internal\", \"request_kind\", \"data\"}}: {0}")]
+    NotEnvelope(String),
     #[error("member has no request_kind")]
     MissingKind,
     #[error("member has unknown request_kind {0:?}")]
@@ -93,8 +95,22 @@ impl Envelope {
         if member.len() > MAX_MEMBER_BYTES {
             return Err(MemberError::TooLarge(member.len()));
         }
-        let raw: RawEnvelope<'_> =
-            serde_json::from_slice(member).map_err(|e| MemberError::NotJson(e.to_string()))?;
+        if member.trim_ascii_start().first() != Some(&b'{') {
+            // Valid JSON of another shape (an array would even fill the struct by position).
+            return Err(
+                match serde_json::from_slice::<serde::de::IgnoredAny>(member) {
+                    Ok(_) => MemberError::NotEnvelope("the member is not a JSON object".to_owned()),
+                    Err(e) => MemberError::NotJson(e.to_string()),
+                },
+            );
+        }
+        let raw: RawEnvelope<'_> = serde_json::from_slice(member).map_err(|e| {
+            if e.classify() == serde_json::error::Category::Data {
+                MemberError::NotEnvelope(e.to_string())
+            } else {
+                MemberError::NotJson(e.to_string())
+            }
+        })?;
         let kind = raw.request_kind.ok_or(MemberError::MissingKind)?;
         if !matches!(kind.as_str(), "plain" | "redis" | "pubsub") {
             return Err(MemberError::UnknownKind(kind));
@@ -126,6 +142,9 @@ impl Envelope {
             internal: Option<Routing>,
             #[serde(default)]
             data: Option<Id>,
+        }
+        if member.trim_ascii_start().first() != Some(&b'{') {
+            return None;
         }
         let p: Partial = serde_json::from_slice(member).ok()?;
         let id = p.data?.id.filter(|id| !id.is_empty())?;
@@ -222,6 +241,20 @@ mod tests {
                 r#"{"request_kind":"plain","data":[1]}"#,
                 MemberError::BadData(String::new()),
             ),
+            ("[1,2,3]", MemberError::NotEnvelope(String::new())),
+            (r#""text""#, MemberError::NotEnvelope(String::new())),
+            (
+                r#"{"internal":7,"request_kind":"plain","data":{"id":"a","deadline":5}}"#,
+                MemberError::NotEnvelope(String::new()),
+            ),
+            (
+                r#"{"request_kind":"plain","data":{"id":"a","deadline":5,"payload":"hi"}}"#,
+                MemberError::BadData(String::new()),
+            ),
+            (
+                r#"{"request_kind":"plain","data":{"id":"a","deadline":5,"payload":7}}"#,
+                MemberError::BadData(String::new()),
+            ),
         ];
         for (member, want) in cases {
             let got = Envelope::decode(member.as_bytes()).unwrap_err();
@@ -238,11 +271,103 @@ mod tests {
         ));
     }
 
+    mod props {
+        use proptest::prelude::*;
+        use serde_json::value::RawValue;
+        use serde_json::Value;
+
+        use super::super::*;
+        use crate::queue::Queue;
+        use crate::wire::NewRequest;
+
+        fn json() -> impl Strategy<Value = Value> {
+            let leaf = prop_oneof![
+                Just(Value::Null),
+                any::<bool>().prop_map(Value::from),
+                any::<i64>().prop_map(Value::from),
+                (-1e12f64..1e12).prop_map(Value::from),
+                "\\PC{0,12}".prop_map(Value::from),
+            ];
+            leaf.prop_recursive(3, 24, 4, |inner| {
+                prop_oneof![
+                    prop::collection::vec(inner.clone(), 0..4).prop_map(Value::from),
+                    prop::collection::btree_map("\\PC{0,6}", inner, 0..4)
+                        .prop_map(|m| Value::Object(m.into_iter().collect())),
+                ]
+            })
+        }
+
+        /// A payload object as text, with a big integer and spacing serde would not write.
+        fn payload() -> impl Strategy<Value = String> {
+            (json(), "[1-9][0-9]{19,30}", "[ \t\n]{0,2}").prop_map(|(v, big, ws)| {
+                format!("{{{ws}\"v\":{ws}{v},\"big\":{big}, \"f\":1.0{ws}}}")
+            })
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(256))]
+
+            #[test]
+            fn arbitrary_bytes_decode_or_are_named(bytes in prop::collection::vec(any::<u8>(), 0..256)) {
+                match Envelope::decode(&bytes) {
+                    Ok(env) => prop_assert!(!env.request.id.is_empty() && env.request.deadline > 0),
+                    Err(e) => prop_assert!(!e.to_string().is_empty()),
+                }
+                let _ = Envelope::salvage_id(&bytes);
+            }
+
+            #[test]
+            fn json_shaped_members_decode_or_are_named(v in json(), wrap in any::<bool>()) {
+                let text = if wrap {
+                    format!(r#"{{"request_kind":"plain","data":{v}}}"#)
+                } else {
+                    v.to_string()
+                };
+                if let Err(e) = Envelope::decode(text.as_bytes()) {
+                    prop_assert!(!e.to_string().is_empty());
+                }
+            }
+
+            #[test]
+            fn encode_decode_keeps_the_data_and_payload_bytes(
+                id in "[A-Za-z0-9._:-]{1,24}",
+                deadline in 1i64..=i64::MAX / 1000,
+                body in payload(),
+                token in "[0-9a-f]{32}",
+                meta in prop::collection::btree_map("[a-z]{1,5}", "\\PC{0,8}", 0..3),
+            ) {
+                let req = NewRequest {
+                    id,
+                    created: 1,
+                    deadline,
+                    payload: RawValue::from_string(body.clone()).unwrap(),
+                    metadata: meta,
+                    headers: Default::default(),
+                    endpoint: String::new(),
+                };
+                let routing = Routing { request_token: token, ..Routing::default() };
+                let env = req.into_envelope(routing).unwrap();
+                let back = Envelope::decode(&env.encode()).unwrap();
+                prop_assert_eq!(back.data.get(), env.data.get());
+                prop_assert_eq!(back.request.payload.get(), body.as_str());
+                // A retry rewrites the routing only.
+                let retried = Envelope::decode(&Queue::retry_member(&back)).unwrap();
+                prop_assert_eq!(retried.internal.retry_count, 1);
+                prop_assert_eq!(retried.data.get(), env.data.get());
+            }
+        }
+    }
+
     #[test]
     fn salvages_an_id_from_a_bad_member() {
         let (id, _) =
             Envelope::salvage_id(br#"{"request_kind":"plain","data":{"id":"x"}}"#).unwrap();
         assert_eq!(id, "x");
         assert!(Envelope::salvage_id(b"garbage").is_none());
+        // An array fills a struct by position in serde; it is still not an envelope.
+        assert!(Envelope::salvage_id(br#"[{},{"id":"x"}]"#).is_none());
+        // A null payload is Go's nil map: accepted.
+        let ok = br#"{"request_kind":"plain","data":{"id":"a","deadline":5,"payload":null}}"#;
+        assert_eq!(Envelope::decode(ok).unwrap().request.payload.get(), "null");
     }
 }

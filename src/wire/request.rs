@@ -58,7 +58,22 @@ impl RequestView {
             .filter(|d| *d > 0)
             .ok_or(MemberError::BadDeadline)?;
         let payload = match loose.payload {
-            Some(p) => p,
+            Some(p) => {
+                // Go's RequestMessage.Payload is map[string]any: an object, or null.
+                let kind = match p.get().trim_start().as_bytes().first() {
+                    Some(b'{') | Some(b'n') => None,
+                    Some(b'[') => Some("an array"),
+                    Some(b'"') => Some("a string"),
+                    Some(b't') | Some(b'f') => Some("a boolean"),
+                    _ => Some("a number"),
+                };
+                if let Some(kind) = kind {
+                    return Err(MemberError::BadData(format!(
+                        "payload must be a JSON object (the OpenAI-style request body), not {kind}"
+                    )));
+                }
+                p
+            }
             None => RawValue::from_string("null".to_owned())
                 .map_err(|e| MemberError::BadData(e.to_string()))?,
         };

@@ -1,0 +1,215 @@
+//! The operator's moves on a queue's dead-letter list (`<queue>:dead`): read the records,
+//! requeue a dead request as a new generation, purge records.
+//!
+//! Records come in as the JSON the processor pushed (see [`DeadRecord`]); they leave as
+//! [`Listed`] entries that keep the exact stored text, because that text is how a record is
+//! found again in the list (`LREM` by value) — records have no other key.
+//!
+//! Requeue is one script ([`super::scripts::Scripts::requeue`]): the record leaves the dead list
+//! in the same step the request enters pending, and only if it does. It makes a **new
+//! generation** (fresh request token, `retry_count` 0, the producer's `data` bytes untouched):
+//! the dead generation already has its one terminal record, so it may never reach done again.
+//! A consumer of the result list therefore sees the id twice — the dead generation's
+//! `DEAD_LETTERED` / `INVALID_REQUEST` result, then the new generation's result — exactly as
+//! when a producer re-submits an id.
+
+use redis::aio::ConnectionManager;
+use redis::Value;
+
+use super::dead::DeadRecord;
+use super::keys::{active_key, cancel_key, fresh_token, QueueKeys};
+use super::moves::QueueError;
+use super::scripts::SCRIPTS;
+use crate::wire::Envelope;
+
+/// Records read per `LRANGE`.
+const PAGE: isize = 1000;
+
+/// One entry of the dead list.
+#[derive(Debug, Clone)]
+pub struct Listed {
+    /// The entry exactly as stored (what requeue and purge remove).
+    pub raw: String,
+    /// The decoded record, or why the entry is not one (written by something else).
+    pub record: Result<DeadRecord, String>,
+}
+
+/// Why a record cannot be requeued (nothing was changed).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Unrequeueable {
+    #[error("the entry is not a dead-letter record: {0}")]
+    NotARecord(String),
+    #[error("the record keeps only the first bytes of an oversized member ({0} bytes); it could never be served — purge it and have the producer send a smaller request")]
+    Truncated(usize),
+    #[error("the member was not valid UTF-8, so the record holds no exact copy of it; purge it and have the producer resubmit")]
+    Lossy,
+    #[error("the member is not a valid request ({0}); fix the producer and resubmit, then purge this record")]
+    Malformed(String),
+    #[error(
+        "its deadline passed at Unix second {0}; requeueing would only produce DEADLINE_EXCEEDED"
+    )]
+    Expired(i64),
+    #[error("id {0:?} has a newer live generation (request-active names another token); requeueing would make two")]
+    NewerGeneration(String),
+    #[error("the producer cancelled this generation")]
+    Cancelled,
+    #[error("the record is no longer in the dead list (requeued or purged meanwhile)")]
+    Gone,
+}
+
+/// What a requeue did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Requeued {
+    pub id: String,
+    /// The new generation's request token.
+    pub request_token: String,
+    /// Its score in pending (the deadline, Unix seconds).
+    pub deadline: i64,
+}
+
+/// One queue's dead list.
+#[derive(Clone)]
+pub struct DeadLetters {
+    keys: QueueKeys,
+    con: ConnectionManager,
+}
+
+impl DeadLetters {
+    pub fn new(con: ConnectionManager, queue_name: &str) -> DeadLetters {
+        DeadLetters {
+            keys: QueueKeys::new(queue_name),
+            con,
+        }
+    }
+
+    pub fn key(&self) -> &str {
+        &self.keys.dead
+    }
+
+    /// Every entry, newest first.
+    pub async fn list(&self) -> Result<Vec<Listed>, QueueError> {
+        let mut con = self.con.clone();
+        let mut out = Vec::new();
+        let mut start: isize = 0;
+        loop {
+            let page: Vec<Vec<u8>> = redis::cmd("LRANGE")
+                .arg(&self.keys.dead)
+                .arg(start)
+                .arg(start + PAGE - 1)
+                .query_async(&mut con)
+                .await?;
+            let n = page.len();
+            out.extend(page.into_iter().map(|bytes| {
+                let raw = String::from_utf8_lossy(&bytes).into_owned();
+                let record = serde_json::from_str::<DeadRecord>(&raw).map_err(|e| e.to_string());
+                Listed { raw, record }
+            }));
+            if n < usize::try_from(PAGE).unwrap_or(usize::MAX) {
+                return Ok(out);
+            }
+            start += PAGE;
+        }
+    }
+
+    /// The member a requeue would write, or why there is none: the record's exact member
+    /// re-tokened as a new generation.
+    pub fn revive(listed: &Listed, now_ms: i64) -> Result<(Envelope, Vec<u8>), Unrequeueable> {
+        let record = listed
+            .record
+            .as_ref()
+            .map_err(|e| Unrequeueable::NotARecord(e.clone()))?;
+        if record.member_truncated {
+            return Err(Unrequeueable::Truncated(record.member_bytes));
+        }
+        let member = record.exact_member().ok_or(Unrequeueable::Lossy)?;
+        let mut env =
+            Envelope::decode(member).map_err(|e| Unrequeueable::Malformed(e.to_string()))?;
+        if env.request.deadline.saturating_mul(1000) <= now_ms {
+            return Err(Unrequeueable::Expired(env.request.deadline));
+        }
+        env.internal.request_token = fresh_token();
+        env.internal.retry_count = 0;
+        let bytes = env.encode();
+        Ok((env, bytes))
+    }
+
+    /// dead -> pending as a new generation (see the module comment).
+    pub async fn requeue(
+        &self,
+        listed: &Listed,
+        now_ms: i64,
+    ) -> Result<Result<Requeued, Unrequeueable>, QueueError> {
+        let (env, member) = match Self::revive(listed, now_ms) {
+            Ok(revived) => revived,
+            Err(why) => return Ok(Err(why)),
+        };
+        let id = env.request.id.clone();
+        let old_token = listed
+            .record
+            .as_ref()
+            .map(|r| r.request_token.clone())
+            .unwrap_or_default();
+        let deadline = env.request.deadline;
+        let ttl_ms = (deadline.saturating_mul(1000) - now_ms).max(1).to_string();
+        let keys = [
+            self.keys.dead.clone(),
+            self.keys.pending.clone(),
+            active_key(&id),
+            cancel_key(&id),
+        ];
+        let score = deadline.to_string();
+        let args: [&[u8]; 6] = [
+            listed.raw.as_bytes(),
+            &member,
+            score.as_bytes(),
+            env.internal.request_token.as_bytes(),
+            old_token.as_bytes(),
+            ttl_ms.as_bytes(),
+        ];
+        let cmd = SCRIPTS.requeue.cmd(&keys, &args);
+        let reply = SCRIPTS.requeue.run(&mut self.con.clone(), &cmd).await?;
+        Ok(match reply {
+            Value::Int(1) => Ok(Requeued {
+                id,
+                request_token: env.internal.request_token,
+                deadline,
+            }),
+            Value::Int(0) => Err(Unrequeueable::Gone),
+            Value::Int(-1) => Err(Unrequeueable::NewerGeneration(id)),
+            Value::Int(-2) => Err(Unrequeueable::Cancelled),
+            other => {
+                return Err(QueueError::Reply {
+                    script: "requeue",
+                    detail: format!("{other:?}"),
+                })
+            }
+        })
+    }
+
+    /// Removes these entries (each by its exact text); returns how many were still there.
+    pub async fn purge(&self, entries: &[&str]) -> Result<u64, QueueError> {
+        let mut removed = 0u64;
+        for chunk in entries.chunks(500) {
+            let mut pipe = redis::pipe();
+            for raw in chunk {
+                pipe.cmd("LREM").arg(&self.keys.dead).arg(1).arg(*raw);
+            }
+            let counts: Vec<u64> = pipe.query_async(&mut self.con.clone()).await?;
+            removed += counts.iter().sum::<u64>();
+        }
+        Ok(removed)
+    }
+
+    /// Removes every entry at once (one transaction); returns how many there were.
+    pub async fn purge_all(&self) -> Result<u64, QueueError> {
+        let (count, _): (u64, u64) = redis::pipe()
+            .atomic()
+            .cmd("LLEN")
+            .arg(&self.keys.dead)
+            .cmd("DEL")
+            .arg(&self.keys.dead)
+            .query_async(&mut self.con.clone())
+            .await?;
+        Ok(count)
+    }
+}
