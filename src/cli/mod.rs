@@ -2,8 +2,8 @@
 //! file and calls into the library. Exit codes: 0 success, 2 bad input or configuration (the
 //! message names the field or line), 1 anything else.
 
-mod chaos;
 mod bench;
+mod chaos;
 mod dead_letter;
 mod demo;
 mod input;
