@@ -364,9 +364,10 @@ async fn passwords_never_appear_in_logs_errors_or_results() {
         assert!(p.log().contains("invalid config: url"), "{}", p.log());
         clean("a config error", &p.log());
     }
-    // Prometheus and gateway with credentials, both unreachable.
+    // Prometheus (unreachable) and gateway (refusing TLS) with credentials in their URLs.
     let prom_gate = r#","gate_type":"prometheus-query","gate_params":{"query":"up","fallback":1}"#;
-    let gateway = format!("http://gw-user:{}@127.0.0.1:1", secrets[5]);
+    // https:// to a plain-HTTP gateway: the TLS handshake fails, and the result names the URL.
+    let gateway = format!("https://gw-user:{}@{}", secrets[5], gw.addr);
     let prom = format!("http://prom-user:{}@127.0.0.1:1", secrets[4]);
     let working = Proc::spawn(
         &transport(&good, &gateway, 30.0, 5, prom_gate),
@@ -375,11 +376,12 @@ async fn passwords_never_appear_in_logs_errors_or_results() {
     working.wait_ready().await;
     let producer = Producer::connect(&good, Q, "result-list").await.unwrap();
     producer
-        .submit(common::request("to-nowhere", 3, "{}"))
+        .submit(common::request("to-nowhere", 60, "{}"))
         .await
         .unwrap();
     let result = wait_result(&mut admin, "to-nowhere", Duration::from_secs(20)).await;
-    assert!(!result.error_code.is_empty(), "{result:?}");
+    assert_eq!(result.error_code, "INFERENCE_ERROR", "{result:?}");
+    assert!(result.error_message.contains("gw-user:***@"), "{result:?}");
     clean("a result", &serde_json::to_string(&result).unwrap());
     assert!(
         working.log().contains("metric source unavailable"),
