@@ -4,4 +4,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/ensure-redis.sh
+# tests/security.rs makes its TLS certificates with the openssl command line.
+if ! command -v openssl >/dev/null 2>&1; then
+  echo "openssl not found: installing Debian's openssl package" >&2
+  SUDO=""
+  if [ "$(id -u)" != "0" ]; then SUDO="sudo"; fi
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq openssl >/dev/null
+fi
 cargo test --release --all-targets "$@"

@@ -38,6 +38,8 @@ pub struct RedisServer {
     port: u16,
     dir: DataDir,
     fsync: Fsync,
+    /// More `redis-server` arguments (TLS listeners in the security tests).
+    extra: Vec<String>,
     child: Option<Child>,
 }
 
@@ -79,7 +81,14 @@ impl RedisServer {
     /// Starts a server with the given fsync policy.
     pub fn start_with(fsync: Fsync) -> Result<RedisServer, TestkitError> {
         let dir = tempfile::Builder::new().prefix("inferq-redis-").tempdir()?;
-        Self::start_on(DataDir::Temp(dir), fsync)
+        Self::start_on(DataDir::Temp(dir), fsync, Vec::new())
+    }
+
+    /// Starts a server (AOF, `appendfsync always`) with more `redis-server` arguments, e.g. a
+    /// `--tls-port` next to the plain loopback port (which tests keep for set-up and `PING`).
+    pub fn start_with_args(extra: Vec<String>) -> Result<RedisServer, TestkitError> {
+        let dir = tempfile::Builder::new().prefix("inferq-redis-").tempdir()?;
+        Self::start_on(DataDir::Temp(dir), Fsync::Always, extra)
     }
 
     /// Starts a server whose data directory is `dir` (created if missing, never removed), so
@@ -89,14 +98,19 @@ impl RedisServer {
         // redis-server runs with `--dir`, which it changes into: an absolute path keeps the
         // log and AOF paths meaningful whatever our own working directory is.
         let dir = std::path::absolute(dir)?;
-        Self::start_on(DataDir::Given(dir), fsync)
+        Self::start_on(DataDir::Given(dir), fsync, Vec::new())
     }
 
-    fn start_on(dir: DataDir, fsync: Fsync) -> Result<RedisServer, TestkitError> {
+    fn start_on(
+        dir: DataDir,
+        fsync: Fsync,
+        extra: Vec<String>,
+    ) -> Result<RedisServer, TestkitError> {
         let mut server = RedisServer {
             port: free_port()?,
             dir,
             fsync,
+            extra,
             child: None,
         };
         server.spawn()?;
@@ -117,6 +131,7 @@ impl RedisServer {
             .args(["--maxmemory-policy", "noeviction", "--protected-mode", "no"])
             .arg("--logfile")
             .arg(&log)
+            .args(&self.extra)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())

@@ -555,47 +555,6 @@ async fn lost_renewal_aborts_the_in_flight_request() {
     assert!(p.metrics().await.contains("inferq_renewals_total{queue_id=\"request-sortedset\",queue_name=\"request-sortedset\",pool_name=\"default\",outcome=\"lost\"} 1"));
 }
 
-/// A Redis URL with an ACL user and password works (the default user is switched off, so
-/// nothing else could), and the password appears in no log line.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn acl_user_and_password_work_and_stay_secret() {
-    let redis = RedisServer::start().unwrap();
-    let gw = Gateway::start().await;
-    let mut admin = con(&redis).await;
-    let _: () = redis::cmd("ACL")
-        .arg(&["SETUSER", "inferq", "on", ">s3cr3t-pw", "~*", "&*", "+@all"][..])
-        .query_async(&mut admin)
-        .await
-        .unwrap();
-    let _: () = redis::cmd("ACL")
-        .arg(&["SETUSER", "default", "off"][..])
-        .query_async(&mut admin)
-        .await
-        .unwrap();
-    let url = format!("redis://inferq:s3cr3t-pw@127.0.0.1:{}/", redis.port());
-    let opts = ProcessorOpts {
-        redis_url: Some(url.clone()),
-        ..ProcessorOpts::default()
-    };
-    let p = Processor::start(&redis, &gw, &opts).await;
-    let producer = inferq::queue::producer::Producer::connect(&url, Q, "result-list")
-        .await
-        .unwrap();
-    producer.submit(request("acl-1", 60, "{}")).await.unwrap();
-    let got = producer
-        .pop_result(Duration::from_secs(10))
-        .await
-        .unwrap()
-        .unwrap();
-    assert_eq!((got.id.as_str(), got.status_code), ("acl-1", 200));
-    let log = p.log();
-    assert!(log.contains("inferq ready"), "{log}");
-    assert!(
-        !log.contains("s3cr3t-pw"),
-        "the password leaked into the log:\n{log}"
-    );
-}
-
 /// An endpoint that cannot be joined to the gateway URL (an invalid `%` escape) is a terminal
 /// INFERENCE_ERROR with Go's client-error text, and nothing is sent.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

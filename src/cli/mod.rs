@@ -62,6 +62,8 @@ struct SimArgs {
     listen: std::net::SocketAddr,
     #[command(flatten)]
     sim: crate::sim::SimConfig,
+    #[command(flatten)]
+    tls: crate::sim::SimTls,
 }
 
 /// Where Redis is, shared by the producer-side subcommands.
@@ -76,14 +78,38 @@ pub struct RedisArgs {
     /// The result list.
     #[arg(long, default_value = "result-list")]
     pub result_queue: String,
+    /// CA bundle (PEM) trusted for a rediss:// URL instead of the public roots.
+    #[arg(long, env = "REDIS_TLS_CA_CERT", value_name = "PATH")]
+    pub redis_tls_ca_cert: Option<std::path::PathBuf>,
+    /// Client certificate (PEM) for a Redis that requires one; needs --redis-tls-key.
+    #[arg(
+        long,
+        env = "REDIS_TLS_CERT",
+        value_name = "PATH",
+        requires = "redis_tls_key"
+    )]
+    pub redis_tls_cert: Option<std::path::PathBuf>,
+    /// Client key (PEM) for --redis-tls-cert.
+    #[arg(
+        long,
+        env = "REDIS_TLS_KEY",
+        value_name = "PATH",
+        requires = "redis_tls_cert"
+    )]
+    pub redis_tls_key: Option<std::path::PathBuf>,
 }
 
 impl RedisArgs {
     /// A producer on these queues.
     pub async fn producer(&self) -> Result<crate::queue::producer::Producer, Failure> {
         use anyhow::Context;
-        Ok(crate::queue::producer::Producer::connect(
+        let tls = crate::queue::connect::RedisTls {
+            ca_cert: self.redis_tls_ca_cert.clone(),
+            client: self.redis_tls_cert.clone().zip(self.redis_tls_key.clone()),
+        };
+        Ok(crate::queue::producer::Producer::connect_tls(
             &self.redis_url,
+            &tls,
             &self.queue,
             &self.result_queue,
         )
@@ -158,10 +184,12 @@ pub fn main() -> ExitCode {
     let outcome = runtime.block_on(async move {
         match cli.command {
             Command::Run(args) => run::run(*args).await,
-            Command::Sim(args) => crate::sim::run_foreground(args.sim, args.listen)
+            Command::Sim(args) => crate::sim::run_foreground(args.sim, args.listen, &args.tls)
                 .await
                 .map_err(|e| match e {
-                    crate::sim::SimError::InvalidKnob { .. } => Failure::bad_input(e),
+                    crate::sim::SimError::InvalidKnob { .. } | crate::sim::SimError::Tls(_) => {
+                        Failure::bad_input(e)
+                    }
                     other => Failure::from(other),
                 }),
             Command::Submit(args) => submit::submit(args).await,

@@ -140,6 +140,22 @@ pub struct RunArgs {
     )]
     pub tls_insecure_skip_verify: bool,
 
+    /// CA bundle (PEM) trusted for a rediss:// Redis URL instead of the public roots (inferq).
+    #[arg(
+        long = "redis-tls-ca-cert",
+        env = "REDIS_TLS_CA_CERT",
+        value_name = "PATH"
+    )]
+    pub redis_tls_ca_cert: Option<String>,
+
+    /// Client certificate (PEM) for a Redis that requires one; needs --redis-tls-key (inferq).
+    #[arg(long = "redis-tls-cert", env = "REDIS_TLS_CERT", value_name = "PATH")]
+    pub redis_tls_cert: Option<String>,
+
+    /// Client key (PEM) for --redis-tls-cert (inferq).
+    #[arg(long = "redis-tls-key", env = "REDIS_TLS_KEY", value_name = "PATH")]
+    pub redis_tls_key: Option<String>,
+
     /// Log verbosity: 2 default, 3 verbose, 4 debug, 5 trace.
     #[arg(
         short = 'v',

@@ -6,6 +6,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use crate::queue::connect::RedisTls;
 use crate::queue::ClaimSettings;
 
 use super::args::RunArgs;
@@ -45,6 +46,8 @@ pub struct RunConfig {
     pub metrics_backlog_poll_interval: Option<Duration>,
     /// TLS for calls to the inference gateway; `None` when no TLS flag was given.
     pub tls: Option<TlsFiles>,
+    /// TLS files for a `rediss://` Redis URL (private CA, client certificate).
+    pub redis_tls: RedisTls,
     /// Prometheus access for the `prometheus-*` gates.
     pub prometheus: PrometheusSettings,
     /// Log verbosity (`-v`): 2 default, 3 verbose, 4 debug, 5 trace.
@@ -156,6 +159,7 @@ where
         ));
     }
     let tls = tls_files(args)?;
+    let redis_tls = redis_tls(args)?;
     let prometheus_url = match args.prometheus_url.as_ref().map(|u| u.expose()) {
         None | Some("") => None,
         Some(url) => {
@@ -243,6 +247,15 @@ where
         }
     }
 
+    if redis_tls.is_configured() && !transport.url.is_tls() {
+        return Err(ConfigError::invalid(
+            "--redis-tls-ca-cert",
+            format!(
+                "Redis TLS files were given, but the Redis URL {} is not rediss://",
+                transport.url.redacted()
+            ),
+        ));
+    }
     let merge_policy = merge_policy(args, &mut warnings)?;
     let claim = resolve_claim(claim_fields, claim_flags)?;
 
@@ -258,6 +271,7 @@ where
         metrics_port: args.metrics_port,
         metrics_backlog_poll_interval: (!backlog.is_zero()).then_some(backlog),
         tls,
+        redis_tls,
         prometheus: PrometheusSettings {
             url: prometheus_url,
             cache_ttl,
@@ -414,6 +428,47 @@ fn tls_files(args: &RunArgs) -> Result<Option<TlsFiles>, ConfigError> {
         client,
         insecure_skip_verify: args.tls_insecure_skip_verify,
     }))
+}
+
+/// The Redis TLS flags: cert and key together, every named file present.
+fn redis_tls(args: &RunArgs) -> Result<RedisTls, ConfigError> {
+    let ca = non_empty(&args.redis_tls_ca_cert);
+    let cert = non_empty(&args.redis_tls_cert);
+    let key = non_empty(&args.redis_tls_key);
+    for (flag, path) in [
+        ("--redis-tls-ca-cert", ca),
+        ("--redis-tls-cert", cert),
+        ("--redis-tls-key", key),
+    ] {
+        if let Some(path) = path {
+            if !Path::new(path).is_file() {
+                return Err(ConfigError::invalid(
+                    flag,
+                    format!("file {path:?} does not exist or is not a file"),
+                ));
+            }
+        }
+    }
+    let client = match (cert, key) {
+        (Some(cert), Some(key)) => Some((PathBuf::from(cert), PathBuf::from(key))),
+        (Some(_), None) => {
+            return Err(ConfigError::invalid(
+                "--redis-tls-key",
+                "required when --redis-tls-cert is set",
+            ))
+        }
+        (None, Some(_)) => {
+            return Err(ConfigError::invalid(
+                "--redis-tls-cert",
+                "required when --redis-tls-key is set",
+            ))
+        }
+        (None, None) => None,
+    };
+    Ok(RedisTls {
+        ca_cert: ca.map(PathBuf::from),
+        client,
+    })
 }
 
 /// Reads a file named by `flag`.

@@ -603,6 +603,51 @@ fn exit_code_is_two() {
     assert_eq!(err.exit_code(), 2);
 }
 
+#[test]
+fn redis_tls_rules() {
+    let (ca, cert, key) = (file("ca"), file("cert"), file("key"));
+    let tls_url = r#"{"url":"rediss://u:pw@r:6380","queues":[{"queue_name":"q","igw_base_url":"http://gw"}]}"#;
+    let c = load_ok(&[
+        SS,
+        &inline(tls_url),
+        &format!("--redis-tls-ca-cert={}", path(&ca)),
+        &format!("--redis-tls-cert={}", path(&cert)),
+        &format!("--redis-tls-key={}", path(&key)),
+    ]);
+    assert_eq!(c.redis_tls.ca_cert.as_deref(), Some(ca.path()));
+    assert_eq!(
+        c.redis_tls.client,
+        Some((cert.path().to_path_buf(), key.path().to_path_buf()))
+    );
+    assert!(!load_ok(&[SS, &inline(MINIMAL)]).redis_tls.is_configured());
+
+    let ca_flag = format!("--redis-tls-ca-cert={}", path(&ca));
+    assert_eq!(
+        load_err(&[SS, &inline(MINIMAL), &ca_flag]),
+        "invalid config: --redis-tls-ca-cert: Redis TLS files were given, but the Redis URL \
+         redis://r:6379 is not rediss://"
+    );
+    let cert_flag = format!("--redis-tls-cert={}", path(&cert));
+    assert_eq!(
+        load_err(&[SS, &inline(tls_url), &cert_flag]),
+        "invalid config: --redis-tls-key: required when --redis-tls-cert is set"
+    );
+    assert_eq!(
+        load_err(&[SS, &inline(tls_url), "--redis-tls-ca-cert=/no/such/ca.pem"]),
+        "invalid config: --redis-tls-ca-cert: file \"/no/such/ca.pem\" does not exist or is not a file"
+    );
+    let insecure = r#"{"url":"rediss://u:pw@r:6380/#insecure","queues":[{"queue_name":"q","igw_base_url":"http://gw"}]}"#;
+    let e = load_err(&[SS, &inline(insecure)]);
+    assert!(
+        e.starts_with("invalid config: url: ") && e.contains("#insecure"),
+        "{e}"
+    );
+    assert!(
+        e.contains("--redis-tls-ca-cert") && !e.contains("pw@"),
+        "{e}"
+    );
+}
+
 mod props {
     use proptest::prelude::*;
     use serde_json::Value;

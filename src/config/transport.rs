@@ -369,6 +369,12 @@ fn check_redis_url(url: &str) -> Result<(), String> {
         }
         return Ok(());
     }
+    if scheme == "rediss" && parsed.fragment() == Some("insecure") {
+        return Err(format!(
+            "{shown:?}: #insecure (accept any server certificate) is not supported; trust the \
+             server's CA with --redis-tls-ca-cert instead"
+        ));
+    }
     let db = parsed.path().trim_matches('/');
     if !db.is_empty() && db.parse::<u32>().is_err() {
         return Err(format!(

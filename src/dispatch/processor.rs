@@ -59,16 +59,24 @@ fn gateway_tls(tls: &Option<TlsFiles>) -> GatewayTls {
 
 async fn connect_until_up(
     client: &redis::Client,
+    readiness: &Readiness,
     shutdown: &CancellationToken,
 ) -> Option<redis::aio::ConnectionManager> {
     let mut attempt = 0u32;
     loop {
         match connect::manager(client).await {
             Ok(mut con) => match SCRIPTS.load_all(&mut con).await {
-                Ok(()) => return Some(con),
-                Err(e) => tracing::warn!(error = %e, "cannot load scripts into Redis; retrying"),
+                Ok(()) => {
+                    readiness.set_problem(None);
+                    return Some(con);
+                }
+                Err(e) => {
+                    readiness.set_problem(Some(format!("redis: cannot load scripts: {e}")));
+                    tracing::warn!(error = %e, "cannot load scripts into Redis; retrying");
+                }
             },
             Err(e) => {
+                readiness.set_problem(Some(format!("redis: cannot connect: {e}")));
                 if attempt % 10 == 0 {
                     tracing::warn!(error = %e, "cannot reach Redis; retrying (not ready meanwhile)");
                 }
@@ -122,12 +130,8 @@ pub async fn run(config: RunConfig, shutdown: CancellationToken) -> Result<(), D
         })?;
 
     let transport = &config.transport;
-    let client = redis::Client::open(transport.url.expose()).map_err(|e| {
-        DispatchError::Config(format!(
-            "url: {}",
-            crate::config::redact_in_text(&e.to_string())
-        ))
-    })?;
+    let client = connect::client(transport.url.expose(), &config.redis_tls)
+        .map_err(|e| DispatchError::Config(e.to_string()))?;
     let gateway_client = GatewayClient::new(
         &gateway_tls(&config.tls),
         usize::try_from(config.total_workers()).unwrap_or(64),
@@ -161,7 +165,7 @@ pub async fn run(config: RunConfig, shutdown: CancellationToken) -> Result<(), D
         });
     }
     tracing::info!(redis = %transport.url.redacted(), queues = transport.queues.len(), "inferq starting");
-    let Some(mut con) = connect_until_up(&client, &shutdown).await else {
+    let Some(mut con) = connect_until_up(&client, &readiness, &shutdown).await else {
         servers.cancel();
         return Ok(());
     };

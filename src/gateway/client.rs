@@ -201,9 +201,17 @@ async fn within<F: std::future::Future>(deadline: Option<Instant>, future: F) ->
 fn send_error(url: &str, err: reqwest::Error) -> Outcome {
     // reqwest errors embed the URL in their text; the cause names it once, Go-style.
     let err = err.without_url();
-    let cause = format!("Post {url:?}: {}", error_chain(&err));
+    let cause = format!(
+        "Post {:?}: {}",
+        crate::config::redact_url(url),
+        error_chain(&err)
+    );
     if err.is_builder() {
         request_failure(cause)
+    } else if is_tls_failure(&err) {
+        // An untrusted certificate or a refused client certificate: retrying cannot fix it, and
+        // Go ends such a request at once with INFERENCE_ERROR.
+        unusable_exchange(cause)
     } else if err.is_redirect() {
         // Too many redirects or an unusable Location: the gateway answered, and will again.
         unusable_exchange(cause)
@@ -214,6 +222,27 @@ fn send_error(url: &str, err: reqwest::Error) -> Outcome {
     } else {
         transport_failure(RetryReason::Transport, cause)
     }
+}
+
+/// Whether a TLS handshake failed (certificate not trusted, expired or for another name; client
+/// certificate refused). rustls reports through `io::Error`s (nested: the connector wraps the
+/// TLS stream's) whose `source()` skips what they wrap, so each one is unwrapped by hand.
+fn is_tls_failure(err: &(dyn std::error::Error + 'static)) -> bool {
+    let mut level = Some(err);
+    while let Some(e) = level {
+        let mut inner = e;
+        while let Some(io) = inner.downcast_ref::<std::io::Error>() {
+            match io.get_ref() {
+                Some(wrapped) => inner = wrapped,
+                None => break,
+            }
+        }
+        if inner.downcast_ref::<rustls::Error>().is_some() {
+            return true;
+        }
+        level = e.source();
+    }
+    false
 }
 
 /// A response header as text (lossy for non-UTF-8), `None` if absent.

@@ -1,10 +1,11 @@
 //! The health server (Go semantics): `GET /healthz` is always 200 `{"status":"ok"}`; `/readyz`
 //! is 503 until the processor has started and after a shutdown signal, and otherwise PINGs Redis
-//! (3 s budget) so it tells the truth when Redis is unreachable. Also the metrics server.
+//! (3 s budget) so it tells the truth when Redis is unreachable; before start, it names what
+//! start-up is stuck on (an unreachable Redis, a refused TLS handshake). Also the metrics server.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::Duration;
 
 use axum::http::{header, StatusCode};
@@ -22,6 +23,9 @@ use super::metrics::Metrics;
 pub struct Readiness {
     started: Arc<AtomicBool>,
     con: Arc<OnceLock<ConnectionManager>>,
+    /// Why the processor could not start yet (e.g. Redis refuses the TLS handshake), shown by
+    /// `/readyz` while it is not started.
+    problem: Arc<Mutex<Option<String>>>,
 }
 
 impl Readiness {
@@ -34,6 +38,11 @@ impl Readiness {
         let _ = self.con.set(con);
     }
 
+    /// Records why start-up is stuck (`None` once it is not).
+    pub fn set_problem(&self, problem: Option<String>) {
+        *self.problem.lock().unwrap_or_else(PoisonError::into_inner) = problem;
+    }
+
     pub fn set(&self, ready: bool) {
         self.started.store(ready, Ordering::SeqCst);
     }
@@ -41,7 +50,12 @@ impl Readiness {
     /// `Ok` when started and Redis answers PING within 3 s.
     pub async fn check(&self) -> Result<(), String> {
         if !self.started.load(Ordering::SeqCst) {
-            return Err(String::new());
+            let problem = self
+                .problem
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .clone();
+            return Err(problem.unwrap_or_default());
         }
         let Some(con) = self.con.get() else {
             return Err("redis: not connected yet".to_owned());

@@ -1,10 +1,15 @@
-//! Opening Redis connections: a self-healing multiplexed connection for the moves, and a
-//! separate connection without a response timeout for blocking pops (`BRPOP`, `BLMOVE`).
+//! Opening Redis connections: a [`client`] for a URL plus optional TLS files (private CA, client
+//! certificate), a self-healing multiplexed connection for the moves, and a separate connection
+//! without a response timeout for blocking pops (`BRPOP`, `BLMOVE`).
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig, MultiplexedConnection};
-use redis::{AsyncConnectionConfig, Client, RedisResult};
+use redis::{
+    AsyncConnectionConfig, Client, ClientTlsConfig, IntoConnectionInfo, RedisResult,
+    TlsCertificates,
+};
 
 /// How long one command may take before it counts as failed (the caller retries).
 pub const RESPONSE_TIMEOUT: Duration = Duration::from_secs(3);
@@ -27,4 +32,135 @@ pub async fn blocking(client: &Client) -> RedisResult<MultiplexedConnection> {
     client
         .get_multiplexed_async_connection_with_config(&config)
         .await
+}
+
+/// TLS material for a `rediss://` connection beyond the URL: a private CA to trust instead of the
+/// bundled public roots, and a client certificate for servers that require one
+/// (`tls-auth-clients yes`). Paths enter; [`client`] reads them when it builds the client.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RedisTls {
+    /// CA bundle (PEM) that signed the server's certificate. When set, only these roots are
+    /// trusted for Redis (a private CA usually is the only one that matters).
+    pub ca_cert: Option<PathBuf>,
+    /// Client certificate chain and private key (PEM), for mutual TLS.
+    pub client: Option<(PathBuf, PathBuf)>,
+}
+
+impl RedisTls {
+    /// Whether any file was given.
+    pub fn is_configured(&self) -> bool {
+        self.ca_cert.is_some() || self.client.is_some()
+    }
+}
+
+/// Why a Redis client could not be built. No variant ever holds a password: URLs are redacted.
+#[derive(Debug, thiserror::Error)]
+pub enum ConnectError {
+    /// The URL does not parse as a Redis URL.
+    #[error("url {shown}: {reason}")]
+    Url { shown: String, reason: String },
+    /// TLS files were given for a URL that is not `rediss://`.
+    #[error("url {shown}: TLS certificates were given, but the URL is not rediss://")]
+    NotTls { shown: String },
+    /// `#insecure` asks to accept any server certificate; inferq does not build that in.
+    #[error(
+        "url {shown}: #insecure (accept any server certificate) is not supported; trust the \
+         server's CA with --redis-tls-ca-cert instead"
+    )]
+    Insecure { shown: String },
+    /// A certificate or key file could not be read.
+    #[error("{flag} {path}: {source}")]
+    Read {
+        flag: &'static str,
+        path: String,
+        source: std::io::Error,
+    },
+    /// The files were read but do not make a TLS configuration.
+    #[error("TLS certificates for Redis: {0}")]
+    Tls(String),
+}
+
+/// A Redis client for `url` with the TLS material in `tls`. Nothing is connected yet.
+pub fn client(url: &str, tls: &RedisTls) -> Result<Client, ConnectError> {
+    let shown = || crate::config::redact_url(url);
+    let is_tls = url
+        .get(..9)
+        .is_some_and(|s| s.eq_ignore_ascii_case("rediss://"));
+    if is_tls && url.ends_with("#insecure") {
+        return Err(ConnectError::Insecure { shown: shown() });
+    }
+    let info = url.into_connection_info().map_err(|e| ConnectError::Url {
+        shown: shown(),
+        reason: crate::config::redact_in_text(&e.to_string()),
+    })?;
+    if !tls.is_configured() {
+        return Client::open(info).map_err(|e| ConnectError::Url {
+            shown: shown(),
+            reason: crate::config::redact_in_text(&e.to_string()),
+        });
+    }
+    if !is_tls {
+        return Err(ConnectError::NotTls { shown: shown() });
+    }
+    let read = |flag: &'static str, path: &PathBuf| {
+        std::fs::read(path).map_err(|source| ConnectError::Read {
+            flag,
+            path: path.display().to_string(),
+            source,
+        })
+    };
+    let root_cert = match &tls.ca_cert {
+        Some(path) => Some(read("--redis-tls-ca-cert", path)?),
+        None => None,
+    };
+    let client_tls = match &tls.client {
+        Some((cert, key)) => Some(ClientTlsConfig {
+            client_cert: read("--redis-tls-cert", cert)?,
+            client_key: read("--redis-tls-key", key)?,
+        }),
+        None => None,
+    };
+    Client::build_with_tls(
+        info,
+        TlsCertificates {
+            client_tls,
+            root_cert,
+        },
+    )
+    .map_err(|e| ConnectError::Tls(crate::config::redact_in_text(&e.to_string())))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn client_errors_name_the_problem_without_the_password() {
+        let ca = RedisTls {
+            ca_cert: Some(PathBuf::from("/no/such/ca.pem")),
+            client: None,
+        };
+        let e = client("redis://u:pw1@h:1", &ca).unwrap_err().to_string();
+        assert_eq!(
+            e,
+            "url redis://u:***@h:1: TLS certificates were given, but the URL is not rediss://"
+        );
+        let e = client("rediss://u:pw1@h:1", &ca).unwrap_err().to_string();
+        assert!(
+            e.starts_with("--redis-tls-ca-cert /no/such/ca.pem: "),
+            "{e}"
+        );
+        let e = client("rediss://u:pw1@h:1/#insecure", &RedisTls::default())
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("#insecure") && !e.contains("pw1"), "{e}");
+        let e = client("redis://u:pw1@h:1/x", &RedisTls::default())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("url redis://u:***@h:1/x: ") && !e.contains("pw1"),
+            "{e}"
+        );
+        assert!(client("rediss://u:pw1@h:1/", &RedisTls::default()).is_ok());
+    }
 }

@@ -21,6 +21,8 @@ pub const CANCEL_MARKER_TTL_SECS: u64 = 604_800;
 pub enum ProducerError {
     #[error("redis: {0}")]
     Redis(#[from] RedisError),
+    #[error(transparent)]
+    Connect(#[from] connect::ConnectError),
     #[error("request ID is required")]
     MissingId,
     #[error("deadline is required and must be a positive Unix timestamp")]
@@ -87,10 +89,27 @@ impl Producer {
         request_queue: &str,
         result_queue: &str,
     ) -> Result<Producer, ProducerError> {
+        Self::connect_tls(
+            url,
+            &connect::RedisTls::default(),
+            request_queue,
+            result_queue,
+        )
+        .await
+    }
+
+    /// [`Producer::connect`] with TLS files for a `rediss://` URL (private CA, client
+    /// certificate).
+    pub async fn connect_tls(
+        url: &str,
+        tls: &connect::RedisTls,
+        request_queue: &str,
+        result_queue: &str,
+    ) -> Result<Producer, ProducerError> {
         if result_queue.is_empty() {
             return Err(ProducerError::NoResultQueue);
         }
-        let client = Client::open(url)?;
+        let client = connect::client(url, tls)?;
         let con = connect::manager(&client).await?;
         Ok(Producer {
             client,

@@ -4,8 +4,9 @@
 //! read or write on the stream fails, hyper drops the connection, and the socket closes with a
 //! TCP reset instead of an answer.
 //!
-//! TLS can be added by a listener whose `Io` is `ConnIo<TlsStream<TcpStream>>`: [`Resettable`]
-//! would be implemented for the TLS stream by delegating to its TCP stream.
+//! [`TlsSimListener`] does the same over TLS: each accepted TCP stream's handshake runs in its own
+//! task (a slow or failing client never holds up the others), and [`Resettable`] on the TLS stream
+//! delegates to its TCP stream.
 
 use std::io;
 use std::net::SocketAddr;
@@ -19,6 +20,9 @@ use axum::extract::connect_info::Connected;
 use axum::serve::{IncomingStream, Listener};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::mpsc;
+use tokio_rustls::server::TlsStream;
+use tokio_rustls::TlsAcceptor;
 
 /// A transport that can be made to close abruptly.
 pub trait Resettable {
@@ -190,6 +194,92 @@ impl Listener for SimListener {
 
 impl Connected<IncomingStream<'_, SimListener>> for ConnControl {
     fn connect_info(stream: IncomingStream<'_, SimListener>) -> Self {
+        stream.io().control.clone()
+    }
+}
+
+impl Resettable for TlsStream<TcpStream> {
+    fn arm_reset(&self) {
+        self.get_ref().0.arm_reset();
+    }
+}
+
+/// How long a TLS handshake may take before the connection is dropped.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+type Handshaken = (ConnIo<TlsStream<TcpStream>>, SocketAddr);
+
+/// A TCP listener that hands out TLS streams once their handshake is done.
+pub struct TlsSimListener {
+    inner: TcpListener,
+    acceptor: TlsAcceptor,
+    done_tx: mpsc::Sender<Handshaken>,
+    done_rx: mpsc::Receiver<Handshaken>,
+}
+
+impl TlsSimListener {
+    /// Wraps a bound listener.
+    pub fn new(inner: TcpListener, acceptor: TlsAcceptor) -> Self {
+        let (done_tx, done_rx) = mpsc::channel(64);
+        Self {
+            inner,
+            acceptor,
+            done_tx,
+            done_rx,
+        }
+    }
+
+    fn handshake(&self, stream: TcpStream, addr: SocketAddr) {
+        let acceptor = self.acceptor.clone();
+        let done = self.done_tx.clone();
+        tokio::spawn(async move {
+            match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
+                Ok(Ok(tls)) => {
+                    let _ = done.send((ConnIo::new(tls), addr)).await;
+                }
+                Ok(Err(e)) => tracing::debug!(%addr, "simulator TLS handshake failed: {e}"),
+                Err(_) => tracing::debug!(%addr, "simulator TLS handshake timed out"),
+            }
+        });
+    }
+}
+
+impl Listener for TlsSimListener {
+    type Io = ConnIo<TlsStream<TcpStream>>;
+    type Addr = SocketAddr;
+
+    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
+        loop {
+            tokio::select! {
+                Some(ready) = self.done_rx.recv() => return ready,
+                accepted = self.inner.accept() => match accepted {
+                    Ok((stream, addr)) => {
+                        if let Err(e) = stream.set_nodelay(true) {
+                            tracing::debug!("could not set TCP_NODELAY: {e}");
+                        }
+                        self.handshake(stream, addr);
+                    }
+                    Err(e)
+                        if matches!(
+                            e.kind(),
+                            io::ErrorKind::ConnectionAborted | io::ErrorKind::ConnectionReset
+                        ) => {}
+                    Err(e) => {
+                        tracing::warn!("simulator accept failed: {e}");
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                    }
+                },
+            }
+        }
+    }
+
+    fn local_addr(&self) -> io::Result<SocketAddr> {
+        self.inner.local_addr()
+    }
+}
+
+impl Connected<IncomingStream<'_, TlsSimListener>> for ConnControl {
+    fn connect_info(stream: IncomingStream<'_, TlsSimListener>) -> Self {
         stream.io().control.clone()
     }
 }

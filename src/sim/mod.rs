@@ -17,7 +17,8 @@
 //! - `metrics`: lock-free counters, the per-id execution map, Prometheus text.
 //! - `arrivals`: when each id was admitted to run (`/arrivals`), for benchmarks.
 //! - `openai`: request parsing and the JSON of answers and errors.
-//! - `listener`: the accept loop whose connections a handler can reset.
+//! - `listener`: the accept loop whose connections a handler can reset (plain or TLS).
+//! - [`tls`]: `--tls-cert`, `--tls-key` and `--tls-client-ca` (HTTPS, optionally mutual TLS).
 
 mod arrivals;
 pub mod config;
@@ -26,6 +27,7 @@ mod listener;
 mod metrics;
 mod openai;
 mod server;
+pub mod tls;
 
 #[cfg(test)]
 mod tests;
@@ -44,8 +46,9 @@ pub use config::SimConfig;
 pub use faults::FaultRates;
 pub use metrics::SimStats;
 pub use server::REQUEST_ID_HEADER;
+pub use tls::SimTls;
 
-use listener::{ConnControl, SimListener};
+use listener::{ConnControl, SimListener, TlsSimListener};
 use server::SimState;
 
 /// How long [`Sim::stop`] waits for open connections to finish before abandoning them.
@@ -71,6 +74,9 @@ pub enum SimError {
         #[source]
         source: io::Error,
     },
+    /// The TLS flags do not make a usable server configuration.
+    #[error("invalid TLS setting: {0}")]
+    Tls(String),
     /// Ctrl-C / SIGTERM handlers could not be installed.
     #[error("cannot listen for shutdown signals: {0}")]
     Signal(#[source] io::Error),
@@ -80,6 +86,8 @@ pub enum SimError {
 #[derive(Debug)]
 pub struct Sim {
     addr: SocketAddr,
+    /// `http` or `https`.
+    scheme: &'static str,
     state: Arc<SimState>,
     /// Cancelled to stop accepting, end in-flight sleeps and hangs, and close connections.
     shutdown: CancellationToken,
@@ -91,7 +99,17 @@ impl Sim {
     /// Binds `addr` (use "127.0.0.1:0" for a free port) and serves until [`Sim::stop`] is
     /// called or the `Sim` is dropped.
     pub async fn start(cfg: SimConfig, addr: SocketAddr) -> Result<Sim, SimError> {
+        Self::start_tls(cfg, addr, &SimTls::default()).await
+    }
+
+    /// [`Sim::start`], serving HTTPS when `tls` names a certificate and key.
+    pub async fn start_tls(
+        cfg: SimConfig,
+        addr: SocketAddr,
+        tls: &SimTls,
+    ) -> Result<Sim, SimError> {
         cfg.validate()?;
+        let acceptor = tls.acceptor()?;
         let bind_error = |source| SimError::Bind { addr, source };
         let tcp = tokio::net::TcpListener::bind(addr)
             .await
@@ -102,13 +120,24 @@ impl Sim {
         let state = Arc::new(SimState::new(cfg, shutdown.clone()));
         let app =
             server::router(Arc::clone(&state)).into_make_service_with_connect_info::<ConnControl>();
-        let serve = axum::serve(SimListener::new(tcp), app)
-            .with_graceful_shutdown(shutdown.clone().cancelled_owned());
-        let server = tokio::spawn(async move { serve.await });
+        let stop = shutdown.clone().cancelled_owned();
+        let scheme = if acceptor.is_some() { "https" } else { "http" };
+        let server = match acceptor {
+            None => {
+                let serve = axum::serve(SimListener::new(tcp), app).with_graceful_shutdown(stop);
+                tokio::spawn(async move { serve.await })
+            }
+            Some(acceptor) => {
+                let serve = axum::serve(TlsSimListener::new(tcp, acceptor), app)
+                    .with_graceful_shutdown(stop);
+                tokio::spawn(async move { serve.await })
+            }
+        };
         tracing::debug!(%local, "simulator started");
 
         Ok(Sim {
             addr: local,
+            scheme,
             state,
             shutdown,
             server: Some(server),
@@ -120,9 +149,9 @@ impl Sim {
         self.addr
     }
 
-    /// `http://IP:PORT`, the base URL to configure as the gateway.
+    /// `http://IP:PORT` (or `https://`), the base URL to configure as the gateway.
     pub fn base_url(&self) -> String {
-        format!("http://{}", self.addr)
+        format!("{}://{}", self.scheme, self.addr)
     }
 
     /// How many times each `x-inferq-request-id` was admitted to run (faulted runs included).
@@ -195,8 +224,12 @@ impl Drop for Sim {
 
 /// Runs the simulator in the foreground until ctrl-c / SIGTERM (for `inferq sim`), printing its
 /// URL.
-pub async fn run_foreground(cfg: SimConfig, addr: SocketAddr) -> Result<(), SimError> {
-    let sim = Sim::start(cfg, addr).await?;
+pub async fn run_foreground(
+    cfg: SimConfig,
+    addr: SocketAddr,
+    tls: &SimTls,
+) -> Result<(), SimError> {
+    let sim = Sim::start_tls(cfg, addr, tls).await?;
     println!("inferq simulator listening on {}", sim.base_url());
     let signalled = shutdown_signal().await;
     sim.stop().await;

@@ -305,11 +305,13 @@ fn scrape(p: &Params, client: reqwest::Client) -> Result<Parts, GateError> {
     };
     tracing::info!(
         gate = p.gate,
-        url = %target.url,
+        url = %crate::config::redact_url(target.url.as_str()),
         metric = %target.metric,
         labels = ?target.labels,
         max_count_per_pod,
-        pods_url = pods.as_ref().map(|t| t.url.as_str()),
+        pods_url = pods
+            .as_ref()
+            .map(|t| crate::config::redact_url(t.url.as_str())),
         pods_metric = pods.as_ref().map(|t| t.metric.as_str()),
         "metric gate scrape"
     );
@@ -357,14 +359,18 @@ fn http_url(p: &Params, name: &str) -> Result<Option<reqwest::Url>, GateError> {
     let Some(raw) = p.string(name) else {
         return Ok(None);
     };
+    let shown = crate::config::redact_url(&raw);
     match reqwest::Url::parse(&raw) {
         Ok(url) if matches!(url.scheme(), "http" | "https") => Ok(Some(url)),
         Ok(url) => Err(param(
             p,
             name,
-            format!("{raw:?} is not an http(s) URL (scheme {:?})", url.scheme()),
+            format!(
+                "{shown:?} is not an http(s) URL (scheme {:?})",
+                url.scheme()
+            ),
         )),
-        Err(e) => Err(param(p, name, format!("{raw:?} is not a URL: {e}"))),
+        Err(e) => Err(param(p, name, format!("{shown:?} is not a URL: {e}"))),
     }
 }
 

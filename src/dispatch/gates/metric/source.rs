@@ -43,18 +43,19 @@ async fn get(
     url: reqwest::Url,
     timeout: Duration,
 ) -> Result<Bytes, String> {
-    let shown = url.to_string();
+    // Shown without its password; reqwest's own texts embed the full URL, so it is cut off.
+    let shown = crate::config::redact_url(url.as_str());
     let response = client
         .get(url)
         .timeout(timeout)
         .send()
         .await
-        .map_err(|e| format!("GET {shown}: {e}"))?;
+        .map_err(|e| format!("GET {shown}: {}", e.without_url()))?;
     let status = response.status();
     let body = response
         .bytes()
         .await
-        .map_err(|e| format!("GET {shown}: reading the body: {e}"))?;
+        .map_err(|e| format!("GET {shown}: reading the body: {}", e.without_url()))?;
     if status != reqwest::StatusCode::OK {
         let text = String::from_utf8_lossy(&body);
         let text: String = text.chars().take(200).collect();
@@ -74,8 +75,10 @@ pub(super) struct Prometheus {
 impl Prometheus {
     pub fn new(client: reqwest::Client, base: &str) -> Result<Prometheus, String> {
         let joined = format!("{}/api/v1/query", base.trim_end_matches('/'));
-        let endpoint = reqwest::Url::parse(&joined)
-            .map_err(|e| format!("bad --prometheus-url {base:?}: {e}"))?;
+        let endpoint = reqwest::Url::parse(&joined).map_err(|e| {
+            let shown = crate::config::redact_url(base);
+            format!("bad --prometheus-url {shown:?}: {e}")
+        })?;
         Ok(Prometheus { client, endpoint })
     }
 
@@ -157,9 +160,14 @@ pub(super) struct Scrape {
 impl Scrape {
     async fn values(&self, target: &Target) -> Values {
         let body = get(&self.client, target.url.clone(), SCRAPE_TIMEOUT).await?;
-        let text = std::str::from_utf8(&body)
-            .map_err(|_| format!("{}: the page is not UTF-8", target.url))?;
-        let page = text::parse(text).map_err(|e| format!("{}: {e}", target.url))?;
+        let text = std::str::from_utf8(&body).map_err(|_| {
+            format!(
+                "{}: the page is not UTF-8",
+                crate::config::redact_url(target.url.as_str())
+            )
+        })?;
+        let page = text::parse(text)
+            .map_err(|e| format!("{}: {e}", crate::config::redact_url(target.url.as_str())))?;
         Ok(page.values(&target.metric, &target.labels))
     }
 
@@ -179,7 +187,11 @@ impl Scrape {
             Some(pods) => {
                 let counts = self.values(pods).await.map_err(|e| format!("pods: {e}"))?;
                 let ready = *counts.first().ok_or_else(|| {
-                    format!("pods metric {} not found at {}", pods.metric, pods.url)
+                    format!(
+                        "pods metric {} not found at {}",
+                        pods.metric,
+                        crate::config::redact_url(pods.url.as_str())
+                    )
                 })?;
                 if ready.is_nan() || ready <= 0.0 {
                     return Err(format!("ready pods is {ready}, cannot compute capacity"));

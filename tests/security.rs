@@ -1,0 +1,593 @@
+//! Security end to end, with real processes: the least-privilege Redis ACL rules of README.md
+//! (every script path run under them, `ACL LOG` empty), `rediss://` with a private CA and client
+//! certificates, passwords kept out of every log line and error, and the gateway TLS flags
+//! against the simulator serving HTTPS (optionally requiring client certificates).
+//!
+//! Certificates are made per test with the `openssl` command line into a temporary directory.
+
+mod common;
+#[path = "security/harness.rs"]
+mod harness;
+
+use std::collections::BTreeMap;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{Gateway, Reply};
+use harness::*;
+use inferq::queue::producer::Producer;
+use inferq::sim::{Sim, SimConfig, SimTls};
+use inferq::testkit::{free_port, RedisServer};
+use inferq::wire::ResultMessage;
+use redis::AsyncCommands;
+// ---------------------------------------------------------------------------------------------
+// 1. Least-privilege ACL
+
+/// Under README's two ACL users (default user off): the CLI submits, the processor claims,
+/// renews, acks, parks a 503 and promotes it back, stops a cancelled request, dead-letters
+/// malformed members and reads a `redis` gate's budget through its own user; `results` reads in
+/// both modes. Nothing is refused along the way: Redis's ACL LOG stays empty.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acl_rules_cover_submit_processing_cancel_dead_letters_and_results() {
+    let gw = Gateway::start().await;
+    let (redis, mut admin) = acl_redis().await;
+    let processor_url = url("inferq-processor", PROCESSOR_PW, redis.port());
+    let producer_url = url("inferq-producer", PRODUCER_PW, redis.port());
+    gw.script("retry-me", vec![Reply::status(503, "busy"), Reply::ok(OK)]);
+    gw.script(
+        "cancel-me",
+        vec![Reply::ok(OK).after(Duration::from_secs(60))],
+    );
+    let gate = format!(r#","gate_type":"redis","gate_params":{{"address":"{processor_url}"}}"#);
+    let p = Proc::spawn(&transport(&processor_url, &gw.url(), 30.0, 5, &gate), &[]);
+    p.wait_ready().await;
+
+    let env = [("REDIS_URL", producer_url.as_str())];
+    let out = cli(
+        &["submit"],
+        &env,
+        &submit_lines(&["cli-1", "cli-2", "retry-me", "cancel-me"]),
+    );
+    assert!(out.status.success(), "{}", text(&out));
+    gw.wait_seen("cancel-me", Duration::from_secs(15)).await;
+    assert_eq!(gw.seen("cancel-me").len(), 1, "{}", p.log());
+    let out = cli(&["cancel", "cancel-me"], &env, "");
+    assert!(out.status.success(), "{}", text(&out));
+    // Malformed members, as a foreign writer might leave them.
+    let _: () = admin.zadd(Q, "not json at all", 1).await.unwrap();
+    let _: () = admin
+        .zadd(Q, r#"{"request_kind":"plain","data":{"id":"bad-1"}}"#, 2)
+        .await
+        .unwrap();
+
+    let plain = cli(&["results", "-n", "2", "--timeout", "60s"], &env, "");
+    assert!(plain.status.success(), "{}", text(&plain));
+    let reliable = cli(
+        &["results", "-n", "3", "--timeout", "60s", "--consumer", "c1"],
+        &env,
+        "",
+    );
+    assert!(reliable.status.success(), "{}", text(&reliable));
+    let got: BTreeMap<String, ResultMessage> = parse_results(&plain)
+        .into_iter()
+        .chain(parse_results(&reliable))
+        .map(|r| (r.id.clone(), r))
+        .collect();
+    let ids: Vec<&str> = got.keys().map(String::as_str).collect();
+    assert_eq!(
+        ids,
+        ["bad-1", "cancel-me", "cli-1", "cli-2", "retry-me"],
+        "{got:?}"
+    );
+    for id in ["cli-1", "cli-2", "retry-me"] {
+        assert_eq!(got[id].status_code, 200, "{id}: {:?}", got[id]);
+    }
+    assert_eq!(got["cancel-me"].error_code, "CANCELLED");
+    assert!(!got["bad-1"].error_code.is_empty(), "{:?}", got["bad-1"]);
+    assert_eq!(gw.seen("retry-me").len(), 2, "503, parked, promoted, 200");
+    let dead: u64 = admin.llen(format!("{Q}:dead")).await.unwrap();
+    assert_eq!(dead, 2, "both malformed members are dead-lettered");
+    let taken: u64 = admin.llen("result-list:taken:c1").await.unwrap();
+    assert_eq!(taken, 0, "the reliable consumer acknowledged what it wrote");
+
+    assert_eq!(acl_denials(&mut admin).await, Vec::<String>::new());
+    let log = p.log();
+    assert!(
+        log.contains("inferq ready") && !log.contains("NOPERM"),
+        "{log}"
+    );
+    assert!(
+        !log.contains(PROCESSOR_PW),
+        "the password leaked into the log:\n{log}"
+    );
+}
+
+/// Under the processor's ACL user: a SIGKILLed processor's claims are reclaimed and finished by
+/// the next one, a request that kills every processor is buried at the delivery limit, and a
+/// SIGTERM releases unfinished work to pending. ACL LOG stays empty.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acl_rules_cover_reclaim_bury_and_release() {
+    let gw = Gateway::start().await;
+    let (redis, mut admin) = acl_redis().await;
+    let processor_url = url("inferq-processor", PROCESSOR_PW, redis.port());
+    let producer_url = url("inferq-producer", PRODUCER_PW, redis.port());
+    let hang = Reply::ok(OK).after(Duration::from_secs(60));
+    gw.script("requeue-me", vec![hang.clone(), Reply::ok(OK)]);
+    gw.script("poison", vec![hang.clone()]);
+    gw.script("release-me", vec![hang]);
+    let producer = Producer::connect(&producer_url, Q, "result-list")
+        .await
+        .unwrap();
+    for id in ["requeue-me", "poison"] {
+        producer
+            .submit(common::request(id, 120, "{}"))
+            .await
+            .unwrap();
+    }
+    // A 2 s lease and a delivery limit of 2.
+    let config = transport(&processor_url, &gw.url(), 2.0, 2, "");
+
+    let mut first = Proc::spawn(&config, &[]);
+    first.wait_ready().await;
+    gw.wait_executions(2, Duration::from_secs(15)).await;
+    first.kill();
+
+    let mut second = Proc::spawn(&config, &[]);
+    second.wait_ready().await;
+    let done = wait_result(&mut admin, "requeue-me", Duration::from_secs(20)).await;
+    assert_eq!(done.status_code, 200, "{done:?}");
+    let started = Instant::now();
+    while gw.seen("poison").len() < 2 && started.elapsed() < Duration::from_secs(20) {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(gw.seen("poison").len(), 2, "{}", second.log());
+    second.kill();
+
+    let mut third = Proc::spawn(&config, &[]);
+    third.wait_ready().await;
+    let buried = wait_result(&mut admin, "poison", Duration::from_secs(20)).await;
+    assert_eq!(buried.error_code, "DEAD_LETTERED", "{buried:?}");
+    let dead: u64 = admin.llen(format!("{Q}:dead")).await.unwrap();
+    assert_eq!(dead, 1);
+
+    producer
+        .submit(common::request("release-me", 120, "{}"))
+        .await
+        .unwrap();
+    gw.wait_seen("release-me", Duration::from_secs(15)).await;
+    third.terminate();
+    assert_eq!(
+        third.wait_exit(Duration::from_secs(20)).await,
+        Some(0),
+        "{}",
+        third.log()
+    );
+    let pending: Vec<String> = admin.zrange(Q, 0, -1).await.unwrap();
+    assert_eq!(pending.len(), 1, "{pending:?}");
+    assert!(pending[0].contains("release-me"), "{pending:?}");
+
+    assert_eq!(acl_denials(&mut admin).await, Vec::<String>::new());
+}
+
+// ---------------------------------------------------------------------------------------------
+// 2. rediss:// with a private CA
+
+/// A Redis that speaks only TLS to clients with certificates from the private CA: the processor
+/// and the producer subcommands work with the CA and a client certificate; with the wrong CA the
+/// processor stays not ready and says why, and `submit` fails with a clear error — neither
+/// shows the password.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rediss_with_a_private_ca_and_client_certificate() {
+    const PW: &str = "tls-Pw-c0ffee";
+    let certs = Certs::new();
+    let tls_port = free_port().unwrap();
+    let redis = RedisServer::start_with_args(vec![
+        "--tls-port".into(),
+        tls_port.to_string(),
+        "--tls-cert-file".into(),
+        certs.arg("server.crt"),
+        "--tls-key-file".into(),
+        certs.arg("server.key"),
+        "--tls-ca-cert-file".into(),
+        certs.arg("ca.crt"),
+        "--tls-auth-clients".into(),
+        "yes".into(),
+    ])
+    .unwrap();
+    let mut admin = manager(&redis.url()).await;
+    let rule = [
+        "SETUSER",
+        "inferq",
+        "on",
+        &format!(">{PW}"),
+        "~*",
+        "&*",
+        "+@all",
+    ];
+    let _: () = redis::cmd("ACL")
+        .arg(&rule[..])
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    let rediss = format!("rediss://inferq:{PW}@127.0.0.1:{tls_port}/");
+    let gw = Gateway::start().await;
+    let config = transport(&rediss, &gw.url(), 30.0, 5, "");
+    let (ca, cert, key) = (
+        certs.arg("ca.crt"),
+        certs.arg("client.crt"),
+        certs.arg("client.key"),
+    );
+
+    let p = Proc::spawn(
+        &config,
+        &[
+            "--redis-tls-ca-cert",
+            &ca,
+            "--redis-tls-cert",
+            &cert,
+            "--redis-tls-key",
+            &key,
+        ],
+    );
+    p.wait_ready().await;
+    let env = [
+        ("REDIS_URL", rediss.as_str()),
+        ("REDIS_TLS_CA_CERT", ca.as_str()),
+        ("REDIS_TLS_CERT", cert.as_str()),
+        ("REDIS_TLS_KEY", key.as_str()),
+    ];
+    let out = cli(&["submit"], &env, &submit_lines(&["tls-1", "tls-2"]));
+    assert!(out.status.success(), "{}", text(&out));
+    let out = cli(&["results", "-n", "2", "--timeout", "30s"], &env, "");
+    assert!(out.status.success(), "{}", text(&out));
+    let got = parse_results(&out);
+    assert_eq!(got.len(), 2);
+    assert!(got.iter().all(|r| r.status_code == 200), "{got:?}");
+    assert!(!p.log().contains(PW));
+
+    // The wrong CA: not ready, with the reason; no password anywhere.
+    let other = certs.arg("other-ca.crt");
+    let wrong = Proc::spawn(
+        &config,
+        &[
+            "--redis-tls-ca-cert",
+            &other,
+            "--redis-tls-cert",
+            &cert,
+            "--redis-tls-key",
+            &key,
+        ],
+    );
+    let body = wrong.wait_not_ready_because().await;
+    assert!(body.contains("UnknownIssuer"), "{body}");
+    let log = wrong.log();
+    assert!(
+        log.contains("cannot reach Redis") && log.contains("UnknownIssuer"),
+        "{log}"
+    );
+    assert!(!log.contains(PW) && !body.contains(PW), "{log}\n{body}");
+
+    let wrong_env = [
+        ("REDIS_URL", rediss.as_str()),
+        ("REDIS_TLS_CA_CERT", other.as_str()),
+    ];
+    let out = cli(&["submit"], &wrong_env, &submit_lines(&["never"]));
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    let shown = text(&out);
+    assert!(
+        shown.contains("cannot connect to Redis") && shown.contains("UnknownIssuer"),
+        "{shown}"
+    );
+    assert!(!shown.contains(PW), "{shown}");
+    // No client certificate, where the server requires one: refused, clearly.
+    let no_cert_env = [
+        ("REDIS_URL", rediss.as_str()),
+        ("REDIS_TLS_CA_CERT", ca.as_str()),
+    ];
+    let out = cli(&["cancel", "x"], &no_cert_env, "");
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(!text(&out).contains(PW), "{}", text(&out));
+    let pending: u64 = admin.zcard(Q).await.unwrap();
+    assert_eq!(pending, 0);
+}
+
+// ---------------------------------------------------------------------------------------------
+// 3. Passwords never shown
+
+/// The processor and the producer subcommands, given passwords in their URLs, fail for a wrong
+/// password, an unreachable Redis, a URL that is not valid, `#insecure`, an unreachable
+/// Prometheus and an unreachable gateway; no password appears in any output, `/readyz` or result.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn passwords_never_appear_in_logs_errors_or_results() {
+    let redis = RedisServer::start().unwrap();
+    let mut admin = manager(&redis.url()).await;
+    let rule = [
+        "SETUSER",
+        "inferq",
+        "on",
+        ">right-Pw-1",
+        "~*",
+        "&*",
+        "+@all",
+    ];
+    let _: () = redis::cmd("ACL")
+        .arg(&rule[..])
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    let gw = Gateway::start().await;
+    let secrets = [
+        "Wrong-Secret-1",
+        "Unreach-Secret-2",
+        "Config-Secret-3",
+        "Insecure-Secret-4",
+        "Prom-Secret-5",
+        "Gateway-Secret-6",
+    ];
+    let wrong = url("inferq", secrets[0], redis.port());
+    let unreachable = url("inferq", secrets[1], 1);
+    let bad_db = format!(
+        "redis://inferq:{}@127.0.0.1:{}/notadb",
+        secrets[2],
+        redis.port()
+    );
+    let insecure = format!(
+        "rediss://inferq:{}@127.0.0.1:{}/#insecure",
+        secrets[3],
+        redis.port()
+    );
+    let good = url("inferq", "right-Pw-1", redis.port());
+    let clean = |what: &str, shown: &str| {
+        for s in secrets {
+            assert!(
+                !shown.contains(s),
+                "{what} shows the password {s}:\n{shown}"
+            );
+        }
+    };
+
+    // The processor: wrong password and unreachable Redis keep it not ready, with a reason.
+    let mut procs = Vec::new();
+    for redis_url in [&wrong, &unreachable] {
+        let p = Proc::spawn(&transport(redis_url, &gw.url(), 30.0, 5, ""), &[]);
+        procs.push(p);
+    }
+    // Invalid URL and #insecure: config errors, exit 2.
+    for redis_url in [&bad_db, &insecure] {
+        let mut p = Proc::spawn(&transport(redis_url, &gw.url(), 30.0, 5, ""), &[]);
+        assert_eq!(
+            p.wait_exit(Duration::from_secs(15)).await,
+            Some(2),
+            "{}",
+            p.log()
+        );
+        assert!(p.log().contains("invalid config: url"), "{}", p.log());
+        clean("a config error", &p.log());
+    }
+    // Prometheus (unreachable) and gateway (refusing TLS) with credentials in their URLs.
+    let prom_gate = r#","gate_type":"prometheus-query","gate_params":{"query":"up","fallback":1}"#;
+    // https:// to a plain-HTTP gateway: the TLS handshake fails, and the result names the URL.
+    let gateway = format!("https://gw-user:{}@{}", secrets[5], gw.addr);
+    let prom = format!("http://prom-user:{}@127.0.0.1:1", secrets[4]);
+    let working = Proc::spawn(
+        &transport(&good, &gateway, 30.0, 5, prom_gate),
+        &["--prometheus-url", &prom],
+    );
+    working.wait_ready().await;
+    let producer = Producer::connect(&good, Q, "result-list").await.unwrap();
+    producer
+        .submit(common::request("to-nowhere", 60, "{}"))
+        .await
+        .unwrap();
+    let result = wait_result(&mut admin, "to-nowhere", Duration::from_secs(20)).await;
+    assert_eq!(result.error_code, "INFERENCE_ERROR", "{result:?}");
+    assert!(result.error_message.contains("gw-user:***@"), "{result:?}");
+    clean("a result", &serde_json::to_string(&result).unwrap());
+    assert!(
+        working.log().contains("metric source unavailable"),
+        "{}",
+        working.log()
+    );
+    clean("the processor's log", &working.log());
+
+    for p in &procs {
+        let body = p.wait_not_ready_because().await;
+        clean("/readyz", &body);
+        clean("the processor's log", &p.log());
+        assert!(p.log().contains("cannot reach Redis"), "{}", p.log());
+    }
+
+    // The producer subcommands.
+    for redis_url in [&wrong, &unreachable, &bad_db, &insecure] {
+        let env = [("REDIS_URL", redis_url.as_str())];
+        for args in [
+            &["submit"][..],
+            &["cancel", "some-id"][..],
+            &["results", "-n", "1", "--timeout", "1s"][..],
+        ] {
+            let out = cli(args, &env, &submit_lines(&["x"]));
+            assert_ne!(out.status.code(), Some(0), "{args:?}: {}", text(&out));
+            assert!(text(&out).contains("inferq: "), "{args:?}: {}", text(&out));
+            clean(&format!("inferq {args:?}"), &text(&out));
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// 4. Gateway TLS against the simulator
+
+fn sim_config() -> SimConfig {
+    SimConfig {
+        ttft_ms: 1,
+        per_token_ms: 0.0,
+        ..SimConfig::default()
+    }
+}
+
+/// One processor per case, each on its own queue and result list, sharing one Redis.
+async fn gateway_case(
+    redis: &RedisServer,
+    sim: &Sim,
+    name: &str,
+    flags: &[&str],
+) -> (Proc, ResultMessage) {
+    let config = format!(
+        r#"{{"url":"{}","poll_interval_ms":50,"queues":[{{"queue_name":"{name}","result_queue_name":"{name}-results","igw_base_url":"{}"}}]}}"#,
+        redis.url(),
+        sim.base_url()
+    );
+    let p = Proc::spawn(&config, flags);
+    p.wait_ready().await;
+    let producer = Producer::connect(&redis.url(), name, &format!("{name}-results"))
+        .await
+        .unwrap();
+    producer
+        .submit(common::request(
+            name,
+            60,
+            r#"{"prompt":"hi","max_tokens":2}"#,
+        ))
+        .await
+        .unwrap();
+    let got = producer
+        .pop_result(Duration::from_secs(20))
+        .await
+        .unwrap()
+        .unwrap_or_else(|| panic!("{name}: no result; log:\n{}", p.log()));
+    (p, got)
+}
+
+/// The simulator serving HTTPS from the private CA: trusted with `--tls-ca-cert` → 200;
+/// without it → INFERENCE_ERROR at once naming the certificate problem (Go: TLS errors are not
+/// retried); `--tls-insecure-skip-verify` → 200. A simulator requiring client certificates:
+/// `--tls-cert`/`--tls-key` → 200, none → INFERENCE_ERROR.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn gateway_tls_flags_against_the_simulator() {
+    let certs = Certs::new();
+    let redis = RedisServer::start().unwrap();
+    let server_tls = SimTls {
+        cert: Some(certs.path("server.crt")),
+        key: Some(certs.path("server.key")),
+        client_ca: None,
+    };
+    let addr = "127.0.0.1:0".parse().unwrap();
+    let sim = Sim::start_tls(sim_config(), addr, &server_tls)
+        .await
+        .unwrap();
+    assert!(sim.base_url().starts_with("https://"));
+    let mtls = Sim::start_tls(
+        sim_config(),
+        addr,
+        &SimTls {
+            client_ca: Some(certs.path("ca.crt")),
+            ..server_tls.clone()
+        },
+    )
+    .await
+    .unwrap();
+    let (ca, cert, key) = (
+        certs.arg("ca.crt"),
+        certs.arg("client.crt"),
+        certs.arg("client.key"),
+    );
+
+    let (_a, trusted) = gateway_case(&redis, &sim, "trusted", &["--tls-ca-cert", &ca]).await;
+    assert_eq!(trusted.status_code, 200, "{trusted:?}");
+
+    let (_b, untrusted) = gateway_case(&redis, &sim, "untrusted", &[]).await;
+    assert_eq!(untrusted.error_code, "INFERENCE_ERROR", "{untrusted:?}");
+    assert!(
+        untrusted.error_message.contains("UnknownIssuer"),
+        "{untrusted:?}"
+    );
+
+    let (_c, skip) = gateway_case(&redis, &sim, "skip", &["--tls-insecure-skip-verify"]).await;
+    assert_eq!(skip.status_code, 200, "{skip:?}");
+
+    let (_d, mutual) = gateway_case(
+        &redis,
+        &mtls,
+        "mutual",
+        &["--tls-ca-cert", &ca, "--tls-cert", &cert, "--tls-key", &key],
+    )
+    .await;
+    assert_eq!(mutual.status_code, 200, "{mutual:?}");
+
+    let (_e, anonymous) = gateway_case(&redis, &mtls, "anonymous", &["--tls-ca-cert", &ca]).await;
+    assert_eq!(anonymous.error_code, "INFERENCE_ERROR", "{anonymous:?}");
+    assert!(
+        anonymous
+            .error_message
+            .to_lowercase()
+            .contains("certificate"),
+        "{anonymous:?}"
+    );
+    // Each untrusted exchange was tried once: TLS failures are not retried.
+    let stats = sim.stats();
+    assert_eq!(
+        stats.requests, 2,
+        "only the trusted and skip-verify requests arrived: {stats:?}"
+    );
+}
+
+/// `inferq sim --tls-cert --tls-key --tls-client-ca` serves HTTPS and turns away a client
+/// without a certificate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sim_command_serves_https_with_client_certificates() {
+    let certs = Certs::new();
+    let port = free_port().unwrap();
+    let mut sim = Command::new(env!("CARGO_BIN_EXE_inferq"))
+        .args(["sim", "--listen", &format!("127.0.0.1:{port}")])
+        .args([
+            "--tls-cert",
+            &certs.arg("server.crt"),
+            "--tls-key",
+            &certs.arg("server.key"),
+        ])
+        .args(["--tls-client-ca", &certs.arg("ca.crt")])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let ca = reqwest::Certificate::from_pem(&std::fs::read(certs.path("ca.crt")).unwrap()).unwrap();
+    let mut identity = std::fs::read(certs.path("client.crt")).unwrap();
+    identity.extend(std::fs::read(certs.path("client.key")).unwrap());
+    let with_cert = reqwest::Client::builder()
+        .add_root_certificate(ca.clone())
+        .identity(reqwest::Identity::from_pem(&identity).unwrap())
+        .build()
+        .unwrap();
+    let without = reqwest::Client::builder()
+        .add_root_certificate(ca)
+        .build()
+        .unwrap();
+    let url = format!("https://127.0.0.1:{port}/v1/completions");
+    let body = r#"{"prompt":"hi","max_tokens":1}"#;
+    let started = Instant::now();
+    let answer = loop {
+        match with_cert
+            .post(&url)
+            .header("content-type", "application/json")
+            .body(body)
+            .send()
+            .await
+        {
+            Ok(r) => break r,
+            Err(e) if started.elapsed() < Duration::from_secs(10) => {
+                let _ = e;
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(e) => panic!("the simulator did not answer over TLS: {e}"),
+        }
+    };
+    assert_eq!(answer.status(), 200);
+    let refused = without
+        .post(&url)
+        .header("content-type", "application/json")
+        .body(body)
+        .send()
+        .await;
+    assert!(refused.is_err(), "{refused:?}");
+    let _ = sim.kill();
+    let _ = sim.wait();
+}
