@@ -578,3 +578,73 @@ async fn unjoinable_endpoint_is_an_inference_error() {
     );
     assert!(gw.seen("badurl").is_empty());
 }
+
+/// The value of the `inferq_wakeups_total` series of `source` (0 when absent).
+fn wakeups(metrics: &str, source: &str) -> f64 {
+    metrics
+        .lines()
+        .filter(|l| l.starts_with("inferq_wakeups_total{"))
+        .filter(|l| l.contains(&format!(r#"source="{source}""#)))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// An idle queue is polled the moment work arrives instead of after its poll interval:
+/// `inferq submit` rings the queue's doorbell, and a member a Go producer ZADDs wakes it through
+/// the pending key's keyspace notifications when the server has them enabled. The poll
+/// interval here is a minute, so only a wake-up brings the results within the wait.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wake_ups_bring_new_work_without_waiting_the_poll_interval() {
+    let redis = RedisServer::start().unwrap();
+    let mut con = con(&redis).await;
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("notify-keyspace-events")
+        .arg("Kz")
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    let gw = Gateway::start().await;
+    let opts = ProcessorOpts {
+        poll_interval_ms: 60_000,
+        ..ProcessorOpts::default()
+    };
+    let p = Processor::start(&redis, &gw, &opts).await;
+    let started = Instant::now();
+    loop {
+        let subs: Vec<(String, u64)> = redis::cmd("PUBSUB")
+            .arg("NUMSUB")
+            .arg(format!("{Q}:doorbell"))
+            .arg(format!("__keyspace@0__:{Q}"))
+            .query_async(&mut con)
+            .await
+            .unwrap();
+        if subs.iter().all(|(_, n)| *n == 1) {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "never subscribed"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Let the consumer settle into its long wait.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    producer(&redis, Q)
+        .await
+        .submit(request("bell-1", 60, "{}"))
+        .await
+        .unwrap();
+    let got = wait_results(&mut con, 1, Duration::from_secs(20)).await;
+    assert_eq!(got.len(), 1, "the doorbell woke the consumer");
+    assert!(wakeups(&p.metrics().await, "doorbell") >= 1.0);
+    // A Go producer's ZADD (no doorbell): the keyspace notification wakes the consumer.
+    let deadline = inferq::queue::producer::unix_ms() / 1000 + 60;
+    let member = format!(
+        r#"{{"internal":{{"request_token":"9f0c1e0000000000000000000000beef"}},"request_kind":"plain","data":{{"id":"ks-1","deadline":{deadline},"payload":{{}}}}}}"#
+    );
+    let _: () = con.zadd(Q, &member, deadline).await.unwrap();
+    let got = wait_results(&mut con, 2, Duration::from_secs(20)).await;
+    assert_eq!(got.len(), 2, "the keyspace event woke the consumer");
+    assert!(wakeups(&p.metrics().await, "keyspace") >= 1.0);
+}

@@ -1,11 +1,16 @@
 //! A queue's consumer: peeks at the earliest deadlines, dead-letters members that cannot be
-//! requests, checks cancel markers for the batch in one round trip, claims what is left in one
-//! script call, and hands each claim to its pool. Expired and cancelled claims are finished at
+//! requests, claims what is left in one script call that also checks their cancel markers, and
+//! hands each claim to its pool. Expired and cancelled claims are finished at
 //! once without a worker.
 //!
 //! It only claims as many requests as its pool channel has room for, so claims wait for a
-//! worker for a short time at most, and it polls again at once when a batch came back full.
+//! worker for a short time at most. It polls again at once when a batch came back full, and
+//! after 10 ms when it came back partly full. After an empty poll it waits for a wake-up
+//! ([`super::doorbell`]) for up to `poll_interval`; without wake-ups it polls again after a pause
+//! that grows from 10 ms to `poll_interval` while the queue stays empty. A wake-up always cuts
+//! the pause short.
 
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -35,12 +40,15 @@ pub async fn run_consumer(
     stop: CancellationToken,
 ) {
     let mut failures = 0u32;
+    let mut idle = FIRST_IDLE_PAUSE;
     loop {
-        // Wait until the pool can take at least one more request.
+        // Wait until the pool can take a whole batch (the channel holds two), so a busy pool
+        // is fed in full batches rather than one poll per freed slot.
+        let chunk = polling.batch.min(tx.max_capacity()).max(1);
         let room = tokio::select! {
             biased;
             _ = stop.cancelled() => return,
-            permit = tx.reserve() => match permit {
+            permits = tx.reserve_many(chunk) => match permits {
                 Ok(p) => { drop(p); tx.capacity() }
                 Err(_) => return,
             },
@@ -81,9 +89,22 @@ pub async fn run_consumer(
             }) => {
                 failures = 0;
                 if seen >= window && admitted > 0 {
+                    // A full batch: more is probably waiting.
+                    idle = FIRST_IDLE_PAUSE;
                     Duration::ZERO
-                } else {
+                } else if seen > 0 {
+                    // Work is trickling in (perhaps from producers that ring no bell): look
+                    // again soon.
+                    idle = FIRST_IDLE_PAUSE;
+                    FIRST_IDLE_PAUSE.min(polling.interval)
+                } else if ctx.listening.load(Ordering::SeqCst) {
+                    // Empty: a ring wakes us when work arrives; the interval is the safety net.
                     polling.interval
+                } else {
+                    // Empty and no wake-ups: back off to the interval while it stays empty.
+                    let pause = idle.min(polling.interval);
+                    idle = (idle * 2).min(polling.interval);
+                    pause
                 }
             }
             Err(e) => {
@@ -100,11 +121,15 @@ pub async fn run_consumer(
             tokio::select! {
                 biased;
                 _ = stop.cancelled() => return,
+                _ = ctx.wake.notified(), if failures == 0 => {}
                 _ = tokio::time::sleep(pause) => {}
             }
         }
     }
 }
+
+/// The first pause after a poll that found less than a full batch, when no wake-ups arrive.
+const FIRST_IDLE_PAUSE: Duration = Duration::from_millis(10);
 
 /// What one poll saw and did.
 struct Polled {
@@ -160,23 +185,18 @@ async fn poll_once(
     }
     let admitted = candidates.len();
     let slots = last_chance_slots(ctx, &mut candidates, &mut admissions).await?;
-    let cancelled = cancel_markers(ctx, &candidates).await?;
     let taken_at = Instant::now();
     let claimed = ctx.queue.claim(candidates).await?;
     let now_ms = crate::queue::producer::unix_ms();
-    let outcomes = claimed
-        .into_iter()
-        .zip(cancelled)
-        .zip(admissions)
-        .zip(slots);
-    for (((claim, cancelled), admission), slot) in outcomes {
+    for ((claim, admission), slot) in claimed.into_iter().zip(admissions).zip(slots) {
         let Claimed::Held(held) = claim else {
             // Not ours after all: undo the gate's reservations now.
             Decision::release_all(admission.releases).await;
             continue;
         };
         let held = *held;
-        ctx.metrics.deliveries.get_or_create(&ctx.labels).inc();
+        let cancelled = held.cancelled;
+        ctx.series.deliveries.get().inc();
         let env = &held.envelope;
         let ticket = ctx.holdings.insert(
             held.fence.clone(),
@@ -194,18 +214,18 @@ async fn poll_once(
             let id = job.held.envelope.request.id.clone();
             job.publish(dropped_result(&id, result));
         } else if cancelled {
-            ctx.metrics.cancelled.get_or_create(&ctx.labels).inc();
+            ctx.series.cancelled.get().inc();
             let id = job.held.envelope.request.id.clone();
             job.publish(ResultMessage::cancelled(&id));
         } else if job.held.envelope.request.deadline.saturating_mul(1000) <= now_ms {
-            ctx.metrics.exceeded.get_or_create(&ctx.labels).inc();
+            ctx.series.exceeded.get().inc();
             let id = job.held.envelope.request.id.clone();
             job.publish(ResultMessage::deadline_exceeded(&id));
         } else {
-            ctx.metrics.queue_depth.get_or_create(&ctx.labels).inc();
+            ctx.series.queue_depth.get().inc();
             if let Err(returned) = tx.send(job).await {
                 // The pool is gone (shutdown): dropping the job releases its claim.
-                ctx.metrics.queue_depth.get_or_create(&ctx.labels).dec();
+                ctx.series.queue_depth.get().dec();
                 drop(returned);
             }
         }
@@ -319,35 +339,6 @@ fn stamp(ctx: &QueueCtx, mut env: Envelope) -> Envelope {
         env.internal.labels.insert(k.clone(), v.clone());
     }
     env
-}
-
-/// Which candidates the producer has cancelled (one MGET for the batch).
-async fn cancel_markers(
-    ctx: &QueueCtx,
-    candidates: &[(Vec<u8>, Envelope)],
-) -> Result<Vec<bool>, QueueError> {
-    let keys: Vec<String> = candidates
-        .iter()
-        .filter(|(_, e)| !e.internal.request_token.is_empty())
-        .map(|(_, e)| crate::queue::keys::cancel_key(&e.request.id))
-        .collect();
-    if keys.is_empty() {
-        return Ok(vec![false; candidates.len()]);
-    }
-    let markers: Vec<Option<String>> = redis::cmd("MGET")
-        .arg(&keys)
-        .query_async(&mut ctx.queue.connection())
-        .await?;
-    let mut markers = markers.into_iter();
-    Ok(candidates
-        .iter()
-        .map(|(_, e)| {
-            if e.internal.request_token.is_empty() {
-                return false;
-            }
-            markers.next().flatten().as_deref() == Some(e.internal.request_token.as_str())
-        })
-        .collect())
 }
 
 /// Applies the last-chance rule (see [`super::last_chance`]) to the candidates: a request on

@@ -11,6 +11,7 @@ use super::gates::{Decision, Gate, Release};
 use super::holdings::{Holdings, Ticket};
 use super::last_chance::{LastChance, Slot};
 use crate::config::QueueConfig;
+use crate::ops::metrics::QueueSeries;
 use crate::ops::{Metrics, QueueLabels};
 use crate::queue::dead::DeadRecord;
 use crate::queue::{Fence, Finish, Held, Queue};
@@ -24,6 +25,14 @@ pub struct QueueCtx {
     pub outbox: UnboundedSender<Finish>,
     pub labels: QueueLabels,
     pub metrics: Arc<Metrics>,
+    /// The per-request series of this queue, resolved once.
+    pub series: QueueSeries,
+    /// Rung when work may have arrived (doorbell, keyspace event, local requeue): the consumer
+    /// polls at once instead of waiting out its interval. Rings coalesce into one poll.
+    pub wake: tokio::sync::Notify,
+    /// Whether the wake-up listener is subscribed: while it is, a consumer with nothing to do
+    /// may wait its whole `poll_interval` for a ring.
+    pub listening: std::sync::atomic::AtomicBool,
     /// The transport's `result_queue_name`, used when neither queue nor message names one.
     pub default_result_list: String,
     /// The queue's default URL (base joined with `request_path_url`), precomputed.

@@ -17,6 +17,7 @@
 //! - [`merge`]: random-robin across a pool's queues.
 //! - [`worker`]: one request → one HTTP attempt → its next move.
 //! - [`outbox`]: batched, outage-tolerant writing of outcomes.
+//! - [`doorbell`]: wake-ups by pub/sub when work arrives; polling is the fallback.
 //! - [`upkeep`]: renewals, cancel checks, reclaim, promotion, backlog.
 //! - [`processor`]: the lifecycle and graceful shutdown.
 //! - [`last_chance`]: at most one last-chance request per queue and instance, so a poison
@@ -25,6 +26,7 @@
 
 pub mod consumer;
 pub mod context;
+pub mod doorbell;
 pub mod fault;
 pub mod gates;
 pub mod holdings;

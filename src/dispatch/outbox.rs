@@ -1,5 +1,6 @@
 //! The result outbox: every outcome of a queue (ack, bury, park, release) goes through here and
-//! is written in pipelined batches, one round trip for many outcomes.
+//! is written in batches, one `finish` script call (a constant number of Redis commands) for up
+//! to [`MAX_BATCH`] outcomes.
 //!
 //! When Redis cannot be reached the outcomes stay here and are retried with backoff for as long
 //! as their lease is still valid locally (heartbeats keep renewing it), so a short outage throws
@@ -67,7 +68,7 @@ pub async fn run_outbox(
                     match status {
                         Finished::Published => {}
                         Finished::NotYours => {
-                            ctx.metrics.fenced.get_or_create(&ctx.labels).inc();
+                            ctx.series.fenced.get().inc();
                         }
                         Finished::Failed(e) => {
                             tracing::error!(queue = %ctx.queue.name(), error = %e, "Redis refused an outcome; the claim will be redelivered when its lease ends");

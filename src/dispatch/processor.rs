@@ -225,8 +225,11 @@ pub async fn run(config: RunConfig, shutdown: CancellationToken) -> Result<(), D
             queue: Queue::new(con.clone(), &q.queue_name, config.claim),
             holdings: Holdings::new(config.claim.lease),
             outbox: outbox_tx,
+            series: metrics.queue_series(&labels),
             labels,
             metrics: metrics.clone(),
+            wake: tokio::sync::Notify::new(),
+            listening: std::sync::atomic::AtomicBool::new(false),
             default_result_list: transport.result_queue_name.clone(),
             default_url: gateway::join_url(&q.igw_base_url, &q.request_path_url)
                 .map_err(|e| e.to_string()),
@@ -235,7 +238,8 @@ pub async fn run(config: RunConfig, shutdown: CancellationToken) -> Result<(), D
             pool_labels,
             last_chance: Default::default(),
         });
-        let (tx, rx) = mpsc::channel(polling.batch);
+        // Room for two batches: one being worked off while the next is claimed.
+        let (tx, rx) = mpsc::channel(polling.batch.saturating_mul(2));
         pool_inputs
             .entry(q.worker_pool_id.clone())
             .or_default()
@@ -290,6 +294,12 @@ pub async fn run(config: RunConfig, shutdown: CancellationToken) -> Result<(), D
             stop_claiming.clone(),
         ));
     }
+    // Wake-ups stop with claiming: a shutting-down consumer has nothing to wake for.
+    upkeep_tasks.spawn(super::doorbell::listen(
+        client.clone(),
+        ctxs.clone(),
+        stop_claiming.clone(),
+    ));
     readiness.set(true);
     tracing::info!(health = %health_addr, metrics = %metrics_addr, "inferq ready");
 

@@ -99,13 +99,19 @@ pub async fn cancel_watch(ctx: Arc<QueueCtx>, every: Duration, stop: Cancellatio
 
 /// Moves expired leases back to pending; finishes what reclaim takes over (passed deadline →
 /// `DEADLINE_EXCEEDED`; delivery limit → dead letter).
+///
+/// It sleeps until the earliest lease in the claims index runs out (by Redis time, plus a small
+/// margin), but never longer than the reclaim interval: a crashed instance's work is back in
+/// pending moments after its lease ends, not up to an interval later.
 pub async fn reclaimer(ctx: Arc<QueueCtx>, stop: CancellationToken) {
     let every = ctx
         .queue
         .settings()
         .reclaim_interval
         .max(Duration::from_millis(50));
-    while tick(&stop, every).await {
+    let mut sleep = every;
+    while tick(&stop, sleep).await {
+        sleep = every;
         loop {
             let taken_at = Instant::now();
             let reclaimed = match ctx.queue.reclaim(RECLAIM_BATCH).await {
@@ -123,15 +129,27 @@ pub async fn reclaimer(ctx: Arc<QueueCtx>, stop: CancellationToken) {
                     .inc_by(n as u64);
                 tracing::info!(queue = %ctx.queue.name(), requeued = reclaimed.requeued, taken_over = reclaimed.taken_over.len(), "reclaimed expired leases");
             }
+            if reclaimed.requeued > 0 {
+                ctx.wake.notify_one();
+            }
             for taken in reclaimed.taken_over {
                 finish_taken(&ctx, taken, taken_at);
             }
             if n < RECLAIM_BATCH {
+                if let Some(next) = reclaimed.next_expiry {
+                    sleep = (next + RECLAIM_MARGIN).clamp(MIN_RECLAIM_SLEEP, every);
+                }
                 break;
             }
         }
     }
 }
+
+/// Slack after the earliest lease expiry before reclaiming it (Redis rounds nothing, but the
+/// renewal of a live holder may be in flight).
+const RECLAIM_MARGIN: Duration = Duration::from_millis(25);
+/// The reclaimer's shortest sleep, so a lease about to be renewed is not polled in a busy loop.
+const MIN_RECLAIM_SLEEP: Duration = Duration::from_millis(50);
 
 fn finish_taken(ctx: &QueueCtx, taken: TakenOver, taken_at: Instant) {
     let (id, request_token) = taken
@@ -143,7 +161,7 @@ fn finish_taken(ctx: &QueueCtx, taken: TakenOver, taken_at: Instant) {
         .insert(taken.fence.clone(), &id, &request_token, taken_at);
     match (taken.reason, &taken.envelope) {
         (Takeover::Deadline, Some(env)) => {
-            ctx.metrics.exceeded.get_or_create(&ctx.labels).inc();
+            ctx.series.exceeded.get().inc();
             ctx.publish(&taken.fence, env, ResultMessage::deadline_exceeded(&id));
         }
         (Takeover::Deliveries, _) | (Takeover::Deadline, None) => {
@@ -178,8 +196,16 @@ pub async fn promoter(
                 .promote(PROMOTE_BATCH, go_retry_set.as_deref(), default_queue)
                 .await
             {
-                Ok(n) if n as usize >= PROMOTE_BATCH => continue,
-                Ok(_) => break,
+                Ok(n) if n as usize >= PROMOTE_BATCH => {
+                    ctx.wake.notify_one();
+                    continue;
+                }
+                Ok(n) => {
+                    if n > 0 {
+                        ctx.wake.notify_one();
+                    }
+                    break;
+                }
                 Err(e) => {
                     tracing::debug!(queue = %ctx.queue.name(), error = %e, "promote failed; will retry");
                     break;

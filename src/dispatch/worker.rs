@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
+use serde_json::value::RawValue;
 
 use super::consumer::dropped_result;
 use super::context::Job;
@@ -68,7 +69,7 @@ async fn pass_pool_gate(mut job: Job, gate: Arc<dyn Gate>) -> Option<Job> {
                 return None;
             }
             AtGate::OutOfTime => {
-                ctx.metrics.exceeded.get_or_create(&ctx.labels).inc();
+                ctx.series.exceeded.get().inc();
                 let id = job.held.envelope.request.id.clone();
                 job.publish(ResultMessage::deadline_exceeded(&id));
                 return None;
@@ -134,16 +135,15 @@ async fn pass_pool_gate(mut job: Job, gate: Arc<dyn Gate>) -> Option<Job> {
 /// Handles one request to the end.
 pub async fn work(job: Job, env: Arc<WorkerEnv>) {
     let ctx = job.ctx.clone();
-    let labels = &ctx.labels;
-    let m = &ctx.metrics;
-    m.queue_depth.get_or_create(labels).dec();
-    m.residence
-        .get_or_create(labels)
+    ctx.series.queue_depth.get().dec();
+    ctx.series
+        .residence
+        .get()
         .observe(job.claimed_at.elapsed().as_secs_f64() * 1000.0);
     if job.held.envelope.internal.retry_count == 0 {
-        m.requests.get_or_create(labels).inc();
+        ctx.series.requests.get().inc();
     }
-    let job = match ctx.pool_gate.clone() {
+    let mut job = match ctx.pool_gate.clone() {
         Some(gate) => match pass_pool_gate(job, gate).await {
             Some(job) => job,
             None => return,
@@ -157,7 +157,7 @@ pub async fn work(job: Job, env: Arc<WorkerEnv>) {
     let deadline_ms = request.deadline.saturating_mul(1000);
     let left_ms = deadline_ms - unix_ms();
     if left_ms <= 0 {
-        m.exceeded.get_or_create(labels).inc();
+        ctx.series.exceeded.get().inc();
         let id = request.id.clone();
         return job.publish(ResultMessage::deadline_exceeded(&id));
     }
@@ -169,7 +169,7 @@ pub async fn work(job: Job, env: Arc<WorkerEnv>) {
     let url = match url {
         Ok(url) => url,
         Err(e) => {
-            m.failed.get_or_create(labels).inc();
+            ctx.series.failed.get().inc();
             let id = request.id.clone();
             let msg = ClientError::new(ErrorCategory::InvalidReq, "failed to create request")
                 .with_cause(e)
@@ -192,12 +192,18 @@ pub async fn work(job: Job, env: Arc<WorkerEnv>) {
         fairness,
         &request.id,
     );
-    let body = Bytes::copy_from_slice(request.payload.get().as_bytes());
-    super::fault::before_dispatch(&request.id, &body);
+    // One claim, one attempt: the payload's bytes become the HTTP body as they are, without a
+    // copy (a retry is a new claim that decodes the member again).
+    let payload = std::mem::replace(
+        &mut job.held.envelope.request.payload,
+        RawValue::NULL.to_owned(),
+    );
+    let body = Bytes::from(String::from(Box::<str>::from(payload)));
+    super::fault::before_dispatch(&job.held.envelope.request.id, &body);
     let timeout = env
         .request_timeout
         .min(Duration::from_millis(u64::try_from(left_ms).unwrap_or(0)));
-    let inflight = m.inflight.get_or_create(labels).clone();
+    let inflight = ctx.series.inflight.get().clone();
     inflight.inc();
     let attempt = tokio::select! {
         biased;
@@ -209,21 +215,22 @@ pub async fn work(job: Job, env: Arc<WorkerEnv>) {
         Ok(a) => a,
         Err(reason) => return aborted(job, reason),
     };
-    m.inference_latency
-        .get_or_create(labels)
+    ctx.series
+        .inference_latency
+        .get()
         .observe(attempt.elapsed.as_secs_f64() * 1000.0);
     let id = job.held.envelope.request.id.clone();
     match attempt.outcome {
         Outcome::Success { status, body } => {
-            m.successful.get_or_create(labels).inc();
+            ctx.series.successful.get().inc();
             job.publish(ResultMessage::http(&id, status, &body));
         }
         Outcome::Terminal { status, body, .. } => {
-            m.failed.get_or_create(labels).inc();
+            ctx.series.failed.get().inc();
             job.publish(ResultMessage::http(&id, status, &body));
         }
         Outcome::Fatal { error } => {
-            m.failed.get_or_create(labels).inc();
+            ctx.series.failed.get().inc();
             let msg = error.inference_error_message();
             job.publish(ResultMessage::error(&id, ErrorCode::InferenceError, &msg));
         }
@@ -236,7 +243,7 @@ pub async fn work(job: Job, env: Arc<WorkerEnv>) {
             ..
         } => {
             if shed {
-                m.shedded.get_or_create(labels).inc();
+                ctx.series.shedded.get().inc();
             }
             let retry_count = job.held.envelope.internal.retry_count.saturating_add(1);
             let seconds_left = job.held.envelope.request.deadline - unix_ms() / 1000;
@@ -244,12 +251,12 @@ pub async fn work(job: Job, env: Arc<WorkerEnv>) {
                 gateway::retry_decision(retry_count, seconds_left, retry_after, &mut rand::rng());
             match decision {
                 RetryDecision::Backoff(backoff) => {
-                    m.retries.get_or_create(labels).inc();
+                    ctx.series.retries.get().inc();
                     tracing::debug!(%id, %error, ?backoff, retry_count, "retrying later");
                     job.park(backoff);
                 }
                 RetryDecision::DeadlineExceeded => {
-                    m.exceeded.get_or_create(labels).inc();
+                    ctx.series.exceeded.get().inc();
                     let result = match status {
                         Some(status) => {
                             ResultMessage::http(&id, status, body.as_deref().unwrap_or(b""))
@@ -277,7 +284,7 @@ fn aborted(job: Job, reason: Abort) {
     match reason {
         Abort::Lost => job.abandon(),
         Abort::Cancelled => {
-            ctx.metrics.cancelled.get_or_create(&ctx.labels).inc();
+            ctx.series.cancelled.get().inc();
             let id = job.held.envelope.request.id.clone();
             job.publish(ResultMessage::cancelled(&id));
         }

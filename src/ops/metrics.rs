@@ -31,6 +31,15 @@ pub struct OutcomeLabels {
     pub outcome: String,
 }
 
+/// Wake-ups by where they came from: `doorbell` or `keyspace`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SourceLabels {
+    pub queue_id: String,
+    pub queue_name: String,
+    pub pool_name: String,
+    pub source: String,
+}
+
 /// Metric gates' gauges carry Go's `inference_pool` label.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct PoolGaugeLabels {
@@ -59,6 +68,15 @@ impl QueueLabels {
         }
     }
 
+    pub fn with_source(&self, source: &str) -> SourceLabels {
+        SourceLabels {
+            queue_id: self.queue_id.clone(),
+            queue_name: self.queue_name.clone(),
+            pool_name: self.pool_name.clone(),
+            source: source.to_owned(),
+        }
+    }
+
     pub fn with_outcome(&self, outcome: &str) -> OutcomeLabels {
         OutcomeLabels {
             queue_id: self.queue_id.clone(),
@@ -71,7 +89,7 @@ impl QueueLabels {
 
 type Counters = Family<QueueLabels, Counter>;
 type Gauges = Family<QueueLabels, Gauge>;
-type Histograms = Family<QueueLabels, Histogram, fn() -> Histogram>;
+type Histograms = Family<QueueLabels, Histogram>;
 
 fn inference_buckets() -> Histogram {
     Histogram::new([
@@ -84,6 +102,50 @@ fn residence_buckets() -> Histogram {
         500.0, 1e3, 2e3, 5e3, 1e4, 3e4, 6e4, 1.2e5, 3e5, 6e5, 1.8e6, 3.6e6, 7.2e6, 2.16e7, 4.32e7,
         8.64e7,
     ])
+}
+
+/// One queue's handle to one series of a family, looked up on first use and kept, so the hot
+/// path does no label lookups. Like a direct `get_or_create`, the series appears in `/metrics`
+/// only once it is first recorded (as Go's vectors do).
+#[derive(Debug)]
+pub struct Series<M> {
+    family: Family<QueueLabels, M>,
+    labels: QueueLabels,
+    handle: std::sync::OnceLock<M>,
+}
+
+impl<M: Clone> Series<M> {
+    fn new(family: &Family<QueueLabels, M>, labels: &QueueLabels) -> Series<M> {
+        Series {
+            family: family.clone(),
+            labels: labels.clone(),
+            handle: std::sync::OnceLock::new(),
+        }
+    }
+
+    /// The series (created in its family on the first call).
+    pub fn get(&self) -> &M {
+        self.handle
+            .get_or_init(|| self.family.get_or_create(&self.labels).clone())
+    }
+}
+
+/// One queue's per-request series (see [`Metrics::queue_series`]).
+#[derive(Debug)]
+pub struct QueueSeries {
+    pub requests: Series<Counter>,
+    pub retries: Series<Counter>,
+    pub successful: Series<Counter>,
+    pub failed: Series<Counter>,
+    pub exceeded: Series<Counter>,
+    pub shedded: Series<Counter>,
+    pub cancelled: Series<Counter>,
+    pub inference_latency: Series<Histogram>,
+    pub residence: Series<Histogram>,
+    pub queue_depth: Series<Gauge>,
+    pub inflight: Series<Gauge>,
+    pub deliveries: Series<Counter>,
+    pub fenced: Series<Counter>,
 }
 
 /// Every metric the processor records.
@@ -134,6 +196,8 @@ pub struct Metrics {
     pub deliveries: Counters,
     /// In-flight requests aborted, by reason: lost, cancelled, shutdown.
     pub aborted: Family<OutcomeLabels, Counter>,
+    /// Wake-ups received, by source: doorbell, keyspace.
+    pub wakeups: Family<SourceLabels, Counter>,
 }
 
 impl Default for Metrics {
@@ -173,6 +237,7 @@ impl Metrics {
             dead_letters: Family::default(),
             deliveries: Counters::default(),
             aborted: Family::default(),
+            wakeups: Family::default(),
             registry: Registry::default(),
         };
         let go = |name: &str| format!("llm_d_async_async_{name}");
@@ -312,7 +377,31 @@ impl Metrics {
             "In-flight requests aborted, by reason",
             m.aborted.clone(),
         );
+        r.register(
+            "inferq_wakeups",
+            "Wake-ups received (work arrived), by source",
+            m.wakeups.clone(),
+        );
         Metrics { registry, ..m }
+    }
+
+    /// The per-request series of one queue, resolved once so the hot path does no label lookups.
+    pub fn queue_series(&self, labels: &QueueLabels) -> QueueSeries {
+        QueueSeries {
+            requests: Series::new(&self.requests, labels),
+            retries: Series::new(&self.retries, labels),
+            successful: Series::new(&self.successful, labels),
+            failed: Series::new(&self.failed, labels),
+            exceeded: Series::new(&self.exceeded, labels),
+            shedded: Series::new(&self.shedded, labels),
+            cancelled: Series::new(&self.cancelled, labels),
+            inference_latency: Series::new(&self.inference_latency, labels),
+            residence: Series::new(&self.residence, labels),
+            queue_depth: Series::new(&self.queue_depth, labels),
+            inflight: Series::new(&self.inflight, labels),
+            deliveries: Series::new(&self.deliveries, labels),
+            fenced: Series::new(&self.fenced, labels),
+        }
     }
 
     /// Records a metric gate's reading under Go's gauge names.
@@ -369,8 +458,9 @@ mod tests {
             queue_name: "q".into(),
             pool_name: "default".into(),
         };
-        m.requests.get_or_create(&l).inc();
-        m.inference_latency.get_or_create(&l).observe(12.0);
+        let series = m.queue_series(&l);
+        series.requests.get().inc();
+        series.inference_latency.get().observe(12.0);
         m.claim_depth.get_or_create(&l).set(3);
         m.dispatch_budget.get_or_create(&l).set(0.5);
         m.precreate_gate_series(&l);

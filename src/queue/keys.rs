@@ -56,6 +56,12 @@ impl QueueKeys {
     }
 }
 
+/// The pub/sub channel rung when work is added to `queue` (inferq only; it starts with the
+/// queue name, so a `{hash tag}` in the name is kept).
+pub fn doorbell_channel(queue: &str) -> String {
+    format!("{queue}:doorbell")
+}
+
 /// The producer's cancellation keys for a request id (Go names).
 pub fn active_key(id: &str) -> String {
     format!("request-active:{id}")

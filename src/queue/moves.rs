@@ -1,5 +1,6 @@
 //! The moves of the durability contract as typed calls on one queue: `peek`, `claim`, `renew`,
-//! `finish` (ack or bury, batched), `park`, `promote`, `release`, `reclaim` and `dead_letter`.
+//! `finish` (ack, bury, park and release, many in one call), `park`, `promote`, `release`,
+//! `reclaim` and `dead_letter`.
 //!
 //! Each move is one Lua script (see [`super::scripts`]); this module builds its keys and
 //! arguments and decodes its reply. Callers hand in envelopes and results; they get back who
@@ -10,7 +11,7 @@ use redis::aio::ConnectionManager;
 use redis::{RedisError, Value};
 
 use super::keys::{active_key, cancel_key, claim_key, fresh_token, QueueKeys};
-use super::scripts::{Batch, SCRIPTS};
+use super::scripts::SCRIPTS;
 use super::settings::ClaimSettings;
 use crate::wire::{Envelope, ResultMessage};
 
@@ -52,6 +53,9 @@ pub struct Peeked {
 pub struct Held {
     pub fence: Fence,
     pub envelope: Envelope,
+    /// The producer had cancelled this generation when it was claimed: finish it as
+    /// `CANCELLED` without sending it.
+    pub cancelled: bool,
 }
 
 /// What `claim` did with one member.
@@ -89,6 +93,9 @@ pub struct TakenOver {
 pub struct Reclaimed {
     /// Expired claims put back in pending at their original score.
     pub requeued: u64,
+    /// How long until the earliest remaining lease expires (by Redis time); `None` when no
+    /// claim is held.
+    pub next_expiry: Option<std::time::Duration>,
     pub taken_over: Vec<TakenOver>,
 }
 
@@ -153,6 +160,30 @@ pub struct Queue {
     con: ConnectionManager,
 }
 
+/// Most members claimed per script call (Lua's `unpack` takes a few thousand values at most).
+pub const TAKE_CHUNK: usize = 500;
+
+/// Whether Redis refused a call for good (a script error, an ACL refusal), as opposed to the
+/// transport failing or Redis being briefly unable (loading, read-only), where the reply is
+/// unknown or the call is worth repeating.
+fn is_refusal(e: &RedisError) -> bool {
+    use redis::{ErrorKind, ServerErrorKind as S};
+    if e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal() || e.is_timeout() {
+        return false;
+    }
+    !matches!(
+        e.kind(),
+        ErrorKind::Server(
+            S::BusyLoading
+                | S::TryAgain
+                | S::MasterDown
+                | S::ReadOnly
+                | S::ClusterDown
+                | S::NoScript
+        )
+    )
+}
+
 fn ms(d: std::time::Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX).max(1)
 }
@@ -202,11 +233,22 @@ impl Queue {
             .collect())
     }
 
-    /// Claims a batch of decoded members in one call: pending -> claimed.
+    /// Claims a batch of decoded members: pending -> claimed, checking each one's cancel
+    /// marker in the same step. One script call per [`TAKE_CHUNK`] members.
     pub async fn claim(
         &self,
         members: Vec<(Vec<u8>, Envelope)>,
     ) -> Result<Vec<Claimed>, QueueError> {
+        let mut out = Vec::with_capacity(members.len());
+        let mut members = members.into_iter().peekable();
+        while members.peek().is_some() {
+            let chunk: Vec<(Vec<u8>, Envelope)> = members.by_ref().take(TAKE_CHUNK).collect();
+            out.extend(self.take(chunk).await?);
+        }
+        Ok(out)
+    }
+
+    async fn take(&self, members: Vec<(Vec<u8>, Envelope)>) -> Result<Vec<Claimed>, QueueError> {
         if members.is_empty() {
             return Ok(Vec::new());
         }
@@ -217,29 +259,50 @@ impl Queue {
                 token: fresh_token(),
             })
             .collect();
+        let k = &self.keys;
+        let mut keys: Vec<String> = vec![
+            k.pending.clone(),
+            k.claimed.clone(),
+            k.owners.clone(),
+            k.idx.clone(),
+            k.scores.clone(),
+        ];
         let lease = ms(self.settings.lease).to_string();
-        let mut args: Vec<&[u8]> = Vec::with_capacity(1 + members.len() * 3);
+        let mut cancel_at: Vec<String> = Vec::with_capacity(members.len());
+        for (_, env) in &members {
+            if env.internal.request_token.is_empty() {
+                cancel_at.push("0".to_owned());
+            } else {
+                keys.push(cancel_key(&env.request.id));
+                cancel_at.push(keys.len().to_string());
+            }
+        }
+        let mut args: Vec<&[u8]> = Vec::with_capacity(1 + members.len() * 5);
         args.push(lease.as_bytes());
-        for ((member, _), fence) in members.iter().zip(&fences) {
+        for (((member, env), fence), at) in members.iter().zip(&fences).zip(&cancel_at) {
             args.push(member);
             args.push(fence.key.as_bytes());
             args.push(fence.token.as_bytes());
+            args.push(at.as_bytes());
+            args.push(env.internal.request_token.as_bytes());
         }
-        let k = &self.keys;
-        let keys = [&k.pending, &k.claimed, &k.owners, &k.idx, &k.scores];
         // The command encodes the arguments, so the members are not copied again after this.
-        let cmd = SCRIPTS.claim.cmd(&keys, &args);
-        let reply = SCRIPTS.claim.run(&mut self.con.clone(), &cmd).await?;
-        let statuses = int_array(&reply).ok_or_else(|| bad_reply("claim", &reply))?;
+        let cmd = SCRIPTS.take.cmd(&keys, &args);
+        let reply = SCRIPTS.take.run(&mut self.con.clone(), &cmd).await?;
+        let statuses = int_array(&reply).ok_or_else(|| bad_reply("take", &reply))?;
         if statuses.len() != members.len() + 1 {
-            return Err(bad_reply("claim", &reply));
+            return Err(bad_reply("take", &reply));
         }
         Ok(members
             .into_iter()
             .zip(fences)
             .zip(statuses.into_iter().skip(1))
             .map(|(((_, envelope), fence), status)| match status {
-                1 => Claimed::Held(Box::new(Held { fence, envelope })),
+                1 | 2 => Claimed::Held(Box::new(Held {
+                    fence,
+                    envelope,
+                    cancelled: status == 2,
+                })),
                 -1 => Claimed::Duplicate,
                 _ => Claimed::Gone,
             })
@@ -269,94 +332,143 @@ impl Queue {
         Ok(statuses.into_iter().skip(1).map(|s| s == 1).collect())
     }
 
-    /// KEYS of ack (and of bury, with the dead list): the claim bookkeeping, the result list,
-    /// then the producer's keys for the guarded cleanup.
-    fn finish_keys(&self, result_list: &str, dead: Option<&str>, id: &str) -> Vec<String> {
+    /// Acks, buries, parks and releases a batch of generations in one script call, each item
+    /// fenced on its own. An outer error means the replies are unknown: retrying the whole
+    /// batch is safe, because a repeated finish of a generation already done answers `NotYours`
+    /// and writes nothing. A script error Redis answers (not a transport failure) fails every
+    /// item of the batch: their claims are redelivered when their leases end.
+    pub async fn finish(&self, batch: &[Finish]) -> Result<Vec<Finished>, QueueError> {
+        if batch.is_empty() {
+            return Ok(Vec::new());
+        }
         let k = &self.keys;
-        let mut keys = vec![
+        let mut keys: Vec<String> = vec![
             k.claimed.clone(),
             k.owners.clone(),
             k.idx.clone(),
             k.scores.clone(),
             k.deliveries.clone(),
-            result_list.to_owned(),
+            k.pending.clone(),
+            k.parked.clone(),
+            k.dead.clone(),
         ];
-        keys.extend(dead.map(str::to_owned));
-        keys.push(active_key(id));
-        keys.push(cancel_key(id));
-        keys
-    }
-
-    /// Acks, buries, parks and releases a batch of generations in one round trip (one script call each).
-    /// An outer error means the replies are unknown: retrying the whole batch is safe, because
-    /// a repeated finish of a generation already done answers `NotYours` and writes nothing.
-    pub async fn finish(&self, batch: &[Finish]) -> Result<Vec<Finished>, QueueError> {
-        let mut calls = Batch::new();
-        let k = &self.keys;
+        // Per item: (index of its result list, index of its producer keys, backoff) as text;
+        // Lua indexes KEYS from 1, so an index is the length of `keys` after a push.
+        let mut numbers: Vec<[String; 3]> = Vec::with_capacity(batch.len());
         for f in batch {
-            match f {
+            let (list, forget, backoff) = match f {
+                Finish::Ack {
+                    id,
+                    request_token,
+                    result_list,
+                    ..
+                }
+                | Finish::Bury {
+                    id,
+                    request_token,
+                    result_list,
+                    ..
+                } => {
+                    let list = match keys[8..].iter().position(|k| k == result_list) {
+                        Some(at) => at + 9,
+                        None => {
+                            keys.push(result_list.clone());
+                            keys.len()
+                        }
+                    };
+                    let forget = if request_token.is_empty() {
+                        0
+                    } else {
+                        keys.push(active_key(id));
+                        keys.push(cancel_key(id));
+                        keys.len() - 1
+                    };
+                    (list, forget, 0)
+                }
+                Finish::Park { backoff, .. } => {
+                    (0, 0, u64::try_from(backoff.as_millis()).unwrap_or(u64::MAX))
+                }
+                Finish::Release { .. } => (0, 0, 0),
+            };
+            numbers.push([list.to_string(), forget.to_string(), backoff.to_string()]);
+        }
+        let mut args: Vec<&[u8]> = Vec::with_capacity(batch.len() * 8);
+        for (f, [list, forget, backoff]) in batch.iter().zip(&numbers) {
+            let item: [&[u8]; 8] = match f {
                 Finish::Ack {
                     fence,
-                    id,
                     request_token,
-                    result_list,
                     result,
-                } => {
-                    let keys = self.finish_keys(result_list, None, id);
-                    let args = [&fence.key, &fence.token, result, request_token];
-                    calls.push(&SCRIPTS.ack, SCRIPTS.ack.cmd(&keys, &args));
-                }
+                    ..
+                } => [
+                    b"ack",
+                    fence.key.as_bytes(),
+                    fence.token.as_bytes(),
+                    list.as_bytes(),
+                    result.as_bytes(),
+                    b"",
+                    forget.as_bytes(),
+                    request_token.as_bytes(),
+                ],
                 Finish::Bury {
                     fence,
-                    id,
                     request_token,
-                    result_list,
                     result,
                     record,
-                } => {
-                    let keys = self.finish_keys(result_list, Some(&k.dead), id);
-                    let args = [&fence.key, &fence.token, result, record, request_token];
-                    calls.push(&SCRIPTS.bury, SCRIPTS.bury.cmd(&keys, &args));
-                }
-                Finish::Park {
-                    fence,
+                    ..
+                } => [
+                    b"bury",
+                    fence.key.as_bytes(),
+                    fence.token.as_bytes(),
+                    list.as_bytes(),
+                    result.as_bytes(),
+                    record.as_bytes(),
+                    forget.as_bytes(),
+                    request_token.as_bytes(),
+                ],
+                Finish::Park { fence, member, .. } => [
+                    b"park",
+                    fence.key.as_bytes(),
+                    fence.token.as_bytes(),
                     member,
-                    backoff,
-                } => {
-                    let keys = [&k.claimed, &k.owners, &k.idx, &k.scores, &k.parked];
-                    let backoff_ms = u64::try_from(backoff.as_millis())
-                        .unwrap_or(u64::MAX)
-                        .to_string();
-                    let args: [&[u8]; 4] = [
-                        fence.key.as_bytes(),
-                        fence.token.as_bytes(),
-                        member,
-                        backoff_ms.as_bytes(),
-                    ];
-                    calls.push(&SCRIPTS.park, SCRIPTS.park.cmd(&keys, &args));
-                }
-                Finish::Release { fence } => {
-                    let keys = [&k.claimed, &k.owners, &k.idx, &k.scores, &k.pending];
-                    let args = [&fence.key, &fence.token];
-                    calls.push(&SCRIPTS.release, SCRIPTS.release.cmd(&keys, &args));
-                }
+                    backoff.as_bytes(),
+                    b"",
+                    b"0",
+                    b"",
+                ],
+                Finish::Release { fence } => [
+                    b"release",
+                    fence.key.as_bytes(),
+                    fence.token.as_bytes(),
+                    b"",
+                    b"",
+                    b"",
+                    b"0",
+                    b"",
+                ],
+            };
+            args.extend(item);
+        }
+        let cmd = SCRIPTS.finish.cmd(&keys, &args);
+        let reply = match SCRIPTS.finish.run(&mut self.con.clone(), &cmd).await {
+            Ok(reply) => reply,
+            Err(e) if is_refusal(&e) => {
+                return Ok(vec![Finished::Failed(e.to_string()); batch.len()]);
             }
+            Err(e) => return Err(e.into()),
+        };
+        let statuses = int_array(&reply).ok_or_else(|| bad_reply("finish", &reply))?;
+        if statuses.len() != batch.len() {
+            return Err(bad_reply("finish", &reply));
         }
-        if calls.is_empty() {
-            return Ok(Vec::new());
-        }
-        let replies = calls.run(&mut self.con.clone()).await?;
-        Ok(replies
+        Ok(statuses
             .into_iter()
-            .map(|r| match r {
-                Ok(Value::Int(0)) => Finished::NotYours,
-                Ok(Value::Int(_)) => Finished::Published,
-                Ok(Value::Array(statuses)) => match statuses.first() {
-                    Some(Value::Int(1)) => Finished::Published,
-                    _ => Finished::NotYours,
-                },
-                Ok(other) => Finished::Failed(format!("unexpected reply {other:?}")),
-                Err(e) => Finished::Failed(e.to_string()),
+            .map(|s| {
+                if s == 1 {
+                    Finished::Published
+                } else {
+                    Finished::NotYours
+                }
             })
             .collect())
     }
@@ -460,14 +572,17 @@ impl Queue {
         let Value::Array(items) = &reply else {
             return Err(bad_reply("reclaim", &reply));
         };
-        let Some(Value::Int(requeued)) = items.first() else {
+        let [Value::Int(requeued), Value::Int(next_ms), rest @ ..] = items.as_slice() else {
             return Err(bad_reply("reclaim", &reply));
         };
         let mut out = Reclaimed {
             requeued: u64::try_from(*requeued).unwrap_or(0),
+            next_expiry: u64::try_from(*next_ms)
+                .ok()
+                .map(std::time::Duration::from_millis),
             taken_over: Vec::new(),
         };
-        for chunk in items[1..].chunks(5) {
+        for chunk in rest.chunks(5) {
             let [key, member, token, reason, deliveries] = chunk else {
                 return Err(bad_reply("reclaim", &reply));
             };

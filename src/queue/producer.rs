@@ -1,15 +1,18 @@
 //! The producer side, as the Go producer does it: `submit` (one MULTI of DEL cancel marker /
-//! SET active token PX / ZADD deadline member), `cancel` (copy the active token to the cancel
+//! SET active token PX / ZADD deadline member, then a PUBLISH on the queue's doorbell channel
+//! per batch so idle processors wake at once), `cancel` (copy the active token to the cancel
 //! marker), and results — Go's destructive `BRPOP`, plus a reliable mode in which a consumer
 //! takes results into its own in-progress list and acknowledges them once stored.
 
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use redis::aio::{ConnectionManager, MultiplexedConnection};
 use redis::{Client, RedisError};
 
 use super::connect;
-use super::keys::{active_key, cancel_key, fresh_token};
+use super::keys::{active_key, cancel_key, doorbell_channel, fresh_token};
 use super::scripts::SCRIPTS;
 use crate::wire::{MemberError, NewRequest, ResultMessage, Routing};
 
@@ -46,6 +49,8 @@ pub struct Producer {
     con: ConnectionManager,
     request_queue: String,
     result_queue: String,
+    /// Whether to ring the queue's doorbell after submitting (off once Redis refused it).
+    doorbell: Arc<AtomicBool>,
 }
 
 /// What `submit` wrote.
@@ -120,6 +125,7 @@ impl Producer {
                 request_queue.to_owned()
             },
             result_queue: result_queue.to_owned(),
+            doorbell: Arc::new(AtomicBool::new(true)),
         })
     }
 
@@ -208,8 +214,29 @@ impl Producer {
         }
         if outcomes.iter().any(Result::is_ok) {
             let _: () = pipe.query_async(&mut self.con.clone()).await?;
+            self.ring().await;
         }
         Ok(outcomes)
+    }
+
+    /// Rings the queue's doorbell so idle processors poll at once (one PUBLISH per batch of
+    /// submissions). A wake-up only saves latency: processors poll anyway, so a refusal (an
+    /// ACL without pub/sub rights) is reported once and ringing stops.
+    async fn ring(&self) {
+        if !self.doorbell.load(Ordering::Relaxed) {
+            return;
+        }
+        let rung: Result<i64, RedisError> = redis::cmd("PUBLISH")
+            .arg(doorbell_channel(&self.request_queue))
+            .arg("1")
+            .query_async(&mut self.con.clone())
+            .await;
+        if let Err(e) = rung {
+            if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoPerm) {
+                self.doorbell.store(false, Ordering::Relaxed);
+                tracing::warn!(error = %e, "cannot ring the queue's doorbell; processors will find the requests by polling");
+            }
+        }
     }
 
     /// Cancels the newest generation of each id. `true` where an active generation was marked;

@@ -154,15 +154,12 @@ macro_rules! lua {
 const NOW_MS: &str = lua!("includes/nowMs");
 const DROP_CLAIM: &str = lua!("includes/dropClaim");
 const DEADLINE_OF: &str = lua!("includes/deadlineOf");
-const FORGET: &str = lua!("includes/forgetGeneration");
 
 /// Every script inferq runs.
 pub struct Scripts {
-    pub claim: Script,
+    pub take: Script,
     pub renew: Script,
-    pub ack: Script,
-    pub bury: Script,
-    pub park: Script,
+    pub finish: Script,
     pub promote: Script,
     pub release: Script,
     pub reclaim: Script,
@@ -174,11 +171,9 @@ pub struct Scripts {
 
 /// The scripts, built once.
 pub static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
-    claim: Script::new("claim", &[NOW_MS], lua!("claim-5")),
+    take: Script::new("take", &[NOW_MS], lua!("take-5")),
     renew: Script::new("renew", &[NOW_MS], lua!("renew-2")),
-    ack: Script::new("ack", &[DROP_CLAIM, FORGET], lua!("ack-8")),
-    bury: Script::new("bury", &[DROP_CLAIM, FORGET], lua!("bury-9")),
-    park: Script::new("park", &[NOW_MS, DROP_CLAIM], lua!("park-5")),
+    finish: Script::new("finish", &[NOW_MS, DEADLINE_OF], lua!("finish-8")),
     promote: Script::new("promote", &[NOW_MS, DEADLINE_OF], lua!("promote-3")),
     release: Script::new("release", &[DROP_CLAIM, DEADLINE_OF], lua!("release-5")),
     reclaim: Script::new(
@@ -193,13 +188,11 @@ pub static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
 });
 
 impl Scripts {
-    pub fn all(&self) -> [&Script; 12] {
+    pub fn all(&self) -> [&Script; 10] {
         [
-            &self.claim,
+            &self.take,
             &self.renew,
-            &self.ack,
-            &self.bury,
-            &self.park,
+            &self.finish,
             &self.promote,
             &self.release,
             &self.reclaim,

@@ -621,7 +621,7 @@ async fn release_returns_claims_at_once() {
     assert_eq!(hlen(&mut r.con, "q:deliveries").await, 0);
 }
 
-/// Scripts survive SCRIPT FLUSH (alone and inside a pipelined batch) and a Redis restart.
+/// Scripts survive SCRIPT FLUSH (between a claim and a batched finish) and a Redis restart.
 #[tokio::test]
 async fn scripts_survive_script_flush_and_restart() {
     let mut r = rig(30_000, 5).await;
@@ -757,4 +757,174 @@ async fn reliable_consumer_hands_back_what_it_did_not_ack() {
             .unwrap(),
         None
     );
+}
+
+/// Total calls Redis counted (INFO commandstats), scripts' inner commands included.
+async fn commands_so_far(con: &mut redis::aio::ConnectionManager) -> u64 {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(con)
+        .await
+        .unwrap();
+    info.lines()
+        .filter_map(|l| l.strip_prefix("cmdstat_"))
+        .filter_map(|l| {
+            l.split("calls=")
+                .nth(1)?
+                .split(',')
+                .next()?
+                .parse::<u64>()
+                .ok()
+        })
+        .sum()
+}
+
+/// Rules 1, 4 and 7 in one call: a mixed batch of ack, bury, park and release moves each item
+/// on its own fence; a stale token and a repeated claim key change nothing.
+#[tokio::test]
+async fn one_finish_call_moves_a_mixed_batch_each_item_fenced() {
+    let mut r = rig(30_000, 5).await;
+    for id in ["a", "b", "c", "d", "e"] {
+        r.producer.submit(request(id, 60)).await.unwrap();
+    }
+    let held = claim_head(&r.queue, 10).await;
+    assert_eq!(held.len(), 5);
+    let by_id = |id: &str| held.iter().find(|h| h.envelope.request.id == id).unwrap();
+    let (a, b, c, d, e) = (by_id("a"), by_id("b"), by_id("c"), by_id("d"), by_id("e"));
+    let mut stale = ack(e, &ResultMessage::http("e", 200, b"{}"));
+    if let Finish::Ack { fence, .. } = &mut stale {
+        fence.token = "not-the-owner".to_owned();
+    }
+    let batch = vec![
+        ack(a, &ResultMessage::http("a", 200, b"{}")),
+        Finish::Bury {
+            fence: b.fence.clone(),
+            id: "b".to_owned(),
+            request_token: b.envelope.internal.request_token.clone(),
+            result_list: RESULTS.to_owned(),
+            result: ResultMessage::http("b", 500, b"{}").to_json(),
+            record: "{\"id\":\"b\"}".to_owned(),
+        },
+        Finish::Park {
+            fence: c.fence.clone(),
+            member: Queue::retry_member(&c.envelope),
+            backoff: Duration::from_secs(60),
+        },
+        Finish::Release {
+            fence: d.fence.clone(),
+        },
+        stale,
+        ack(a, &ResultMessage::http("a", 200, b"again")),
+    ];
+    assert_eq!(
+        r.queue.finish(&batch).await.unwrap(),
+        vec![
+            Finished::Published,
+            Finished::Published,
+            Finished::Published,
+            Finished::Published,
+            Finished::NotYours,
+            Finished::NotYours,
+        ]
+    );
+    let ids: Vec<String> = results(&mut r.con)
+        .await
+        .into_iter()
+        .map(|m| m.id)
+        .collect();
+    assert_eq!(
+        ids,
+        vec!["b", "a"],
+        "one record each, in batch order (newest first)"
+    );
+    let dead: u64 = r.con.llen("q:dead").await.unwrap();
+    assert_eq!(dead, 1);
+    assert_eq!(zcard(&mut r.con, "q:parked").await, 1);
+    let pending = r.queue.peek(10).await.unwrap();
+    assert_eq!(pending.len(), 1);
+    assert_eq!(pending[0].score, d.envelope.request.deadline as f64);
+    assert_eq!(
+        hlen(&mut r.con, "q:claimed").await,
+        1,
+        "only e is still held"
+    );
+    assert_eq!(hlen(&mut r.con, "q:claim-owners").await, 1);
+    assert_eq!(zcard(&mut r.con, "q:claims-idx").await, 1);
+    // The acked and buried generations' producer keys are gone; the others' stay.
+    for (id, left) in [("a", false), ("b", false), ("c", true), ("e", true)] {
+        let active: Option<String> = r.con.get(format!("request-active:{id}")).await.unwrap();
+        assert_eq!(active.is_some(), left, "request-active:{id}");
+    }
+}
+
+/// The claim checks cancel markers in the same step: a cancelled generation is claimed (so it
+/// still gets its one record) and flagged; a marker of an older generation does not count.
+#[tokio::test]
+async fn claim_reports_cancelled_generations() {
+    let mut r = rig(30_000, 5).await;
+    for id in ["a", "b", "c"] {
+        r.producer.submit(request(id, 60)).await.unwrap();
+    }
+    assert_eq!(
+        r.producer
+            .cancel(&["a".to_owned(), "c".to_owned()])
+            .await
+            .unwrap(),
+        vec![true, true]
+    );
+    let _: () = r
+        .con
+        .set("request-cancel:c", "an-older-token")
+        .await
+        .unwrap();
+    let held = claim_head(&r.queue, 10).await;
+    let mut flags: Vec<(String, bool)> = held
+        .iter()
+        .map(|h| (h.envelope.request.id.clone(), h.cancelled))
+        .collect();
+    flags.sort();
+    assert_eq!(
+        flags,
+        vec![
+            ("a".to_owned(), true),
+            ("b".to_owned(), false),
+            ("c".to_owned(), false)
+        ]
+    );
+}
+
+/// Claiming, renewing and finishing a batch costs a constant number of Redis commands (scripts'
+/// inner commands included): a batch of 200 costs what a batch of 20 does.
+#[tokio::test]
+async fn a_batch_costs_a_constant_number_of_commands() {
+    let mut r = rig(30_000, 5).await;
+    let mut costs = Vec::new();
+    // The first round also loads the scripts (NOSCRIPT, SCRIPT LOAD): it is not compared.
+    for n in [20usize, 20, 200] {
+        let reqs: Vec<NewRequest> = (0..n).map(|i| request(&format!("r{n}-{i}"), 60)).collect();
+        r.producer.submit_many(reqs).await.unwrap();
+        let before = commands_so_far(&mut r.con).await;
+        let held = claim_head(&r.queue, n).await;
+        assert_eq!(held.len(), n);
+        let claimed = commands_so_far(&mut r.con).await;
+        let fences: Vec<Fence> = held.iter().map(|h| h.fence.clone()).collect();
+        assert_eq!(r.queue.renew(&fences).await.unwrap(), vec![true; n]);
+        let renewed = commands_so_far(&mut r.con).await;
+        let batch: Vec<Finish> = held
+            .iter()
+            .map(|h| ack(h, &ResultMessage::http(&h.envelope.request.id, 200, b"{}")))
+            .collect();
+        assert_eq!(
+            r.queue.finish(&batch).await.unwrap(),
+            vec![Finished::Published; n]
+        );
+        let finished = commands_so_far(&mut r.con).await;
+        costs.push((claimed - before, renewed - claimed, finished - renewed));
+    }
+    assert_eq!(results(&mut r.con).await.len(), 240);
+    assert_eq!(
+        costs[1], costs[2],
+        "(claim, renew, finish) commands for 20 and for 200"
+    );
+    assert!(costs[2].0 + costs[2].2 < 40, "{costs:?}");
 }

@@ -235,6 +235,8 @@ pub struct ProcessorOpts {
     pub extra_args: Vec<String>,
     /// The Redis URL to give the processor instead of the server's plain one.
     pub redis_url: Option<String>,
+    /// The transport's `poll_interval_ms`.
+    pub poll_interval_ms: u64,
 }
 
 impl Default for ProcessorOpts {
@@ -250,6 +252,7 @@ impl Default for ProcessorOpts {
             pools: None,
             extra_args: Vec::new(),
             redis_url: None,
+            poll_interval_ms: 50,
         }
     }
 }
@@ -268,8 +271,9 @@ impl Processor {
         let health_port = free_port().unwrap();
         let metrics_port = free_port().unwrap();
         let config = format!(
-            r#"{{"url":"{}","poll_interval_ms":50,"batch_size":10,"claim_lease_ttl_seconds":{},"claim_reclaim_interval_ms":{},"queues":[{{"queue_name":"{}","igw_base_url":"{}","inference_objective":"batch-obj"{}}}]}}"#,
+            r#"{{"url":"{}","poll_interval_ms":{},"batch_size":10,"claim_lease_ttl_seconds":{},"claim_reclaim_interval_ms":{},"queues":[{{"queue_name":"{}","igw_base_url":"{}","inference_objective":"batch-obj"{}}}]}}"#,
             opts.redis_url.clone().unwrap_or_else(|| redis.url()),
+            opts.poll_interval_ms,
             opts.lease_s,
             opts.reclaim_ms,
             opts.queue,

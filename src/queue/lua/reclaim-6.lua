@@ -24,7 +24,8 @@
     ARGV[3] lease in ms for taken-over claims
     ARGV[4..] fresh owner tokens, one per possible take-over (at least ARGV[1] of them)
 
-  Output: { requeued, then per taken-over claim 5 fields:
+  Output: { requeued, ms until the earliest remaining lease expires (-1: no claims), then per
+            taken-over claim 5 fields:
             claim key, member, owner token, reason ("deadline" | "deliveries"), deliveries }
 ]]
 local now = nowMs()
@@ -32,7 +33,7 @@ local nowS = now / 1000
 local maxDeliveries = tonumber(ARGV[2])
 local expiry = (now + tonumber(ARGV[3])) / 1000
 local expired = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', nowS, 'LIMIT', 0, tonumber(ARGV[1]))
-local out = { 0 }
+local out = { 0, -1 }
 local nextToken = 4
 for _, ck in ipairs(expired) do
   local member = redis.call('HGET', KEYS[1], ck)
@@ -66,5 +67,9 @@ for _, ck in ipairs(expired) do
       out[1] = out[1] + 1
     end
   end
+end
+local earliest = redis.call('ZRANGE', KEYS[3], 0, 0, 'WITHSCORES')
+if earliest[2] then
+  out[2] = math.max(0, math.floor(tonumber(earliest[2]) * 1000 - now))
 end
 return out

@@ -12,17 +12,30 @@
     ARGV[2..] pairs: claim key, owner token
 
   Output: { now_ms, status per claim }: 1 renewed until now + lease; 0 not yours
+  Two variadic commands (HMGET, ZADD) per call, however many claims it renews.
 ]]
 local now = nowMs()
 local expiry = (now + tonumber(ARGV[1])) / 1000
 local out = { now }
+local cks = {}
 for i = 2, #ARGV, 2 do
-  local ck, token = ARGV[i], ARGV[i + 1]
-  if redis.call('HGET', KEYS[1], ck) == token then
-    redis.call('ZADD', KEYS[2], expiry, ck)
+  cks[#cks + 1] = ARGV[i]
+end
+if #cks == 0 then
+  return out
+end
+local owners = redis.call('HMGET', KEYS[1], unpack(cks))
+local renewed = {}
+for j, ck in ipairs(cks) do
+  if owners[j] == ARGV[2 * j + 1] then
+    renewed[#renewed + 1] = expiry
+    renewed[#renewed + 1] = ck
     out[#out + 1] = 1
   else
     out[#out + 1] = 0
   end
+end
+if #renewed > 0 then
+  redis.call('ZADD', KEYS[2], unpack(renewed))
 end
 return out

@@ -1,0 +1,169 @@
+//! Wake-ups: one pub/sub connection that listens for "work arrived" on every queue and rings the
+//! queue's consumer, so an idle queue is polled the moment a request lands instead of after its
+//! `poll_interval`.
+//!
+//! Two sources, both optional:
+//! - the doorbell channel `<queue>:doorbell`, which `inferq submit` (and [`Producer`]) rings
+//!   after each batch of submissions;
+//! - the keyspace notifications of the pending key (`__keyspace@<db>__:<queue>`, event `zadd`),
+//!   when the server has them enabled (`notify-keyspace-events` with `K` and `z` or `A`), so a
+//!   Go producer's `ZADD` wakes the consumer too. The server's setting is read, never changed.
+//!
+//! Rings coalesce: a burst of submissions while the consumer is polling becomes one more poll.
+//! Polling stays the fallback: when pub/sub is unavailable (an ACL denying it, a lost connection)
+//! the listener says so once and consumers keep polling on their own.
+//!
+//! [`Producer`]: crate::queue::producer::Producer
+
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use tokio_util::sync::CancellationToken;
+
+use super::context::QueueCtx;
+use crate::queue::keys::doorbell_channel;
+
+/// Whether `notify-keyspace-events` (as CONFIG GET answers it) publishes sorted-set events on
+/// the keyspace channel.
+pub fn keyspace_zset_events(flags: &str) -> bool {
+    flags.contains('K') && (flags.contains('z') || flags.contains('A'))
+}
+
+async fn keyspace_enabled(client: &redis::Client) -> bool {
+    let Ok(mut con) = client.get_multiplexed_async_connection().await else {
+        return false;
+    };
+    let reply: redis::RedisResult<Vec<String>> = redis::cmd("CONFIG")
+        .arg("GET")
+        .arg("notify-keyspace-events")
+        .query_async(&mut con)
+        .await;
+    match reply {
+        Ok(pair) => pair.get(1).is_some_and(|f| keyspace_zset_events(f)),
+        // CONFIG may be denied by an ACL: then only the doorbell wakes consumers.
+        Err(_) => false,
+    }
+}
+
+/// Listens until `stop` is cancelled, reconnecting when the connection drops.
+pub async fn listen(client: redis::Client, queues: Vec<Arc<QueueCtx>>, stop: CancellationToken) {
+    let db = client.get_connection_info().redis_settings().db();
+    let mut warned = false;
+    let mut pause = Duration::from_millis(500);
+    loop {
+        let keyspace = keyspace_enabled(&client).await;
+        let mut channels: HashMap<Vec<u8>, Bell> = HashMap::new();
+        for ctx in &queues {
+            let name = ctx.queue.name();
+            let bell = |source: &str| Bell {
+                ctx: ctx.clone(),
+                keyspace: source == "keyspace",
+                rings: ctx
+                    .metrics
+                    .wakeups
+                    .get_or_create(&ctx.labels.with_source(source))
+                    .clone(),
+            };
+            channels.insert(doorbell_channel(name).into_bytes(), bell("doorbell"));
+            if keyspace {
+                channels.insert(
+                    format!("__keyspace@{db}__:{name}").into_bytes(),
+                    bell("keyspace"),
+                );
+            }
+        }
+        match subscribe(&client, &channels).await {
+            Ok(mut pubsub) => {
+                if warned {
+                    tracing::info!("wake-ups available again");
+                }
+                warned = false;
+                pause = Duration::from_millis(500);
+                set_listening(&queues, true);
+                tracing::debug!(keyspace, "listening for wake-ups");
+                // Anything that arrived while not listening is found by one poll now.
+                ring_all(&queues);
+                let mut messages = pubsub.on_message();
+                loop {
+                    let msg = tokio::select! {
+                        biased;
+                        _ = stop.cancelled() => return,
+                        m = messages.next() => m,
+                    };
+                    let Some(msg) = msg else { break };
+                    let Some(bell) = channels.get(msg.get_channel_name().as_bytes()) else {
+                        continue;
+                    };
+                    // Of the pending key's events only additions mean work arrived.
+                    if bell.keyspace && !matches!(msg.get_payload_bytes(), b"zadd" | b"zincr") {
+                        continue;
+                    }
+                    bell.rings.inc();
+                    bell.ctx.wake.notify_one();
+                }
+                set_listening(&queues, false);
+            }
+            Err(e) => {
+                if !warned {
+                    warned = true;
+                    tracing::warn!(error = %e, "cannot subscribe for wake-ups; consumers poll every poll_interval instead");
+                }
+            }
+        }
+        tokio::select! {
+            biased;
+            _ = stop.cancelled() => return,
+            _ = tokio::time::sleep(pause) => {}
+        }
+        pause = (pause * 2).min(Duration::from_secs(30));
+    }
+}
+
+/// What a message on one channel rings.
+struct Bell {
+    ctx: Arc<QueueCtx>,
+    /// A keyspace channel (its messages name the event) rather than the doorbell.
+    keyspace: bool,
+    rings: prometheus_client::metrics::counter::Counter,
+}
+
+async fn subscribe(
+    client: &redis::Client,
+    channels: &HashMap<Vec<u8>, Bell>,
+) -> redis::RedisResult<redis::aio::PubSub> {
+    let mut pubsub = client.get_async_pubsub().await?;
+    for channel in channels.keys() {
+        pubsub.subscribe(channel.as_slice()).await?;
+    }
+    Ok(pubsub)
+}
+
+fn set_listening(queues: &[Arc<QueueCtx>], on: bool) {
+    for ctx in queues {
+        ctx.listening.store(on, Ordering::SeqCst);
+    }
+}
+
+fn ring_all(queues: &[Arc<QueueCtx>]) {
+    for ctx in queues {
+        ctx.wake.notify_one();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_the_keyspace_setting() {
+        assert!(keyspace_zset_events("Kz"));
+        assert!(keyspace_zset_events("AK"));
+        assert!(keyspace_zset_events("KEA"));
+        assert!(!keyspace_zset_events(""));
+        assert!(!keyspace_zset_events("Ez"), "keyevent channel only");
+        assert!(!keyspace_zset_events("Kg"), "no sorted-set events");
+    }
+}

@@ -1,0 +1,160 @@
+--[[ finish: the ends of many claims in one call. Each item is one of
+    ack     claimed -> done    push the terminal result, drop the claim
+    bury    claimed -> dead    push the result (when there is one) and a dead-letter record
+    park    claimed -> parked  due after a backoff counted from Redis TIME, retry_count bumped
+    release claimed -> pending at the original score, no delivery counted
+
+  Every item is fenced on its own: it moves only while the claim still names the caller's owner
+  token; otherwise it changes nothing and answers 0. Because the claim disappears in the same step
+  the result is pushed, a generation reaches done at most once; a retried call whose first reply
+  was lost finds the claims gone and answers 0 for them. An item repeating a claim key earlier in
+  the same call answers 0 too, as it would in a second call. Every Redis command inside is
+  variadic, so a batch costs a constant number of commands however many items it carries.
+
+  Input:
+    KEYS[1] claimed      hash
+    KEYS[2] claim-owners hash
+    KEYS[3] claims-idx   zset
+    KEYS[4] claim-scores hash
+    KEYS[5] deliveries   hash  claim key -> lease expiries so far (inferq only)
+    KEYS[6] pending      zset  (release)
+    KEYS[7] parked       zset  member -> due time, Unix seconds (park; inferq only)
+    KEYS[8] dead list    (bury; inferq only, newest first)
+    KEYS[9..] result lists (consumers BRPOP them; LPUSH keeps FIFO order), then the producer's
+            request-active:<id> / request-cancel:<id> pairs of acked and buried generations
+    ARGV: per item 8 fields:
+      kind      "ack" | "bury" | "park" | "release"
+      claim key
+      owner token
+      ack, bury: index into KEYS of the result list; park: the member to park (same generation,
+                 retry_count bumped); release: ""
+      ack: result JSON (Go ResultMessage); bury: result JSON or "" when the member has no
+           readable id; park: backoff in milliseconds; release: ""
+      bury: dead-letter record JSON; otherwise ""
+      ack, bury: index into KEYS of request-active:<id> (request-cancel:<id> follows it), or 0
+      ack, bury: the generation's request token: the two keys are deleted only where they still
+           hold it, so an old generation finishing never clears a newer one's (ID reuse)
+
+  Output: { status per item }: 1 moved; 0 not yours (already done, taken over, or repeated)
+]]
+local W = 8
+local n = #ARGV / W
+local out = {}
+if n < 1 then
+  return out
+end
+local cks = {}
+for i = 1, n do
+  cks[i] = ARGV[(i - 1) * W + 2]
+end
+local owners = redis.call('HMGET', KEYS[2], unpack(cks))
+
+-- Releases need the member and its original score.
+local releaseAt, releaseCks = {}, {}
+for i = 1, n do
+  if ARGV[(i - 1) * W + 1] == 'release' and owners[i] == ARGV[(i - 1) * W + 3] then
+    releaseAt[#releaseAt + 1] = i
+    releaseCks[#releaseCks + 1] = cks[i]
+  end
+end
+local releaseMember, releaseScore = {}, {}
+if #releaseCks > 0 then
+  local members = redis.call('HMGET', KEYS[1], unpack(releaseCks))
+  local scores = redis.call('HMGET', KEYS[4], unpack(releaseCks))
+  for j, i in ipairs(releaseAt) do
+    releaseMember[i] = members[j]
+    releaseScore[i] = scores[j]
+  end
+end
+
+local now = nil
+local drop, finished, pushes, pushOrder, dead, parked, pending, forget = {}, {}, {}, {}, {}, {}, {}, {}
+local seen = {}
+local function push(listAt, value)
+  if not pushes[listAt] then
+    pushes[listAt] = {}
+    pushOrder[#pushOrder + 1] = listAt
+  end
+  local list = pushes[listAt]
+  list[#list + 1] = value
+end
+for i = 1, n do
+  local b = (i - 1) * W
+  local kind, ck, token = ARGV[b + 1], ARGV[b + 2], ARGV[b + 3]
+  local ok = not seen[ck] and owners[i] == token
+  if ok and kind == 'release' and not releaseMember[i] then
+    ok = false
+  end
+  if not ok then
+    out[i] = 0
+  else
+    seen[ck] = true
+    drop[#drop + 1] = ck
+    if kind == 'ack' or kind == 'bury' then
+      finished[#finished + 1] = ck
+      if ARGV[b + 5] ~= '' then
+        push(tonumber(ARGV[b + 4]), ARGV[b + 5])
+      end
+      if kind == 'bury' then
+        dead[#dead + 1] = ARGV[b + 6]
+      end
+      local activeAt, requestToken = tonumber(ARGV[b + 7]), ARGV[b + 8]
+      if activeAt > 0 and requestToken ~= '' then
+        forget[#forget + 1] = { activeAt, requestToken }
+      end
+    elseif kind == 'park' then
+      now = now or nowMs()
+      parked[#parked + 1] = (now + tonumber(ARGV[b + 5])) / 1000
+      parked[#parked + 1] = ARGV[b + 4]
+    else
+      local member = releaseMember[i]
+      pending[#pending + 1] = tonumber(releaseScore[i]) or deadlineOf(member) or 0
+      pending[#pending + 1] = member
+    end
+    out[i] = 1
+  end
+end
+
+if #drop > 0 then
+  redis.call('HDEL', KEYS[1], unpack(drop))
+  redis.call('HDEL', KEYS[2], unpack(drop))
+  redis.call('ZREM', KEYS[3], unpack(drop))
+  redis.call('HDEL', KEYS[4], unpack(drop))
+end
+if #finished > 0 then
+  redis.call('HDEL', KEYS[5], unpack(finished))
+end
+for _, listAt in ipairs(pushOrder) do
+  redis.call('LPUSH', KEYS[listAt], unpack(pushes[listAt]))
+end
+if #dead > 0 then
+  redis.call('LPUSH', KEYS[8], unpack(dead))
+end
+if #parked > 0 then
+  redis.call('ZADD', KEYS[7], unpack(parked))
+end
+if #pending > 0 then
+  redis.call('ZADD', KEYS[6], unpack(pending))
+end
+if #forget > 0 then
+  local active, cancel = {}, {}
+  for j, f in ipairs(forget) do
+    active[j] = KEYS[f[1]]
+    cancel[j] = KEYS[f[1] + 1]
+  end
+  local activeNow = redis.call('MGET', unpack(active))
+  local cancelNow = redis.call('MGET', unpack(cancel))
+  local gone = {}
+  for j, f in ipairs(forget) do
+    if activeNow[j] == f[2] then
+      gone[#gone + 1] = active[j]
+    end
+    if cancelNow[j] == f[2] then
+      gone[#gone + 1] = cancel[j]
+    end
+  end
+  if #gone > 0 then
+    redis.call('DEL', unpack(gone))
+  end
+end
+return out
