@@ -6,8 +6,9 @@
 //! - the doorbell channel `<queue>:doorbell`, which `inferq submit` (and [`Producer`]) rings
 //!   after each batch of submissions;
 //! - the keyspace notifications of the pending key (`__keyspace@<db>__:<queue>`, event `zadd`),
-//!   when the server has them enabled (`notify-keyspace-events` with `K` and `z` or `A`), so a
-//!   Go producer's `ZADD` wakes the consumer too. The server's setting is read, never changed.
+//!   which arrive when an operator has enabled them (`notify-keyspace-events` with `K` and `z` or
+//!   `A`), so a Go producer's `ZADD` wakes the consumer too. The channel is always subscribed;
+//!   inferq neither reads nor changes the server's setting.
 //!
 //! Rings coalesce: a burst of submissions while the consumer is polling becomes one more poll.
 //! Polling stays the fallback: when pub/sub is unavailable (an ACL denying it, a lost connection)
@@ -26,35 +27,12 @@ use tokio_util::sync::CancellationToken;
 use super::context::QueueCtx;
 use crate::queue::keys::doorbell_channel;
 
-/// Whether `notify-keyspace-events` (as CONFIG GET answers it) publishes sorted-set events on
-/// the keyspace channel.
-pub fn keyspace_zset_events(flags: &str) -> bool {
-    flags.contains('K') && (flags.contains('z') || flags.contains('A'))
-}
-
-async fn keyspace_enabled(client: &redis::Client) -> bool {
-    let Ok(mut con) = client.get_multiplexed_async_connection().await else {
-        return false;
-    };
-    let reply: redis::RedisResult<Vec<String>> = redis::cmd("CONFIG")
-        .arg("GET")
-        .arg("notify-keyspace-events")
-        .query_async(&mut con)
-        .await;
-    match reply {
-        Ok(pair) => pair.get(1).is_some_and(|f| keyspace_zset_events(f)),
-        // CONFIG may be denied by an ACL: then only the doorbell wakes consumers.
-        Err(_) => false,
-    }
-}
-
 /// Listens until `stop` is cancelled, reconnecting when the connection drops.
 pub async fn listen(client: redis::Client, queues: Vec<Arc<QueueCtx>>, stop: CancellationToken) {
     let db = client.get_connection_info().redis_settings().db();
     let mut warned = false;
     let mut pause = Duration::from_millis(500);
     loop {
-        let keyspace = keyspace_enabled(&client).await;
         let mut channels: HashMap<Vec<u8>, Bell> = HashMap::new();
         for ctx in &queues {
             let name = ctx.queue.name();
@@ -68,12 +46,13 @@ pub async fn listen(client: redis::Client, queues: Vec<Arc<QueueCtx>>, stop: Can
                     .clone(),
             };
             channels.insert(doorbell_channel(name).into_bytes(), bell("doorbell"));
-            if keyspace {
-                channels.insert(
-                    format!("__keyspace@{db}__:{name}").into_bytes(),
-                    bell("keyspace"),
-                );
-            }
+            // Subscribed whether or not the server publishes keyspace events: reading the
+            // setting would need CONFIG, which a least-privilege user should not have, and a
+            // silent channel costs nothing.
+            channels.insert(
+                format!("__keyspace@{db}__:{name}").into_bytes(),
+                bell("keyspace"),
+            );
         }
         match subscribe(&client, &channels).await {
             Ok(mut pubsub) => {
@@ -83,7 +62,7 @@ pub async fn listen(client: redis::Client, queues: Vec<Arc<QueueCtx>>, stop: Can
                 warned = false;
                 pause = Duration::from_millis(500);
                 set_listening(&queues, true);
-                tracing::debug!(keyspace, "listening for wake-ups");
+                tracing::debug!("listening for wake-ups");
                 // Anything that arrived while not listening is found by one poll now.
                 ring_all(&queues);
                 let mut messages = pubsub.on_message();
@@ -150,20 +129,5 @@ fn set_listening(queues: &[Arc<QueueCtx>], on: bool) {
 fn ring_all(queues: &[Arc<QueueCtx>]) {
     for ctx in queues {
         ctx.wake.notify_one();
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn reads_the_keyspace_setting() {
-        assert!(keyspace_zset_events("Kz"));
-        assert!(keyspace_zset_events("AK"));
-        assert!(keyspace_zset_events("KEA"));
-        assert!(!keyspace_zset_events(""));
-        assert!(!keyspace_zset_events("Ez"), "keyevent channel only");
-        assert!(!keyspace_zset_events("Kg"), "no sorted-set events");
     }
 }
