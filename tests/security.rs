@@ -118,9 +118,12 @@ async fn acl_rules_cover_reclaim_bury_and_release() {
     let producer = Producer::connect(&producer_url, Q, "result-list")
         .await
         .unwrap();
-    for id in ["requeue-me", "poison"] {
+    // requeue-me's earlier deadline puts it first in line. After the first kill both requests
+    // are one delivery from the limit, and a processor runs one such last-chance request at a
+    // time per queue (so a crash cannot take a neighbour to the dead list with the poison).
+    for (id, timeout_s) in [("requeue-me", 100), ("poison", 120)] {
         producer
-            .submit(common::request(id, 120, "{}"))
+            .submit(common::request(id, timeout_s, "{}"))
             .await
             .unwrap();
     }
