@@ -382,7 +382,39 @@ fn merge_policy(args: &RunArgs, warnings: &mut Vec<String>) -> Result<MergePolic
     parse_merge_policy(&read(flag, path)?)
 }
 
-/// The TLS flags: cert and key together, every named file present.
+/// A CA file and a client certificate and key, checked together.
+type PemTrio<'a> = (Option<&'a str>, Option<(&'a str, &'a str)>);
+
+/// Checks a trio of CA / client-certificate / client-key flags (each a flag name and its value):
+/// every named file exists, and the certificate and the key come together.
+fn pem_trio<'a>(
+    [ca, cert, key]: [(&'static str, Option<&'a str>); 3],
+) -> Result<PemTrio<'a>, ConfigError> {
+    for (flag, path) in [ca, cert, key] {
+        if let Some(path) = path {
+            if !Path::new(path).is_file() {
+                return Err(ConfigError::invalid(
+                    flag,
+                    format!("file {path:?} does not exist or is not a file"),
+                ));
+            }
+        }
+    }
+    match (cert.1, key.1) {
+        (Some(c), Some(k)) => Ok((ca.1, Some((c, k)))),
+        (Some(_), None) => Err(ConfigError::invalid(
+            key.0,
+            format!("required when {} is set", cert.0),
+        )),
+        (None, Some(_)) => Err(ConfigError::invalid(
+            cert.0,
+            format!("required when {} is set", key.0),
+        )),
+        (None, None) => Ok((ca.1, None)),
+    }
+}
+
+/// The gateway TLS flags: cert and key together, every named file present.
 fn tls_files(args: &RunArgs) -> Result<Option<TlsFiles>, ConfigError> {
     let ca = non_empty(&args.tls_ca_cert);
     let cert = non_empty(&args.tls_cert);
@@ -390,84 +422,31 @@ fn tls_files(args: &RunArgs) -> Result<Option<TlsFiles>, ConfigError> {
     if ca.is_none() && cert.is_none() && key.is_none() && !args.tls_insecure_skip_verify {
         return Ok(None);
     }
-    for (flag, path) in [
+    let (ca, client) = pem_trio([
         ("--tls-ca-cert", ca),
         ("--tls-cert", cert),
         ("--tls-key", key),
-    ] {
-        if let Some(path) = path {
-            if !Path::new(path).is_file() {
-                return Err(ConfigError::invalid(
-                    flag,
-                    format!("file {path:?} does not exist or is not a file"),
-                ));
-            }
-        }
-    }
-    let client = match (cert, key) {
-        (Some(cert), Some(key)) => Some(ClientCert {
+    ])?;
+    Ok(Some(TlsFiles {
+        ca_cert: ca.map(PathBuf::from),
+        client: client.map(|(cert, key)| ClientCert {
             cert: cert.into(),
             key: key.into(),
         }),
-        (Some(_), None) => {
-            return Err(ConfigError::invalid(
-                "--tls-key",
-                "required when --tls-cert is set",
-            ))
-        }
-        (None, Some(_)) => {
-            return Err(ConfigError::invalid(
-                "--tls-cert",
-                "required when --tls-key is set",
-            ))
-        }
-        (None, None) => None,
-    };
-    Ok(Some(TlsFiles {
-        ca_cert: ca.map(PathBuf::from),
-        client,
         insecure_skip_verify: args.tls_insecure_skip_verify,
     }))
 }
 
 /// The Redis TLS flags: cert and key together, every named file present.
 fn redis_tls(args: &RunArgs) -> Result<RedisTls, ConfigError> {
-    let ca = non_empty(&args.redis_tls_ca_cert);
-    let cert = non_empty(&args.redis_tls_cert);
-    let key = non_empty(&args.redis_tls_key);
-    for (flag, path) in [
-        ("--redis-tls-ca-cert", ca),
-        ("--redis-tls-cert", cert),
-        ("--redis-tls-key", key),
-    ] {
-        if let Some(path) = path {
-            if !Path::new(path).is_file() {
-                return Err(ConfigError::invalid(
-                    flag,
-                    format!("file {path:?} does not exist or is not a file"),
-                ));
-            }
-        }
-    }
-    let client = match (cert, key) {
-        (Some(cert), Some(key)) => Some((PathBuf::from(cert), PathBuf::from(key))),
-        (Some(_), None) => {
-            return Err(ConfigError::invalid(
-                "--redis-tls-key",
-                "required when --redis-tls-cert is set",
-            ))
-        }
-        (None, Some(_)) => {
-            return Err(ConfigError::invalid(
-                "--redis-tls-cert",
-                "required when --redis-tls-key is set",
-            ))
-        }
-        (None, None) => None,
-    };
+    let (ca, client) = pem_trio([
+        ("--redis-tls-ca-cert", non_empty(&args.redis_tls_ca_cert)),
+        ("--redis-tls-cert", non_empty(&args.redis_tls_cert)),
+        ("--redis-tls-key", non_empty(&args.redis_tls_key)),
+    ])?;
     Ok(RedisTls {
         ca_cert: ca.map(PathBuf::from),
-        client,
+        client: client.map(|(cert, key)| (PathBuf::from(cert), PathBuf::from(key))),
     })
 }
 

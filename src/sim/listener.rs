@@ -163,32 +163,38 @@ impl Listener for SimListener {
     type Addr = SocketAddr;
 
     async fn accept(&mut self) -> (Self::Io, Self::Addr) {
-        loop {
-            match self.inner.accept().await {
-                Ok((stream, addr)) => {
-                    // Small answers on kept-alive connections must not wait for Nagle.
-                    if let Err(e) = stream.set_nodelay(true) {
-                        tracing::debug!("could not set TCP_NODELAY: {e}");
-                    }
-                    return (ConnIo::new(stream), addr);
-                }
-                // The peer gave up before we accepted; nothing to wait for.
-                Err(e)
-                    if matches!(
-                        e.kind(),
-                        io::ErrorKind::ConnectionAborted | io::ErrorKind::ConnectionReset
-                    ) => {}
-                // Out of file descriptors and the like: back off rather than spin.
-                Err(e) => {
-                    tracing::warn!("simulator accept failed: {e}");
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                }
-            }
-        }
+        let (stream, addr) = accept_tcp(&self.inner).await;
+        (ConnIo::new(stream), addr)
     }
 
     fn local_addr(&self) -> io::Result<SocketAddr> {
         self.inner.local_addr()
+    }
+}
+
+/// Accepts the next TCP connection, with `TCP_NODELAY` set (small answers on kept-alive
+/// connections must not wait for Nagle). Cancel-safe: no connection is lost if dropped.
+async fn accept_tcp(listener: &TcpListener) -> (TcpStream, SocketAddr) {
+    loop {
+        match listener.accept().await {
+            Ok((stream, addr)) => {
+                if let Err(e) = stream.set_nodelay(true) {
+                    tracing::debug!("could not set TCP_NODELAY: {e}");
+                }
+                return (stream, addr);
+            }
+            // The peer gave up before we accepted; nothing to wait for.
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::ConnectionAborted | io::ErrorKind::ConnectionReset
+                ) => {}
+            // Out of file descriptors and the like: back off rather than spin.
+            Err(e) => {
+                tracing::warn!("simulator accept failed: {e}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
     }
 }
 
@@ -252,23 +258,7 @@ impl Listener for TlsSimListener {
         loop {
             tokio::select! {
                 Some(ready) = self.done_rx.recv() => return ready,
-                accepted = self.inner.accept() => match accepted {
-                    Ok((stream, addr)) => {
-                        if let Err(e) = stream.set_nodelay(true) {
-                            tracing::debug!("could not set TCP_NODELAY: {e}");
-                        }
-                        self.handshake(stream, addr);
-                    }
-                    Err(e)
-                        if matches!(
-                            e.kind(),
-                            io::ErrorKind::ConnectionAborted | io::ErrorKind::ConnectionReset
-                        ) => {}
-                    Err(e) => {
-                        tracing::warn!("simulator accept failed: {e}");
-                        tokio::time::sleep(Duration::from_millis(100)).await;
-                    }
-                },
+                (stream, addr) = accept_tcp(&self.inner) => self.handshake(stream, addr),
             }
         }
     }
