@@ -3,29 +3,14 @@
 
 mod common;
 
-use std::io::Write;
-use std::process::{Command, Output, Stdio};
+use std::process::Output;
 
 use inferq::testkit::RedisServer;
 use inferq::wire::{Envelope, ResultMessage};
 use redis::AsyncCommands;
 
 fn inferq(redis: &RedisServer, args: &[&str], stdin: &str) -> Output {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_inferq"))
-        .args(args)
-        .env("REDIS_URL", redis.url())
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(stdin.as_bytes())
-        .unwrap();
-    child.wait_with_output().unwrap()
+    common::cli(args, &[("REDIS_URL", &redis.url())], stdin)
 }
 
 /// A bad line is named with its number and reason, and nothing at all is submitted.

@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{Gateway, Reply};
+use common::{cli, Gateway, Reply};
 use harness::*;
 use inferq::queue::producer::Producer;
 use inferq::sim::{Sim, SimConfig, SimTls};

@@ -5,9 +5,9 @@
 #![allow(dead_code)]
 
 use std::collections::HashMap;
-use std::io::Read;
+use std::io::{Read, Write};
 use std::net::SocketAddr;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command, Output, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -451,4 +451,31 @@ pub async fn wait_results(
         }
         tokio::time::sleep(Duration::from_millis(25)).await;
     }
+}
+
+/// Runs an `inferq` subcommand with only the given environment for Redis.
+pub fn cli(args: &[&str], env: &[(&str, &str)], stdin: &str) -> Output {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_inferq"));
+    command
+        .args(args)
+        .env_remove("REDIS_URL")
+        .env_remove("REDIS_TLS_CA_CERT")
+        .env_remove("REDIS_TLS_CERT")
+        .env_remove("REDIS_TLS_KEY");
+    for (k, v) in env {
+        command.env(k, v);
+    }
+    let mut child = command
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(stdin.as_bytes())
+        .unwrap();
+    child.wait_with_output().unwrap()
 }

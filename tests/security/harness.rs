@@ -5,7 +5,7 @@
 #![allow(dead_code)]
 
 use std::collections::BTreeMap;
-use std::io::{Read, Write};
+use std::io::Read;
 use std::path::PathBuf;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -234,33 +234,6 @@ impl Drop for Proc {
         }
         self.kill();
     }
-}
-
-/// Runs an `inferq` subcommand with only the given environment for Redis.
-pub fn cli(args: &[&str], env: &[(&str, &str)], stdin: &str) -> Output {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_inferq"));
-    command
-        .args(args)
-        .env_remove("REDIS_URL")
-        .env_remove("REDIS_TLS_CA_CERT")
-        .env_remove("REDIS_TLS_CERT")
-        .env_remove("REDIS_TLS_KEY");
-    for (k, v) in env {
-        command.env(k, v);
-    }
-    let mut child = command
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(stdin.as_bytes())
-        .unwrap();
-    child.wait_with_output().unwrap()
 }
 
 pub fn text(out: &Output) -> String {
