@@ -2,13 +2,12 @@
 //! their shared fragments from `lua/includes/`, and the machinery to run them.
 //!
 //! Scripts run by `EVALSHA`. When Redis answers `NOSCRIPT` (after `SCRIPT FLUSH`, a restart or a
-//! fail-over) the script is loaded and the call repeated — also for calls inside a pipeline, where
-//! only the calls that hit `NOSCRIPT` (and so did not run) are repeated.
+//! fail-over) the script is loaded and the call repeated (a call that hit `NOSCRIPT` did not run).
 
 use std::sync::LazyLock;
 
 use redis::aio::ConnectionLike;
-use redis::{Cmd, ErrorKind, Pipeline, RedisError, RedisResult, ServerErrorKind, Value};
+use redis::{Cmd, ErrorKind, RedisError, RedisResult, ServerErrorKind, Value};
 
 /// One script: its name (for errors and metrics), its source and its SHA1.
 #[derive(Debug)]
@@ -69,80 +68,6 @@ impl Script {
 
 fn is_noscript(e: &RedisError) -> bool {
     e.kind() == ErrorKind::Server(ServerErrorKind::NoScript)
-}
-
-/// A batch of script calls sent as one pipeline (one round trip), each with its own result.
-pub struct Batch<'s> {
-    calls: Vec<(&'s Script, Cmd)>,
-}
-
-impl<'s> Batch<'s> {
-    pub fn new() -> Self {
-        Batch { calls: Vec::new() }
-    }
-
-    pub fn push(&mut self, script: &'s Script, cmd: Cmd) {
-        self.calls.push((script, cmd));
-    }
-
-    pub fn len(&self) -> usize {
-        self.calls.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.calls.is_empty()
-    }
-
-    /// Sends every call; a call that hit `NOSCRIPT` is repeated once its script is loaded.
-    /// The outer error is a transport failure (none of the replies is known).
-    pub async fn run<C: ConnectionLike>(self, con: &mut C) -> RedisResult<Vec<RedisResult<Value>>> {
-        let mut results = send(&self.calls, con).await?;
-        let missing: Vec<usize> = (0..results.len())
-            .filter(|&i| matches!(&results[i], Err(e) if is_noscript(e)))
-            .collect();
-        if missing.is_empty() {
-            return Ok(results);
-        }
-        let mut loaded: Vec<&str> = Vec::new();
-        for &i in &missing {
-            let script = self.calls[i].0;
-            if !loaded.contains(&script.name) {
-                script.load(con).await?;
-                loaded.push(script.name);
-            }
-        }
-        let again: Vec<(&Script, Cmd)> = missing.iter().map(|&i| self.calls[i].clone()).collect();
-        let retried = send(&again, con).await?;
-        for (slot, result) in missing.into_iter().zip(retried) {
-            results[slot] = result;
-        }
-        Ok(results)
-    }
-}
-
-impl Default for Batch<'_> {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
-async fn send<C: ConnectionLike>(
-    calls: &[(&Script, Cmd)],
-    con: &mut C,
-) -> RedisResult<Vec<RedisResult<Value>>> {
-    let mut pipe = Pipeline::with_capacity(calls.len());
-    for (_, cmd) in calls {
-        pipe.add_command(cmd.clone());
-    }
-    pipe.ignore_errors();
-    let values: Vec<Value> = pipe.query_async(con).await?;
-    Ok(values
-        .into_iter()
-        .map(|v| match v {
-            Value::ServerError(e) => Err(RedisError::from(e)),
-            v => Ok(v),
-        })
-        .collect())
 }
 
 macro_rules! lua {
