@@ -72,9 +72,41 @@ impl Arrivals {
     }
 }
 
+impl Arrivals {
+    /// How many times each id was admitted to run (`GET /executions`).
+    pub fn counts(&self) -> HashMap<String, u64> {
+        let mut all = HashMap::new();
+        for shard in &self.shards {
+            let map = shard
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            all.extend(
+                map.iter()
+                    .map(|(id, times)| (id.clone(), times.len() as u64)),
+            );
+        }
+        all
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn counts_per_id_across_shards() {
+        let arrivals = Arrivals::default();
+        for i in 0..100 {
+            for _ in 0..(i % 3 + 1) {
+                arrivals.record(&format!("id-{i}"));
+            }
+        }
+        let snap = arrivals.counts();
+        assert_eq!(snap.len(), 100);
+        assert_eq!(snap["id-0"], 1);
+        assert_eq!(snap["id-5"], 3);
+        assert_eq!(snap.values().sum::<u64>(), 199);
+    }
 
     #[test]
     fn times_are_kept_per_id_in_order_and_filtered_by_prefix() {

@@ -1,13 +1,10 @@
-//! What the simulator counts. Request handlers bump the lock-free counters in [`Stats`] and the
-//! per-request-id [`Executions`] map as requests move through admission and the run stage; the
-//! counts leave as a [`SimStats`] snapshot (`GET /stats`, [`super::Sim::stats`]), as the
-//! execution map (`GET /executions`) and as Prometheus text (`GET /metrics`).
+//! What the simulator counts. Request handlers bump the lock-free counters in [`Stats`] as
+//! requests move through admission and the run stage; the counts leave as a [`SimStats`]
+//! snapshot (`GET /stats`, [`super::Sim::stats`]) and as Prometheus text (`GET /metrics`).
+//! Per-id executions are kept once, as arrival times (`arrivals`), and counted from them.
 
-use std::collections::HashMap;
 use std::fmt::Write as _;
-use std::hash::{BuildHasher, RandomState};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::Mutex;
 
 use serde::Serialize;
 
@@ -196,73 +193,9 @@ fn escape_label(value: &str) -> String {
     out
 }
 
-/// Shards of the per-id map: enough that concurrent handlers rarely meet on one lock.
-const SHARDS: usize = 32;
-
-/// How many times each `x-inferq-request-id` was admitted to run. Sharded by a hash of the id
-/// so that each update locks one small map for a single insert.
-#[derive(Debug)]
-pub struct Executions {
-    hasher: RandomState,
-    shards: Vec<Mutex<HashMap<String, u64>>>,
-}
-
-impl Default for Executions {
-    fn default() -> Self {
-        Self {
-            hasher: RandomState::new(),
-            shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
-        }
-    }
-}
-
-impl Executions {
-    /// Counts one execution of `id`.
-    pub fn record(&self, id: &str) {
-        let shard = &self.shards[self.hasher.hash_one(id) as usize % SHARDS];
-        // A poisoned shard only means a panic elsewhere mid-insert; the counts are still usable.
-        let mut map = shard
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner());
-        match map.get_mut(id) {
-            Some(count) => *count += 1,
-            None => {
-                map.insert(id.to_owned(), 1);
-            }
-        }
-    }
-
-    /// Copies all counts into one map.
-    pub fn snapshot(&self) -> HashMap<String, u64> {
-        let mut all = HashMap::new();
-        for shard in &self.shards {
-            let map = shard
-                .lock()
-                .unwrap_or_else(|poisoned| poisoned.into_inner());
-            all.extend(map.iter().map(|(k, v)| (k.clone(), *v)));
-        }
-        all
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn executions_count_per_id_across_shards() {
-        let ex = Executions::default();
-        for i in 0..100 {
-            for _ in 0..(i % 3 + 1) {
-                ex.record(&format!("id-{i}"));
-            }
-        }
-        let snap = ex.snapshot();
-        assert_eq!(snap.len(), 100);
-        assert_eq!(snap["id-0"], 1);
-        assert_eq!(snap["id-5"], 3);
-        assert_eq!(snap.values().sum::<u64>(), 199);
-    }
 
     #[test]
     fn prometheus_text_has_vllm_gauges_and_escapes_labels() {

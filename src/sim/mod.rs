@@ -14,8 +14,8 @@
 //! - `server`: the routes and the life of one request (parse → admission → run stage).
 //! - `faults`: turning rates into a fault and a latency per request; [`FaultRates`] can be
 //!   replaced at run time (`POST /faults`, [`Sim::set_faults`]).
-//! - `metrics`: lock-free counters, the per-id execution map, Prometheus text.
-//! - `arrivals`: when each id was admitted to run (`/arrivals`), for benchmarks.
+//! - `metrics`: lock-free counters, Prometheus text.
+//! - `arrivals`: when each id was admitted to run (`/arrivals`, and counted for `/executions`).
 //! - `openai`: request parsing and the JSON of answers and errors.
 //! - `listener`: the accept loop whose connections a handler can reset (plain or TLS).
 //! - [`tls`]: `--tls-cert`, `--tls-key` and `--tls-client-ca` (HTTPS, optionally mutual TLS).
@@ -156,7 +156,7 @@ impl Sim {
 
     /// How many times each `x-inferq-request-id` was admitted to run (faulted runs included).
     pub fn executions(&self) -> HashMap<String, u64> {
-        self.state.executions.snapshot()
+        self.state.arrivals.counts()
     }
 
     /// When each `x-inferq-request-id` was admitted to run, in Unix milliseconds, oldest first.

@@ -30,7 +30,7 @@ use tokio_util::sync::CancellationToken;
 use super::arrivals::Arrivals;
 use super::faults::{Fault, FaultPlan, FaultRates};
 use super::listener::ConnControl;
-use super::metrics::{Executions, Stats};
+use super::metrics::Stats;
 use super::openai::{self, Answer, Endpoint};
 use super::{SimConfig, SimError};
 
@@ -52,7 +52,6 @@ pub struct SimState {
     /// Cancelled when the simulator stops; ends sleeps and hangs.
     shutdown: CancellationToken,
     pub(super) stats: Stats,
-    pub(super) executions: Executions,
     pub(super) arrivals: Arrivals,
 }
 
@@ -66,7 +65,6 @@ impl SimState {
             retry_after: HeaderValue::from(cfg.retry_after_s),
             shutdown,
             stats: Stats::default(),
-            executions: Executions::default(),
             arrivals: Arrivals::default(),
             cfg,
         }
@@ -164,7 +162,6 @@ async fn complete(
     let _running = Gauge::enter(&stats.running, Some(&stats.max_running_seen));
     stats.executed.fetch_add(1, Relaxed);
     if let Some(id) = headers.get(REQUEST_ID_HEADER).and_then(|v| v.to_str().ok()) {
-        state.executions.record(id);
         state.arrivals.record(id);
     }
 
@@ -257,7 +254,7 @@ async fn models(State(state): State<Arc<SimState>>) -> Response {
 }
 
 async fn executions(State(state): State<Arc<SimState>>) -> Response {
-    axum::Json(state.executions.snapshot()).into_response()
+    axum::Json(state.arrivals.counts()).into_response()
 }
 
 async fn current_faults(State(state): State<Arc<SimState>>) -> Response {
