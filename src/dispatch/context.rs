@@ -37,6 +37,8 @@ pub struct QueueCtx {
     pub default_result_list: String,
     /// The queue's default URL (base joined with `request_path_url`), precomputed.
     pub default_url: Result<String, String>,
+    /// `default_url` parsed once, when it parses: most requests are sent there.
+    pub default_target: Option<crate::gateway::Target>,
     /// The queue-level gate, consulted between peek and claim.
     pub gate: Option<Arc<dyn Gate>>,
     /// The gate of this queue's pool, consulted by a worker before it sends.

@@ -28,6 +28,14 @@ pub struct WorkerEnv {
     pub fairness: Fairness,
 }
 
+/// Where one request goes.
+enum Url<'a> {
+    /// The queue's default URL, parsed once.
+    Default(&'a gateway::Target),
+    /// A URL the client parses for this request.
+    Text(String),
+}
+
 /// How often a request waiting at its pool gate asks again.
 const POOL_GATE_RETRY: Duration = Duration::from_millis(50);
 
@@ -161,10 +169,14 @@ pub async fn work(job: Job, env: Arc<WorkerEnv>) {
         let id = request.id.clone();
         return job.publish(ResultMessage::deadline_exceeded(&id));
     }
-    let url = if request.endpoint.is_empty() {
-        ctx.default_url.clone()
-    } else {
-        gateway::join_url(&ctx.spec.igw_base_url, &request.endpoint).map_err(|e| e.to_string())
+    // Most requests go to the queue's default URL, parsed once; a request naming its own
+    // endpoint is joined (and parsed by the client) here.
+    let url = match (&ctx.default_target, request.endpoint.is_empty()) {
+        (Some(target), true) => Ok(Url::Default(target)),
+        (None, true) => ctx.default_url.clone().map(Url::Text),
+        (_, false) => gateway::join_url(&ctx.spec.igw_base_url, &request.endpoint)
+            .map(Url::Text)
+            .map_err(|e| e.to_string()),
     };
     let url = match url {
         Ok(url) => url,
@@ -208,7 +220,12 @@ pub async fn work(job: Job, env: Arc<WorkerEnv>) {
     let attempt = tokio::select! {
         biased;
         reason = job.ticket.aborted() => Err(reason),
-        attempt = env.client.send(&url, headers, body, timeout) => Ok(attempt),
+        attempt = async {
+            match &url {
+                Url::Default(target) => env.client.send_to(target, headers, body, timeout).await,
+                Url::Text(url) => env.client.send(url, headers, body, timeout).await,
+            }
+        } => Ok(attempt),
     };
     inflight.dec();
     let attempt = match attempt {

@@ -44,7 +44,7 @@ pub mod url;
 use std::path::PathBuf;
 
 pub use backoff::{exp_backoff, parse_retry_after, retry_decision, RetryDecision};
-pub use client::{Attempt, GatewayClient, DEFAULT_BODY_LIMIT};
+pub use client::{parse_target, Attempt, GatewayClient, Target, DEFAULT_BODY_LIMIT};
 pub use headers::{
     build_headers, stamp_header, DROPPED_REASON_HEADER, OBJECTIVE_HEADER, REQUEST_ID_HEADER,
 };
