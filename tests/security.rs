@@ -172,6 +172,51 @@ async fn acl_rules_cover_reclaim_bury_and_release() {
     assert_eq!(acl_denials(&mut admin).await, Vec::<String>::new());
 }
 
+/// A processor user that may connect, PING and load scripts but not run them (README's rule
+/// less `evalsha`): Redis answers PING, yet refuses every claim. `/readyz` says not ready and
+/// names the queue and the refusal (a PING-only check, like Go's, would say ready); once the
+/// command is granted the processor reports ready on its own and the request is done.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readyz_is_not_ready_while_redis_refuses_the_queue() {
+    let gw = Gateway::start().await;
+    let (redis, mut admin) = acl_redis().await;
+    let processor_url = url("inferq-processor", PROCESSOR_PW, redis.port());
+    let producer_url = url("inferq-producer", PRODUCER_PW, redis.port());
+    let acl = |args: &[&str]| {
+        let mut cmd = redis::cmd("ACL");
+        cmd.arg(args);
+        cmd
+    };
+    let _: () = acl(&["SETUSER", "inferq-processor", "-evalsha"])
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    let producer = Producer::connect(&producer_url, Q, "result-list")
+        .await
+        .unwrap();
+    producer
+        .submit(common::request("refused", 120, "{}"))
+        .await
+        .unwrap();
+
+    let p = Proc::spawn(&transport(&processor_url, &gw.url(), 30.0, 5, ""), &[]);
+    let why = p.wait_not_ready_because().await;
+    assert!(
+        why.to_lowercase().contains("noperm") && why.contains(Q) && why.contains("evalsha"),
+        "{why}"
+    );
+    assert!(!why.contains(PROCESSOR_PW), "{why}");
+    assert!(gw.seen("refused").is_empty());
+
+    let _: () = acl(&["SETUSER", "inferq-processor", "+evalsha"])
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    p.wait_ready().await;
+    let done = wait_result(&mut admin, "refused", Duration::from_secs(20)).await;
+    assert_eq!(done.status_code, 200, "{done:?}");
+}
+
 // ---------------------------------------------------------------------------------------------
 // 2. rediss:// with a private CA
 

@@ -87,6 +87,9 @@ pub async fn run_consumer(
                 admitted,
                 window,
             }) => {
+                if failures > 0 {
+                    ctx.readiness.set_refusal(ctx.queue.name(), None);
+                }
                 failures = 0;
                 if seen >= window && admitted > 0 {
                     // A full batch: more is probably waiting.
@@ -109,6 +112,9 @@ pub async fn run_consumer(
             }
             Err(e) => {
                 failures = failures.saturating_add(1);
+                if let Some(reason) = refusal(&e) {
+                    ctx.readiness.set_refusal(ctx.queue.name(), Some(reason));
+                }
                 if failures == 1 || failures % 50 == 0 {
                     tracing::warn!(queue = %ctx.queue.name(), error = %e, "cannot poll the queue; retrying");
                 }
@@ -146,6 +152,19 @@ struct Polled {
 const GATED_LOOKAHEAD: usize = 4;
 
 /// One poll: peek, triage, gate, claim, hand over.
+/// Whether a failed poll means Redis refuses this queue's work (it answered with an error such as
+/// `NOPERM` or `READONLY`), and why. An unreachable Redis is not a refusal (`/readyz` sees that
+/// by itself), nor is `NOSCRIPT`, which the next call mends by reloading the scripts.
+fn refusal(e: &QueueError) -> Option<String> {
+    match e {
+        QueueError::Redis(e) => match e.code() {
+            Some("NOSCRIPT") | None => None,
+            Some(_) => Some(e.to_string()),
+        },
+        QueueError::Reply { .. } => None,
+    }
+}
+
 async fn poll_once(
     ctx: &Arc<QueueCtx>,
     tx: &Sender<Job>,

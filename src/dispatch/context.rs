@@ -47,6 +47,8 @@ pub struct QueueCtx {
     pub pool_labels: QueueLabels,
     /// The one slot for a request on its last delivery (see [`super::last_chance`]).
     pub last_chance: LastChance,
+    /// The processor's readiness: the consumer reports there whether Redis refuses its polls.
+    pub readiness: crate::ops::Readiness,
 }
 
 impl QueueCtx {

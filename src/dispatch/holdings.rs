@@ -125,7 +125,9 @@ impl Holdings {
     }
 
     /// Applies a renewal sent at `sent_at`: renewed claims are valid for another lease, lost
-    /// ones are dropped and their work aborted. Returns how many were lost.
+    /// ones are dropped and their work aborted. Returns how many were lost. A claim whose
+    /// outcome is already on its way to Redis is not counted lost when the renewal missed it:
+    /// the outcome may simply have landed first.
     pub fn renewed(&self, fences: &[Fence], statuses: &[bool], sent_at: Instant) -> usize {
         let mut lost = 0;
         let mut map = self.lock();
@@ -138,6 +140,11 @@ impl Holdings {
             }
             if *ok {
                 h.valid_until = h.valid_until.max(sent_at + self.lease);
+            } else if h.finishing {
+                // Its outcome is on the way, and has perhaps landed already (which is why Redis
+                // no longer knows the claim): not a takeover. The outbox's fenced write settles
+                // it either way, and the lease is not extended meanwhile.
+                continue;
             } else if let Some(h) = map.remove(&fence.key) {
                 lost += 1;
                 signal(&h, Abort::Lost);
@@ -245,6 +252,27 @@ mod tests {
         assert!(
             !h.is_valid(&fence("b", "2"), now),
             "another token is not ours"
+        );
+    }
+
+    #[test]
+    fn a_renewal_that_misses_a_finishing_claim_is_not_a_takeover() {
+        let lease = Duration::from_secs(10);
+        let h = Holdings::new(lease);
+        let start = Instant::now();
+        let t = h.insert(fence("a", "1"), "a", "t", start);
+        h.mark_finishing(&t.fence);
+        // The outcome landed before the renewal ran: Redis answers "not yours".
+        let later = start + Duration::from_secs(5);
+        assert_eq!(h.renewed(&h.fences(), &[false], later), 0);
+        assert_eq!(t.reason(), None, "the finished work is not aborted as lost");
+        assert!(
+            h.is_valid(&t.fence, later),
+            "still held until the outbox settles it"
+        );
+        assert!(
+            !h.is_valid(&t.fence, start + lease),
+            "but its lease is not extended"
         );
     }
 

@@ -243,6 +243,7 @@ pub async fn run(config: RunConfig, shutdown: CancellationToken) -> Result<(), D
             pool_gate: pool_gates.get(&q.worker_pool_id).cloned(),
             pool_labels,
             last_chance: Default::default(),
+            readiness: readiness.clone(),
         });
         // Room for two batches: one being worked off while the next is claimed.
         let (tx, rx) = mpsc::channel(polling.batch.saturating_mul(2));

@@ -1,8 +1,12 @@
 //! The health server (Go semantics): `GET /healthz` is always 200 `{"status":"ok"}`; `/readyz`
 //! is 503 until the processor has started and after a shutdown signal, and otherwise PINGs Redis
 //! (3 s budget) so it tells the truth when Redis is unreachable; before start, it names what
-//! start-up is stuck on (an unreachable Redis, a refused TLS handshake). Also the metrics server.
+//! start-up is stuck on (an unreachable Redis, a refused TLS handshake). Unlike Go, an answering
+//! Redis is not enough: while Redis refuses a queue's polls (say `NOPERM` for a user missing a
+//! command, or `READONLY` from a replica), `/readyz` is 503 and names the queue and the refusal.
+//! Also the metrics server.
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
@@ -26,6 +30,8 @@ pub struct Readiness {
     /// Why the processor could not start yet (e.g. Redis refuses the TLS handshake), shown by
     /// `/readyz` while it is not started.
     problem: Arc<Mutex<Option<String>>>,
+    /// Per queue, why Redis refuses its polls; `/readyz` is 503 while any queue has one.
+    refusals: Arc<Mutex<BTreeMap<String, String>>>,
 }
 
 impl Readiness {
@@ -43,11 +49,24 @@ impl Readiness {
         *self.problem.lock().unwrap_or_else(PoisonError::into_inner) = problem;
     }
 
+    /// Records that Redis refuses `queue`'s polls with `reason`, or (`None`) that it polls again.
+    pub fn set_refusal(&self, queue: &str, reason: Option<String>) {
+        let mut refusals = self.refusals.lock().unwrap_or_else(PoisonError::into_inner);
+        match reason {
+            Some(reason) => {
+                refusals.insert(queue.to_owned(), reason);
+            }
+            None => {
+                refusals.remove(queue);
+            }
+        }
+    }
+
     pub fn set(&self, ready: bool) {
         self.started.store(ready, Ordering::SeqCst);
     }
 
-    /// `Ok` when started and Redis answers PING within 3 s.
+    /// `Ok` when started, Redis answers PING within 3 s, and no queue's polls are refused.
     pub async fn check(&self) -> Result<(), String> {
         if !self.started.load(Ordering::SeqCst) {
             let problem = self
@@ -64,7 +83,15 @@ impl Readiness {
         let cmd = redis::cmd("PING");
         let ping = cmd.query_async::<String>(&mut con);
         match tokio::time::timeout(Duration::from_secs(3), ping).await {
-            Ok(Ok(_)) => Ok(()),
+            Ok(Ok(_)) => {
+                let refusals = self.refusals.lock().unwrap_or_else(PoisonError::into_inner);
+                match refusals.iter().next() {
+                    Some((queue, reason)) => Err(format!(
+                        "redis refuses the polls of queue {queue:?}: {reason}"
+                    )),
+                    None => Ok(()),
+                }
+            }
             Ok(Err(e)) => Err(format!("redis: {e}")),
             Err(_) => Err("redis: no answer to PING within 3s".to_owned()),
         }
