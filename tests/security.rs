@@ -217,6 +217,78 @@ async fn readyz_is_not_ready_while_redis_refuses_the_queue() {
     assert_eq!(done.status_code, 200, "{done:?}");
 }
 
+/// A message naming a result list the processor's user may not write (README's rule allows
+/// `result-list` only) fails alone: Redis refuses the outcome batch that carries it, the batch is
+/// retried item by item, and its neighbours are each executed once and published once. The
+/// message itself comes back at each lease expiry until the delivery limit, then lands in the
+/// dead list without a result, the record naming the list it could not be published to.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_result_list_outside_the_acl_fails_alone() {
+    let gw = Gateway::start().await;
+    let (redis, mut admin) = acl_redis().await;
+    let processor_url = url("inferq-processor", PROCESSOR_PW, redis.port());
+    let admin_url = url("admin", ADMIN_PW, redis.port());
+    let good = Producer::connect(&admin_url, Q, "result-list")
+        .await
+        .unwrap();
+    let bad = Producer::connect(&admin_url, Q, "forbidden-results")
+        .await
+        .unwrap();
+    // By deadline the bad one sits in the middle of the queue, so batches carry it with others.
+    for i in 0..20 {
+        good.submit(common::request(&format!("good-{i:02}"), 100 + i, "{}"))
+            .await
+            .unwrap();
+    }
+    bad.submit(common::request("bad", 110, "{}")).await.unwrap();
+
+    let p = Proc::spawn(&transport(&processor_url, &gw.url(), 1.0, 2, ""), &[]);
+    p.wait_ready().await;
+    let started = Instant::now();
+    let dead_list = format!("{Q}:dead");
+    while admin.llen::<_, u64>(&dead_list).await.unwrap() == 0 {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "not dead-lettered; log:\n{}",
+            p.log()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let results = results_by_id(&mut admin).await;
+    assert_eq!(results.len(), 20, "{results:?}");
+    for i in 0..20 {
+        let id = format!("good-{i:02}");
+        assert_eq!(results[&id].status_code, 200, "{:?}", results[&id]);
+        assert_eq!(
+            gw.seen(&id).len(),
+            1,
+            "{id} executed again; log:\n{}",
+            p.log()
+        );
+    }
+    let forbidden: u64 = admin.llen("forbidden-results").await.unwrap();
+    assert_eq!(forbidden, 0);
+    let records: Vec<String> = admin.lrange(&dead_list, 0, -1).await.unwrap();
+    assert_eq!(records.len(), 1, "{records:?}");
+    let record: serde_json::Value = serde_json::from_str(&records[0]).unwrap();
+    assert_eq!(record["id"], "bad", "{record}");
+    let reason = record["reason"].as_str().unwrap_or_default();
+    assert!(
+        reason.contains("delivery") && reason.contains("\"forbidden-results\""),
+        "{reason}"
+    );
+    let executions = gw.seen("bad").len();
+    assert!((1..=2).contains(&executions), "{executions}");
+    assert!(pending_and_claimed_are_empty(&mut admin).await);
+}
+
+/// Whether nothing is left pending or claimed on the queue.
+async fn pending_and_claimed_are_empty(admin: &mut redis::aio::ConnectionManager) -> bool {
+    let pending: u64 = admin.zcard(Q).await.unwrap();
+    let claimed: u64 = admin.hlen(format!("{Q}:claimed")).await.unwrap();
+    pending == 0 && claimed == 0
+}
+
 // ---------------------------------------------------------------------------------------------
 // 2. rediss:// with a private CA
 

@@ -71,6 +71,11 @@ pub async fn run_outbox(
                             ctx.series.fenced.get().inc();
                         }
                         Finished::Failed(e) => {
+                            if let Some(retry) = f.bury_without_result(&e) {
+                                tracing::error!(queue = %ctx.queue.name(), error = %e, "Redis refused a dead letter's result; burying it without one");
+                                waiting.push_back(retry);
+                                continue;
+                            }
                             tracing::error!(queue = %ctx.queue.name(), error = %e, "Redis refused an outcome; the claim will be redelivered when its lease ends");
                         }
                     }

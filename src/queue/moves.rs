@@ -10,6 +10,7 @@
 use redis::aio::ConnectionManager;
 use redis::{RedisError, Value};
 
+use super::dead::DeadRecord;
 use super::keys::{active_key, cancel_key, claim_key, fresh_token, QueueKeys};
 use super::scripts::SCRIPTS;
 use super::settings::ClaimSettings;
@@ -131,6 +132,40 @@ pub enum Finish {
 }
 
 impl Finish {
+    /// For a bury whose result Redis refused to take (say, the message names a result list this
+    /// user may not write): the same bury without the result, its record saying why, so the
+    /// member still reaches the dead list instead of coming back at every lease expiry.
+    /// `None` for anything else.
+    pub fn bury_without_result(&self, refusal: &str) -> Option<Finish> {
+        let Finish::Bury {
+            fence,
+            id,
+            request_token,
+            result_list,
+            result,
+            record,
+        } = self
+        else {
+            return None;
+        };
+        if result.is_empty() {
+            return None;
+        }
+        let mut dead: DeadRecord = serde_json::from_str(record).ok()?;
+        dead.reason = format!(
+            "{}; its result could not be published to {result_list:?}: {refusal}",
+            dead.reason
+        );
+        Some(Finish::Bury {
+            fence: fence.clone(),
+            id: id.clone(),
+            request_token: request_token.clone(),
+            result_list: result_list.clone(),
+            result: String::new(),
+            record: serde_json::to_string(&dead).ok()?,
+        })
+    }
+
     pub fn fence(&self) -> &Fence {
         match self {
             Finish::Ack { fence, .. }
@@ -338,6 +373,22 @@ impl Queue {
     /// and writes nothing. A script error Redis answers (not a transport failure) fails every
     /// item of the batch: their claims are redelivered when their leases end.
     pub async fn finish(&self, batch: &[Finish]) -> Result<Vec<Finished>, QueueError> {
+        let statuses = self.finish_call(batch).await?;
+        if batch.len() < 2 || !statuses.iter().all(|s| matches!(s, Finished::Failed(_))) {
+            return Ok(statuses);
+        }
+        // Redis refused the whole call. One item can be the cause (say, one naming a result list
+        // this user may not write), and it must not fail its neighbours: each is tried alone.
+        // Items are fenced, so one the refused call did move answers "not yours" now.
+        let mut one_by_one = Vec::with_capacity(batch.len());
+        for item in batch.chunks(1) {
+            one_by_one.extend(self.finish_call(item).await?);
+        }
+        Ok(one_by_one)
+    }
+
+    /// One `finish` script call for `batch`; a refusal fails every item of it.
+    async fn finish_call(&self, batch: &[Finish]) -> Result<Vec<Finished>, QueueError> {
         if batch.is_empty() {
             return Ok(Vec::new());
         }
@@ -369,7 +420,10 @@ impl Queue {
                     result_list,
                     ..
                 } => {
+                    let pushes = !matches!(f, Finish::Bury { result, .. } if result.is_empty());
                     let list = match keys[8..].iter().position(|k| k == result_list) {
+                        // A bury without a result names no list: the call needs no right to it.
+                        _ if !pushes => 0,
                         Some(at) => at + 9,
                         None => {
                             keys.push(result_list.clone());
