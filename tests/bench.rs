@@ -79,6 +79,13 @@ fn quick_bench_writes_every_figure() {
                 "{field} of {d}"
             );
         }
+        // Read from /proc in clock ticks: a tiny drain may cost the gateway none.
+        for field in ["redis_cpu_s_per_1k", "gateway_cpu_s_per_1k"] {
+            assert!(
+                number(&r, &format!("drains.{i}.{field}")) >= 0.0,
+                "{field} of {d}"
+            );
+        }
     }
     assert!(number(&r, "command_census.top_level_per_request") > 0.0);
     assert!(number(&r, "command_census.inside_scripts_per_request") >= 0.0);
@@ -88,6 +95,14 @@ fn quick_bench_writes_every_figure() {
         assert_eq!(ratios.len(), 3, "{text}");
         for i in 0..3 {
             assert!(number(&r, &format!("bullmq.ratios.{i}.inferq_over_bullmq")) > 0.0);
+            // What each system's drain cost the machine, per request, and the ratio.
+            for field in ["bullmq_cpu_us", "inferq_cpu_us", "bullmq_cpu_over_inferq"] {
+                assert!(
+                    number(&r, &format!("bullmq.ratios.{i}.{field}")) > 0.0,
+                    "{field} of {}",
+                    r["bullmq"]["ratios"][i]
+                );
+            }
         }
     } else {
         assert!(!r["bullmq"]["skipped_because"].as_str().unwrap().is_empty());

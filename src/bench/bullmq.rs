@@ -1,7 +1,9 @@
 //! The BullMQ reference, run in the same run on the same Redis and the same node gateway when
 //! node and BullMQ are installed (`scripts/bench.sh` installs BullMQ into
 //! `~/.cache/inferq-bench/bullmq`). In: the folder holding `node_modules/bullmq`, N and the
-//! concurrency; out: BullMQ's jobs/s from the JSON line the drain script prints.
+//! concurrency; out: BullMQ's jobs/s from the JSON line the drain script prints, and what the
+//! drain cost in CPU: the node process and redis-server (both read by the script over the drain
+//! alone) and the gateway (read here from `/proc`; it is idle while the jobs are added).
 
 use std::path::{Path, PathBuf};
 
@@ -24,6 +26,23 @@ pub struct BullmqDrain {
     pub jobs_per_s: f64,
     #[serde(default)]
     pub failed: u64,
+    /// CPU seconds of the BullMQ node process over the drain.
+    #[serde(default)]
+    pub node_cpu_s: Option<f64>,
+    /// redis-server's CPU seconds over the drain.
+    #[serde(default)]
+    pub redis_cpu_s: Option<f64>,
+    /// The gateway's CPU seconds over the run.
+    #[serde(default)]
+    pub gateway_cpu_s: Option<f64>,
+}
+
+impl BullmqDrain {
+    /// CPU microseconds per job of the BullMQ worker, redis-server and the gateway together.
+    pub fn machine_cpu_us(&self) -> Option<f64> {
+        let total = self.node_cpu_s? + self.redis_cpu_s? + self.gateway_cpu_s?;
+        Some(total * 1e6 / self.n.max(1) as f64)
+    }
 }
 
 /// Where BullMQ is: `given`, else `$BULLMQ_DIR`, else `~/.cache/inferq-bench/bullmq`; an error
@@ -56,6 +75,7 @@ pub async fn run(
     n: u64,
 ) -> Result<BullmqDrain, BenchError> {
     ctx.flush().await?;
+    let gateway_before = gateway.cpu_s();
     let out = tokio::process::Command::new("node")
         .arg(script)
         .arg(ctx.redis_port.to_string())
@@ -73,8 +93,15 @@ pub async fn run(
         .rev()
         .find(|l| l.trim_start().starts_with('{'));
     match (out.status.success(), line) {
-        (true, Some(line)) => serde_json::from_str(line)
-            .map_err(|e| BenchError::Phase(format!("BullMQ printed {line:?}: {e}"))),
+        (true, Some(line)) => {
+            let mut drain: BullmqDrain = serde_json::from_str(line)
+                .map_err(|e| BenchError::Phase(format!("BullMQ printed {line:?}: {e}")))?;
+            drain.gateway_cpu_s = match (gateway_before, gateway.cpu_s()) {
+                (Some(before), Some(after)) => Some(after - before),
+                _ => None,
+            };
+            Ok(drain)
+        }
         _ => Err(BenchError::Phase(format!(
             "the BullMQ drain failed ({}): {}",
             out.status,

@@ -65,6 +65,17 @@ pub struct Drain {
     pub peak_rss_mib: f64,
     /// redis-server's CPU seconds per 1k requests over the drain.
     pub redis_cpu_s_per_1k: Option<f64>,
+    /// The gateway's CPU seconds per 1k requests over the drain.
+    pub gateway_cpu_s_per_1k: Option<f64>,
+}
+
+impl Drain {
+    /// CPU microseconds per request of the processor, redis-server and the gateway together:
+    /// what one request costs the machine (`None` when a part could not be read).
+    pub fn machine_cpu_us(&self) -> Option<f64> {
+        Some(self.cpu_s_per_1k + self.redis_cpu_s_per_1k? + self.gateway_cpu_s_per_1k?)
+            .map(|s_per_1k| s_per_1k * 1000.0)
+    }
 }
 
 /// redis-server's CPU seconds so far.
@@ -88,6 +99,7 @@ pub async fn run(ctx: &mut Ctx, gateway: &Gateway, n: u64) -> Result<Drain, Benc
     let producer_counts = delta(&before_load, &before, &own_info);
 
     let redis_before = redis_cpu(ctx);
+    let gateway_before = gateway.cpu_s();
     let (mut processor, _health) = Processor::spawn(&spec, &ctx.dir)?;
     let limit = Duration::from_secs(120 + n / 200);
     let watched = wait_for_results(&mut ctx.con, &spec.results, n, limit, || {
@@ -106,6 +118,10 @@ pub async fn run(ctx: &mut Ctx, gateway: &Gateway, n: u64) -> Result<Drain, Benc
     };
     let usage = processor.usage()?;
     let redis_cpu_s = match (redis_before, redis_cpu(ctx)) {
+        (Some(before), Some(after)) => Some(after - before),
+        _ => None,
+    };
+    let gateway_cpu_s = match (gateway_before, gateway.cpu_s()) {
         (Some(before), Some(after)) => Some(after - before),
         _ => None,
     };
@@ -135,5 +151,6 @@ pub async fn run(ctx: &mut Ctx, gateway: &Gateway, n: u64) -> Result<Drain, Benc
         cpu_s_per_1k: usage.cpu_s * 1000.0 / n as f64,
         peak_rss_mib: usage.peak_rss_mib,
         redis_cpu_s_per_1k: redis_cpu_s.map(|s| s * 1000.0 / n as f64),
+        gateway_cpu_s_per_1k: gateway_cpu_s.map(|s| s * 1000.0 / n as f64),
     })
 }

@@ -130,10 +130,17 @@ pub struct Gateway {
     pub kind: GatewayKind,
     pub port: u16,
     /// Held so the gateway is killed with this value.
-    _proc: ChildProc,
+    proc: ChildProc,
 }
 
 impl Gateway {
+    /// The gateway's CPU seconds so far (`None` if `/proc` cannot say).
+    pub fn cpu_s(&self) -> Option<f64> {
+        super::measure::proc_usage(self.proc.pid())
+            .ok()
+            .map(|u| u.cpu_s)
+    }
+
     /// `inferq sim` answering after `ttft_ms` (0: at once).
     pub async fn sim(
         http: &reqwest::Client,
@@ -153,7 +160,7 @@ impl Gateway {
         Ok(Gateway {
             kind: GatewayKind::Sim,
             port,
-            _proc: proc,
+            proc,
         })
     }
 
@@ -173,7 +180,7 @@ impl Gateway {
         Ok(Gateway {
             kind: GatewayKind::Node,
             port,
-            _proc: proc,
+            proc,
         })
     }
 

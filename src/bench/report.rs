@@ -67,6 +67,12 @@ pub struct Ratio {
     pub inferq_requests_per_s: f64,
     pub bullmq_jobs_per_s: f64,
     pub inferq_over_bullmq: f64,
+    /// CPU microseconds per request, worker + redis-server + gateway: inferq's and BullMQ's.
+    pub inferq_cpu_us: Option<f64>,
+    pub bullmq_cpu_us: Option<f64>,
+    /// BullMQ's CPU per job over inferq's per request: how much less of the machine inferq
+    /// needs for the same work, whatever the machine's core count.
+    pub bullmq_cpu_over_inferq: Option<f64>,
 }
 
 /// BullMQ's drains, or why there are none.
@@ -100,6 +106,12 @@ impl BullmqSection {
                     inferq_requests_per_s: d.requests_per_s,
                     bullmq_jobs_per_s: b.jobs_per_s,
                     inferq_over_bullmq: d.requests_per_s / b.jobs_per_s,
+                    inferq_cpu_us: d.machine_cpu_us(),
+                    bullmq_cpu_us: b.machine_cpu_us(),
+                    bullmq_cpu_over_inferq: match (b.machine_cpu_us(), d.machine_cpu_us()) {
+                        (Some(theirs), Some(ours)) if ours > 0.0 => Some(theirs / ours),
+                        _ => None,
+                    },
                 })
             })
             .collect();
@@ -342,7 +354,7 @@ impl Report {
         }
         println!();
         println!(
-            "drains    {:>7} {:>9} {:>8} {:>8} {:>10} {:>9} {:>11} {:>10} {:>9} {:>12}",
+            "drains    {:>7} {:>9} {:>8} {:>8} {:>10} {:>9} {:>11} {:>10} {:>9} {:>12} {:>10} {:>11}",
             "N",
             "req/s",
             "seconds",
@@ -352,11 +364,13 @@ impl Report {
             "producer/req",
             "CPU s/1k",
             "peak MiB",
-            "redis CPU/1k"
+            "redis CPU/1k",
+            "gw CPU/1k",
+            "all µs/req"
         );
         for d in &self.drains {
             println!(
-                "  {:<7} {:>7} {:>9.0} {:>8.2} {:>7.0}% {:>10.2} {:>9.3} {:>11.2} {:>10.3} {:>9.1} {:>12.3}",
+                "  {:<7} {:>7} {:>9.0} {:>8.2} {:>7.0}% {:>10.2} {:>9.3} {:>11.2} {:>10.3} {:>9.1} {:>12.3} {:>10.3} {:>11.1}",
                 d.gateway.name(),
                 d.n,
                 d.requests_per_s,
@@ -367,8 +381,24 @@ impl Report {
                 d.producer_commands_per_submit,
                 d.cpu_s_per_1k,
                 d.peak_rss_mib,
-                d.redis_cpu_s_per_1k.unwrap_or(f64::NAN)
+                d.redis_cpu_s_per_1k.unwrap_or(f64::NAN),
+                d.gateway_cpu_s_per_1k.unwrap_or(f64::NAN),
+                d.machine_cpu_us().unwrap_or(f64::NAN)
             );
+        }
+        let cores = self.machine.nproc.max(1) as f64;
+        for d in self
+            .drains
+            .iter()
+            .filter(|d| d.gateway == GatewayKind::Node)
+        {
+            if let Some(us) = d.machine_cpu_us() {
+                println!(
+                    "  node {:>7}: processor + redis-server + gateway use {us:.0} µs of CPU per request: {cores:.0} cores bound the drain at {:.0} req/s",
+                    d.n,
+                    cores * 1e6 / us
+                );
+            }
         }
         let c = &self.command_census;
         println!(
@@ -385,15 +415,24 @@ impl Report {
         println!();
         if self.bullmq.measured {
             println!(
-                "BullMQ     {:>7} {:>9} {:>9} {:>9}",
-                "N", "jobs/s", "inferq", "ratio"
+                "BullMQ     {:>7} {:>9} {:>9} {:>9} {:>14} {:>14} {:>10}",
+                "N", "jobs/s", "inferq", "ratio", "BullMQ µs/job", "inferq µs/req", "CPU ratio"
             );
             for r in &self.bullmq.ratios {
                 println!(
-                    "  node     {:>7} {:>9.0} {:>9.0} {:>8.2}x",
-                    r.n, r.bullmq_jobs_per_s, r.inferq_requests_per_s, r.inferq_over_bullmq
+                    "  node     {:>7} {:>9.0} {:>9.0} {:>8.2}x {:>14.1} {:>14.1} {:>9.2}x",
+                    r.n,
+                    r.bullmq_jobs_per_s,
+                    r.inferq_requests_per_s,
+                    r.inferq_over_bullmq,
+                    r.bullmq_cpu_us.unwrap_or(f64::NAN),
+                    r.inferq_cpu_us.unwrap_or(f64::NAN),
+                    r.bullmq_cpu_over_inferq.unwrap_or(f64::NAN)
                 );
             }
+            println!(
+                "  (µs: CPU per request of worker + redis-server + gateway, each over its drain)"
+            );
         } else {
             println!(
                 "BullMQ: skipped ({})",

@@ -1,11 +1,14 @@
 // inferq bench: the BullMQ reference drain. Adds N jobs (in bulks of 1,000), then times a
 // Worker with CONCURRENCY slots, each job POSTing its payload to the gateway, until all N
-// completed. Prints one JSON line. BullMQ is loaded from $BULLMQ_DIR/node_modules/bullmq.
+// completed. Prints one JSON line, with the CPU seconds this node process and redis-server
+// (INFO cpu) spent over the drain alone. BullMQ is loaded from $BULLMQ_DIR/node_modules/bullmq.
 // Usage: node bullmq_drain.js REDIS_PORT GATEWAY_PORT N CONCURRENCY
 'use strict';
 const path = require('path');
 const http = require('http');
-const { Queue, Worker } = require(path.join(process.env.BULLMQ_DIR || '.', 'node_modules', 'bullmq'));
+const modules = path.join(process.env.BULLMQ_DIR || '.', 'node_modules');
+const { Queue, Worker } = require(path.join(modules, 'bullmq'));
+const IORedis = require(path.join(modules, 'ioredis'));
 
 const [redisPort, gatewayPort, n, concurrency] = process.argv.slice(2, 6).map(Number);
 const connection = { host: '127.0.0.1', port: redisPort, maxRetriesPerRequest: null };
@@ -27,7 +30,15 @@ function send(body) {
   });
 }
 
+// redis-server's user + system CPU seconds so far (INFO cpu).
+async function redisCpu(client) {
+  const info = await client.info('cpu');
+  const field = (name) => Number((info.match(new RegExp(`^${name}:([0-9.]+)`, 'm')) || [])[1]);
+  return field('used_cpu_user') + field('used_cpu_sys');
+}
+
 async function main() {
+  const admin = new IORedis(connection);
   const queue = new Queue('inferq-bench', { connection });
   await queue.obliterate({ force: true }).catch(() => {});
   for (let start = 0; start < n; start += 1000) {
@@ -39,6 +50,8 @@ async function main() {
   }
   let completed = 0;
   let failed = 0;
+  const redis0 = await redisCpu(admin);
+  const cpu0 = process.cpuUsage();
   const t0 = process.hrtime.bigint();
   await new Promise((resolve) => {
     const worker = new Worker('inferq-bench', (job) => send(job.data.payload), { connection, concurrency });
@@ -46,7 +59,12 @@ async function main() {
     worker.on('failed', () => { failed += 1; });
   });
   const seconds = Number(process.hrtime.bigint() - t0) / 1e9;
-  console.log(JSON.stringify({ system: 'bullmq', n, concurrency, seconds, jobs_per_s: n / seconds, failed }));
+  const cpu = process.cpuUsage(cpu0);
+  const node_cpu_s = (cpu.user + cpu.system) / 1e6;
+  const redis_cpu_s = (await redisCpu(admin)) - redis0;
+  console.log(JSON.stringify({
+    system: 'bullmq', n, concurrency, seconds, jobs_per_s: n / seconds, failed, node_cpu_s, redis_cpu_s,
+  }));
   process.exit(0);
 }
 
