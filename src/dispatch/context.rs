@@ -10,6 +10,7 @@ use tokio::sync::mpsc::UnboundedSender;
 use super::gates::{Decision, Gate, Release};
 use super::holdings::{Holdings, Ticket};
 use super::last_chance::{LastChance, Slot};
+use super::outbox::Outgoing;
 use crate::config::QueueConfig;
 use crate::ops::metrics::QueueSeries;
 use crate::ops::{Metrics, QueueLabels};
@@ -22,7 +23,7 @@ pub struct QueueCtx {
     pub spec: QueueConfig,
     pub queue: Queue,
     pub holdings: Holdings,
-    pub outbox: UnboundedSender<Finish>,
+    pub outbox: UnboundedSender<Outgoing>,
     pub labels: QueueLabels,
     pub metrics: Arc<Metrics>,
     /// The per-request series of this queue, resolved once.
@@ -70,21 +71,44 @@ impl QueueCtx {
 
     /// Hands an outcome to the outbox.
     pub fn finish(&self, finish: Finish) {
+        self.finish_holding(finish, None);
+    }
+
+    /// Hands an outcome to the outbox with the job's last-chance slot, which the outbox frees
+    /// once the outcome is written (or given up): until then a crash would still charge this
+    /// request a delivery, so no other last-chance request may start beside it.
+    fn finish_holding(&self, finish: Finish, last_chance: Option<Slot>) {
         self.holdings.mark_finishing(finish.fence());
         // The outbox lives until every holder has finished, so the send only fails after a
         // shutdown that already gave up; the lease then returns the claim to pending.
-        let _ = self.outbox.send(finish);
+        let _ = self.outbox.send(Outgoing {
+            finish,
+            last_chance,
+        });
     }
 
     /// Publishes `result` as the generation's terminal record.
     pub fn publish(&self, fence: &Fence, envelope: &Envelope, result: ResultMessage) {
-        self.finish(Finish::Ack {
-            fence: fence.clone(),
-            id: envelope.request.id.clone(),
-            request_token: envelope.internal.request_token.clone(),
-            result_list: self.result_list(&envelope.internal),
-            result: result.to_json(),
-        });
+        self.publish_holding(fence, envelope, result, None);
+    }
+
+    fn publish_holding(
+        &self,
+        fence: &Fence,
+        envelope: &Envelope,
+        result: ResultMessage,
+        last_chance: Option<Slot>,
+    ) {
+        self.finish_holding(
+            Finish::Ack {
+                fence: fence.clone(),
+                id: envelope.request.id.clone(),
+                request_token: envelope.internal.request_token.clone(),
+                result_list: self.result_list(&envelope.internal),
+                result: result.to_json(),
+            },
+            last_chance,
+        );
     }
 
     /// Sets a claimed generation aside with `reason`, publishing a `DEAD_LETTERED` result when
@@ -130,7 +154,8 @@ pub struct Job {
     pub claimed_at: Instant,
     /// Gate reservations, undone once the outcome is decided.
     releases: Vec<Release>,
-    /// The last-chance slot, when this request is on its last delivery; freed with the job.
+    /// The last-chance slot, when this request is on its last delivery; freed when its outcome
+    /// is written (or the job ends without one).
     last_chance: Option<Slot>,
     done: bool,
 }
@@ -171,26 +196,35 @@ impl Job {
     /// Publishes the terminal result.
     pub fn publish(mut self, result: ResultMessage) {
         self.settle();
+        let slot = self.last_chance.take();
         self.ctx
-            .publish(&self.held.fence, &self.held.envelope, result);
+            .publish_holding(&self.held.fence, &self.held.envelope, result, slot);
     }
 
     /// Parks for a retry after `backoff`.
     pub fn park(mut self, backoff: std::time::Duration) {
         self.settle();
-        self.ctx.finish(Finish::Park {
-            fence: self.held.fence.clone(),
-            member: Queue::retry_member(&self.held.envelope),
-            backoff,
-        });
+        let slot = self.last_chance.take();
+        self.ctx.finish_holding(
+            Finish::Park {
+                fence: self.held.fence.clone(),
+                member: Queue::retry_member(&self.held.envelope),
+                backoff,
+            },
+            slot,
+        );
     }
 
     /// Gives the claim back to pending untouched.
     pub fn release(mut self) {
         self.settle();
-        self.ctx.finish(Finish::Release {
-            fence: self.held.fence.clone(),
-        });
+        let slot = self.last_chance.take();
+        self.ctx.finish_holding(
+            Finish::Release {
+                fence: self.held.fence.clone(),
+            },
+            slot,
+        );
     }
 
     /// The lease is lost: someone else owns the request now; write nothing.
@@ -204,9 +238,13 @@ impl Drop for Job {
     fn drop(&mut self) {
         if !self.done {
             self.settle();
-            self.ctx.finish(Finish::Release {
-                fence: self.held.fence.clone(),
-            });
+            let slot = self.last_chance.take();
+            self.ctx.finish_holding(
+                Finish::Release {
+                    fence: self.held.fence.clone(),
+                },
+                slot,
+            );
         }
     }
 }

@@ -13,8 +13,10 @@
 //! Ordinary crashes are not slowed: the rule bites only at the last delivery.
 //!
 //! The consumer asks [`LastChance::threshold`] which peeked requests are on their last chance
-//! and [`LastChance::try_take`] for the one slot; the [`Slot`] travels with the job and frees
-//! the slot when the job is done.
+//! and [`LastChance::try_take`] for the one slot; the [`Slot`] travels with the job, then with
+//! its outcome through the outbox, and frees the slot once the outcome is written (or given up).
+//! Freed any earlier, a second last-chance request could start while the first one's ack is
+//! still unwritten, and a crash then would push the first over the limit although it succeeded.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;

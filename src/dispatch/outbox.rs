@@ -6,7 +6,8 @@
 //! as their lease is still valid locally (heartbeats keep renewing it), so a short outage throws
 //! no finished work away. An outcome is dropped only once its lease is known lost; a survivor then
 //! redoes the work. The claim leaves [`Holdings`](super::holdings::Holdings) when its outcome is
-//! written.
+//! written, and so does the job's last-chance slot (see [`super::last_chance`]): a crash before
+//! the write would still charge the request a delivery.
 
 use std::collections::VecDeque;
 use std::sync::Arc;
@@ -16,19 +17,32 @@ use tokio::sync::mpsc::UnboundedReceiver;
 use tokio_util::sync::CancellationToken;
 
 use super::context::QueueCtx;
+use super::last_chance::Slot;
 use crate::queue::{Finish, Finished};
 
 /// Most outcomes written per round trip.
 pub const MAX_BATCH: usize = 256;
 
+/// One outcome on its way, with the last-chance slot of its job if it held one.
+pub struct Outgoing {
+    pub finish: Finish,
+    pub last_chance: Option<Slot>,
+}
+
+impl std::borrow::Borrow<Finish> for Outgoing {
+    fn borrow(&self) -> &Finish {
+        &self.finish
+    }
+}
+
 /// Writes outcomes until `flush` is cancelled and nothing is left to write (or everything left
 /// has lost its lease).
 pub async fn run_outbox(
     ctx: Arc<QueueCtx>,
-    mut rx: UnboundedReceiver<Finish>,
+    mut rx: UnboundedReceiver<Outgoing>,
     flush: CancellationToken,
 ) {
-    let mut waiting: VecDeque<Finish> = VecDeque::new();
+    let mut waiting: VecDeque<Outgoing> = VecDeque::new();
     let mut backoff = Duration::from_millis(50);
     let depth = ctx.metrics.outbox_depth.get_or_create(&ctx.labels).clone();
     loop {
@@ -48,7 +62,7 @@ pub async fn run_outbox(
         }
         let now = Instant::now();
         waiting.retain(|f| {
-            let valid = ctx.holdings.is_valid(f.fence(), now);
+            let valid = ctx.holdings.is_valid(f.finish.fence(), now);
             if !valid {
                 ctx.metrics.outbox_dropped.get_or_create(&ctx.labels).inc();
                 tracing::warn!(queue = %ctx.queue.name(), "dropping an outcome: its lease is lost and another instance will redo the request");
@@ -60,11 +74,12 @@ pub async fn run_outbox(
             continue;
         }
         let n = waiting.len().min(MAX_BATCH);
-        let batch: Vec<Finish> = waiting.drain(..n).collect();
+        let batch: Vec<Outgoing> = waiting.drain(..n).collect();
         match ctx.queue.finish(&batch).await {
             Ok(statuses) => {
                 backoff = Duration::from_millis(50);
-                for (f, status) in batch.iter().zip(statuses) {
+                for (o, status) in batch.into_iter().zip(statuses) {
+                    let f = &o.finish;
                     match status {
                         Finished::Published => {}
                         Finished::NotYours => {
@@ -73,7 +88,10 @@ pub async fn run_outbox(
                         Finished::Failed(e) => {
                             if let Some(retry) = f.bury_without_result(&e) {
                                 tracing::error!(queue = %ctx.queue.name(), error = %e, "Redis refused a dead letter's result; burying it without one");
-                                waiting.push_back(retry);
+                                waiting.push_back(Outgoing {
+                                    finish: retry,
+                                    last_chance: o.last_chance,
+                                });
                                 continue;
                             }
                             tracing::error!(queue = %ctx.queue.name(), error = %e, "Redis refused an outcome; the claim will be redelivered when its lease ends");

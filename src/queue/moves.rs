@@ -7,6 +7,8 @@
 //! holds what. A [`Fence`] (claim key + owner token) travels with every held request and is the
 //! only thing that lets a caller move it again.
 
+use std::borrow::Borrow;
+
 use redis::aio::ConnectionManager;
 use redis::{RedisError, Value};
 
@@ -372,7 +374,10 @@ impl Queue {
     /// batch is safe, because a repeated finish of a generation already done answers `NotYours`
     /// and writes nothing. A script error Redis answers (not a transport failure) fails every
     /// item of the batch: their claims are redelivered when their leases end.
-    pub async fn finish(&self, batch: &[Finish]) -> Result<Vec<Finished>, QueueError> {
+    pub async fn finish<F: Borrow<Finish> + Sync>(
+        &self,
+        batch: &[F],
+    ) -> Result<Vec<Finished>, QueueError> {
         let statuses = self.finish_call(batch).await?;
         if batch.len() < 2 || !statuses.iter().all(|s| matches!(s, Finished::Failed(_))) {
             return Ok(statuses);
@@ -388,7 +393,10 @@ impl Queue {
     }
 
     /// One `finish` script call for `batch`; a refusal fails every item of it.
-    async fn finish_call(&self, batch: &[Finish]) -> Result<Vec<Finished>, QueueError> {
+    async fn finish_call<F: Borrow<Finish> + Sync>(
+        &self,
+        batch: &[F],
+    ) -> Result<Vec<Finished>, QueueError> {
         if batch.is_empty() {
             return Ok(Vec::new());
         }
@@ -406,7 +414,7 @@ impl Queue {
         // Per item: (index of its result list, index of its producer keys, backoff) as text;
         // Lua indexes KEYS from 1, so an index is the length of `keys` after a push.
         let mut numbers: Vec<[String; 3]> = Vec::with_capacity(batch.len());
-        for f in batch {
+        for f in batch.iter().map(Borrow::borrow) {
             let (list, forget, backoff) = match f {
                 Finish::Ack {
                     id,
@@ -447,7 +455,7 @@ impl Queue {
             numbers.push([list.to_string(), forget.to_string(), backoff.to_string()]);
         }
         let mut args: Vec<&[u8]> = Vec::with_capacity(batch.len() * 8);
-        for (f, [list, forget, backoff]) in batch.iter().zip(&numbers) {
+        for (f, [list, forget, backoff]) in batch.iter().map(Borrow::borrow).zip(&numbers) {
             let item: [&[u8]; 8] = match f {
                 Finish::Ack {
                     fence,
