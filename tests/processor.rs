@@ -499,6 +499,53 @@ async fn redis_restart_loses_nothing_and_readyz_is_honest() {
     }
 }
 
+/// Redis down for longer than the lease (kill -9, AOF always; 1.5 s lease, 4 s outage) after the
+/// gateway has answered: the finished outcomes wait in the outbox past the lease, and once Redis
+/// is back their fenced writes land, because no instance reclaimed the claims meanwhile. Every
+/// request is executed once (before, outcomes were dropped when the local lease ran out, and the
+/// reclaim made the gateway redo all of them).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn finished_work_outlives_an_outage_longer_than_the_lease() {
+    let mut redis = RedisServer::start().unwrap();
+    let gw = Gateway::start().await;
+    let opts = ProcessorOpts {
+        lease_s: 1.5,
+        reclaim_ms: 500,
+        ..ProcessorOpts::default()
+    };
+    for i in 0..6 {
+        gw.script(
+            &format!("l{i}"),
+            vec![Reply::ok("{}").after(Duration::from_millis(500))],
+        );
+    }
+    let p = Processor::start(&redis, &gw, &opts).await;
+    let producer = producer(&redis, Q).await;
+    for i in 0..6 {
+        producer
+            .submit(request(&format!("l{i}"), 120, "{}"))
+            .await
+            .unwrap();
+    }
+    gw.wait_executions(6, Duration::from_secs(10)).await;
+    redis.kill();
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    redis.restart().unwrap();
+    let mut con = con(&redis).await;
+    let got = wait_results(&mut con, 6, Duration::from_secs(15)).await;
+    assert_eq!(got.len(), 6, "{got:?}\n{}", p.log());
+    assert!(got.iter().all(|r| r.status_code == 200), "{got:?}");
+    let executions: usize = gw.executions().values().sum();
+    assert_eq!(
+        executions, 6,
+        "finished work was kept past the lease, not redone"
+    );
+    let claimed: u64 = redis::AsyncCommands::hlen(&mut con, format!("{Q}:claimed"))
+        .await
+        .unwrap();
+    assert_eq!(claimed, 0);
+}
+
 /// A claim taken over by another owner (here: its owner token overwritten, as a reclaim by a
 /// survivor would) is dropped at the next renewal: the in-flight HTTP request is aborted and the
 /// old owner publishes nothing.

@@ -50,6 +50,10 @@ pub struct QueueCtx {
     pub last_chance: LastChance,
     /// The processor's readiness: the consumer reports there whether Redis refuses its polls.
     pub readiness: crate::ops::Readiness,
+    /// Set while the outbox holds outcomes it could not write (Redis unreachable): this
+    /// instance's reclaimer waits for them to land before reclaiming, so that after an outage it
+    /// does not hand back to pending the work whose results are about to be written.
+    pub outbox_stalled: std::sync::atomic::AtomicBool,
 }
 
 impl QueueCtx {

@@ -153,13 +153,16 @@ impl Holdings {
         lost
     }
 
-    /// Drops claims whose lease ran out locally (renewals failing, e.g. Redis unreachable):
-    /// they are no longer ours to finish. Returns how many.
+    /// Drops claims whose lease ran out locally (renewals failing, e.g. Redis unreachable) and
+    /// aborts their work: it may no longer be ours to finish. Returns how many. A claim whose
+    /// outcome is already on its way stays: its work is done, and unless another instance has
+    /// reclaimed it meanwhile (which only Redis can say), the outbox's fenced write still lands
+    /// once Redis answers — so a long outage does not make a survivor redo finished work.
     pub fn expire_overdue(&self, now: Instant) -> usize {
         let mut map = self.lock();
         let overdue: Vec<String> = map
             .iter()
-            .filter(|(_, h)| h.valid_until <= now)
+            .filter(|(_, h)| h.valid_until <= now && !h.finishing)
             .map(|(k, _)| k.clone())
             .collect();
         for key in &overdue {
@@ -170,7 +173,16 @@ impl Holdings {
         overdue.len()
     }
 
+    /// Whether `fence` is still held: not known to be lost (a renewal said "not yours", or its
+    /// work was abandoned).
+    pub fn is_held(&self, fence: &Fence) -> bool {
+        self.lock()
+            .get(&fence.key)
+            .is_some_and(|h| h.token == fence.token)
+    }
+
     /// Whether `fence` is still held with a lease valid at `now`.
+    #[cfg(test)]
     pub fn is_valid(&self, fence: &Fence, now: Instant) -> bool {
         self.lock()
             .get(&fence.key)
@@ -274,6 +286,21 @@ mod tests {
             !h.is_valid(&t.fence, start + lease),
             "but its lease is not extended"
         );
+    }
+
+    #[test]
+    fn a_finishing_claim_outlives_its_local_lease() {
+        let h = Holdings::new(Duration::from_millis(100));
+        let start = Instant::now();
+        let t = h.insert(fence("a", "1"), "a", "", start);
+        h.mark_finishing(&t.fence);
+        assert_eq!(h.expire_overdue(start + Duration::from_secs(60)), 0);
+        assert_eq!(t.reason(), None);
+        assert!(h.is_held(&t.fence), "its outcome may still be written");
+        assert_eq!(h.renewed(&h.fences(), &[false], start), 0);
+        assert!(h.is_held(&t.fence));
+        h.remove(&t.fence);
+        assert!(!h.is_held(&t.fence));
     }
 
     #[tokio::test]

@@ -2,16 +2,18 @@
 //! is written in batches, one `finish` script call (a constant number of Redis commands) for up
 //! to [`MAX_BATCH`] outcomes.
 //!
-//! When Redis cannot be reached the outcomes stay here and are retried with backoff for as long
-//! as their lease is still valid locally (heartbeats keep renewing it), so a short outage throws
-//! no finished work away. An outcome is dropped only once its lease is known lost; a survivor then
-//! redoes the work. The claim leaves [`Holdings`](super::holdings::Holdings) when its outcome is
+//! When Redis cannot be reached the outcomes stay here and are retried with backoff, so an
+//! outage throws no finished work away — not even one that outlasts the lease: the write is
+//! fenced, so it lands if no other instance has reclaimed the claim meanwhile and changes nothing
+//! if one has. An outcome is dropped only once its lease is known lost (a renewal said "not
+//! yours"); a survivor then redoes the work. The claim leaves [`Holdings`](super::holdings::Holdings) when its outcome is
 //! written, and so does the job's last-chance slot (see [`super::last_chance`]): a crash before
 //! the write would still charge the request a delivery.
 
 use std::collections::VecDeque;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use tokio::sync::mpsc::UnboundedReceiver;
 use tokio_util::sync::CancellationToken;
@@ -60,9 +62,8 @@ pub async fn run_outbox(
         while let Ok(f) = rx.try_recv() {
             waiting.push_back(f);
         }
-        let now = Instant::now();
         waiting.retain(|f| {
-            let valid = ctx.holdings.is_valid(f.finish.fence(), now);
+            let valid = ctx.holdings.is_held(f.finish.fence());
             if !valid {
                 ctx.metrics.outbox_dropped.get_or_create(&ctx.labels).inc();
                 tracing::warn!(queue = %ctx.queue.name(), "dropping an outcome: its lease is lost and another instance will redo the request");
@@ -71,6 +72,7 @@ pub async fn run_outbox(
         });
         depth.set(i64::try_from(waiting.len()).unwrap_or(i64::MAX));
         if waiting.is_empty() {
+            ctx.outbox_stalled.store(false, Ordering::SeqCst);
             continue;
         }
         let n = waiting.len().min(MAX_BATCH);
@@ -78,6 +80,7 @@ pub async fn run_outbox(
         match ctx.queue.finish(&batch).await {
             Ok(statuses) => {
                 backoff = Duration::from_millis(50);
+                ctx.outbox_stalled.store(false, Ordering::SeqCst);
                 for (o, status) in batch.into_iter().zip(statuses) {
                     let f = &o.finish;
                     match status {
@@ -101,6 +104,7 @@ pub async fn run_outbox(
                 }
             }
             Err(e) => {
+                ctx.outbox_stalled.store(true, Ordering::SeqCst);
                 tracing::warn!(queue = %ctx.queue.name(), error = %e, outcomes = batch.len(), "cannot write outcomes yet; keeping them while their leases last");
                 for f in batch.into_iter().rev() {
                     waiting.push_front(f);

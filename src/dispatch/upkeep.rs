@@ -2,6 +2,7 @@
 //! watch cancel markers of in-flight requests, reclaim expired leases, promote due retries, and
 //! report the backlog. Each runs until its stop token is cancelled.
 
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -112,6 +113,12 @@ pub async fn reclaimer(ctx: Arc<QueueCtx>, stop: CancellationToken) {
     let mut sleep = every;
     while tick(&stop, sleep).await {
         sleep = every;
+        if ctx.outbox_stalled.load(Ordering::SeqCst) {
+            // This instance's finished outcomes are waiting for Redis: let them land first (the
+            // outbox retries within 2 s), or this reclaim would have their work done again.
+            sleep = MIN_RECLAIM_SLEEP;
+            continue;
+        }
         loop {
             let taken_at = Instant::now();
             let reclaimed = match ctx.queue.reclaim(RECLAIM_BATCH).await {
