@@ -37,9 +37,8 @@ pub struct QueueCtx {
     /// The transport's `result_queue_name`, used when neither queue nor message names one.
     pub default_result_list: String,
     /// The queue's default URL (base joined with `request_path_url`), precomputed.
-    pub default_url: Result<String, String>,
-    /// `default_url` parsed once, when it parses: most requests are sent there.
-    pub default_target: Option<crate::gateway::Target>,
+    /// (Parsed once: most requests are sent there. The error is why it cannot be used.)
+    pub default_url: Result<crate::gateway::Target, String>,
     /// The queue-level gate, consulted between peek and claim.
     pub gate: Option<Arc<dyn Gate>>,
     /// The gate of this queue's pool, consulted by a worker before it sends.
@@ -93,26 +92,18 @@ impl QueueCtx {
 
     /// Publishes `result` as the generation's terminal record.
     pub fn publish(&self, fence: &Fence, envelope: &Envelope, result: ResultMessage) {
-        self.publish_holding(fence, envelope, result, None);
+        self.finish(self.ack(fence, envelope, result));
     }
 
-    fn publish_holding(
-        &self,
-        fence: &Fence,
-        envelope: &Envelope,
-        result: ResultMessage,
-        last_chance: Option<Slot>,
-    ) {
-        self.finish_holding(
-            Finish::Ack {
-                fence: fence.clone(),
-                id: envelope.request.id.clone(),
-                request_token: envelope.internal.request_token.clone(),
-                result_list: self.result_list(&envelope.internal),
-                result: result.to_json(),
-            },
-            last_chance,
-        );
+    /// The ack that publishes `result` for the generation `envelope`.
+    fn ack(&self, fence: &Fence, envelope: &Envelope, result: ResultMessage) -> Finish {
+        Finish::Ack {
+            fence: fence.clone(),
+            id: envelope.request.id.clone(),
+            request_token: envelope.internal.request_token.clone(),
+            result_list: self.result_list(&envelope.internal),
+            result: result.to_json(),
+        }
     }
 
     /// Sets a claimed generation aside with `reason`, publishing a `DEAD_LETTERED` result when
@@ -197,38 +188,33 @@ impl Job {
         }
     }
 
-    /// Publishes the terminal result.
-    pub fn publish(mut self, result: ResultMessage) {
+    /// Settles the job and hands its outcome, with its last-chance slot, to the outbox.
+    fn hand_over(&mut self, finish: Finish) {
         self.settle();
         let slot = self.last_chance.take();
-        self.ctx
-            .publish_holding(&self.held.fence, &self.held.envelope, result, slot);
+        self.ctx.finish_holding(finish, slot);
+    }
+
+    /// Publishes the terminal result.
+    pub fn publish(mut self, result: ResultMessage) {
+        let ack = self.ctx.ack(&self.held.fence, &self.held.envelope, result);
+        self.hand_over(ack);
     }
 
     /// Parks for a retry after `backoff`.
     pub fn park(mut self, backoff: std::time::Duration) {
-        self.settle();
-        let slot = self.last_chance.take();
-        self.ctx.finish_holding(
-            Finish::Park {
-                fence: self.held.fence.clone(),
-                member: Queue::retry_member(&self.held.envelope),
-                backoff,
-            },
-            slot,
-        );
+        self.hand_over(Finish::Park {
+            fence: self.held.fence.clone(),
+            member: Queue::retry_member(&self.held.envelope),
+            backoff,
+        });
     }
 
     /// Gives the claim back to pending untouched.
     pub fn release(mut self) {
-        self.settle();
-        let slot = self.last_chance.take();
-        self.ctx.finish_holding(
-            Finish::Release {
-                fence: self.held.fence.clone(),
-            },
-            slot,
-        );
+        self.hand_over(Finish::Release {
+            fence: self.held.fence.clone(),
+        });
     }
 
     /// The lease is lost: someone else owns the request now; write nothing.
@@ -241,14 +227,9 @@ impl Job {
 impl Drop for Job {
     fn drop(&mut self) {
         if !self.done {
-            self.settle();
-            let slot = self.last_chance.take();
-            self.ctx.finish_holding(
-                Finish::Release {
-                    fence: self.held.fence.clone(),
-                },
-                slot,
-            );
+            self.hand_over(Finish::Release {
+                fence: self.held.fence.clone(),
+            });
         }
     }
 }

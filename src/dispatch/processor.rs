@@ -220,12 +220,9 @@ pub async fn run(config: RunConfig, shutdown: CancellationToken) -> Result<(), D
             queue_name: String::new(),
             pool_name: q.worker_pool_id.clone(),
         };
-        let default_url =
-            gateway::join_url(&q.igw_base_url, &q.request_path_url).map_err(|e| e.to_string());
-        let default_target = default_url
-            .as_ref()
-            .ok()
-            .and_then(|url| gateway::parse_target(url).ok());
+        let default_url = gateway::join_url(&q.igw_base_url, &q.request_path_url)
+            .map_err(|e| e.to_string())
+            .and_then(|url| gateway::parse_target(&url));
         let ctx = Arc::new(QueueCtx {
             spec: q.clone(),
             queue: Queue::new(con.clone(), &q.queue_name, config.claim),
@@ -238,7 +235,6 @@ pub async fn run(config: RunConfig, shutdown: CancellationToken) -> Result<(), D
             listening: std::sync::atomic::AtomicBool::new(false),
             default_result_list: transport.result_queue_name.clone(),
             default_url,
-            default_target,
             gate,
             pool_gate: pool_gates.get(&q.worker_pool_id).cloned(),
             pool_labels,

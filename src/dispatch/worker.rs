@@ -171,12 +171,15 @@ pub async fn work(job: Job, env: Arc<WorkerEnv>) {
     }
     // Most requests go to the queue's default URL, parsed once; a request naming its own
     // endpoint is joined (and parsed by the client) here.
-    let url = match (&ctx.default_target, request.endpoint.is_empty()) {
-        (Some(target), true) => Ok(Url::Default(target)),
-        (None, true) => ctx.default_url.clone().map(Url::Text),
-        (_, false) => gateway::join_url(&ctx.spec.igw_base_url, &request.endpoint)
+    let url = if request.endpoint.is_empty() {
+        ctx.default_url
+            .as_ref()
+            .map(Url::Default)
+            .map_err(Clone::clone)
+    } else {
+        gateway::join_url(&ctx.spec.igw_base_url, &request.endpoint)
             .map(Url::Text)
-            .map_err(|e| e.to_string()),
+            .map_err(|e| e.to_string())
     };
     let url = match url {
         Ok(url) => url,

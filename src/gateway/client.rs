@@ -101,7 +101,7 @@ impl GatewayClient {
                 self.exchange(&target, headers, body, started.checked_add(timeout))
                     .await
             }
-            Err(failure) => *failure,
+            Err(cause) => request_failure(cause),
         };
         Attempt {
             outcome,
@@ -209,18 +209,15 @@ impl GatewayClient {
     }
 }
 
-/// Parses a gateway URL as [`GatewayClient::send`] does: an unparsable URL or a scheme other
-/// than `http`/`https` is the request's failure (the outcome to report) rather than an error.
-pub fn parse_target(url: &str) -> Result<Target, Box<Outcome>> {
-    let parsed = match Url::parse(url) {
-        Ok(parsed) => parsed,
-        Err(e) => return Err(Box::new(request_failure(format!("parse {url:?}: {e}")))),
-    };
+/// Parses a gateway URL as [`GatewayClient::send`] does. The error is the cause of a
+/// "failed to create request" failure: an unparsable URL, or a scheme other than `http`/`https`.
+pub fn parse_target(url: &str) -> Result<Target, String> {
+    let parsed = Url::parse(url).map_err(|e| format!("parse {url:?}: {e}"))?;
     if !matches!(parsed.scheme(), "http" | "https") {
-        return Err(Box::new(request_failure(format!(
+        return Err(format!(
             "unsupported protocol scheme {:?} in {url:?}",
             parsed.scheme()
-        ))));
+        ));
     }
     Ok(Target {
         parsed,
