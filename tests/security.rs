@@ -182,15 +182,7 @@ async fn readyz_is_not_ready_while_redis_refuses_the_queue() {
     let (redis, mut admin) = acl_redis().await;
     let processor_url = url("inferq-processor", PROCESSOR_PW, redis.port());
     let producer_url = url("inferq-producer", PRODUCER_PW, redis.port());
-    let acl = |args: &[&str]| {
-        let mut cmd = redis::cmd("ACL");
-        cmd.arg(args);
-        cmd
-    };
-    let _: () = acl(&["SETUSER", "inferq-processor", "-evalsha"])
-        .query_async(&mut admin)
-        .await
-        .unwrap();
+    acl(&mut admin, &["SETUSER", "inferq-processor", "-evalsha"]).await;
     let producer = Producer::connect(&producer_url, Q, "result-list")
         .await
         .unwrap();
@@ -208,10 +200,7 @@ async fn readyz_is_not_ready_while_redis_refuses_the_queue() {
     assert!(!why.contains(PROCESSOR_PW), "{why}");
     assert!(gw.seen("refused").is_empty());
 
-    let _: () = acl(&["SETUSER", "inferq-processor", "+evalsha"])
-        .query_async(&mut admin)
-        .await
-        .unwrap();
+    acl(&mut admin, &["SETUSER", "inferq-processor", "+evalsha"]).await;
     p.wait_ready().await;
     let done = wait_result(&mut admin, "refused", Duration::from_secs(20)).await;
     assert_eq!(done.status_code, 200, "{done:?}");
@@ -324,11 +313,7 @@ async fn rediss_with_a_private_ca_and_client_certificate() {
         "&*",
         "+@all",
     ];
-    let _: () = redis::cmd("ACL")
-        .arg(&rule[..])
-        .query_async(&mut admin)
-        .await
-        .unwrap();
+    acl(&mut admin, &rule).await;
     let rediss = format!("rediss://inferq:{PW}@127.0.0.1:{tls_port}/");
     let gw = Gateway::start().await;
     let config = transport(&rediss, &gw.url(), 30.0, 5, "");
@@ -430,11 +415,7 @@ async fn passwords_never_appear_in_logs_errors_or_results() {
         "&*",
         "+@all",
     ];
-    let _: () = redis::cmd("ACL")
-        .arg(&rule[..])
-        .query_async(&mut admin)
-        .await
-        .unwrap();
+    acl(&mut admin, &rule).await;
     let gw = Gateway::start().await;
     let secrets = [
         "Wrong-Secret-1",

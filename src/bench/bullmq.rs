@@ -96,10 +96,7 @@ pub async fn run(
         (true, Some(line)) => {
             let mut drain: BullmqDrain = serde_json::from_str(line)
                 .map_err(|e| BenchError::Phase(format!("BullMQ printed {line:?}: {e}")))?;
-            drain.gateway_cpu_s = match (gateway_before, gateway.cpu_s()) {
-                (Some(before), Some(after)) => Some(after - before),
-                _ => None,
-            };
+            drain.gateway_cpu_s = super::measure::spent(gateway_before, gateway.cpu_s());
             Ok(drain)
         }
         _ => Err(BenchError::Phase(format!(

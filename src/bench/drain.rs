@@ -10,7 +10,7 @@ use std::time::Duration;
 use serde::Serialize;
 
 use super::load::{preload, wait_for_results};
-use super::measure::{commandstats, delta, proc_usage, script_calls, CommandCounts};
+use super::measure::{commandstats, delta, proc_usage, script_calls, spent, CommandCounts};
 use super::procs::{Gateway, GatewayKind, Processor};
 use super::{BenchError, Ctx};
 use crate::queue::producer::Producer;
@@ -117,14 +117,8 @@ pub async fn run(ctx: &mut Ctx, gateway: &Gateway, n: u64) -> Result<Drain, Benc
         }
     };
     let usage = processor.usage()?;
-    let redis_cpu_s = match (redis_before, redis_cpu(ctx)) {
-        (Some(before), Some(after)) => Some(after - before),
-        _ => None,
-    };
-    let gateway_cpu_s = match (gateway_before, gateway.cpu_s()) {
-        (Some(before), Some(after)) => Some(after - before),
-        _ => None,
-    };
+    let redis_cpu_s = spent(redis_before, redis_cpu(ctx));
+    let gateway_cpu_s = spent(gateway_before, gateway.cpu_s());
     let after = commandstats(&mut ctx.con).await?;
     processor.kill9();
 

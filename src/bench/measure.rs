@@ -83,6 +83,11 @@ pub struct ProcUsage {
     pub peak_rss_mib: f64,
 }
 
+/// CPU seconds spent between two readings, when both could be taken.
+pub fn spent(before: Option<f64>, after: Option<f64>) -> Option<f64> {
+    Some(after? - before?)
+}
+
 /// Reads `/proc/PID/stat` and `/proc/PID/status`.
 pub fn proc_usage(pid: u32) -> Result<ProcUsage, BenchError> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))

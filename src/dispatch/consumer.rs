@@ -112,8 +112,11 @@ pub async fn run_consumer(
             }
             Err(e) => {
                 failures = failures.saturating_add(1);
-                if let Some(reason) = refusal(&e) {
-                    ctx.readiness.set_refusal(ctx.queue.name(), Some(reason));
+                // Redis refusing the polls makes the processor not ready (an unreachable Redis
+                // shows by itself in /readyz's PING).
+                if let Some(refused) = e.redis_refusal() {
+                    ctx.readiness
+                        .set_refusal(ctx.queue.name(), Some(refused.to_string()));
                 }
                 if failures == 1 || failures % 50 == 0 {
                     tracing::warn!(queue = %ctx.queue.name(), error = %e, "cannot poll the queue; retrying");
@@ -152,19 +155,6 @@ struct Polled {
 const GATED_LOOKAHEAD: usize = 4;
 
 /// One poll: peek, triage, gate, claim, hand over.
-/// Whether a failed poll means Redis refuses this queue's work (it answered with an error such as
-/// `NOPERM` or `READONLY`), and why. An unreachable Redis is not a refusal (`/readyz` sees that
-/// by itself), nor is `NOSCRIPT`, which the next call mends by reloading the scripts.
-fn refusal(e: &QueueError) -> Option<String> {
-    match e {
-        QueueError::Redis(e) => match e.code() {
-            Some("NOSCRIPT") | None => None,
-            Some(_) => Some(e.to_string()),
-        },
-        QueueError::Reply { .. } => None,
-    }
-}
-
 async fn poll_once(
     ctx: &Arc<QueueCtx>,
     tx: &Sender<Job>,

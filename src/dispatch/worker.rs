@@ -6,6 +6,7 @@
 //! A cancel marker, a lost lease or the end of the drain time aborts the in-flight HTTP request
 //! at once: GPU time spent on a result that cannot be published is waste.
 
+use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -26,14 +27,6 @@ pub struct WorkerEnv {
     pub client: GatewayClient,
     pub request_timeout: Duration,
     pub fairness: Fairness,
-}
-
-/// Where one request goes.
-enum Url<'a> {
-    /// The queue's default URL, parsed once.
-    Default(&'a gateway::Target),
-    /// A URL the client parses for this request.
-    Text(String),
 }
 
 /// How often a request waiting at its pool gate asks again.
@@ -170,19 +163,20 @@ pub async fn work(job: Job, env: Arc<WorkerEnv>) {
         return job.publish(ResultMessage::deadline_exceeded(&id));
     }
     // Most requests go to the queue's default URL, parsed once; a request naming its own
-    // endpoint is joined (and parsed by the client) here.
-    let url = if request.endpoint.is_empty() {
+    // endpoint has it joined and parsed here. Either failure is Go's "failed to create request".
+    let target = if request.endpoint.is_empty() {
         ctx.default_url
             .as_ref()
-            .map(Url::Default)
+            .map(Cow::Borrowed)
             .map_err(Clone::clone)
     } else {
         gateway::join_url(&ctx.spec.igw_base_url, &request.endpoint)
-            .map(Url::Text)
             .map_err(|e| e.to_string())
+            .and_then(|url| gateway::parse_target(&url))
+            .map(Cow::Owned)
     };
-    let url = match url {
-        Ok(url) => url,
+    let target = match target {
+        Ok(target) => target,
         Err(e) => {
             ctx.series.failed.get().inc();
             let id = request.id.clone();
@@ -223,12 +217,7 @@ pub async fn work(job: Job, env: Arc<WorkerEnv>) {
     let attempt = tokio::select! {
         biased;
         reason = job.ticket.aborted() => Err(reason),
-        attempt = async {
-            match &url {
-                Url::Default(target) => env.client.send_to(target, headers, body, timeout).await,
-                Url::Text(url) => env.client.send(url, headers, body, timeout).await,
-            }
-        } => Ok(attempt),
+        attempt = env.client.send_to(&target, headers, body, timeout) => Ok(attempt),
     };
     inflight.dec();
     let attempt = match attempt {

@@ -30,6 +30,22 @@ pub enum QueueError {
     },
 }
 
+impl QueueError {
+    /// Redis's own error reply, when Redis answered the call with one (`NOPERM` for a user
+    /// missing a command, `READONLY` from a replica, `OOM`, `LOADING`), as opposed to being
+    /// unreachable or answering something unexpected. `NOSCRIPT` is left out: the next call
+    /// reloads the scripts. Wider than [`is_refusal`], which asks whether repeating could help.
+    pub fn redis_refusal(&self) -> Option<&RedisError> {
+        match self {
+            QueueError::Redis(e) => match e.code() {
+                Some("NOSCRIPT") | None => None,
+                Some(_) => Some(e),
+            },
+            QueueError::Reply { .. } => None,
+        }
+    }
+}
+
 fn bad_reply(script: &'static str, v: &Value) -> QueueError {
     QueueError::Reply {
         script,

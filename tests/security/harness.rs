@@ -73,23 +73,20 @@ pub async fn acl_redis() -> (RedisServer, ConnectionManager) {
         "&*",
         "+@all",
     ];
-    let _: () = redis::cmd("ACL")
-        .arg(&admin_rule[..])
-        .query_async(&mut con)
-        .await
-        .unwrap();
+    acl(&mut con, &admin_rule).await;
     let mut admin = manager(&url("admin", ADMIN_PW, redis.port())).await;
-    let _: () = redis::cmd("ACL")
-        .arg(&["SETUSER", "default", "off"][..])
-        .query_async(&mut admin)
-        .await
-        .unwrap();
-    let _: () = redis::cmd("ACL")
-        .arg(&["LOG", "RESET"][..])
-        .query_async(&mut admin)
-        .await
-        .unwrap();
+    acl(&mut admin, &["SETUSER", "default", "off"]).await;
+    acl(&mut admin, &["LOG", "RESET"]).await;
     (redis, admin)
+}
+
+/// Runs `ACL args…` (say `SETUSER name rule…`) on an admin connection; panics if refused.
+pub async fn acl(admin: &mut ConnectionManager, args: &[&str]) {
+    let _: () = redis::cmd("ACL")
+        .arg(args)
+        .query_async(admin)
+        .await
+        .unwrap_or_else(|e| panic!("ACL {args:?} refused: {e}"));
 }
 
 /// Everything Redis refused to an ACL user since the last reset.
