@@ -6,9 +6,13 @@
 //! outage throws no finished work away — not even one that outlasts the lease: the write is
 //! fenced, so it lands if no other instance has reclaimed the claim meanwhile and changes nothing
 //! if one has. An outcome is dropped only once its lease is known lost (a renewal said "not
-//! yours"); a survivor then redoes the work. The claim leaves [`Holdings`](super::holdings::Holdings) when its outcome is
-//! written, and so does the job's last-chance slot (see [`super::last_chance`]): a crash before
-//! the write would still charge the request a delivery.
+//! yours"); a survivor then redoes the work. The claim leaves
+//! [`Holdings`](super::holdings::Holdings) when its outcome is written, and so does the job's
+//! last-chance slot (see [`super::last_chance`]): a crash before the write would still charge the
+//! request a delivery.
+//!
+//! An outcome Redis refuses for itself, not for an outage (a result list outside this user's
+//! rights), becomes a dead letter wherever that keeps the request from being sent again.
 
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
@@ -89,10 +93,9 @@ pub async fn run_outbox(
                             ctx.series.fenced.get().inc();
                         }
                         Finished::Failed(e) => {
-                            if let Some(retry) = f.bury_without_result(&e) {
-                                tracing::error!(queue = %ctx.queue.name(), error = %e, "Redis refused a dead letter's result; burying it without one");
+                            if let Some(instead) = instead_of_refused(&ctx, f, &e).await {
                                 waiting.push_back(Outgoing {
-                                    finish: retry,
+                                    finish: instead,
                                     last_chance: o.last_chance,
                                 });
                                 continue;
@@ -116,4 +119,35 @@ pub async fn run_outbox(
         depth.set(i64::try_from(waiting.len()).unwrap_or(i64::MAX));
     }
     depth.set(0);
+}
+
+/// What to write instead of an outcome Redis refused for itself (a result list outside this
+/// user's rights, say) while it took its neighbours: a dead letter's bury without its result,
+/// or, for an ack, a bury of the served request that keeps the result in its record. Either way
+/// the request is set aside once instead of coming back at every lease expiry, each time sent
+/// to the gateway again. `None` when there is nothing better to do than let the lease run out.
+async fn instead_of_refused(ctx: &QueueCtx, f: &Finish, refusal: &str) -> Option<Finish> {
+    let queue = ctx.queue.name();
+    if let Some(bury) = f.bury_without_result(refusal) {
+        tracing::error!(%queue, error = %refusal, "Redis refused a dead letter's result; burying it without one");
+        return Some(bury);
+    }
+    if !matches!(f, Finish::Ack { .. }) {
+        return None;
+    }
+    let (member, deliveries) = match ctx.queue.claimed(f.fence()).await {
+        Ok(Some(claimed)) => claimed,
+        Ok(None) => return None,
+        Err(e) => {
+            tracing::warn!(%queue, error = %e, "cannot read a claim whose result Redis refused");
+            return None;
+        }
+    };
+    let bury = f.bury_unpublished(queue, &member, deliveries, refusal)?;
+    tracing::error!(%queue, error = %refusal, "Redis refused a result; dead-lettering the request with the result in its record");
+    ctx.metrics
+        .dead_letters
+        .get_or_create(&ctx.labels.with_outcome("result_refused"))
+        .inc();
+    Some(bury)
 }

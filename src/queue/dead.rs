@@ -39,6 +39,10 @@ pub struct DeadRecord {
     /// SHA-1 of the stored member's bytes, when `member` is not an exact copy.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub member_sha1: String,
+    /// The result the request got but that could not be published (its JSON, as it would have
+    /// been pushed), so the work done is not lost with it. Empty for requests set aside unserved.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub result: String,
 }
 
 /// How much of an oversized member a dead record keeps.
@@ -86,6 +90,7 @@ impl DeadRecord {
             member_truncated: truncated,
             member_lossy: lossy,
             member_sha1,
+            result: String::new(),
         }
     }
 

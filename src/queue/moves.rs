@@ -184,6 +184,44 @@ impl Finish {
         })
     }
 
+    /// For an ack Redis refused to take (the result list is outside this user's rights, say):
+    /// a bury of the same claim without pushing the result, its record saying why and keeping
+    /// the result, so the request is set aside after one execution instead of running again at
+    /// every lease expiry until the delivery limit. `member` and `deliveries` are what
+    /// [`Queue::claimed`] read. `None` for anything else.
+    pub fn bury_unpublished(
+        &self,
+        queue: &str,
+        member: &[u8],
+        deliveries: u32,
+        refusal: &str,
+    ) -> Option<Finish> {
+        let Finish::Ack {
+            fence,
+            id,
+            request_token,
+            result_list,
+            result,
+        } = self
+        else {
+            return None;
+        };
+        let reason = format!("its result could not be published to {result_list:?}: {refusal}");
+        let mut record = DeadRecord::new(queue, &reason, member);
+        record.id = id.clone();
+        record.request_token = request_token.clone();
+        record.deliveries = deliveries;
+        record.result = result.clone();
+        Some(Finish::Bury {
+            fence: fence.clone(),
+            id: id.clone(),
+            request_token: request_token.clone(),
+            result_list: result_list.clone(),
+            result: String::new(),
+            record: record.to_json(),
+        })
+    }
+
     pub fn fence(&self) -> &Fence {
         match self {
             Finish::Ack { fence, .. }
@@ -265,6 +303,27 @@ impl Queue {
     /// A connection handle (cheap to clone; reconnects by itself).
     pub fn connection(&self) -> ConnectionManager {
         self.con.clone()
+    }
+
+    /// The member held under `fence` and the lease expiries its generation has gone through,
+    /// read without moving anything; `None` once the claim names another owner token (or none).
+    /// Not one atomic step, and need not be: an owner token is never reused, so a claim that is
+    /// still ours at a later fenced move was ours, with this member, all along.
+    pub async fn claimed(&self, fence: &Fence) -> Result<Option<(Vec<u8>, u32)>, QueueError> {
+        let mut con = self.con.clone();
+        let (owner, member, deliveries): (Option<String>, Option<Vec<u8>>, Option<u32>) =
+            redis::pipe()
+                .hget(&self.keys.owners, &fence.key)
+                .hget(&self.keys.claimed, &fence.key)
+                .hget(&self.keys.deliveries, &fence.key)
+                .query_async(&mut con)
+                .await?;
+        Ok(match (owner, member) {
+            (Some(owner), Some(member)) if owner == fence.token => {
+                Some((member, deliveries.unwrap_or(0)))
+            }
+            _ => None,
+        })
     }
 
     /// The `n` members with the earliest deadlines, without taking them.

@@ -100,6 +100,44 @@ async fn hlen(con: &mut redis::aio::ConnectionManager, key: &str) -> u64 {
     con.hlen(key).await.unwrap()
 }
 
+/// `claimed` reads what a claim holds for its owner only: a stale token reads nothing, and
+/// after the ack nobody does. An ack turned into a bury of that member (what the outbox does
+/// with a refused result) dead-letters it with the result in its record and publishes nothing.
+#[tokio::test]
+async fn claimed_reads_the_member_for_its_owner_only() {
+    let r = rig(30_000, 5).await;
+    r.producer.submit(request("a", 60)).await.unwrap();
+    let held = claim_head(&r.queue, 10).await.remove(0);
+    let Some((member, deliveries)) = r.queue.claimed(&held.fence).await.unwrap() else {
+        panic!("the owner reads nothing");
+    };
+    assert_eq!(Envelope::decode(&member).unwrap().request.id, "a");
+    assert_eq!(deliveries, 0);
+    let stale = Fence {
+        key: held.fence.key.clone(),
+        token: "not-the-owner".to_owned(),
+    };
+    assert!(r.queue.claimed(&stale).await.unwrap().is_none());
+
+    let acked = ack(&held, &ResultMessage::http("a", 200, b"{}"));
+    let Some(bury) = acked.bury_unpublished(Q, &member, deliveries, "NOPERM") else {
+        panic!("an ack has a bury instead");
+    };
+    let mut con = r.con.clone();
+    assert_eq!(
+        r.queue.finish(&[bury]).await.unwrap(),
+        vec![Finished::Published]
+    );
+    assert!(results(&mut con).await.is_empty());
+    let records: Vec<String> = con.lrange("q:dead", 0, -1).await.unwrap();
+    let record: DeadRecord = serde_json::from_str(&records[0]).unwrap();
+    assert_eq!(record.id, "a");
+    assert!(record.reason.contains("NOPERM"), "{}", record.reason);
+    let kept: ResultMessage = serde_json::from_str(&record.result).unwrap();
+    assert_eq!((kept.id.as_str(), kept.status_code), ("a", 200));
+    assert!(r.queue.claimed(&held.fence).await.unwrap().is_none());
+}
+
 /// Rule 1 (fencing): a stale owner's renew, ack, park and release change nothing.
 #[tokio::test]
 async fn stale_owner_moves_change_nothing() {
