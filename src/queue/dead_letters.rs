@@ -86,29 +86,50 @@ impl DeadLetters {
         &self.keys.dead
     }
 
-    /// Every entry, newest first.
+    /// Every entry there was when the call started, newest first. Processors push new records
+    /// at the head while this reads, which moves every position counted from the head, so a
+    /// page-by-page read from the head would show some records twice; positions counted from
+    /// the tail do not move. So the length is taken first and that many entries are read in
+    /// pages from the oldest end.
     pub async fn list(&self) -> Result<Vec<Listed>, QueueError> {
+        self.list_in_pages(PAGE).await
+    }
+
+    async fn list_in_pages(&self, page: isize) -> Result<Vec<Listed>, QueueError> {
         let mut con = self.con.clone();
-        let mut out = Vec::new();
-        let mut start: isize = 0;
-        loop {
-            let page: Vec<Vec<u8>> = redis::cmd("LRANGE")
+        let len: isize = redis::cmd("LLEN")
+            .arg(&self.keys.dead)
+            .query_async(&mut con)
+            .await?;
+        let mut pages: Vec<Vec<Vec<u8>>> = Vec::new();
+        let (mut end, mut left) = (-1isize, len);
+        while left > 0 {
+            let n = left.min(page.max(1));
+            let start = end - n + 1;
+            let entries: Vec<Vec<u8>> = redis::cmd("LRANGE")
                 .arg(&self.keys.dead)
                 .arg(start)
-                .arg(start + PAGE - 1)
+                .arg(end)
                 .query_async(&mut con)
                 .await?;
-            let n = page.len();
-            out.extend(page.into_iter().map(|bytes| {
+            let short = entries.len() < usize::try_from(n).unwrap_or(usize::MAX);
+            pages.push(entries);
+            // Shorter than asked: entries were removed meanwhile and the head is reached.
+            if short {
+                break;
+            }
+            (end, left) = (start - 1, left - n);
+        }
+        Ok(pages
+            .into_iter()
+            .rev()
+            .flatten()
+            .map(|bytes| {
                 let raw = String::from_utf8_lossy(&bytes).into_owned();
                 let record = serde_json::from_str::<DeadRecord>(&raw).map_err(|e| e.to_string());
                 Listed { raw, record }
-            }));
-            if n < usize::try_from(PAGE).unwrap_or(usize::MAX) {
-                return Ok(out);
-            }
-            start += PAGE;
-        }
+            })
+            .collect())
     }
 
     /// The member a requeue would write, or why there is none: the record's exact member
@@ -211,5 +232,69 @@ impl DeadLetters {
             .query_async(&mut self.con.clone())
             .await?;
         Ok(count)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashSet;
+
+    use redis::AsyncCommands;
+
+    use super::*;
+    use crate::testkit::RedisServer;
+
+    /// A listing taken while processors keep pushing records shows each record that was there
+    /// when it started exactly once, newest first, and nothing pushed after it started.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_busy_dead_list_is_listed_without_repeats() {
+        let server = RedisServer::start().expect("redis-server");
+        let client = redis::Client::open(server.url()).unwrap();
+        let mut con = redis::aio::ConnectionManager::new(client).await.unwrap();
+        let dead = DeadLetters::new(con.clone(), "q");
+        let old: Vec<String> = (0..2000).map(|i| format!("old-{i:04}")).collect();
+        // LPUSH one by one: the newest, old-1999, ends at the head.
+        let _: () = con.lpush(dead.key(), &old).await.unwrap();
+
+        let pushing = tokio::spawn({
+            let mut con = con.clone();
+            let key = dead.key().to_owned();
+            async move {
+                for i in 0.. {
+                    let pushed: redis::RedisResult<()> = con.lpush(&key, format!("new-{i}")).await;
+                    if pushed.is_err() {
+                        break;
+                    }
+                    tokio::task::yield_now().await;
+                }
+            }
+        });
+        // Let the pusher get going, then list in small pages while it pushes.
+        while con.llen::<_, usize>(dead.key()).await.unwrap() < 2100 {
+            tokio::task::yield_now().await;
+        }
+        let listed = dead.list_in_pages(100).await.unwrap();
+        let after = con.llen::<_, usize>(dead.key()).await.unwrap();
+        pushing.abort();
+
+        let raws: Vec<&str> = listed.iter().map(|l| l.raw.as_str()).collect();
+        let distinct: HashSet<&str> = raws.iter().copied().collect();
+        assert_eq!(distinct.len(), raws.len(), "records listed twice");
+        assert!(
+            after > raws.len(),
+            "the pusher did not push during the listing"
+        );
+        let olds: Vec<&str> = raws
+            .iter()
+            .copied()
+            .filter(|r| r.starts_with("old-"))
+            .collect();
+        let newest_first: Vec<&str> = old.iter().rev().map(String::as_str).collect();
+        assert_eq!(olds, newest_first);
+        // Whatever was listed besides the old records was there when the listing started.
+        assert!(raws[..raws.len() - olds.len()]
+            .iter()
+            .all(|r| r.starts_with("new-")));
+        assert!(listed.iter().all(|l| l.record.is_err()));
     }
 }
