@@ -206,6 +206,76 @@ async fn readyz_is_not_ready_while_redis_refuses_the_queue() {
     assert_eq!(done.status_code, 200, "{done:?}");
 }
 
+/// A processor user that may not write the queue's own result list (README's rule less
+/// `~result-list`): every result would be refused, so the processor keeps the results it has,
+/// claims no more work, and `/readyz` names the list; nothing is dead-lettered, and nothing is
+/// sent to the gateway twice. Once the list is granted, the kept results land and the rest of
+/// the queue is served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_result_list_stops_claiming_and_loses_nothing() {
+    let gw = Gateway::start().await;
+    let (redis, mut admin) = acl_redis().await;
+    let processor_url = url("inferq-processor", PROCESSOR_PW, redis.port());
+    let producer_url = url("inferq-producer", PRODUCER_PW, redis.port());
+    let rules = readme_rules();
+    let processor_rule = rules
+        .iter()
+        .find(|r| r.get(1).map(String::as_str) == Some("inferq-processor"))
+        .unwrap();
+    let mut keys = vec!["SETUSER", "inferq-processor", "resetkeys"];
+    keys.extend(
+        processor_rule
+            .iter()
+            .map(String::as_str)
+            .filter(|a| (a.starts_with('~') || a.starts_with('%')) && *a != "~result-list"),
+    );
+    acl(&mut admin, &keys).await;
+    let producer = Producer::connect(&producer_url, Q, "result-list")
+        .await
+        .unwrap();
+    let ids = |batch: &'static str| (0..5).map(move |i| format!("{batch}-{i}"));
+    for id in ids("first") {
+        producer
+            .submit(common::request(&id, 120, "{}"))
+            .await
+            .unwrap();
+    }
+
+    let p = Proc::spawn(&transport(&processor_url, &gw.url(), 2.0, 2, ""), &[]);
+    let why = p.wait_not_ready_because().await;
+    assert!(
+        why.contains("refuses the results of queue")
+            && why.contains("result-list")
+            && why.to_lowercase().contains("noperm"),
+        "{why}"
+    );
+    // Submitted while the results are refused: left pending, not sent. The wait spans the
+    // lease, so the kept claims are renewed rather than reclaimed and sent again.
+    for id in ids("second") {
+        producer
+            .submit(common::request(&id, 120, "{}"))
+            .await
+            .unwrap();
+    }
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    for id in ids("second") {
+        assert!(gw.seen(&id).is_empty(), "{id} was sent; log:\n{}", p.log());
+    }
+    let dead: u64 = admin.llen(format!("{Q}:dead")).await.unwrap();
+    assert_eq!(dead, 0);
+
+    acl(&mut admin, &["SETUSER", "inferq-processor", "~result-list"]).await;
+    p.wait_ready().await;
+    for id in ids("first").chain(ids("second")) {
+        let done = wait_result(&mut admin, &id, Duration::from_secs(20)).await;
+        assert_eq!(done.status_code, 200, "{done:?}");
+        assert_eq!(gw.seen(&id).len(), 1, "{id} sent again; log:\n{}", p.log());
+    }
+    assert_eq!(results_by_id(&mut admin).await.len(), 10);
+    let dead: u64 = admin.llen(format!("{Q}:dead")).await.unwrap();
+    assert_eq!(dead, 0);
+}
+
 /// A message naming a result list the processor's user may not write (README's rule allows
 /// `result-list` only) fails alone: Redis refuses the outcome batch that carries it, the batch is
 /// retried item by item, and its neighbours are each executed once and published once. The

@@ -8,7 +8,7 @@
 //! after 10 ms when it came back partly full. After an empty poll it waits for a wake-up
 //! ([`super::doorbell`]) for up to `poll_interval`; without wake-ups it polls again after a pause
 //! that grows from 10 ms to `poll_interval` while the queue stays empty. A wake-up always cuts
-//! the pause short.
+//! the pause short. While the queue's outbox cannot write results, it claims nothing.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -42,6 +42,16 @@ pub async fn run_consumer(
     let mut failures = 0u32;
     let mut idle = FIRST_IDLE_PAUSE;
     loop {
+        // While the outbox cannot write results, claiming more would only pile up finished work
+        // (and, when Redis refuses the results, send it all to the gateway for nothing).
+        if ctx.outbox_stalled.load(Ordering::SeqCst) {
+            tokio::select! {
+                biased;
+                _ = stop.cancelled() => return,
+                _ = tokio::time::sleep(STALLED_PAUSE.min(polling.interval)) => {}
+            }
+            continue;
+        }
         // Wait until the pool can take a whole batch (the channel holds two), so a busy pool
         // is fed in full batches rather than one poll per freed slot.
         let chunk = polling.batch.min(tx.max_capacity()).max(1);
@@ -88,7 +98,7 @@ pub async fn run_consumer(
                 window,
             }) => {
                 if failures > 0 {
-                    ctx.readiness.set_refusal(ctx.queue.name(), None);
+                    ctx.readiness.set_refusal(&polls_of(&ctx), None);
                 }
                 failures = 0;
                 if seen >= window && admitted > 0 {
@@ -116,7 +126,7 @@ pub async fn run_consumer(
                 // shows by itself in /readyz's PING).
                 if let Some(refused) = e.redis_refusal() {
                     ctx.readiness
-                        .set_refusal(ctx.queue.name(), Some(refused.to_string()));
+                        .set_refusal(&polls_of(&ctx), Some(refused.to_string()));
                 }
                 if failures == 1 || failures % 50 == 0 {
                     tracing::warn!(queue = %ctx.queue.name(), error = %e, "cannot poll the queue; retrying");
@@ -136,6 +146,14 @@ pub async fn run_consumer(
         }
     }
 }
+
+/// What `/readyz` names while Redis refuses this queue's polls.
+fn polls_of(ctx: &QueueCtx) -> String {
+    format!("the polls of queue {:?}", ctx.queue.name())
+}
+
+/// How often a consumer looks again whether its outbox can write.
+const STALLED_PAUSE: Duration = Duration::from_millis(100);
 
 /// The first pause after a poll that found less than a full batch, when no wake-ups arrive.
 const FIRST_IDLE_PAUSE: Duration = Duration::from_millis(10);

@@ -47,11 +47,13 @@ pub struct QueueCtx {
     pub pool_labels: QueueLabels,
     /// The one slot for a request on its last delivery (see [`super::last_chance`]).
     pub last_chance: LastChance,
-    /// The processor's readiness: the consumer reports there whether Redis refuses its polls.
+    /// The processor's readiness: the consumer and the outbox report there whether Redis
+    /// refuses the queue's polls or its results.
     pub readiness: crate::ops::Readiness,
-    /// Set while the outbox holds outcomes it could not write (Redis unreachable): this
-    /// instance's reclaimer waits for them to land before reclaiming, so that after an outage it
-    /// does not hand back to pending the work whose results are about to be written.
+    /// Set while the outbox holds outcomes it could not write (Redis unreachable, or refusing
+    /// this queue's results): this instance's reclaimer waits for them to land before
+    /// reclaiming, so that after an outage it does not hand back to pending the work whose
+    /// results are about to be written, and the consumer claims no more work meanwhile.
     pub outbox_stalled: std::sync::atomic::AtomicBool,
 }
 
@@ -70,6 +72,12 @@ impl QueueCtx {
             return routing.result_queue_name.clone();
         }
         self.default_result_list.clone()
+    }
+
+    /// Whether `list` is a result list this queue is configured with (its own, or the
+    /// processor's default), as opposed to one a message named for itself.
+    pub fn is_configured_result_list(&self, list: &str) -> bool {
+        self.spec.result_queue_name.as_deref() == Some(list) || self.default_result_list == list
     }
 
     /// Hands an outcome to the outbox.

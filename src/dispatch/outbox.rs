@@ -12,7 +12,12 @@
 //! request a delivery.
 //!
 //! An outcome Redis refuses for itself, not for an outage (a result list outside this user's
-//! rights), becomes a dead letter wherever that keeps the request from being sent again.
+//! rights), is handled by whose list it is. For a list this queue is configured with, the fix is
+//! the operator's and every request would meet the same refusal: the outcomes are kept and
+//! retried as in an outage, the consumer claims no more work meanwhile (see `outbox_stalled`),
+//! and `/readyz` names the list until a result lands. For a list one message chose, the others
+//! are unaffected: that outcome becomes a dead letter wherever that keeps the request from being
+//! sent again.
 
 use std::collections::VecDeque;
 use std::sync::atomic::Ordering;
@@ -50,6 +55,7 @@ pub async fn run_outbox(
 ) {
     let mut waiting: VecDeque<Outgoing> = VecDeque::new();
     let mut backoff = Duration::from_millis(50);
+    let mut refused_in_a_row = 0u32;
     let depth = ctx.metrics.outbox_depth.get_or_create(&ctx.labels).clone();
     loop {
         if waiting.is_empty() {
@@ -83,16 +89,28 @@ pub async fn run_outbox(
         let batch: Vec<Outgoing> = waiting.drain(..n).collect();
         match ctx.queue.finish(&batch).await {
             Ok(statuses) => {
-                backoff = Duration::from_millis(50);
-                ctx.outbox_stalled.store(false, Ordering::SeqCst);
+                // Outcomes for a result list this queue is configured with that Redis refused:
+                // kept and retried, as in an outage (see the module comment).
+                let mut kept: Vec<Outgoing> = Vec::new();
+                let mut refusal: Option<(String, String)> = None;
                 for (o, status) in batch.into_iter().zip(statuses) {
                     let f = &o.finish;
+                    let own_list = configured_list(&ctx, f);
                     match status {
-                        Finished::Published => {}
+                        Finished::Published => {
+                            if let Some(list) = own_list {
+                                ctx.readiness.set_refusal(&results_of(&ctx, list), None);
+                            }
+                        }
                         Finished::NotYours => {
                             ctx.series.fenced.get().inc();
                         }
                         Finished::Failed(e) => {
+                            if let Some(list) = own_list {
+                                refusal = Some((list.to_owned(), e));
+                                kept.push(o);
+                                continue;
+                            }
                             if let Some(instead) = instead_of_refused(&ctx, f, &e).await {
                                 waiting.push_back(Outgoing {
                                     finish: instead,
@@ -104,6 +122,27 @@ pub async fn run_outbox(
                         }
                     }
                     ctx.holdings.remove(f.fence());
+                }
+                match refusal {
+                    None => {
+                        refused_in_a_row = 0;
+                        backoff = Duration::from_millis(50);
+                        ctx.outbox_stalled.store(false, Ordering::SeqCst);
+                    }
+                    Some((list, e)) => {
+                        ctx.outbox_stalled.store(true, Ordering::SeqCst);
+                        ctx.readiness
+                            .set_refusal(&results_of(&ctx, &list), Some(e.clone()));
+                        if refused_in_a_row % 50 == 0 {
+                            tracing::error!(queue = %ctx.queue.name(), result_list = %list, error = %e, outcomes = kept.len(), "Redis refuses this queue's results; keeping them, claiming no more work, and retrying");
+                        }
+                        refused_in_a_row = refused_in_a_row.saturating_add(1);
+                        for o in kept.into_iter().rev() {
+                            waiting.push_front(o);
+                        }
+                        tokio::time::sleep(backoff).await;
+                        backoff = (backoff * 2).min(Duration::from_secs(2));
+                    }
                 }
             }
             Err(e) => {
@@ -119,6 +158,26 @@ pub async fn run_outbox(
         depth.set(i64::try_from(waiting.len()).unwrap_or(i64::MAX));
     }
     depth.set(0);
+}
+
+/// The result list `f` pushes to, when this queue is configured with it (not one a message
+/// chose for itself).
+fn configured_list<'f>(ctx: &QueueCtx, f: &'f Finish) -> Option<&'f str> {
+    let list = match f {
+        Finish::Ack { result_list, .. } => result_list,
+        Finish::Bury {
+            result_list,
+            result,
+            ..
+        } if !result.is_empty() => result_list,
+        _ => return None,
+    };
+    ctx.is_configured_result_list(list).then_some(list.as_str())
+}
+
+/// What `/readyz` names while Redis refuses the results of this queue to `list`.
+fn results_of(ctx: &QueueCtx, list: &str) -> String {
+    format!("the results of queue {:?} to {list:?}", ctx.queue.name())
 }
 
 /// What to write instead of an outcome Redis refused for itself (a result list outside this

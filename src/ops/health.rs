@@ -3,7 +3,8 @@
 //! (3 s budget) so it tells the truth when Redis is unreachable; before start, it names what
 //! start-up is stuck on (an unreachable Redis, a refused TLS handshake). Unlike Go, an answering
 //! Redis is not enough: while Redis refuses a queue's polls (say `NOPERM` for a user missing a
-//! command, or `READONLY` from a replica), `/readyz` is 503 and names the queue and the refusal.
+//! command, or `READONLY` from a replica) or the results it writes to its configured result
+//! list, `/readyz` is 503 and names the queue and the refusal.
 //! Also the metrics server.
 
 use std::collections::BTreeMap;
@@ -30,7 +31,8 @@ pub struct Readiness {
     /// Why the processor could not start yet (e.g. Redis refuses the TLS handshake), shown by
     /// `/readyz` while it is not started.
     problem: Arc<Mutex<Option<String>>>,
-    /// Per queue, why Redis refuses its polls; `/readyz` is 503 while any queue has one.
+    /// What Redis refuses (`the polls of queue "q"`) and why; `/readyz` is 503 while there is
+    /// any.
     refusals: Arc<Mutex<BTreeMap<String, String>>>,
 }
 
@@ -49,15 +51,16 @@ impl Readiness {
         *self.problem.lock().unwrap_or_else(PoisonError::into_inner) = problem;
     }
 
-    /// Records that Redis refuses `queue`'s polls with `reason`, or (`None`) that it polls again.
-    pub fn set_refusal(&self, queue: &str, reason: Option<String>) {
+    /// Records that Redis refuses `what` (`the polls of queue "q"`) with `reason`, or (`None`)
+    /// that it takes it again.
+    pub fn set_refusal(&self, what: &str, reason: Option<String>) {
         let mut refusals = self.refusals.lock().unwrap_or_else(PoisonError::into_inner);
         match reason {
             Some(reason) => {
-                refusals.insert(queue.to_owned(), reason);
+                refusals.insert(what.to_owned(), reason);
             }
             None => {
-                refusals.remove(queue);
+                refusals.remove(what);
             }
         }
     }
@@ -66,7 +69,7 @@ impl Readiness {
         self.started.store(ready, Ordering::SeqCst);
     }
 
-    /// `Ok` when started, Redis answers PING within 3 s, and no queue's polls are refused.
+    /// `Ok` when started, Redis answers PING within 3 s, and refuses no queue's polls or results.
     pub async fn check(&self) -> Result<(), String> {
         if !self.started.load(Ordering::SeqCst) {
             let problem = self
@@ -86,9 +89,7 @@ impl Readiness {
             Ok(Ok(_)) => {
                 let refusals = self.refusals.lock().unwrap_or_else(PoisonError::into_inner);
                 match refusals.iter().next() {
-                    Some((queue, reason)) => Err(format!(
-                        "redis refuses the polls of queue {queue:?}: {reason}"
-                    )),
+                    Some((what, reason)) => Err(format!("redis refuses {what}: {reason}")),
                     None => Ok(()),
                 }
             }
