@@ -121,14 +121,16 @@ impl Sim {
         let app =
             server::router(Arc::clone(&state)).into_make_service_with_connect_info::<ConnControl>();
         let stop = shutdown.clone().cancelled_owned();
+        let accepted = Arc::clone(&state.stats.connections_accepted);
         let scheme = if acceptor.is_some() { "https" } else { "http" };
         let server = match acceptor {
             None => {
-                let serve = axum::serve(SimListener::new(tcp), app).with_graceful_shutdown(stop);
+                let serve =
+                    axum::serve(SimListener::new(tcp, accepted), app).with_graceful_shutdown(stop);
                 tokio::spawn(async move { serve.await })
             }
             Some(acceptor) => {
-                let serve = axum::serve(TlsSimListener::new(tcp, acceptor), app)
+                let serve = axum::serve(TlsSimListener::new(tcp, accepted, acceptor), app)
                     .with_graceful_shutdown(stop);
                 tokio::spawn(async move { serve.await })
             }
