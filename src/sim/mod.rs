@@ -2,7 +2,8 @@
 //! benchmarks. It answers `/v1/completions` and `/v1/chat/completions` with filler text after a
 //! configurable latency, enforces a capacity with 429s, injects faults (errors, rate limits,
 //! slow answers, hangs, connection resets, bad requests) at configured rates, and counts how
-//! often each `x-inferq-request-id` was executed so tests can check for lost or duplicated work.
+//! often each `x-inferq-request-id` was executed so tests can check for lost or duplicated work
+//! (and how many TCP connections it accepted, so they can check that clients keep theirs).
 //!
 //! Knobs enter through [`SimConfig`] (flags of `inferq sim`); [`Sim::start`] serves them on a
 //! socket, and counts leave through [`Sim`]'s accessors and the `/stats`, `/executions` and
