@@ -39,7 +39,13 @@ fn quick_bench_writes_every_figure() {
         "inferq bench failed ({})\nstdout:\n{stdout}\nstderr:\n{stderr}",
         out.status
     );
-    for heading in ["drains", "open loop", "target", "redelivery after kill -9"] {
+    for heading in [
+        "drains",
+        "gw conns",
+        "open loop",
+        "target",
+        "redelivery after kill -9",
+    ] {
         assert!(
             stdout.contains(heading),
             "no {heading:?} in the table:\n{stdout}"
@@ -79,6 +85,11 @@ fn quick_bench_writes_every_figure() {
                 "{field} of {d}"
             );
         }
+        // The gateway counted the connections the processor opened to it: at least one.
+        assert!(
+            number(&r, &format!("drains.{i}.gateway_connections")) >= 1.0,
+            "gateway_connections of {d}"
+        );
         // Read from /proc in clock ticks: a tiny drain may cost the gateway none.
         for field in ["redis_cpu_s_per_1k", "gateway_cpu_s_per_1k"] {
             assert!(
@@ -93,6 +104,14 @@ fn quick_bench_writes_every_figure() {
     if r["bullmq"]["measured"].as_bool().unwrap() {
         let ratios = r["bullmq"]["ratios"].as_array().unwrap();
         assert_eq!(ratios.len(), 3, "{text}");
+        let bull_drains = r["bullmq"]["drains"].as_array().unwrap();
+        assert_eq!(bull_drains.len(), 3, "{text}");
+        for (i, b) in bull_drains.iter().enumerate() {
+            assert!(
+                number(&r, &format!("bullmq.drains.{i}.gateway_connections")) >= 1.0,
+                "gateway_connections of {b}"
+            );
+        }
         for i in 0..3 {
             assert!(number(&r, &format!("bullmq.ratios.{i}.inferq_over_bullmq")) > 0.0);
             // What each system's drain cost the machine, per request, and the ratio.

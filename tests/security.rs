@@ -706,6 +706,9 @@ async fn gateway_tls_flags_against_the_simulator() {
         stats.requests, 2,
         "only the trusted and skip-verify requests arrived: {stats:?}"
     );
+    // The TLS listener counts every TCP connection it accepts, failed handshakes included: the
+    // trusted, untrusted and skip-verify processors each opened at least one.
+    assert!(stats.connections_accepted >= 3, "{stats:?}");
 }
 
 /// `inferq sim --tls-cert --tls-key --tls-client-ca` serves HTTPS and turns away a client

@@ -3,13 +3,15 @@
 //! `~/.cache/inferq-bench/bullmq`). In: the folder holding `node_modules/bullmq`, N and the
 //! concurrency; out: BullMQ's jobs/s from the JSON line the drain script prints, and what the
 //! drain cost in CPU: the node process and redis-server (both read by the script over the drain
-//! alone) and the gateway (read here from `/proc`; it is idle while the jobs are added).
+//! alone) and the gateway (read here from `/proc`; it is idle while the jobs are added), and
+//! the TCP connections the gateway accepted over the run (asked of the gateway before and
+//! after).
 
 use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 
-use super::procs::Gateway;
+use super::procs::{connections_between, Gateway};
 use super::{BenchError, Ctx};
 
 /// The node gateway script, written into the run's folder.
@@ -35,6 +37,10 @@ pub struct BullmqDrain {
     /// The gateway's CPU seconds over the run.
     #[serde(default)]
     pub gateway_cpu_s: Option<f64>,
+    /// TCP connections the gateway accepted over the run (the bench's own readings left out):
+    /// about the concurrency when BullMQ's worker keeps its connections alive.
+    #[serde(default)]
+    pub gateway_connections: Option<u64>,
 }
 
 impl BullmqDrain {
@@ -75,6 +81,7 @@ pub async fn run(
     n: u64,
 ) -> Result<BullmqDrain, BenchError> {
     ctx.flush().await?;
+    let connections_before = gateway.connections().await;
     let gateway_before = gateway.cpu_s();
     let out = tokio::process::Command::new("node")
         .arg(script)
@@ -97,6 +104,8 @@ pub async fn run(
             let mut drain: BullmqDrain = serde_json::from_str(line)
                 .map_err(|e| BenchError::Phase(format!("BullMQ printed {line:?}: {e}")))?;
             drain.gateway_cpu_s = super::measure::spent(gateway_before, gateway.cpu_s());
+            drain.gateway_connections =
+                connections_between(connections_before, gateway.connections().await);
             Ok(drain)
         }
         _ => Err(BenchError::Phase(format!(

@@ -2,7 +2,9 @@
 //! stand-in gateway, timed until all N results are on the result list. In: the gateway and N;
 //! out: a [`Drain`] with requests/s (from processor start, and first to last result), Redis
 //! commands per request and redis-server CPU over the drain only (INFO commandstats delta taken after the pre-load,
-//! the bench's own `LLEN` polls and `INFO` left out), and the processor's CPU and peak RSS.
+//! the bench's own `LLEN` polls and `INFO` left out), the processor's CPU and peak RSS, and
+//! the TCP connections the gateway accepted over the drain (read from the gateway before and
+//! after).
 //! Also measured on the way: the producer's commands per submit during the pre-load.
 
 use std::time::Duration;
@@ -11,7 +13,7 @@ use serde::Serialize;
 
 use super::load::{preload, wait_for_results};
 use super::measure::{commandstats, delta, proc_usage, script_calls, spent, CommandCounts};
-use super::procs::{Gateway, GatewayKind, Processor};
+use super::procs::{connections_between, Gateway, GatewayKind, Processor};
 use super::{BenchError, Ctx};
 use crate::queue::producer::Producer;
 
@@ -67,6 +69,10 @@ pub struct Drain {
     pub redis_cpu_s_per_1k: Option<f64>,
     /// The gateway's CPU seconds per 1k requests over the drain.
     pub gateway_cpu_s_per_1k: Option<f64>,
+    /// TCP connections the gateway accepted during the drain (the bench's own readings left
+    /// out): about the concurrency when the processor keeps its connections alive, far more
+    /// when it churns them. `None` when the gateway could not say.
+    pub gateway_connections: Option<u64>,
 }
 
 impl Drain {
@@ -98,6 +104,7 @@ pub async fn run(ctx: &mut Ctx, gateway: &Gateway, n: u64) -> Result<Drain, Benc
     let own_info = CommandCounts::from([("info".to_owned(), 1)]);
     let producer_counts = delta(&before_load, &before, &own_info);
 
+    let connections_before = gateway.connections().await;
     let redis_before = redis_cpu(ctx);
     let gateway_before = gateway.cpu_s();
     let (mut processor, _health) = Processor::spawn(&spec, &ctx.dir)?;
@@ -119,6 +126,7 @@ pub async fn run(ctx: &mut Ctx, gateway: &Gateway, n: u64) -> Result<Drain, Benc
     let usage = processor.usage()?;
     let redis_cpu_s = spent(redis_before, redis_cpu(ctx));
     let gateway_cpu_s = spent(gateway_before, gateway.cpu_s());
+    let connections = connections_between(connections_before, gateway.connections().await);
     let after = commandstats(&mut ctx.con).await?;
     processor.kill9();
 
@@ -146,5 +154,6 @@ pub async fn run(ctx: &mut Ctx, gateway: &Gateway, n: u64) -> Result<Drain, Benc
         peak_rss_mib: usage.peak_rss_mib,
         redis_cpu_s_per_1k: redis_cpu_s.map(|s| s * 1000.0 / n as f64),
         gateway_cpu_s_per_1k: gateway_cpu_s.map(|s| s * 1000.0 / n as f64),
+        gateway_connections: connections,
     })
 }

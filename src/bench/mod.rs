@@ -2,9 +2,10 @@
 //! `redis-server` (AOF, `appendfsync everysec`), the stand-in gateways (`inferq sim` with no
 //! latency and, when node is installed, a node gateway), and `inferq run` processors as child
 //! processes, and measures: each gateway's own ceiling; drains of N requests at a fixed
-//! concurrency (requests/s, Redis commands per request, processor CPU and peak RSS); BullMQ's
-//! drain on the same Redis and node gateway when BullMQ is installed; open-loop submission at
-//! fixed rates (enqueue→dispatch and submit→result latency); redelivery after a kill -9.
+//! concurrency (requests/s, Redis commands per request, processor CPU and peak RSS, connections
+//! the gateway accepted); BullMQ's drain on the same Redis and node gateway when BullMQ is
+//! installed; open-loop submission at fixed rates (enqueue→dispatch and submit→result
+//! latency); redelivery after a kill -9.
 //!
 //! In: [`BenchOptions`]. Out: a [`report::Report`] printed as a table with targets and
 //! pass/miss, written as `bench.json`, and plotted as `bench.png` in the output folder.

@@ -3,6 +3,7 @@
 //! this very binary so that its CPU time and peak memory are its own. Settings enter as
 //! [`ProcessorSpec`]; what leaves is a running child with its ports, its `/proc` readings
 //! ([`super::measure::ProcUsage`]) and a kill -9 or SIGTERM. Every child is killed on drop.
+//! A gateway also says how many TCP connections it has accepted ([`Gateway::connections`]).
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -131,6 +132,25 @@ pub struct Gateway {
     pub port: u16,
     /// Held so the gateway is killed with this value.
     proc: ChildProc,
+    /// Keeps no idle connection, so that each reading of [`Gateway::connections`] opens
+    /// exactly one connection of its own.
+    counter: reqwest::Client,
+}
+
+/// A client that opens a fresh connection for every request and keeps none.
+fn one_shot_client() -> Result<reqwest::Client, BenchError> {
+    Ok(reqwest::Client::builder()
+        .no_proxy()
+        .pool_max_idle_per_host(0)
+        .timeout(Duration::from_secs(10))
+        .build()?)
+}
+
+/// The TCP connections a gateway accepted between two readings of [`Gateway::connections`],
+/// the second reading's own connection left out (the first one's is in `before`); `None` when
+/// either reading failed.
+pub fn connections_between(before: Option<u64>, after: Option<u64>) -> Option<u64> {
+    after?.checked_sub(before?)?.checked_sub(1)
 }
 
 impl Gateway {
@@ -139,6 +159,42 @@ impl Gateway {
         super::measure::proc_usage(self.proc.pid())
             .ok()
             .map(|u| u.cpu_s)
+    }
+
+    /// The TCP connections the gateway has accepted so far, this reading's own included (it
+    /// opens one of its own: see [`connections_between`]): the node gateway's
+    /// `GET /connections`, the simulator's `connections_accepted` in `GET /stats`. `None` when
+    /// the gateway does not answer or the answer does not parse.
+    pub async fn connections(&self) -> Option<u64> {
+        let path = match self.kind {
+            GatewayKind::Node => "connections",
+            GatewayKind::Sim => "stats",
+        };
+        let read = async {
+            let resp = self
+                .counter
+                .get(format!("{}/{path}", self.base_url()))
+                .send()
+                .await
+                .ok()?
+                .error_for_status()
+                .ok()?;
+            let body = resp.bytes().await.ok()?;
+            match self.kind {
+                GatewayKind::Node => std::str::from_utf8(&body).ok()?.trim().parse().ok(),
+                GatewayKind::Sim => serde_json::from_slice::<serde_json::Value>(&body).ok()?
+                    ["connections_accepted"]
+                    .as_u64(),
+            }
+        };
+        let count = read.await;
+        if count.is_none() {
+            super::say(format!(
+                "the {} gateway's /{path} did not say how many connections it accepted",
+                self.kind.name()
+            ));
+        }
+        count
     }
 
     /// `inferq sim` answering after `ttft_ms` (0: at once).
@@ -161,6 +217,7 @@ impl Gateway {
             kind: GatewayKind::Sim,
             port,
             proc,
+            counter: one_shot_client()?,
         })
     }
 
@@ -181,6 +238,7 @@ impl Gateway {
             kind: GatewayKind::Node,
             port,
             proc,
+            counter: one_shot_client()?,
         })
     }
 

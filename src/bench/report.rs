@@ -354,7 +354,7 @@ impl Report {
         }
         println!();
         println!(
-            "drains    {:>7} {:>9} {:>8} {:>8} {:>10} {:>9} {:>11} {:>10} {:>9} {:>12} {:>10} {:>11}",
+            "drains    {:>7} {:>9} {:>8} {:>8} {:>10} {:>9} {:>11} {:>10} {:>9} {:>12} {:>10} {:>11} {:>9}",
             "N",
             "req/s",
             "seconds",
@@ -366,11 +366,12 @@ impl Report {
             "peak MiB",
             "redis CPU/1k",
             "gw CPU/1k",
-            "all µs/req"
+            "all µs/req",
+            "gw conns"
         );
         for d in &self.drains {
             println!(
-                "  {:<7} {:>7} {:>9.0} {:>8.2} {:>7.0}% {:>10.2} {:>9.3} {:>11.2} {:>10.3} {:>9.1} {:>12.3} {:>10.3} {:>11.1}",
+                "  {:<7} {:>7} {:>9.0} {:>8.2} {:>7.0}% {:>10.2} {:>9.3} {:>11.2} {:>10.3} {:>9.1} {:>12.3} {:>10.3} {:>11.1} {:>9}",
                 d.gateway.name(),
                 d.n,
                 d.requests_per_s,
@@ -383,9 +384,14 @@ impl Report {
                 d.peak_rss_mib,
                 d.redis_cpu_s_per_1k.unwrap_or(f64::NAN),
                 d.gateway_cpu_s_per_1k.unwrap_or(f64::NAN),
-                d.machine_cpu_us().unwrap_or(f64::NAN)
+                d.machine_cpu_us().unwrap_or(f64::NAN),
+                count(d.gateway_connections)
             );
         }
+        println!(
+            "  (gw conns: TCP connections the gateway accepted during the drain; about the concurrency, {}, when connections are kept alive)",
+            s.concurrency
+        );
         let cores = self.machine.nproc.max(1) as f64;
         for d in self
             .drains
@@ -415,23 +421,37 @@ impl Report {
         println!();
         if self.bullmq.measured {
             println!(
-                "BullMQ     {:>7} {:>9} {:>9} {:>9} {:>14} {:>14} {:>10}",
-                "N", "jobs/s", "inferq", "ratio", "BullMQ µs/job", "inferq µs/req", "CPU ratio"
+                "BullMQ     {:>7} {:>9} {:>9} {:>9} {:>14} {:>14} {:>10} {:>9}",
+                "N",
+                "jobs/s",
+                "inferq",
+                "ratio",
+                "BullMQ µs/job",
+                "inferq µs/req",
+                "CPU ratio",
+                "gw conns"
             );
             for r in &self.bullmq.ratios {
+                let conns = self
+                    .bullmq
+                    .drains
+                    .iter()
+                    .find(|b| b.n == r.n)
+                    .and_then(|b| b.gateway_connections);
                 println!(
-                    "  node     {:>7} {:>9.0} {:>9.0} {:>8.2}x {:>14.1} {:>14.1} {:>9.2}x",
+                    "  node     {:>7} {:>9.0} {:>9.0} {:>8.2}x {:>14.1} {:>14.1} {:>9.2}x {:>9}",
                     r.n,
                     r.bullmq_jobs_per_s,
                     r.inferq_requests_per_s,
                     r.inferq_over_bullmq,
                     r.bullmq_cpu_us.unwrap_or(f64::NAN),
                     r.inferq_cpu_us.unwrap_or(f64::NAN),
-                    r.bullmq_cpu_over_inferq.unwrap_or(f64::NAN)
+                    r.bullmq_cpu_over_inferq.unwrap_or(f64::NAN),
+                    count(conns)
                 );
             }
             println!(
-                "  (µs: CPU per request of worker + redis-server + gateway, each over its drain)"
+                "  (µs: CPU per request of worker + redis-server + gateway, each over its drain; gw conns: TCP connections the gateway accepted during BullMQ's drain)"
             );
         } else {
             println!(
@@ -483,4 +503,9 @@ impl Report {
         std::fs::write(path, text)
             .map_err(|e| BenchError::setup(format!("cannot write {}", path.display()), e))
     }
+}
+
+/// A count for a table cell, `-` when it was not measured.
+fn count(value: Option<u64>) -> String {
+    value.map_or_else(|| "-".to_owned(), |n| n.to_string())
 }

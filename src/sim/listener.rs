@@ -7,11 +7,14 @@
 //! [`TlsSimListener`] does the same over TLS: each accepted TCP stream's handshake runs in its own
 //! task (a slow or failing client never holds up the others), and [`Resettable`] on the TLS stream
 //! delegates to its TCP stream.
+//!
+//! Both listeners count every TCP connection they accept (before any TLS handshake) on the
+//! counter they are given, the simulator's `connections_accepted`.
 
 use std::io;
 use std::net::SocketAddr;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -149,12 +152,13 @@ impl<S: AsyncWrite + Resettable + Unpin> AsyncWrite for ConnIo<S> {
 #[derive(Debug)]
 pub struct SimListener {
     inner: TcpListener,
+    accepted: Arc<AtomicU64>,
 }
 
 impl SimListener {
-    /// Wraps a bound listener.
-    pub fn new(inner: TcpListener) -> Self {
-        Self { inner }
+    /// Wraps a bound listener; every accepted connection adds one to `accepted`.
+    pub fn new(inner: TcpListener, accepted: Arc<AtomicU64>) -> Self {
+        Self { inner, accepted }
     }
 }
 
@@ -163,7 +167,7 @@ impl Listener for SimListener {
     type Addr = SocketAddr;
 
     async fn accept(&mut self) -> (Self::Io, Self::Addr) {
-        let (stream, addr) = accept_tcp(&self.inner).await;
+        let (stream, addr) = accept_tcp(&self.inner, &self.accepted).await;
         (ConnIo::new(stream), addr)
     }
 
@@ -173,11 +177,13 @@ impl Listener for SimListener {
 }
 
 /// Accepts the next TCP connection, with `TCP_NODELAY` set (small answers on kept-alive
-/// connections must not wait for Nagle). Cancel-safe: no connection is lost if dropped.
-async fn accept_tcp(listener: &TcpListener) -> (TcpStream, SocketAddr) {
+/// connections must not wait for Nagle), and counts it on `accepted`. Cancel-safe: no
+/// connection is lost (or counted without being returned) if dropped.
+async fn accept_tcp(listener: &TcpListener, accepted: &AtomicU64) -> (TcpStream, SocketAddr) {
     loop {
         match listener.accept().await {
             Ok((stream, addr)) => {
+                accepted.fetch_add(1, Ordering::Relaxed);
                 if let Err(e) = stream.set_nodelay(true) {
                     tracing::debug!("could not set TCP_NODELAY: {e}");
                 }
@@ -218,17 +224,20 @@ type Handshaken = (ConnIo<TlsStream<TcpStream>>, SocketAddr);
 /// A TCP listener that hands out TLS streams once their handshake is done.
 pub struct TlsSimListener {
     inner: TcpListener,
+    accepted: Arc<AtomicU64>,
     acceptor: TlsAcceptor,
     done_tx: mpsc::Sender<Handshaken>,
     done_rx: mpsc::Receiver<Handshaken>,
 }
 
 impl TlsSimListener {
-    /// Wraps a bound listener.
-    pub fn new(inner: TcpListener, acceptor: TlsAcceptor) -> Self {
+    /// Wraps a bound listener; every accepted TCP connection adds one to `accepted`, whether
+    /// or not its handshake then succeeds.
+    pub fn new(inner: TcpListener, accepted: Arc<AtomicU64>, acceptor: TlsAcceptor) -> Self {
         let (done_tx, done_rx) = mpsc::channel(64);
         Self {
             inner,
+            accepted,
             acceptor,
             done_tx,
             done_rx,
@@ -258,7 +267,7 @@ impl Listener for TlsSimListener {
         loop {
             tokio::select! {
                 Some(ready) = self.done_rx.recv() => return ready,
-                (stream, addr) = accept_tcp(&self.inner) => self.handshake(stream, addr),
+                (stream, addr) = accept_tcp(&self.inner, &self.accepted) => self.handshake(stream, addr),
             }
         }
     }

@@ -5,12 +5,16 @@
 
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
 
 use serde::Serialize;
 
 /// Monotonic counters and live gauges, all atomics so the hot path never locks.
 #[derive(Debug, Default)]
 pub struct Stats {
+    /// TCP connections accepted, bumped by the accept loop (which holds a clone of the `Arc`);
+    /// with TLS, counted before the handshake, so failed handshakes count too.
+    pub connections_accepted: Arc<AtomicU64>,
     /// Every request that reached a completion endpoint.
     pub requests: AtomicU64,
     /// Requests admitted to the run stage (the sum of all per-id executions, plus requests
@@ -51,6 +55,11 @@ pub struct Stats {
 /// A point-in-time copy of the simulator's counters and gauges, as served by `GET /stats`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
 pub struct SimStats {
+    /// TCP connections accepted since start: with clients that keep their connections alive,
+    /// about their concurrency; far more means they open a connection per request or so.
+    /// (Absent from an older simulator's `/stats`: read as 0.)
+    #[serde(default)]
+    pub connections_accepted: u64,
     /// Every request that reached a completion endpoint.
     pub requests: u64,
     /// Requests admitted to the run stage, whatever befell them there.
@@ -85,6 +94,7 @@ impl Stats {
     /// Copies every counter.
     pub fn snapshot(&self) -> SimStats {
         SimStats {
+            connections_accepted: self.connections_accepted.load(Relaxed),
             requests: self.requests.load(Relaxed),
             executed: self.executed.load(Relaxed),
             ok: self.ok.load(Relaxed),
@@ -151,6 +161,12 @@ impl Stats {
             &[("", self.generation_tokens.load(Relaxed))],
         );
         metric(
+            "inferq_sim_connections_accepted_total",
+            "counter",
+            "TCP connections accepted.",
+            &[("", s.connections_accepted)],
+        );
+        metric(
             "inferq_sim_requests_total",
             "counter",
             "Requests that reached a completion endpoint.",
@@ -203,6 +219,7 @@ mod tests {
         stats.running.store(3, Relaxed);
         stats.ok.store(5, Relaxed);
         stats.ok_length.store(2, Relaxed);
+        stats.connections_accepted.store(4, Relaxed);
         let text = stats.render_prometheus("a\"b");
         assert!(text.contains("# TYPE vllm:num_requests_running gauge"));
         assert!(text.contains("vllm:num_requests_running{model_name=\"a\\\"b\"} 3"));
@@ -210,5 +227,7 @@ mod tests {
         assert!(text.contains(
             "vllm:request_success_total{model_name=\"a\\\"b\",finished_reason=\"stop\"} 3"
         ));
+        assert!(text.contains("# TYPE inferq_sim_connections_accepted_total counter"));
+        assert!(text.contains("inferq_sim_connections_accepted_total{model_name=\"a\\\"b\"} 4"));
     }
 }

@@ -2,7 +2,8 @@
 //! benchmarks. It answers `/v1/completions` and `/v1/chat/completions` with filler text after a
 //! configurable latency, enforces a capacity with 429s, injects faults (errors, rate limits,
 //! slow answers, hangs, connection resets, bad requests) at configured rates, and counts how
-//! often each `x-inferq-request-id` was executed so tests can check for lost or duplicated work.
+//! often each `x-inferq-request-id` was executed so tests can check for lost or duplicated work
+//! (and how many TCP connections it accepted, so they can check that clients keep theirs).
 //!
 //! Knobs enter through [`SimConfig`] (flags of `inferq sim`); [`Sim::start`] serves them on a
 //! socket, and counts leave through [`Sim`]'s accessors and the `/stats`, `/executions` and
@@ -121,14 +122,16 @@ impl Sim {
         let app =
             server::router(Arc::clone(&state)).into_make_service_with_connect_info::<ConnControl>();
         let stop = shutdown.clone().cancelled_owned();
+        let accepted = Arc::clone(&state.stats.connections_accepted);
         let scheme = if acceptor.is_some() { "https" } else { "http" };
         let server = match acceptor {
             None => {
-                let serve = axum::serve(SimListener::new(tcp), app).with_graceful_shutdown(stop);
+                let serve =
+                    axum::serve(SimListener::new(tcp, accepted), app).with_graceful_shutdown(stop);
                 tokio::spawn(async move { serve.await })
             }
             Some(acceptor) => {
-                let serve = axum::serve(TlsSimListener::new(tcp, acceptor), app)
+                let serve = axum::serve(TlsSimListener::new(tcp, accepted, acceptor), app)
                     .with_graceful_shutdown(stop);
                 tokio::spawn(async move { serve.await })
             }

@@ -490,6 +490,92 @@ async fn executions_are_counted_per_request_id() {
     sim.stop().await;
 }
 
+/// Sends one `POST /v1/completions` on `stream` (HTTP/1.1, kept alive) and reads the answer
+/// through its `content-length`; returns the status code. Raw, so the test decides exactly
+/// which connection each request rides on.
+async fn post_on(stream: &mut tokio::io::BufReader<tokio::net::TcpStream>) -> u16 {
+    use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
+    let body = to_body(&completion(Some(2)));
+    let head = format!(
+        "POST /v1/completions HTTP/1.1\r\nhost: sim\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
+        body.len()
+    );
+    stream.get_mut().write_all(head.as_bytes()).await.unwrap();
+    stream.get_mut().write_all(&body).await.unwrap();
+    let mut status = String::new();
+    stream.read_line(&mut status).await.unwrap();
+    let code = status.split(' ').nth(1).unwrap().parse().unwrap();
+    let mut length = 0;
+    loop {
+        let mut line = String::new();
+        stream.read_line(&mut line).await.unwrap();
+        let line = line.trim_end().to_ascii_lowercase();
+        if line.is_empty() {
+            break;
+        }
+        if let Some(n) = line.strip_prefix("content-length:") {
+            length = n.trim().parse().unwrap();
+        }
+    }
+    let mut answer = vec![0; length];
+    stream.read_exact(&mut answer).await.unwrap();
+    code
+}
+
+#[tokio::test]
+async fn accepted_connections_are_counted_not_requests() {
+    let sim = start(SimConfig::instant()).await;
+    let connect = || async {
+        tokio::io::BufReader::new(
+            tokio::net::TcpStream::connect(sim.local_addr())
+                .await
+                .unwrap(),
+        )
+    };
+    assert_eq!(sim.stats().connections_accepted, 0);
+
+    // Two requests kept alive on one connection: one connection.
+    let mut first = connect().await;
+    assert_eq!(post_on(&mut first).await, 200);
+    assert_eq!(post_on(&mut first).await, 200);
+    let stats = sim.stats();
+    assert_eq!((stats.requests, stats.connections_accepted), (2, 1));
+
+    // A second client connection, while the first stays open: two.
+    let mut second = connect().await;
+    assert_eq!(post_on(&mut second).await, 200);
+    assert_eq!(post_on(&mut first).await, 200);
+    let stats = sim.stats();
+    assert_eq!((stats.requests, stats.connections_accepted), (4, 2));
+
+    // A connection that never sends a request counts as well (it was accepted).
+    let _silent = connect().await;
+    eventually("the silent connection counted", || {
+        sim.stats().connections_accepted == 3
+    })
+    .await;
+
+    // Served by /stats and /metrics (the reqwest client's own connection makes it 4).
+    let c = client();
+    let stats = get_json(&c, format!("{}/stats", sim.base_url())).await;
+    assert_eq!(stats["connections_accepted"], 4, "{stats}");
+    let metrics = c
+        .get(format!("{}/metrics", sim.base_url()))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let line = metrics
+        .lines()
+        .find(|l| l.starts_with("inferq_sim_connections_accepted_total{"))
+        .unwrap_or_else(|| panic!("no connection counter in:\n{metrics}"));
+    let count: u64 = line.rsplit(' ').next().unwrap().parse().unwrap();
+    assert!((4..=5).contains(&count), "{line}");
+    sim.stop().await;
+}
+
 #[tokio::test]
 async fn metrics_expose_vllm_gauges_that_follow_running_requests() {
     let sim = start(SimConfig {
