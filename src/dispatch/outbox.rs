@@ -15,7 +15,9 @@
 //! rights), is handled by whose list it is. For a list this queue is configured with, the fix is
 //! the operator's and every request would meet the same refusal: the outcomes are kept and
 //! retried as in an outage, the consumer claims no more work meanwhile (see `outbox_stalled`),
-//! and `/readyz` names the list until a result lands. For a list one message chose, the others
+//! and `/readyz` names the list until the results land. (Since the consumer stops polling
+//! whenever the outbox is stalled, the outbox also reports a refusal that stalls it, such as
+//! `READONLY` from a replica.) For a list one message chose, the others
 //! are unaffected: that outcome becomes a dead letter wherever that keeps the request from being
 //! sent again.
 
@@ -97,11 +99,7 @@ pub async fn run_outbox(
                     let f = &o.finish;
                     let own_list = configured_list(&ctx, f);
                     match status {
-                        Finished::Published => {
-                            if let Some(list) = own_list {
-                                ctx.readiness.set_refusal(&results_of(&ctx, list), None);
-                            }
-                        }
+                        Finished::Published => {}
                         Finished::NotYours => {
                             ctx.series.fenced.get().inc();
                         }
@@ -128,11 +126,14 @@ pub async fn run_outbox(
                         refused_in_a_row = 0;
                         backoff = Duration::from_millis(50);
                         ctx.outbox_stalled.store(false, Ordering::SeqCst);
+                        ctx.readiness.set_refusal(&results_of(&ctx), None);
                     }
                     Some((list, e)) => {
                         ctx.outbox_stalled.store(true, Ordering::SeqCst);
-                        ctx.readiness
-                            .set_refusal(&results_of(&ctx, &list), Some(e.clone()));
+                        ctx.readiness.set_refusal(
+                            &results_of(&ctx),
+                            Some(format!("{e} (result list {list:?})")),
+                        );
                         if refused_in_a_row % 50 == 0 {
                             tracing::error!(queue = %ctx.queue.name(), result_list = %list, error = %e, outcomes = kept.len(), "Redis refuses this queue's results; keeping them, claiming no more work, and retrying");
                         }
@@ -147,6 +148,11 @@ pub async fn run_outbox(
             }
             Err(e) => {
                 ctx.outbox_stalled.store(true, Ordering::SeqCst);
+                // The consumer claims nothing meanwhile, so its polls cannot report this.
+                if let Some(refused) = e.redis_refusal() {
+                    ctx.readiness
+                        .set_refusal(&results_of(&ctx), Some(refused.to_string()));
+                }
                 tracing::warn!(queue = %ctx.queue.name(), error = %e, outcomes = batch.len(), "cannot write outcomes yet; keeping them while their leases last");
                 for f in batch.into_iter().rev() {
                     waiting.push_front(f);
@@ -175,9 +181,9 @@ fn configured_list<'f>(ctx: &QueueCtx, f: &'f Finish) -> Option<&'f str> {
     ctx.is_configured_result_list(list).then_some(list.as_str())
 }
 
-/// What `/readyz` names while Redis refuses the results of this queue to `list`.
-fn results_of(ctx: &QueueCtx, list: &str) -> String {
-    format!("the results of queue {:?} to {list:?}", ctx.queue.name())
+/// What `/readyz` names while Redis refuses this queue's results.
+fn results_of(ctx: &QueueCtx) -> String {
+    format!("the results of queue {:?}", ctx.queue.name())
 }
 
 /// What to write instead of an outcome Redis refused for itself (a result list outside this

@@ -4,10 +4,10 @@
 //! and a per-attempt timeout enter; an [`Attempt`] leaves. `send` never fails: every way an
 //! exchange can end is an [`Outcome`].
 //!
-//! Like Go's worker transport: one pooled client shared by all workers (idle timeout 90 s), no client-level timeout (the caller passes
-//! `min(--request-timeout, time to the deadline)` per attempt), redirects followed (up to 10, as
-//! Go's default policy), and no proxy (Go's hand-built transport ignores `HTTP_PROXY`; so does
-//! inferq). HTTP/2 is used when a TLS gateway offers it by ALPN; cleartext gateways get HTTP/1.1.
+//! Like Go's worker transport: one pooled client shared by all workers (idle timeout 90 s), no
+//! client-level timeout (the caller passes `min(--request-timeout, time to the deadline)` per
+//! attempt), redirects followed (up to 10, as Go's default policy), and no proxy (Go's hand-built
+//! transport ignores `HTTP_PROXY`; so does inferq). HTTP/2 is used when a TLS gateway offers it by ALPN; cleartext gateways get HTTP/1.1.
 //!
 //! Cancel safety: `send` owns everything it uses, so dropping its future (for example from a
 //! `tokio::select!` branch that lost) drops the in-flight request. For HTTP/1.1 hyper then closes
