@@ -41,7 +41,7 @@ pub enum Action {
         /// Only records of these request ids.
         #[arg(long)]
         id: Vec<String>,
-        /// At most this many records.
+        /// At most this many records, the newest (without --id, only they are read).
         #[arg(long)]
         limit: Option<usize>,
         /// Write JSONL even on a terminal.
@@ -125,7 +125,10 @@ pub async fn dead_letter(args: DeadLetterArgs) -> Result<(), Failure> {
             members,
         } => {
             let dead = open(&target).await?;
-            let entries = dead.list().await?;
+            let entries = match limit {
+                Some(n) if id.is_empty() => dead.newest(n).await?,
+                _ => dead.list().await?,
+            };
             let chosen: Vec<&Listed> = if id.is_empty() {
                 entries.iter().collect()
             } else {

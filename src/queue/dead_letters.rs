@@ -67,6 +67,13 @@ pub struct Requeued {
     pub deadline: i64,
 }
 
+/// An entry as stored, with its record decoded (or why it is not one).
+fn listed(bytes: Vec<u8>) -> Listed {
+    let raw = String::from_utf8_lossy(&bytes).into_owned();
+    let record = serde_json::from_str::<DeadRecord>(&raw).map_err(|e| e.to_string());
+    Listed { raw, record }
+}
+
 /// One queue's dead list.
 #[derive(Clone)]
 pub struct DeadLetters {
@@ -95,6 +102,21 @@ impl DeadLetters {
         self.list_in_pages(PAGE).await
     }
 
+    /// The `n` newest entries, newest first, read in one step (a listing with a limit need not
+    /// read the whole list).
+    pub async fn newest(&self, n: usize) -> Result<Vec<Listed>, QueueError> {
+        if n == 0 {
+            return Ok(Vec::new());
+        }
+        let entries: Vec<Vec<u8>> = redis::cmd("LRANGE")
+            .arg(&self.keys.dead)
+            .arg(0)
+            .arg(isize::try_from(n).unwrap_or(isize::MAX) - 1)
+            .query_async(&mut self.con.clone())
+            .await?;
+        Ok(entries.into_iter().map(listed).collect())
+    }
+
     async fn list_in_pages(&self, page: isize) -> Result<Vec<Listed>, QueueError> {
         let mut con = self.con.clone();
         let len: isize = redis::cmd("LLEN")
@@ -120,16 +142,7 @@ impl DeadLetters {
             }
             (end, left) = (start - 1, left - n);
         }
-        Ok(pages
-            .into_iter()
-            .rev()
-            .flatten()
-            .map(|bytes| {
-                let raw = String::from_utf8_lossy(&bytes).into_owned();
-                let record = serde_json::from_str::<DeadRecord>(&raw).map_err(|e| e.to_string());
-                Listed { raw, record }
-            })
-            .collect())
+        Ok(pages.into_iter().rev().flatten().map(listed).collect())
     }
 
     /// The member a requeue would write, or why there is none: the record's exact member
@@ -243,6 +256,24 @@ mod tests {
 
     use super::*;
     use crate::testkit::RedisServer;
+
+    /// `list --limit N` reads the N newest entries, newest first, as the whole listing would
+    /// show them.
+    #[tokio::test]
+    async fn newest_are_the_head_of_the_listing() {
+        let server = RedisServer::start().expect("redis-server");
+        let client = redis::Client::open(server.url()).unwrap();
+        let mut con = redis::aio::ConnectionManager::new(client).await.unwrap();
+        let dead = DeadLetters::new(con.clone(), "q");
+        let records: Vec<String> = (0..10).map(|i| format!("r{i}")).collect();
+        let _: () = con.lpush(dead.key(), &records).await.unwrap();
+        let raws = |entries: Vec<Listed>| entries.into_iter().map(|l| l.raw).collect::<Vec<_>>();
+        let all = raws(dead.list().await.unwrap());
+        assert_eq!(all[0], "r9");
+        assert_eq!(raws(dead.newest(3).await.unwrap()), all[..3]);
+        assert_eq!(raws(dead.newest(100).await.unwrap()), all);
+        assert!(dead.newest(0).await.unwrap().is_empty());
+    }
 
     /// A listing taken while processors keep pushing records shows each record that was there
     /// when it started exactly once, newest first, and nothing pushed after it started.
