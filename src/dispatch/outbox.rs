@@ -58,6 +58,8 @@ pub async fn run_outbox(
     let mut waiting: VecDeque<Outgoing> = VecDeque::new();
     let mut backoff = Duration::from_millis(50);
     let mut refused_in_a_row = 0u32;
+    // Whether /readyz was told that Redis refuses this queue's results.
+    let mut reported = false;
     let depth = ctx.metrics.outbox_depth.get_or_create(&ctx.labels).clone();
     loop {
         if waiting.is_empty() {
@@ -126,7 +128,9 @@ pub async fn run_outbox(
                         refused_in_a_row = 0;
                         backoff = Duration::from_millis(50);
                         ctx.outbox_stalled.store(false, Ordering::SeqCst);
-                        ctx.readiness.set_refusal(&results_of(&ctx), None);
+                        if std::mem::take(&mut reported) {
+                            ctx.readiness.set_refusal(&results_of(&ctx), None);
+                        }
                     }
                     Some((list, e)) => {
                         ctx.outbox_stalled.store(true, Ordering::SeqCst);
@@ -134,6 +138,7 @@ pub async fn run_outbox(
                             &results_of(&ctx),
                             Some(format!("{e} (result list {list:?})")),
                         );
+                        reported = true;
                         if refused_in_a_row % 50 == 0 {
                             tracing::error!(queue = %ctx.queue.name(), result_list = %list, error = %e, outcomes = kept.len(), "Redis refuses this queue's results; keeping them, claiming no more work, and retrying");
                         }
@@ -152,6 +157,7 @@ pub async fn run_outbox(
                 if let Some(refused) = e.redis_refusal() {
                     ctx.readiness
                         .set_refusal(&results_of(&ctx), Some(refused.to_string()));
+                    reported = true;
                 }
                 tracing::warn!(queue = %ctx.queue.name(), error = %e, outcomes = batch.len(), "cannot write outcomes yet; keeping them while their leases last");
                 for f in batch.into_iter().rev() {
