@@ -174,14 +174,14 @@ impl Finish {
             "{}; its result could not be published to {result_list:?}: {refusal}",
             dead.reason
         );
-        Some(Finish::Bury {
-            fence: fence.clone(),
-            id: id.clone(),
-            request_token: request_token.clone(),
-            result_list: result_list.clone(),
-            result: String::new(),
-            record: serde_json::to_string(&dead).ok()?,
-        })
+        let record = serde_json::to_string(&dead).ok()?;
+        Some(resultless_bury(
+            fence,
+            id,
+            request_token,
+            result_list,
+            record,
+        ))
     }
 
     /// For an ack Redis refused to take (the result list is outside this user's rights, say):
@@ -212,14 +212,13 @@ impl Finish {
         record.request_token = request_token.clone();
         record.deliveries = deliveries;
         record.result = result.clone();
-        Some(Finish::Bury {
-            fence: fence.clone(),
-            id: id.clone(),
-            request_token: request_token.clone(),
-            result_list: result_list.clone(),
-            result: String::new(),
-            record: record.to_json(),
-        })
+        Some(resultless_bury(
+            fence,
+            id,
+            request_token,
+            result_list,
+            record.to_json(),
+        ))
     }
 
     pub fn fence(&self) -> &Fence {
@@ -229,6 +228,25 @@ impl Finish {
             | Finish::Park { fence, .. }
             | Finish::Release { fence } => fence,
         }
+    }
+}
+
+/// A bury of the claim under `fence` that pushes no result to `result_list`, with `record` as
+/// its dead letter.
+fn resultless_bury(
+    fence: &Fence,
+    id: &str,
+    request_token: &str,
+    result_list: &str,
+    record: String,
+) -> Finish {
+    Finish::Bury {
+        fence: fence.clone(),
+        id: id.to_owned(),
+        request_token: request_token.to_owned(),
+        result_list: result_list.to_owned(),
+        result: String::new(),
+        record,
     }
 }
 

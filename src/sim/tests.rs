@@ -61,6 +61,10 @@ async fn get_json(c: &reqwest::Client, url: String) -> Value {
         .unwrap()
 }
 
+async fn get_text(c: &reqwest::Client, url: String) -> String {
+    c.get(url).send().await.unwrap().text().await.unwrap()
+}
+
 /// Polls `cond` every 10 ms for up to 3 s.
 async fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
     let deadline = Instant::now() + Duration::from_secs(3);
@@ -296,14 +300,7 @@ async fn queue_holds_requests_until_a_slot_frees() {
     let queued = occupy(&sim, &c, 1);
     eventually("one waiting", || sim.stats().waiting == 1).await;
 
-    let metrics = c
-        .get(format!("{}/metrics", sim.base_url()))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = get_text(&c, format!("{}/metrics", sim.base_url())).await;
     assert!(metrics.contains("vllm:num_requests_waiting{model_name=\"inferq-sim\"} 1"));
 
     assert_eq!(post(&c, &sim, None).await.status(), 429);
@@ -559,14 +556,7 @@ async fn accepted_connections_are_counted_not_requests() {
     let c = client();
     let stats = get_json(&c, format!("{}/stats", sim.base_url())).await;
     assert_eq!(stats["connections_accepted"], 4, "{stats}");
-    let metrics = c
-        .get(format!("{}/metrics", sim.base_url()))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = get_text(&c, format!("{}/metrics", sim.base_url())).await;
     let line = metrics
         .lines()
         .find(|l| l.starts_with("inferq_sim_connections_accepted_total{"))
