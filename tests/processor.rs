@@ -546,6 +546,51 @@ async fn finished_work_outlives_an_outage_longer_than_the_lease() {
     assert_eq!(claimed, 0);
 }
 
+/// The same outage with a second instance running: when Redis is back, that instance's
+/// reclaimer finds the first one's claims expired. It must give their owner time to renew them
+/// and write the finished outcomes it kept, instead of handing the work back to pending to be
+/// executed again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_an_outage_a_survivor_lets_the_owner_finish_first() {
+    let mut redis = RedisServer::start().unwrap();
+    let gw = Gateway::start().await;
+    let opts = ProcessorOpts {
+        lease_s: 1.5,
+        reclaim_ms: 500,
+        ..ProcessorOpts::default()
+    };
+    for i in 0..6 {
+        gw.script(
+            &format!("o{i}"),
+            vec![Reply::ok("{}").after(Duration::from_millis(500))],
+        );
+    }
+    let owner = Processor::start(&redis, &gw, &opts).await;
+    let producer = producer(&redis, Q).await;
+    for i in 0..6 {
+        producer
+            .submit(request(&format!("o{i}"), 120, "{}"))
+            .await
+            .unwrap();
+    }
+    gw.wait_executions(6, Duration::from_secs(10)).await;
+    let survivor = Processor::start(&redis, &gw, &opts).await;
+    redis.kill();
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    redis.restart().unwrap();
+    let mut con = con(&redis).await;
+    let got = wait_results(&mut con, 6, Duration::from_secs(15)).await;
+    assert_eq!(got.len(), 6, "{got:?}");
+    let executions: usize = gw.executions().values().sum();
+    assert_eq!(
+        executions,
+        6,
+        "work finished before the outage was done again\nowner:\n{}\nsurvivor:\n{}",
+        owner.log(),
+        survivor.log()
+    );
+}
+
 /// A claim taken over by another owner (here: its owner token overwritten, as a reclaim by a
 /// survivor would) is dropped at the next renewal: the in-flight HTTP request is aborted and the
 /// old owner publishes nothing.

@@ -55,6 +55,10 @@ pub struct QueueCtx {
     /// reclaiming, so that after an outage it does not hand back to pending the work whose
     /// results are about to be written, and the consumer claims no more work meanwhile.
     pub outbox_stalled: std::sync::atomic::AtomicBool,
+    /// Set when a call of this queue's upkeep, consumer or outbox could not reach Redis (or was
+    /// refused); the reclaimer clears it once Redis answers and a lease has passed (see
+    /// [`super::upkeep::reclaimer`]).
+    pub redis_lost: std::sync::atomic::AtomicBool,
 }
 
 impl QueueCtx {

@@ -241,6 +241,7 @@ pub async fn run(config: RunConfig, shutdown: CancellationToken) -> Result<(), D
             last_chance: Default::default(),
             readiness: readiness.clone(),
             outbox_stalled: Default::default(),
+            redis_lost: Default::default(),
         });
         // Room for two batches: one being worked off while the next is claimed.
         let (tx, rx) = mpsc::channel(polling.batch.saturating_mul(2));

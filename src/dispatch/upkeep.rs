@@ -1,6 +1,6 @@
 //! The background loops of one queue: renew held leases (one call, every third of the lease),
-//! watch cancel markers of in-flight requests, reclaim expired leases, promote due retries, and
-//! report the backlog. Each runs until its stop token is cancelled.
+//! watch cancel markers of in-flight requests, reclaim expired leases (holding back for a lease
+//! after Redis was out of reach), promote due retries, and report the backlog. Each runs until its stop token is cancelled.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -55,6 +55,7 @@ pub async fn heartbeat(ctx: Arc<QueueCtx>, stop: CancellationToken) {
                     }
                 }
                 Err(e) => {
+                    ctx.redis_lost.store(true, Ordering::SeqCst);
                     ctx.metrics
                         .renewals
                         .get_or_create(&ctx.labels.with_outcome("error"))
@@ -104,6 +105,13 @@ pub async fn cancel_watch(ctx: Arc<QueueCtx>, every: Duration, stop: Cancellatio
 /// It sleeps until the earliest lease in the claims index runs out (by Redis time, plus a small
 /// margin), but never longer than the reclaim interval: a crashed instance's work is back in
 /// pending moments after its lease ends, not up to an interval later.
+///
+/// After Redis was out of reach (this instance's renewals, polls, reclaims or outcome writes
+/// failed: `redis_lost`), it waits until Redis answers and then one more lease before it
+/// reclaims. The outage let every lease run out, the live owners' included; they renew every
+/// third of a lease and write the outcomes they kept, so waiting a lease hands back only work
+/// whose owner is really gone, instead of having work that was done, or is nearly done, done
+/// again.
 pub async fn reclaimer(ctx: Arc<QueueCtx>, stop: CancellationToken) {
     let every = ctx
         .queue
@@ -119,11 +127,26 @@ pub async fn reclaimer(ctx: Arc<QueueCtx>, stop: CancellationToken) {
             sleep = MIN_RECLAIM_SLEEP;
             continue;
         }
+        if ctx.redis_lost.load(Ordering::SeqCst) {
+            // Every owner lost Redis too, so leases ran out that nobody abandoned. Once Redis
+            // answers, give the owners a lease to renew them and write what they finished, as
+            // a claim is only ever reclaimed after a lease in which its owner could have renewed.
+            if ctx.queue.ping().await.is_err() {
+                sleep = PROBE_SLEEP;
+                continue;
+            }
+            ctx.redis_lost.store(false, Ordering::SeqCst);
+            let grace = ctx.queue.settings().lease;
+            tracing::info!(queue = %ctx.queue.name(), ?grace, "Redis answers again; reclaiming after a lease, so live owners renew first");
+            sleep = grace;
+            continue;
+        }
         loop {
             let taken_at = Instant::now();
             let reclaimed = match ctx.queue.reclaim(RECLAIM_BATCH).await {
                 Ok(r) => r,
                 Err(e) => {
+                    ctx.redis_lost.store(true, Ordering::SeqCst);
                     tracing::debug!(queue = %ctx.queue.name(), error = %e, "reclaim failed; will retry");
                     break;
                 }
@@ -155,6 +178,8 @@ pub async fn reclaimer(ctx: Arc<QueueCtx>, stop: CancellationToken) {
 /// Slack after the earliest lease expiry before reclaiming it (Redis rounds nothing, but the
 /// renewal of a live holder may be in flight).
 const RECLAIM_MARGIN: Duration = Duration::from_millis(25);
+/// How often the reclaimer asks whether Redis answers again after losing it.
+const PROBE_SLEEP: Duration = Duration::from_millis(200);
 /// The reclaimer's shortest sleep, so a lease about to be renewed is not polled in a busy loop.
 const MIN_RECLAIM_SLEEP: Duration = Duration::from_millis(50);
 

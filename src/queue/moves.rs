@@ -344,6 +344,14 @@ impl Queue {
         })
     }
 
+    /// Whether Redis answers (`PING`).
+    pub async fn ping(&self) -> Result<(), QueueError> {
+        let _: String = redis::cmd("PING")
+            .query_async(&mut self.con.clone())
+            .await?;
+        Ok(())
+    }
+
     /// The `n` members with the earliest deadlines, without taking them.
     pub async fn peek(&self, n: usize) -> Result<Vec<Peeked>, QueueError> {
         if n == 0 {
