@@ -122,7 +122,9 @@ pub async fn run_consumer(
             }
             Err(e) => {
                 failures = failures.saturating_add(1);
-                ctx.redis_lost.store(true, Ordering::SeqCst);
+                if e.lost_redis() {
+                    ctx.redis_lost.store(true, Ordering::SeqCst);
+                }
                 // Redis refusing the polls makes the processor not ready (an unreachable Redis
                 // shows by itself in /readyz's PING).
                 if let Some(refused) = e.redis_refusal() {

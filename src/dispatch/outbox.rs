@@ -153,7 +153,9 @@ pub async fn run_outbox(
             }
             Err(e) => {
                 ctx.outbox_stalled.store(true, Ordering::SeqCst);
-                ctx.redis_lost.store(true, Ordering::SeqCst);
+                if e.lost_redis() {
+                    ctx.redis_lost.store(true, Ordering::SeqCst);
+                }
                 // The consumer claims nothing meanwhile, so its polls cannot report this.
                 if let Some(refused) = e.redis_refusal() {
                     ctx.readiness

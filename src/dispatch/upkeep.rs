@@ -55,7 +55,9 @@ pub async fn heartbeat(ctx: Arc<QueueCtx>, stop: CancellationToken) {
                     }
                 }
                 Err(e) => {
-                    ctx.redis_lost.store(true, Ordering::SeqCst);
+                    if e.lost_redis() {
+                        ctx.redis_lost.store(true, Ordering::SeqCst);
+                    }
                     ctx.metrics
                         .renewals
                         .get_or_create(&ctx.labels.with_outcome("error"))
@@ -146,7 +148,9 @@ pub async fn reclaimer(ctx: Arc<QueueCtx>, stop: CancellationToken) {
             let reclaimed = match ctx.queue.reclaim(RECLAIM_BATCH).await {
                 Ok(r) => r,
                 Err(e) => {
-                    ctx.redis_lost.store(true, Ordering::SeqCst);
+                    if e.lost_redis() {
+                        ctx.redis_lost.store(true, Ordering::SeqCst);
+                    }
                     tracing::debug!(queue = %ctx.queue.name(), error = %e, "reclaim failed; will retry");
                     break;
                 }

@@ -44,6 +44,16 @@ impl QueueError {
             QueueError::Reply { .. } => None,
         }
     }
+
+    /// Whether this call failing means Redis is out of reach or refusing writes for now (down,
+    /// unreachable, loading, a read-only replica), so that owners cannot renew their leases
+    /// either. `NOSCRIPT` (the next call reloads the scripts) and unexpected replies do not.
+    pub fn lost_redis(&self) -> bool {
+        match self {
+            QueueError::Redis(e) => e.code() != Some("NOSCRIPT"),
+            QueueError::Reply { .. } => false,
+        }
+    }
 }
 
 fn bad_reply(script: &'static str, v: &Value) -> QueueError {
