@@ -137,11 +137,14 @@ pub async fn reclaimer(ctx: Arc<QueueCtx>, stop: CancellationToken) {
                 sleep = PROBE_SLEEP;
                 continue;
             }
-            ctx.redis_lost.store(false, Ordering::SeqCst);
             let grace = ctx.queue.settings().lease;
             tracing::info!(queue = %ctx.queue.name(), ?grace, "Redis answers again; reclaiming after a lease, so live owners renew first");
-            sleep = grace;
-            continue;
+            if !tick(&stop, grace).await {
+                return;
+            }
+            // Failures during the grace count as the same outage: reclaim now rather than wait
+            // again, so a flaky Redis postpones reclaiming by a lease at a time, never for good.
+            ctx.redis_lost.store(false, Ordering::SeqCst);
         }
         loop {
             let taken_at = Instant::now();

@@ -45,12 +45,14 @@ impl QueueError {
         }
     }
 
-    /// Whether this call failing means Redis is out of reach or refusing writes for now (down,
-    /// unreachable, loading, a read-only replica), so that owners cannot renew their leases
-    /// either. `NOSCRIPT` (the next call reloads the scripts) and unexpected replies do not.
+    /// Whether this call failing means Redis is out of reach or unable to write for now (down,
+    /// unreachable, timing out, loading, a read-only replica), so that the owners of claims
+    /// could not renew them either. Not a refusal of this caller alone (`NOPERM`, a script
+    /// error: see [`is_refusal`]), not `NOSCRIPT` (the next call reloads the scripts), not an
+    /// unexpected reply.
     pub fn lost_redis(&self) -> bool {
         match self {
-            QueueError::Redis(e) => e.code() != Some("NOSCRIPT"),
+            QueueError::Redis(e) => !is_refusal(e) && e.code() != Some("NOSCRIPT"),
             QueueError::Reply { .. } => false,
         }
     }

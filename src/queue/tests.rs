@@ -138,6 +138,35 @@ async fn claimed_reads_the_member_for_its_owner_only() {
     assert!(r.queue.claimed(&held.fence).await.unwrap().is_none());
 }
 
+/// Which failures mean Redis was lost, so that owners could not renew either (the reclaimer
+/// then holds back a lease): an unreachable server is; a missing script (reloaded by the next
+/// call) and a script error (a refusal of this caller alone) are not.
+#[tokio::test]
+async fn lost_redis_is_an_outage_not_a_refusal() {
+    let mut r = rig(30_000, 5).await;
+    let mut con = r.con.clone();
+    let noscript = redis::cmd("EVALSHA")
+        .arg("0000000000000000000000000000000000000000")
+        .arg(0)
+        .query_async::<()>(&mut con)
+        .await
+        .unwrap_err();
+    assert_eq!(noscript.code(), Some("NOSCRIPT"));
+    assert!(!QueueError::from(noscript).lost_redis());
+    let script_error = redis::cmd("EVAL")
+        .arg("return redis.call('no-such-command')")
+        .arg(0)
+        .query_async::<()>(&mut con)
+        .await
+        .unwrap_err();
+    assert!(!QueueError::from(script_error).lost_redis());
+    assert!(r.queue.ping().await.is_ok());
+
+    r.server.kill();
+    let down = r.queue.ping().await.unwrap_err();
+    assert!(down.lost_redis(), "{down}");
+}
+
 /// Rule 1 (fencing): a stale owner's renew, ack, park and release change nothing.
 #[tokio::test]
 async fn stale_owner_moves_change_nothing() {
