@@ -443,6 +443,28 @@ fn bad_config_exits_2_naming_the_field() {
     assert!(err.contains("queues[0].igw_base_ur"), "{err}");
 }
 
+/// Starts a processor and submits six requests, `{prefix}0` to `{prefix}5`, that the gateway
+/// answers after `answer_after`; returns once all six have reached the gateway.
+async fn start_with_six_sent(
+    redis: &RedisServer,
+    gw: &Gateway,
+    opts: &ProcessorOpts,
+    prefix: &str,
+    answer_after: Duration,
+) -> Processor {
+    let ids: Vec<String> = (0..6).map(|i| format!("{prefix}{i}")).collect();
+    for id in &ids {
+        gw.script(id, vec![Reply::ok("{}").after(answer_after)]);
+    }
+    let p = Processor::start(redis, gw, opts).await;
+    let producer = producer(redis, Q).await;
+    for id in &ids {
+        producer.submit(request(id, 120, "{}")).await.unwrap();
+    }
+    gw.wait_executions(6, Duration::from_secs(10)).await;
+    p
+}
+
 /// Redis killed (kill -9, AOF always) while requests are in flight, then restarted: `/readyz`
 /// says not ready during the outage, finished work waits in the outbox instead of being thrown
 /// away, and every request ends with exactly one result.
@@ -455,21 +477,7 @@ async fn redis_restart_loses_nothing_and_readyz_is_honest() {
         reclaim_ms: 1000,
         ..ProcessorOpts::default()
     };
-    for i in 0..6 {
-        gw.script(
-            &format!("o{i}"),
-            vec![Reply::ok("{}").after(Duration::from_millis(800))],
-        );
-    }
-    let p = Processor::start(&redis, &gw, &opts).await;
-    let producer = producer(&redis, Q).await;
-    for i in 0..6 {
-        producer
-            .submit(request(&format!("o{i}"), 120, "{}"))
-            .await
-            .unwrap();
-    }
-    gw.wait_executions(6, Duration::from_secs(10)).await;
+    let p = start_with_six_sent(&redis, &gw, &opts, "o", Duration::from_millis(800)).await;
     redis.kill();
     let readyz = format!("http://127.0.0.1:{}/readyz", p.health_port);
     tokio::time::sleep(Duration::from_millis(1200)).await;
@@ -513,21 +521,7 @@ async fn finished_work_outlives_an_outage_longer_than_the_lease() {
         reclaim_ms: 500,
         ..ProcessorOpts::default()
     };
-    for i in 0..6 {
-        gw.script(
-            &format!("l{i}"),
-            vec![Reply::ok("{}").after(Duration::from_millis(500))],
-        );
-    }
-    let p = Processor::start(&redis, &gw, &opts).await;
-    let producer = producer(&redis, Q).await;
-    for i in 0..6 {
-        producer
-            .submit(request(&format!("l{i}"), 120, "{}"))
-            .await
-            .unwrap();
-    }
-    gw.wait_executions(6, Duration::from_secs(10)).await;
+    let p = start_with_six_sent(&redis, &gw, &opts, "l", Duration::from_millis(500)).await;
     redis.kill();
     tokio::time::sleep(Duration::from_secs(4)).await;
     redis.restart().unwrap();
@@ -559,21 +553,7 @@ async fn after_an_outage_a_survivor_lets_the_owner_finish_first() {
         reclaim_ms: 500,
         ..ProcessorOpts::default()
     };
-    for i in 0..6 {
-        gw.script(
-            &format!("o{i}"),
-            vec![Reply::ok("{}").after(Duration::from_millis(500))],
-        );
-    }
-    let owner = Processor::start(&redis, &gw, &opts).await;
-    let producer = producer(&redis, Q).await;
-    for i in 0..6 {
-        producer
-            .submit(request(&format!("o{i}"), 120, "{}"))
-            .await
-            .unwrap();
-    }
-    gw.wait_executions(6, Duration::from_secs(10)).await;
+    let owner = start_with_six_sent(&redis, &gw, &opts, "o", Duration::from_millis(500)).await;
     let survivor = Processor::start(&redis, &gw, &opts).await;
     redis.kill();
     tokio::time::sleep(Duration::from_secs(4)).await;

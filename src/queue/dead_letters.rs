@@ -257,14 +257,20 @@ mod tests {
     use super::*;
     use crate::testkit::RedisServer;
 
+    /// A fresh Redis, a connection to it and the dead list of queue `q`.
+    async fn dead_list() -> (RedisServer, redis::aio::ConnectionManager, DeadLetters) {
+        let server = RedisServer::start().expect("redis-server");
+        let client = redis::Client::open(server.url()).unwrap();
+        let con = redis::aio::ConnectionManager::new(client).await.unwrap();
+        let dead = DeadLetters::new(con.clone(), "q");
+        (server, con, dead)
+    }
+
     /// `list --limit N` reads the N newest entries, newest first, as the whole listing would
     /// show them.
     #[tokio::test]
     async fn newest_are_the_head_of_the_listing() {
-        let server = RedisServer::start().expect("redis-server");
-        let client = redis::Client::open(server.url()).unwrap();
-        let mut con = redis::aio::ConnectionManager::new(client).await.unwrap();
-        let dead = DeadLetters::new(con.clone(), "q");
+        let (_server, mut con, dead) = dead_list().await;
         let records: Vec<String> = (0..10).map(|i| format!("r{i}")).collect();
         let _: () = con.lpush(dead.key(), &records).await.unwrap();
         let raws = |entries: Vec<Listed>| entries.into_iter().map(|l| l.raw).collect::<Vec<_>>();
@@ -279,10 +285,7 @@ mod tests {
     /// when it started exactly once, newest first, and nothing pushed after it started.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_busy_dead_list_is_listed_without_repeats() {
-        let server = RedisServer::start().expect("redis-server");
-        let client = redis::Client::open(server.url()).unwrap();
-        let mut con = redis::aio::ConnectionManager::new(client).await.unwrap();
-        let dead = DeadLetters::new(con.clone(), "q");
+        let (_server, mut con, dead) = dead_list().await;
         let old: Vec<String> = (0..2000).map(|i| format!("old-{i:04}")).collect();
         // LPUSH one by one: the newest, old-1999, ends at the head.
         let _: () = con.lpush(dead.key(), &old).await.unwrap();

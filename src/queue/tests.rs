@@ -144,21 +144,17 @@ async fn claimed_reads_the_member_for_its_owner_only() {
 #[tokio::test]
 async fn lost_redis_is_an_outage_not_a_refusal() {
     let mut r = rig(30_000, 5).await;
-    let mut con = r.con.clone();
-    let noscript = redis::cmd("EVALSHA")
-        .arg("0000000000000000000000000000000000000000")
-        .arg(0)
-        .query_async::<()>(&mut con)
-        .await
-        .unwrap_err();
+    let con = r.con.clone();
+    let error_of = |command: &str, arg: &str| {
+        let mut cmd = redis::cmd(command);
+        cmd.arg(arg).arg(0);
+        let mut con = con.clone();
+        async move { cmd.query_async::<()>(&mut con).await.unwrap_err() }
+    };
+    let noscript = error_of("EVALSHA", "0000000000000000000000000000000000000000").await;
     assert_eq!(noscript.code(), Some("NOSCRIPT"));
     assert!(!QueueError::from(noscript).lost_redis());
-    let script_error = redis::cmd("EVAL")
-        .arg("return redis.call('no-such-command')")
-        .arg(0)
-        .query_async::<()>(&mut con)
-        .await
-        .unwrap_err();
+    let script_error = error_of("EVAL", "return redis.call('no-such-command')").await;
     assert!(!QueueError::from(script_error).lost_redis());
     assert!(r.queue.ping().await.is_ok());
 
