@@ -36,6 +36,7 @@
 
 pub mod backoff;
 pub mod client;
+pub mod h1;
 pub mod headers;
 pub mod outcome;
 pub mod tls;

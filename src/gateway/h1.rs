@@ -1,0 +1,199 @@
+//! The cleartext HTTP/1.1 path to the gateway: keep-alive connections that inferq holds itself,
+//! one request at a time on each, with nothing between a worker and hyper's connection but a
+//! short lock on the idle list.
+//!
+//! A [`Plain`] target (an `http://` URL without user info, its `Host` header and origin-form URI
+//! worked out once per queue) and a request's headers and body enter [`Connections::send`]; a
+//! response head with its body stream leaves, together with the [`Held`] connection that the
+//! caller hands back with [`Connections::keep`] once it has read the body to the end. Everything
+//! else (HTTPS, URLs with user info, redirects to follow) goes through reqwest in [`super::client`].
+//!
+//! Why: reqwest is built for any request to anywhere. Each call converts the URL, consults the
+//! redirect and retry layers and checks a connection out of a general pool keyed by scheme and
+//! host. For the one POST per request that inferq sends to one gateway, that was a fifth of the
+//! processor's CPU per request (docs/benchmarks.md has the figures).
+//!
+//! Semantics kept from the reqwest path: a request that hyper reports as not sent (its connection
+//! closed while idle) is sent again on a new connection, as Go's transport does for a request
+//! nothing of which was written; idle connections are dropped after [`IDLE_TIMEOUT`]; at most
+//! `max_idle` are kept per authority; dropping the future of a send closes its connection, so the
+//! gateway sees the request go away.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper::client::conn::http1::{self, SendRequest};
+use hyper::header::{HeaderMap, HeaderValue, ACCEPT, HOST, USER_AGENT};
+use hyper::{Method, Request, Response, Uri};
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpStream;
+use tokio::time::Instant;
+
+/// How long an idle keep-alive connection is kept (Go's `IdleConnTimeout`).
+pub(crate) const IDLE_TIMEOUT: Duration = Duration::from_secs(90);
+
+/// A cleartext target, worked out once from its URL.
+#[derive(Debug, Clone)]
+pub(crate) struct Plain {
+    /// `host[:port]`: the pool key and the `Host` header.
+    authority: String,
+    host_header: HeaderValue,
+    /// What to dial.
+    host: String,
+    port: u16,
+    /// `/path?query`.
+    uri: Uri,
+}
+
+impl Plain {
+    /// `None` when the URL needs the general client: not `http`, or with user info (reqwest turns
+    /// it into an `Authorization` header), or with parts hyper's URI would not take as they are.
+    pub(crate) fn of(url: &reqwest::Url) -> Option<Plain> {
+        if url.scheme() != "http" || !url.username().is_empty() || url.password().is_some() {
+            return None;
+        }
+        let host = match url.host()? {
+            url::Host::Domain(name) => name.to_owned(),
+            url::Host::Ipv4(ip) => ip.to_string(),
+            url::Host::Ipv6(ip) => ip.to_string(),
+        };
+        let port = url.port_or_known_default()?;
+        let authority = url[url::Position::BeforeHost..url::Position::AfterPort].to_owned();
+        let uri = url[url::Position::BeforePath..url::Position::AfterQuery]
+            .parse::<Uri>()
+            .ok()?;
+        let host_header = HeaderValue::from_str(&authority).ok()?;
+        Some(Plain {
+            authority,
+            host_header,
+            host,
+            port,
+            uri,
+        })
+    }
+}
+
+/// A connection checked out for one request.
+pub(crate) struct Held {
+    sender: Sender,
+}
+
+/// Why a send failed before a response head.
+#[derive(Debug)]
+pub(crate) enum SendFailure {
+    /// Dialling failed (refused, DNS, handshake).
+    Connect(std::io::Error),
+    /// The connection failed with the request on it.
+    Transport(hyper::Error),
+}
+
+/// One side of a connection, as hyper hands it out.
+type Sender = SendRequest<Full<Bytes>>;
+
+/// The idle connections, per authority, newest last, each with the time it went idle.
+pub(crate) struct Connections {
+    idle: Mutex<HashMap<String, Vec<(Sender, Instant)>>>,
+    max_idle: usize,
+    user_agent: HeaderValue,
+}
+
+impl std::fmt::Debug for Connections {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Connections")
+            .field("max_idle", &self.max_idle)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Connections {
+    pub(crate) fn new(max_idle: usize, user_agent: &'static str) -> Connections {
+        Connections {
+            idle: Mutex::new(HashMap::new()),
+            max_idle,
+            user_agent: HeaderValue::from_static(user_agent),
+        }
+    }
+
+    /// POSTs `body` to `target` with `headers` (plus `Host`, `User-Agent` and `Accept` as reqwest
+    /// sent them). A request that an idle connection refused unsent goes out on a new one.
+    pub(crate) async fn send(
+        &self,
+        target: &Plain,
+        mut headers: HeaderMap,
+        body: Bytes,
+    ) -> Result<(Response<Incoming>, Held), SendFailure> {
+        headers.insert(HOST, target.host_header.clone());
+        if !headers.contains_key(USER_AGENT) {
+            headers.insert(USER_AGENT, self.user_agent.clone());
+        }
+        if !headers.contains_key(ACCEPT) {
+            headers.insert(ACCEPT, HeaderValue::from_static("*/*"));
+        }
+        let mut request = Request::new(Full::new(body));
+        *request.method_mut() = Method::POST;
+        *request.uri_mut() = target.uri.clone();
+        *request.headers_mut() = headers;
+
+        while let Some(mut sender) = self.idle_one(&target.authority) {
+            // A connection whose last response was just read may not have taken note yet.
+            if sender.ready().await.is_err() {
+                continue;
+            }
+            match sender.try_send_request(request).await {
+                Ok(response) => return Ok((response, Held { sender })),
+                Err(mut failed) => match failed.take_message() {
+                    Some(unsent) => request = unsent,
+                    None => return Err(SendFailure::Transport(failed.into_error())),
+                },
+            }
+        }
+        let mut sender = dial(target).await.map_err(SendFailure::Connect)?;
+        match sender.send_request(request).await {
+            Ok(response) => Ok((response, Held { sender })),
+            Err(e) => Err(SendFailure::Transport(e)),
+        }
+    }
+
+    /// Hands a connection whose response was read to the end back for the next request.
+    pub(crate) fn keep(&self, target: &Plain, held: Held) {
+        let Ok(mut idle) = self.idle.lock() else {
+            return;
+        };
+        let list = idle.entry(target.authority.clone()).or_default();
+        if list.len() < self.max_idle && !held.sender.is_closed() {
+            list.push((held.sender, Instant::now()));
+        }
+    }
+
+    /// The newest idle connection to `authority` that is still open and not past the idle timeout.
+    fn idle_one(&self, authority: &str) -> Option<Sender> {
+        let mut idle = self.idle.lock().ok()?;
+        let list = idle.get_mut(authority)?;
+        let now = Instant::now();
+        while let Some((sender, since)) = list.pop() {
+            if !sender.is_closed() && now.duration_since(since) < IDLE_TIMEOUT {
+                return Some(sender);
+            }
+        }
+        None
+    }
+}
+
+/// Opens a connection to `target` and starts its hyper task.
+async fn dial(target: &Plain) -> std::io::Result<Sender> {
+    let stream = TcpStream::connect((target.host.as_str(), target.port)).await?;
+    stream.set_nodelay(true)?;
+    let (sender, connection) = http1::handshake(TokioIo::new(stream))
+        .await
+        .map_err(std::io::Error::other)?;
+    tokio::spawn(async move {
+        // The connection's end (the gateway closed it, or its sender was dropped) is no error of
+        // any request: a request on it has already seen its own failure.
+        let _ = connection.await;
+    });
+    Ok(sender)
+}
