@@ -8,16 +8,19 @@
 //! caller hands back with [`Connections::keep`] once it has read the body to the end. Everything
 //! else (HTTPS, URLs with user info, redirects to follow) goes through reqwest in [`super::client`].
 //!
-//! Why: reqwest is built for any request to anywhere. Each call converts the URL, consults the
-//! redirect and retry layers and checks a connection out of a general pool keyed by scheme and
-//! host. For the one POST per request that inferq sends to one gateway, that was a fifth of the
-//! processor's CPU per request (docs/benchmarks.md has the figures).
+//! Why: reqwest is built for any request to anywhere. Each call converts the URL, goes through
+//! the redirect and retry layers and checks a connection out of a general pool keyed by scheme
+//! and host. For the one POST per request that inferq sends to one gateway, that was a third of
+//! the processor's CPU per request (41 µs before, 28 µs after, on the benchmark's drain through
+//! the node gateway; docs/benchmarks.md has the figures).
 //!
 //! Semantics kept from the reqwest path: a request that hyper reports as not sent (its connection
 //! closed while idle) is sent again on a new connection, as Go's transport does for a request
-//! nothing of which was written; idle connections are dropped after [`IDLE_TIMEOUT`]; at most
-//! `max_idle` are kept per authority; dropping the future of a send closes its connection, so the
-//! gateway sees the request go away.
+//! nothing of which was written; an idle connection is not used after [`IDLE_TIMEOUT`] (it is
+//! closed when next looked at); at most `max_idle` are kept per authority; dropping the future of
+//! a send closes its connection, so the gateway sees the request go away. A checked-out
+//! connection is awaited until it is ready: one whose last response was read a moment ago is
+//! reused rather than replaced by a new dial.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -164,8 +167,14 @@ impl Connections {
             return;
         };
         let list = idle.entry(target.authority.clone()).or_default();
+        let now = Instant::now();
+        if list.len() >= self.max_idle {
+            // The oldest entries may be connections the gateway has closed since, or past the
+            // idle timeout: make room by dropping those before turning a live one away.
+            list.retain(|(sender, since)| usable(sender, *since, now));
+        }
         if list.len() < self.max_idle && !held.sender.is_closed() {
-            list.push((held.sender, Instant::now()));
+            list.push((held.sender, now));
         }
     }
 
@@ -175,12 +184,18 @@ impl Connections {
         let list = idle.get_mut(authority)?;
         let now = Instant::now();
         while let Some((sender, since)) = list.pop() {
-            if !sender.is_closed() && now.duration_since(since) < IDLE_TIMEOUT {
+            if usable(&sender, since, now) {
                 return Some(sender);
             }
         }
         None
     }
+}
+
+/// Whether an idle connection may carry another request: still open, and idle for less than
+/// [`IDLE_TIMEOUT`]. One that is not is dropped, which closes it.
+fn usable(sender: &Sender, idle_since: Instant, now: Instant) -> bool {
+    !sender.is_closed() && now.duration_since(idle_since) < IDLE_TIMEOUT
 }
 
 /// Opens a connection to `target` and starts its hyper task.
