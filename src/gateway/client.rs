@@ -211,7 +211,8 @@ impl GatewayClient {
                 Some(Err(failure)) => return plain_send_error(url, &failure),
                 Some(Ok(sent)) => sent,
             };
-        if response.status().is_redirection()
+        // The statuses reqwest's policy (and Go's client) follow.
+        if matches!(response.status().as_u16(), 301 | 302 | 303 | 307 | 308)
             && response.headers().contains_key(reqwest::header::LOCATION)
         {
             drop((response, held));
@@ -291,11 +292,15 @@ impl BodyReader {
     /// `announced`: the `Content-Length`, when there is one; a body announced over the limit is
     /// not read at all.
     fn new(limit: usize, announced: Option<u64>) -> BodyReader {
-        let capacity = announced.map_or(0, |n| usize::try_from(n).unwrap_or(limit).min(limit));
+        let too_large = announced.is_some_and(|n| n > limit as u64);
+        let capacity = match announced {
+            Some(n) if !too_large => usize::try_from(n).unwrap_or(0),
+            _ => 0,
+        };
         BodyReader {
             body: BytesMut::with_capacity(capacity),
             limit,
-            too_large: announced.is_some_and(|n| n > limit as u64),
+            too_large,
         }
     }
 
@@ -1114,6 +1119,21 @@ mod tests {
             attempt.outcome,
             Outcome::Success { status: 201, .. }
         ));
+    }
+
+    /// A body announced over the limit is refused before any of it is read, and before any room
+    /// for it is reserved: a gateway announcing 10 GB costs nothing.
+    #[test]
+    fn an_announced_oversized_body_reserves_nothing() {
+        let reader = BodyReader::new(1024, Some(10 << 30));
+        assert_eq!(reader.body.capacity(), 0);
+        assert!(matches!(
+            reader.done(),
+            Some(BodyRead::TooLarge { limit: 1024 })
+        ));
+        let reader = BodyReader::new(1024, Some(100));
+        assert!(reader.body.capacity() >= 100);
+        assert!(reader.done().is_none());
     }
 
     #[test]

@@ -23,7 +23,7 @@
 //! reused rather than replaced by a new dial.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -163,10 +163,13 @@ impl Connections {
 
     /// Hands a connection whose response was read to the end back for the next request.
     pub(crate) fn keep(&self, target: &Plain, held: Held) {
-        let Ok(mut idle) = self.idle.lock() else {
+        let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
+        if !idle.contains_key(&target.authority) {
+            idle.insert(target.authority.clone(), Vec::new());
+        }
+        let Some(list) = idle.get_mut(&target.authority) else {
             return;
         };
-        let list = idle.entry(target.authority.clone()).or_default();
         let now = Instant::now();
         if list.len() >= self.max_idle {
             // The oldest entries may be connections the gateway has closed since, or past the
@@ -180,7 +183,7 @@ impl Connections {
 
     /// The newest idle connection to `authority` that is still open and not past the idle timeout.
     fn idle_one(&self, authority: &str) -> Option<Sender> {
-        let mut idle = self.idle.lock().ok()?;
+        let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
         let list = idle.get_mut(authority)?;
         let now = Instant::now();
         while let Some((sender, since)) = list.pop() {
