@@ -215,3 +215,51 @@ async fn dial(target: &Plain) -> std::io::Result<Sender> {
     });
     Ok(sender)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn plain(url: &str) -> Option<Plain> {
+        match reqwest::Url::parse(url) {
+            Ok(parsed) => Plain::of(&parsed),
+            Err(e) => panic!("{url}: {e}"),
+        }
+    }
+
+    /// Which gateway URLs inferq's own connections serve, and what they dial and send.
+    #[test]
+    fn cleartext_urls_without_user_info_take_the_own_path() {
+        let Some(p) = plain("http://gw.example:8000/v1/chat/completions?x=1#frag") else {
+            panic!("a cleartext URL must take the own path");
+        };
+        assert_eq!((p.host.as_str(), p.port), ("gw.example", 8000));
+        assert_eq!(p.authority, "gw.example:8000");
+        assert_eq!(p.host_header, "gw.example:8000");
+        assert_eq!(p.uri.to_string(), "/v1/chat/completions?x=1");
+
+        // The default port is dialled but not written into Host, as reqwest and Go write it.
+        let Some(p) = plain("http://gw.example/v1") else {
+            panic!("default port");
+        };
+        assert_eq!(
+            (p.port, p.host_header.to_str().ok()),
+            (80, Some("gw.example"))
+        );
+
+        // An IPv6 literal is dialled without its brackets and sent with them.
+        let Some(p) = plain("http://[::1]:9000/v1") else {
+            panic!("IPv6");
+        };
+        assert_eq!(
+            (p.host.as_str(), p.authority.as_str()),
+            ("::1", "[::1]:9000")
+        );
+
+        // HTTPS (ALPN, client certificates) and user info (an Authorization header) stay with
+        // reqwest.
+        assert!(plain("https://gw.example/v1").is_none());
+        assert!(plain("http://user:secret@gw.example/v1").is_none());
+        assert!(plain("http://user@gw.example/v1").is_none());
+    }
+}
