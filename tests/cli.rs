@@ -126,3 +126,35 @@ async fn results_writes_jsonl_and_reliable_mode_survives_a_dead_consumer() {
     let out = inferq(&redis, &["results", "-n", "1", "--timeout", "300ms"], "");
     assert_eq!(out.status.code(), Some(1));
 }
+
+/// `TOKIO_WORKER_THREADS` (the runtime's thread count) that cannot be used is bad input: exit 2
+/// naming the variable and the value, where Tokio itself would have panicked. A usable value
+/// runs as usual.
+#[test]
+fn an_unusable_worker_thread_count_is_bad_input() {
+    for bad in ["0", "two", "-1", ""] {
+        let out = common::cli(
+            &["submit", "--redis-url", "redis://127.0.0.1:1/"],
+            &[("TOKIO_WORKER_THREADS", bad)],
+            "",
+        );
+        assert_eq!(out.status.code(), Some(2), "{bad:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains("TOKIO_WORKER_THREADS")
+                && err.contains("at least 1")
+                && err.contains(&format!("{bad:?}")),
+            "{bad:?}: {err}"
+        );
+        assert!(!err.contains("panicked"), "{err}");
+    }
+    // Past the check, to the point of reaching for Redis (none listens there).
+    let out = common::cli(
+        &["submit", "--redis-url", "redis://127.0.0.1:1/"],
+        &[("TOKIO_WORKER_THREADS", "1")],
+        "",
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("cannot connect to Redis"), "{err}");
+}

@@ -153,6 +153,24 @@ fn init_tracing(default_level: &str) {
         .try_init();
 }
 
+/// Tokio's own setting for its worker threads (default: one per core). Tokio would panic on a
+/// value it cannot use; inferq reads it first and refuses such a value as bad input.
+const WORKER_THREADS_ENV: &str = "TOKIO_WORKER_THREADS";
+
+/// The worker thread count `TOKIO_WORKER_THREADS` asks for: `None` when unset.
+fn worker_threads(value: Option<std::ffi::OsString>) -> Result<Option<usize>, String> {
+    let Some(value) = value else {
+        return Ok(None);
+    };
+    let text = value.to_string_lossy();
+    match text.trim().parse::<usize>() {
+        Ok(n) if n >= 1 => Ok(Some(n)),
+        _ => Err(format!(
+            "must be a whole number of threads, at least 1 (got {text:?})"
+        )),
+    }
+}
+
 /// Parses the command line and runs the subcommand.
 pub fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
@@ -171,10 +189,18 @@ pub fn main() -> ExitCode {
         _ => "info",
     };
     init_tracing(level);
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    match worker_threads(std::env::var_os(WORKER_THREADS_ENV)) {
+        Ok(Some(n)) => {
+            builder.worker_threads(n);
+        }
+        Ok(None) => {}
+        Err(reason) => {
+            eprintln!("inferq: {WORKER_THREADS_ENV}: {reason}");
+            return ExitCode::from(EXIT_BAD_INPUT);
+        }
+    }
+    let runtime = match builder.enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("inferq: cannot start the async runtime: {e}");
