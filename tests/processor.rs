@@ -774,15 +774,7 @@ async fn readyz_is_not_ready_while_redis_is_a_read_only_replica() {
         .await
         .unwrap();
     assert_eq!(promoted, "OK");
-    let started = Instant::now();
-    while !reqwest::get(&readyz).await.unwrap().status().is_success() {
-        assert!(
-            started.elapsed() < Duration::from_secs(15),
-            "not ready again once promoted; log:\n{}",
-            p.log()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    p.wait_ready().await;
     producer(&redis, "request-sortedset")
         .await
         .submit(request("after", 120, "{}"))

@@ -323,7 +323,8 @@ impl Processor {
         p
     }
 
-    async fn wait_ready(&self) {
+    /// Waits until `/readyz` says ready (or panics after 20 s).
+    pub async fn wait_ready(&self) {
         let url = format!("http://127.0.0.1:{}/readyz", self.health_port);
         let started = Instant::now();
         while started.elapsed() < Duration::from_secs(20) {
