@@ -186,21 +186,6 @@ pub async fn work(job: Job, env: Arc<WorkerEnv>) {
             return job.publish(ResultMessage::error(&id, ErrorCode::InferenceError, &msg));
         }
     };
-    let fairness = env.fairness.header.as_deref().and_then(|header| {
-        request
-            .metadata
-            .get(&env.fairness.attribute)
-            .map(|value| (header, value.as_str()))
-    });
-    let headers = gateway::build_headers(
-        ctx.spec.inference_objective.as_deref().unwrap_or(""),
-        request
-            .headers
-            .iter()
-            .map(|(k, v)| (k.as_str(), v.as_str())),
-        fairness,
-        &request.id,
-    );
     // One claim, one attempt: the payload's bytes become the HTTP body as they are, without a
     // copy (a retry is a new claim that decodes the member again).
     let payload = std::mem::replace(
@@ -208,7 +193,27 @@ pub async fn work(job: Job, env: Arc<WorkerEnv>) {
         RawValue::NULL.to_owned(),
     );
     let body = Bytes::from(String::from(Box::<str>::from(payload)));
-    super::fault::before_dispatch(&job.held.envelope.request.id, &body);
+    let request = &job.held.envelope.request;
+    let fairness = env.fairness.header.as_deref().and_then(|header| {
+        request
+            .metadata
+            .get(&env.fairness.attribute)
+            .map(|value| (header, value.as_str()))
+    });
+    let objective = ctx.spec.inference_objective.as_deref().unwrap_or("");
+    // Made as the request is sent (and again only if a cleartext gateway redirects it).
+    let headers = || {
+        gateway::build_headers(
+            objective,
+            request
+                .headers
+                .iter()
+                .map(|(k, v)| (k.as_str(), v.as_str())),
+            fairness,
+            &request.id,
+        )
+    };
+    super::fault::before_dispatch(&request.id, &body);
     let timeout = env
         .request_timeout
         .min(Duration::from_millis(u64::try_from(left_ms).unwrap_or(0)));

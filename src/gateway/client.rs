@@ -120,7 +120,10 @@ impl GatewayClient {
         timeout: Duration,
     ) -> Attempt {
         match parse_target(url) {
-            Ok(target) => self.send_to(&target, headers, body, timeout).await,
+            Ok(target) => {
+                self.send_to(&target, || headers.clone(), body, timeout)
+                    .await
+            }
             Err(cause) => Attempt {
                 outcome: request_failure(cause),
                 elapsed: Duration::ZERO,
@@ -129,17 +132,20 @@ impl GatewayClient {
     }
 
     /// [`GatewayClient::send`] to a URL parsed beforehand with [`parse_target`] (a queue's
-    /// default URL is parsed once): the per-request cost of parsing is skipped.
-    pub async fn send_to(
+    /// default URL is parsed once): the per-request cost of parsing is skipped. `headers` makes
+    /// the request's header set: it is called once, and a second time only when a cleartext
+    /// gateway answers with a redirect and the request goes again through reqwest, so no copy
+    /// is made for that rare case.
+    pub async fn send_to<H: Fn() -> HeaderMap>(
         &self,
         target: &Target,
-        headers: HeaderMap,
+        headers: H,
         body: Bytes,
         timeout: Duration,
     ) -> Attempt {
         let started = Instant::now();
         let outcome = self
-            .exchange(target, headers, body, started.checked_add(timeout))
+            .exchange(target, &headers, body, started.checked_add(timeout))
             .await;
         Attempt {
             outcome,
@@ -148,18 +154,33 @@ impl GatewayClient {
     }
 
     /// `deadline: None` means the timeout is too large to represent: no limit.
-    async fn exchange(
+    async fn exchange<H: Fn() -> HeaderMap>(
+        &self,
+        target: &Target,
+        headers: &H,
+        body: Bytes,
+        deadline: Option<Instant>,
+    ) -> Outcome {
+        match &target.plain {
+            Some(plain) => {
+                self.exchange_plain(target, plain, headers, body, deadline)
+                    .await
+            }
+            None => {
+                self.exchange_general(target, headers(), body, deadline)
+                    .await
+            }
+        }
+    }
+
+    /// [`GatewayClient::exchange`] through reqwest.
+    async fn exchange_general(
         &self,
         target: &Target,
         headers: HeaderMap,
         body: Bytes,
         deadline: Option<Instant>,
     ) -> Outcome {
-        if let Some(plain) = &target.plain {
-            return self
-                .exchange_plain(target, plain, headers, body, deadline)
-                .await;
-        }
         let url = target.text.as_str();
         let pending = self
             .http
@@ -190,18 +211,17 @@ impl GatewayClient {
 
     /// [`GatewayClient::exchange`] on inferq's own cleartext connections. A redirect is not
     /// followed here: the request goes again through reqwest, which follows it as Go does.
-    async fn exchange_plain(
+    async fn exchange_plain<H: Fn() -> HeaderMap>(
         &self,
         target: &Target,
         plain: &Plain,
-        headers: HeaderMap,
+        headers: &H,
         body: Bytes,
         deadline: Option<Instant>,
     ) -> Outcome {
         let url = target.text.as_str();
-        let again = headers.clone();
         let (response, held) =
-            match within(deadline, self.plain.send(plain, headers, body.clone())).await {
+            match within(deadline, self.plain.send(plain, headers(), body.clone())).await {
                 None => {
                     return transport_failure(
                         RetryReason::Timeout,
@@ -216,12 +236,7 @@ impl GatewayClient {
             && response.headers().contains_key(reqwest::header::LOCATION)
         {
             drop((response, held));
-            let general = Target {
-                parsed: target.parsed.clone(),
-                text: target.text.clone(),
-                plain: None,
-            };
-            return Box::pin(self.exchange(&general, again, body, deadline)).await;
+            return Box::pin(self.exchange_general(target, headers(), body, deadline)).await;
         }
         let head = ResponseHead {
             status: response.status().as_u16(),
@@ -1049,12 +1064,7 @@ mod tests {
             let (client, target) = (client.clone(), target.clone());
             sends.spawn(async move {
                 let attempt = client
-                    .send_to(
-                        &target,
-                        HeaderMap::new(),
-                        Bytes::from_static(b"{}"),
-                        GENEROUS,
-                    )
+                    .send_to(&target, HeaderMap::new, Bytes::from_static(b"{}"), GENEROUS)
                     .await;
                 drop(slot);
                 matches!(attempt.outcome, Outcome::Success { status: 200, .. })
