@@ -573,6 +573,10 @@ mod tests {
                 "/redirect",
                 post(|| async { (StatusCode::TEMPORARY_REDIRECT, [("location", "/created")]) }),
             )
+            .route(
+                "/redirect-to-headers",
+                post(|| async { (StatusCode::PERMANENT_REDIRECT, [("location", "/headers")]) }),
+            )
             .route("/big", post(|| async { vec![b'x'; 4096] }))
             .route(
                 "/big-chunked",
@@ -670,6 +674,34 @@ mod tests {
                 body: Bytes::from_static(b"again")
             }
         );
+    }
+
+    /// A redirected request (a cleartext gateway's redirect goes again through reqwest) carries
+    /// the same headers to where it is sent.
+    #[tokio::test]
+    async fn redirected_requests_keep_their_headers() {
+        let addr = gateway().await;
+        let headers = build_headers("batch", [("X-Custom", "1")], None, "req-7");
+        let attempt = client()
+            .send(
+                &format!("http://{addr}/redirect-to-headers"),
+                headers,
+                Bytes::from_static(b"{}"),
+                GENEROUS,
+            )
+            .await;
+        let Outcome::Success { status: 200, body } = attempt.outcome else {
+            panic!("{:?}", attempt.outcome);
+        };
+        let seen: BTreeMap<String, String> = match serde_json::from_slice(&body) {
+            Ok(seen) => seen,
+            Err(e) => panic!("{e}: {}", String::from_utf8_lossy(&body)),
+        };
+        assert_eq!(
+            seen.get(REQUEST_ID_HEADER).map(String::as_str),
+            Some("req-7")
+        );
+        assert_eq!(seen.get("x-custom").map(String::as_str), Some("1"));
     }
 
     #[tokio::test]
