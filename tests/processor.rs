@@ -443,26 +443,34 @@ fn bad_config_exits_2_naming_the_field() {
     assert!(err.contains("queues[0].igw_base_ur"), "{err}");
 }
 
-/// Starts a processor and submits six requests, `{prefix}0` to `{prefix}5`, that the gateway
-/// answers after `answer_after`; returns once all six have reached the gateway.
-async fn start_with_six_sent(
-    redis: &RedisServer,
-    gw: &Gateway,
-    opts: &ProcessorOpts,
+/// The start of the Redis-outage tests: a Redis, a gateway, and a processor with a `lease_s`
+/// lease (reclaim scan every `reclaim_ms`) to which six requests, `{prefix}0` to `{prefix}5`,
+/// were submitted that the gateway answers after `answer_after`; returns once all six have
+/// reached the gateway.
+async fn six_sent(
+    lease_s: f64,
+    reclaim_ms: u64,
     prefix: &str,
     answer_after: Duration,
-) -> Processor {
+) -> (RedisServer, Gateway, ProcessorOpts, Processor) {
+    let redis = RedisServer::start().unwrap();
+    let gw = Gateway::start().await;
+    let opts = ProcessorOpts {
+        lease_s,
+        reclaim_ms,
+        ..ProcessorOpts::default()
+    };
     let ids: Vec<String> = (0..6).map(|i| format!("{prefix}{i}")).collect();
     for id in &ids {
         gw.script(id, vec![Reply::ok("{}").after(answer_after)]);
     }
-    let p = Processor::start(redis, gw, opts).await;
-    let producer = producer(redis, Q).await;
+    let p = Processor::start(&redis, &gw, &opts).await;
+    let producer = producer(&redis, Q).await;
     for id in &ids {
         producer.submit(request(id, 120, "{}")).await.unwrap();
     }
     gw.wait_executions(6, Duration::from_secs(10)).await;
-    p
+    (redis, gw, opts, p)
 }
 
 /// Redis killed (kill -9, AOF always) while requests are in flight, then restarted: `/readyz`
@@ -470,14 +478,7 @@ async fn start_with_six_sent(
 /// away, and every request ends with exactly one result.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_restart_loses_nothing_and_readyz_is_honest() {
-    let mut redis = RedisServer::start().unwrap();
-    let gw = Gateway::start().await;
-    let opts = ProcessorOpts {
-        lease_s: 10.0,
-        reclaim_ms: 1000,
-        ..ProcessorOpts::default()
-    };
-    let p = start_with_six_sent(&redis, &gw, &opts, "o", Duration::from_millis(800)).await;
+    let (mut redis, gw, _, p) = six_sent(10.0, 1000, "o", Duration::from_millis(800)).await;
     redis.kill();
     let readyz = format!("http://127.0.0.1:{}/readyz", p.health_port);
     tokio::time::sleep(Duration::from_millis(1200)).await;
@@ -514,14 +515,7 @@ async fn redis_restart_loses_nothing_and_readyz_is_honest() {
 /// reclaim made the gateway redo all of them).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn finished_work_outlives_an_outage_longer_than_the_lease() {
-    let mut redis = RedisServer::start().unwrap();
-    let gw = Gateway::start().await;
-    let opts = ProcessorOpts {
-        lease_s: 1.5,
-        reclaim_ms: 500,
-        ..ProcessorOpts::default()
-    };
-    let p = start_with_six_sent(&redis, &gw, &opts, "l", Duration::from_millis(500)).await;
+    let (mut redis, gw, _, p) = six_sent(1.5, 500, "l", Duration::from_millis(500)).await;
     redis.kill();
     tokio::time::sleep(Duration::from_secs(4)).await;
     redis.restart().unwrap();
@@ -546,14 +540,7 @@ async fn finished_work_outlives_an_outage_longer_than_the_lease() {
 /// executed again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn after_an_outage_a_survivor_lets_the_owner_finish_first() {
-    let mut redis = RedisServer::start().unwrap();
-    let gw = Gateway::start().await;
-    let opts = ProcessorOpts {
-        lease_s: 1.5,
-        reclaim_ms: 500,
-        ..ProcessorOpts::default()
-    };
-    let owner = start_with_six_sent(&redis, &gw, &opts, "o", Duration::from_millis(500)).await;
+    let (mut redis, gw, opts, owner) = six_sent(1.5, 500, "o", Duration::from_millis(500)).await;
     let survivor = Processor::start(&redis, &gw, &opts).await;
     redis.kill();
     tokio::time::sleep(Duration::from_secs(4)).await;

@@ -20,6 +20,24 @@ use inferq::sim::{Sim, SimConfig, SimTls};
 use inferq::testkit::{free_port, RedisServer};
 use inferq::wire::ResultMessage;
 use redis::AsyncCommands;
+
+/// What the tests here start from: the stand-in gateway, a Redis under README's ACL users (bind
+/// it, as `_redis` where unused: dropping it stops the server), the admin's connection, and the
+/// processor's and producer's URLs.
+async fn rig() -> (
+    Gateway,
+    RedisServer,
+    redis::aio::ConnectionManager,
+    String,
+    String,
+) {
+    let gw = Gateway::start().await;
+    let (redis, admin) = acl_redis().await;
+    let processor_url = url("inferq-processor", PROCESSOR_PW, redis.port());
+    let producer_url = url("inferq-producer", PRODUCER_PW, redis.port());
+    (gw, redis, admin, processor_url, producer_url)
+}
+
 // ---------------------------------------------------------------------------------------------
 // 1. Least-privilege ACL
 
@@ -29,10 +47,7 @@ use redis::AsyncCommands;
 /// both modes. Nothing is refused along the way: Redis's ACL LOG stays empty.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn acl_rules_cover_submit_processing_cancel_dead_letters_and_results() {
-    let gw = Gateway::start().await;
-    let (redis, mut admin) = acl_redis().await;
-    let processor_url = url("inferq-processor", PROCESSOR_PW, redis.port());
-    let producer_url = url("inferq-producer", PRODUCER_PW, redis.port());
+    let (gw, _redis, mut admin, processor_url, producer_url) = rig().await;
     gw.script("retry-me", vec![Reply::status(503, "busy"), Reply::ok(OK)]);
     gw.script(
         "cancel-me",
@@ -107,10 +122,7 @@ async fn acl_rules_cover_submit_processing_cancel_dead_letters_and_results() {
 /// SIGTERM releases unfinished work to pending. ACL LOG stays empty.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn acl_rules_cover_reclaim_bury_and_release() {
-    let gw = Gateway::start().await;
-    let (redis, mut admin) = acl_redis().await;
-    let processor_url = url("inferq-processor", PROCESSOR_PW, redis.port());
-    let producer_url = url("inferq-producer", PRODUCER_PW, redis.port());
+    let (gw, _redis, mut admin, processor_url, producer_url) = rig().await;
     let hang = Reply::ok(OK).after(Duration::from_secs(60));
     gw.script("requeue-me", vec![hang.clone(), Reply::ok(OK)]);
     gw.script("poison", vec![hang.clone()]);
@@ -178,10 +190,7 @@ async fn acl_rules_cover_reclaim_bury_and_release() {
 /// command is granted the processor reports ready on its own and the request is done.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn readyz_is_not_ready_while_redis_refuses_the_queue() {
-    let gw = Gateway::start().await;
-    let (redis, mut admin) = acl_redis().await;
-    let processor_url = url("inferq-processor", PROCESSOR_PW, redis.port());
-    let producer_url = url("inferq-producer", PRODUCER_PW, redis.port());
+    let (gw, _redis, mut admin, processor_url, producer_url) = rig().await;
     acl(&mut admin, &["SETUSER", "inferq-processor", "-evalsha"]).await;
     let producer = Producer::connect(&producer_url, Q, "result-list")
         .await
@@ -213,10 +222,7 @@ async fn readyz_is_not_ready_while_redis_refuses_the_queue() {
 /// the queue is served.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refused_result_list_stops_claiming_and_loses_nothing() {
-    let gw = Gateway::start().await;
-    let (redis, mut admin) = acl_redis().await;
-    let processor_url = url("inferq-processor", PROCESSOR_PW, redis.port());
-    let producer_url = url("inferq-producer", PRODUCER_PW, redis.port());
+    let (gw, _redis, mut admin, processor_url, producer_url) = rig().await;
     let rules = readme_rules();
     let processor_rule = rules
         .iter()
@@ -283,9 +289,7 @@ async fn a_refused_result_list_stops_claiming_and_loses_nothing() {
 /// the forbidden list, its record naming that list and keeping the result it got.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_result_list_outside_the_acl_fails_alone() {
-    let gw = Gateway::start().await;
-    let (redis, mut admin) = acl_redis().await;
-    let processor_url = url("inferq-processor", PROCESSOR_PW, redis.port());
+    let (gw, redis, mut admin, processor_url, _) = rig().await;
     let admin_url = url("admin", ADMIN_PW, redis.port());
     let good = Producer::connect(&admin_url, Q, "result-list")
         .await

@@ -676,27 +676,28 @@ mod tests {
         );
     }
 
+    /// POSTs `{}` with `headers` to `url`, which ends at the test gateway's `/headers`, and gives
+    /// the headers that arrived there (repeated ones joined with ", ").
+    async fn echoed_headers(url: &str, headers: HeaderMap) -> BTreeMap<String, String> {
+        let attempt = client()
+            .send(url, headers, Bytes::from_static(b"{}"), GENEROUS)
+            .await;
+        let Outcome::Success { status: 200, body } = attempt.outcome else {
+            panic!("{:?}", attempt.outcome);
+        };
+        match serde_json::from_slice(&body) {
+            Ok(seen) => seen,
+            Err(e) => panic!("{e}: {}", String::from_utf8_lossy(&body)),
+        }
+    }
+
     /// A redirected request (a cleartext gateway's redirect goes again through reqwest) carries
     /// the same headers to where it is sent.
     #[tokio::test]
     async fn redirected_requests_keep_their_headers() {
         let addr = gateway().await;
         let headers = build_headers("batch", [("X-Custom", "1")], None, "req-7");
-        let attempt = client()
-            .send(
-                &format!("http://{addr}/redirect-to-headers"),
-                headers,
-                Bytes::from_static(b"{}"),
-                GENEROUS,
-            )
-            .await;
-        let Outcome::Success { status: 200, body } = attempt.outcome else {
-            panic!("{:?}", attempt.outcome);
-        };
-        let seen: BTreeMap<String, String> = match serde_json::from_slice(&body) {
-            Ok(seen) => seen,
-            Err(e) => panic!("{e}: {}", String::from_utf8_lossy(&body)),
-        };
+        let seen = echoed_headers(&format!("http://{addr}/redirect-to-headers"), headers).await;
         assert_eq!(
             seen.get(REQUEST_ID_HEADER).map(String::as_str),
             Some("req-7")
@@ -718,21 +719,7 @@ mod tests {
             Some(("x-llm-d-inference-fairness-id", "alice")),
             "req-42",
         );
-        let attempt = client()
-            .send(
-                &format!("http://{addr}/headers"),
-                headers,
-                Bytes::from_static(b"{}"),
-                GENEROUS,
-            )
-            .await;
-        let Outcome::Success { status: 200, body } = attempt.outcome else {
-            panic!("{:?}", attempt.outcome);
-        };
-        let seen: BTreeMap<String, String> = match serde_json::from_slice(&body) {
-            Ok(seen) => seen,
-            Err(e) => panic!("{e}: {}", String::from_utf8_lossy(&body)),
-        };
+        let seen = echoed_headers(&format!("http://{addr}/headers"), headers).await;
         let get = |name: &str| seen.get(name).map(String::as_str);
         assert_eq!(get("content-type"), Some("application/json"));
         assert_eq!(get("x-gateway-inference-objective"), Some("interactive"));
