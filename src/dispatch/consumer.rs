@@ -122,9 +122,7 @@ pub async fn run_consumer(
             }
             Err(e) => {
                 failures = failures.saturating_add(1);
-                if e.lost_redis() {
-                    ctx.redis_lost.store(true, Ordering::SeqCst);
-                }
+                ctx.note_failure(&e);
                 // Redis refusing the polls makes the processor not ready (an unreachable Redis
                 // shows by itself in /readyz's PING).
                 if let Some(refused) = e.redis_refusal() {

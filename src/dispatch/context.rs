@@ -78,6 +78,15 @@ impl QueueCtx {
         self.default_result_list.clone()
     }
 
+    /// Takes note of a failed Redis call of this queue's loops: one that could not reach Redis
+    /// sets `redis_lost` (a refusal of this caller alone does not).
+    pub fn note_failure(&self, e: &crate::queue::QueueError) {
+        if e.lost_redis() {
+            self.redis_lost
+                .store(true, std::sync::atomic::Ordering::SeqCst);
+        }
+    }
+
     /// Whether `list` is a result list this queue is configured with (its own, or the
     /// processor's default), as opposed to one a message named for itself.
     pub fn is_configured_result_list(&self, list: &str) -> bool {

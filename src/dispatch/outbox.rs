@@ -143,19 +143,13 @@ pub async fn run_outbox(
                             tracing::error!(queue = %ctx.queue.name(), result_list = %list, error = %e, outcomes = kept.len(), "Redis refuses this queue's results; keeping them, claiming no more work, and retrying");
                         }
                         refused_in_a_row = refused_in_a_row.saturating_add(1);
-                        for o in kept.into_iter().rev() {
-                            waiting.push_front(o);
-                        }
-                        tokio::time::sleep(backoff).await;
-                        backoff = (backoff * 2).min(Duration::from_secs(2));
+                        hold_back(&mut waiting, kept, &mut backoff).await;
                     }
                 }
             }
             Err(e) => {
                 ctx.outbox_stalled.store(true, Ordering::SeqCst);
-                if e.lost_redis() {
-                    ctx.redis_lost.store(true, Ordering::SeqCst);
-                }
+                ctx.note_failure(&e);
                 // The consumer claims nothing meanwhile, so its polls cannot report this.
                 if let Some(refused) = e.redis_refusal() {
                     ctx.readiness
@@ -163,16 +157,26 @@ pub async fn run_outbox(
                     reported = true;
                 }
                 tracing::warn!(queue = %ctx.queue.name(), error = %e, outcomes = batch.len(), "cannot write outcomes yet; keeping them while their leases last");
-                for f in batch.into_iter().rev() {
-                    waiting.push_front(f);
-                }
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(Duration::from_secs(2));
+                hold_back(&mut waiting, batch, &mut backoff).await;
             }
         }
         depth.set(i64::try_from(waiting.len()).unwrap_or(i64::MAX));
     }
     depth.set(0);
+}
+
+/// Puts `outcomes` back at the front of `waiting`, in their order, and waits `backoff` before
+/// the next try, doubling it up to 2 s.
+async fn hold_back(
+    waiting: &mut VecDeque<Outgoing>,
+    outcomes: Vec<Outgoing>,
+    backoff: &mut Duration,
+) {
+    for o in outcomes.into_iter().rev() {
+        waiting.push_front(o);
+    }
+    tokio::time::sleep(*backoff).await;
+    *backoff = (*backoff * 2).min(Duration::from_secs(2));
 }
 
 /// The result list `f` pushes to, when this queue is configured with it (not one a message

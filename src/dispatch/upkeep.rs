@@ -1,6 +1,7 @@
 //! The background loops of one queue: renew held leases (one call, every third of the lease),
 //! watch cancel markers of in-flight requests, reclaim expired leases (holding back for a lease
-//! after Redis was out of reach), promote due retries, and report the backlog. Each runs until its stop token is cancelled.
+//! after Redis was out of reach), promote due retries, and report the backlog. Each runs until
+//! its stop token is cancelled.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -55,9 +56,7 @@ pub async fn heartbeat(ctx: Arc<QueueCtx>, stop: CancellationToken) {
                     }
                 }
                 Err(e) => {
-                    if e.lost_redis() {
-                        ctx.redis_lost.store(true, Ordering::SeqCst);
-                    }
+                    ctx.note_failure(&e);
                     ctx.metrics
                         .renewals
                         .get_or_create(&ctx.labels.with_outcome("error"))
@@ -151,9 +150,7 @@ pub async fn reclaimer(ctx: Arc<QueueCtx>, stop: CancellationToken) {
             let reclaimed = match ctx.queue.reclaim(RECLAIM_BATCH).await {
                 Ok(r) => r,
                 Err(e) => {
-                    if e.lost_redis() {
-                        ctx.redis_lost.store(true, Ordering::SeqCst);
-                    }
+                    ctx.note_failure(&e);
                     tracing::debug!(queue = %ctx.queue.name(), error = %e, "reclaim failed; will retry");
                     break;
                 }
