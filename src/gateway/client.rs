@@ -18,8 +18,9 @@
 //! HTTP/1.1 connections ([`super::h1`]: no per-request URL conversion, redirect or retry layer,
 //! or general pool; it took the processor's CPU per request from about 41 µs to 28 µs on the
 //! benchmark's drain). Everything else (HTTPS with its ALPN and client certificates, user info,
-//! and the redirects a cleartext gateway answers with) goes through reqwest; a redirect on the
-//! cleartext path is sent again through reqwest, which follows it.
+//! and the redirects a cleartext gateway answers with) goes through reqwest: a redirect on the
+//! cleartext path goes on to its `Location` through reqwest, the first hop changed as reqwest
+//! changes every hop ([`super::redirect`]), so the redirecting endpoint sees the request once.
 //!
 //! Connection reuse on the reqwest path: a finished HTTP/1.1 connection goes back to the pool
 //! from a task of its own, a moment after the caller has read the body (with a chunked body, only
@@ -46,10 +47,13 @@ use super::outcome::{
     classify_response, request_failure, transport_failure, unusable_exchange, BodyRead,
     ResponseHead,
 };
-use super::{backoff, error_chain, GatewayError, GatewayTls, Outcome, RetryReason};
+use super::{backoff, error_chain, redirect, GatewayError, GatewayTls, Outcome, RetryReason};
 
 /// The largest response body inferq reads (64 MiB); a larger one is a `Fatal` outcome.
 pub const DEFAULT_BODY_LIMIT: usize = 64 * 1024 * 1024;
+
+/// Redirects followed before the request fails, as Go's client and reqwest's default policy.
+const MAX_REDIRECTS: usize = 10;
 
 const USER_AGENT: &str = concat!("inferq/", env!("CARGO_PKG_VERSION"));
 
@@ -65,6 +69,9 @@ pub struct Attempt {
 #[derive(Debug, Clone)]
 pub struct GatewayClient {
     http: reqwest::Client,
+    /// The rest of a redirect chain whose first hop a cleartext gateway answered (see
+    /// [`super::redirect`]): one redirect fewer allowed, so the chain is as long as reqwest's.
+    onward: reqwest::Client,
     /// Cleartext HTTP/1.1 targets' connections (see [`super::h1`]).
     plain: std::sync::Arc<Connections>,
     /// Bodies longer than this are not read to the end (see [`DEFAULT_BODY_LIMIT`]).
@@ -75,22 +82,25 @@ impl GatewayClient {
     /// Builds the client. `pool_size` is the total number of workers across all pools; twice as
     /// many idle connections are kept (see the module comment on connection reuse).
     pub fn new(tls: &GatewayTls, pool_size: usize) -> Result<Self, GatewayError> {
-        let builder = reqwest::Client::builder()
-            .use_rustls_tls()
-            .no_proxy()
-            .pool_max_idle_per_host(pool_size.max(1).saturating_mul(2))
-            .pool_idle_timeout(IDLE_TIMEOUT)
-            .user_agent(USER_AGENT);
-        let builder = tls.apply(builder)?;
-        let http = builder.build().map_err(|e| {
-            let mut text = error_chain(&e);
-            if tls.is_configured() {
-                text.push_str(" (check the --tls-* files)");
-            }
-            GatewayError::Client(text)
-        })?;
+        let build = |redirects: usize| {
+            let builder = reqwest::Client::builder()
+                .use_rustls_tls()
+                .no_proxy()
+                .redirect(reqwest::redirect::Policy::limited(redirects))
+                .pool_max_idle_per_host(pool_size.max(1).saturating_mul(2))
+                .pool_idle_timeout(IDLE_TIMEOUT)
+                .user_agent(USER_AGENT);
+            tls.apply(builder)?.build().map_err(|e| {
+                let mut text = error_chain(&e);
+                if tls.is_configured() {
+                    text.push_str(" (check the --tls-* files)");
+                }
+                GatewayError::Client(text)
+            })
+        };
         Ok(GatewayClient {
-            http,
+            http: build(MAX_REDIRECTS)?,
+            onward: build(MAX_REDIRECTS - 1)?,
             plain: std::sync::Arc::new(Connections::new(
                 pool_size.max(1).saturating_mul(2),
                 USER_AGENT,
@@ -134,8 +144,8 @@ impl GatewayClient {
     /// [`GatewayClient::send`] to a URL parsed beforehand with [`parse_target`] (a queue's
     /// default URL is parsed once): the per-request cost of parsing is skipped. `headers` makes
     /// the request's header set: it is called once, and a second time only when a cleartext
-    /// gateway answers with a redirect and the request goes again through reqwest, so no copy
-    /// is made for that rare case.
+    /// gateway answers with a redirect and the next hop goes through reqwest, so no copy is made
+    /// for that rare case.
     pub async fn send_to<H: Fn() -> HeaderMap>(
         &self,
         target: &Target,
@@ -181,13 +191,22 @@ impl GatewayClient {
         body: Bytes,
         deadline: Option<Instant>,
     ) -> Outcome {
-        let url = target.text.as_str();
         let pending = self
             .http
             .post(target.parsed.clone())
             .headers(headers)
             .body(body)
             .send();
+        self.answer_to(&target.text, pending, deadline).await
+    }
+
+    /// The outcome of a request sent through reqwest (`url`: the gateway URL, for error texts).
+    async fn answer_to(
+        &self,
+        url: &str,
+        pending: impl std::future::Future<Output = Result<reqwest::Response, reqwest::Error>>,
+        deadline: Option<Instant>,
+    ) -> Outcome {
         let response = match within(deadline, pending).await {
             None => {
                 return transport_failure(
@@ -209,8 +228,8 @@ impl GatewayClient {
         classify_response(head, body)
     }
 
-    /// [`GatewayClient::exchange`] on inferq's own cleartext connections. A redirect is not
-    /// followed here: the request goes again through reqwest, which follows it as Go does.
+    /// [`GatewayClient::exchange`] on inferq's own cleartext connections. A redirect's first hop
+    /// is made here, as reqwest would make it ([`super::redirect`]), and reqwest follows the rest.
     async fn exchange_plain<H: Fn() -> HeaderMap>(
         &self,
         target: &Target,
@@ -231,12 +250,21 @@ impl GatewayClient {
                 Some(Err(failure)) => return plain_send_error(url, &failure),
                 Some(Ok(sent)) => sent,
             };
-        // The statuses reqwest's policy (and Go's client) follow.
-        if matches!(response.status().as_u16(), 301 | 302 | 303 | 307 | 308)
-            && response.headers().contains_key(reqwest::header::LOCATION)
-        {
+        if let Some(hop) = redirect::first_hop(
+            &target.parsed,
+            response.status().as_u16(),
+            response.headers(),
+        ) {
             drop((response, held));
-            return Box::pin(self.exchange_general(target, headers(), body, deadline)).await;
+            let mut headers = headers();
+            hop.prepare(&mut headers, &target.parsed);
+            let request = self.onward.request(hop.method, hop.url).headers(headers);
+            let request = if hop.with_body {
+                request.body(body)
+            } else {
+                request
+            };
+            return Box::pin(self.answer_to(url, request.send(), deadline)).await;
         }
         let head = ResponseHead {
             status: response.status().as_u16(),
@@ -467,9 +495,11 @@ mod tests {
     use std::sync::Arc;
     use std::time::SystemTime;
 
+    use axum::extract::Path;
     use axum::http::StatusCode;
-    use axum::routing::post;
+    use axum::routing::{any, post};
     use axum::{Json, Router};
+    use reqwest::header::HeaderValue;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     use tokio::net::{TcpListener, TcpStream};
     use tokio::sync::oneshot;
@@ -691,7 +721,144 @@ mod tests {
         }
     }
 
-    /// A redirected request (a cleartext gateway's redirect goes again through reqwest) carries
+    /// A gateway whose `/moved` redirects with `status` to `location`, counting the requests
+    /// `/moved` gets; `/method` answers with the method, the body and its `Content-Type`, and
+    /// `/hop/{n}` redirects to `/hop/{n-1}` until `/hop/0` answers 201.
+    async fn redirecting(status: StatusCode, location: String) -> (SocketAddr, Arc<AtomicUsize>) {
+        let hits = Arc::new(AtomicUsize::new(0));
+        let counted = hits.clone();
+        let app =
+            Router::new()
+                .route(
+                    "/moved",
+                    any(move || {
+                        counted.fetch_add(1, Ordering::SeqCst);
+                        let location = location.clone();
+                        async move { (status, [("location", location)]) }
+                    }),
+                )
+                .route(
+                    "/method",
+                    any(
+                        |method: axum::http::Method,
+                         headers: axum::http::HeaderMap,
+                         body: Bytes| async move {
+                            let kind = headers
+                                .get("content-type")
+                                .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
+                                .unwrap_or_default();
+                            format!("{method} {:?} {kind:?}", String::from_utf8_lossy(&body))
+                        },
+                    ),
+                )
+                .route(
+                    "/hop/{n}",
+                    any(|Path(n): Path<u32>| async move {
+                        match n {
+                            0 => (StatusCode::CREATED, HeaderMap::new()),
+                            n => {
+                                let mut to = HeaderMap::new();
+                                if let Ok(value) = format!("/hop/{}", n - 1).parse() {
+                                    to.insert("location", value);
+                                }
+                                (StatusCode::TEMPORARY_REDIRECT, to)
+                            }
+                        }
+                    }),
+                );
+        let (listener, addr) = listener().await;
+        tokio::spawn(async move {
+            let _ = axum::serve(listener, app).await;
+        });
+        (addr, hits)
+    }
+
+    /// A cleartext gateway's redirect goes on to its `Location`: the redirecting endpoint sees the
+    /// request once, not once more from a resend that follows the redirect from the start.
+    #[tokio::test]
+    async fn a_redirect_reaches_the_redirecting_endpoint_once() {
+        for status in [
+            StatusCode::TEMPORARY_REDIRECT,
+            StatusCode::PERMANENT_REDIRECT,
+        ] {
+            let (addr, hits) = redirecting(status, "/method".to_string()).await;
+            let attempt = post_to(&client(), addr, "/moved", "again").await;
+            assert_eq!(
+                attempt.outcome,
+                Outcome::Success {
+                    status: 200,
+                    body: Bytes::from_static(br#"POST "again" "application/json""#)
+                },
+                "{status}"
+            );
+            assert_eq!(hits.load(Ordering::SeqCst), 1, "{status}");
+        }
+    }
+
+    /// 301, 302 and 303 send a GET without the body or its headers to the `Location`, as reqwest
+    /// and Go's client do on every hop.
+    #[tokio::test]
+    async fn a_moved_or_see_other_redirect_fetches_the_location_with_a_get() {
+        for status in [
+            StatusCode::MOVED_PERMANENTLY,
+            StatusCode::FOUND,
+            StatusCode::SEE_OTHER,
+        ] {
+            let (addr, hits) = redirecting(status, "/method".to_string()).await;
+            let attempt = post_to(&client(), addr, "/moved", "again").await;
+            assert_eq!(
+                attempt.outcome,
+                Outcome::Success {
+                    status: 200,
+                    body: Bytes::from_static(br#"GET "" """#)
+                },
+                "{status}"
+            );
+            assert_eq!(hits.load(Ordering::SeqCst), 1, "{status}");
+        }
+    }
+
+    /// Ten redirects are followed and the eleventh fails the request, the first hop made on
+    /// inferq's own connection included.
+    #[tokio::test]
+    async fn ten_redirects_are_followed_and_no_more() {
+        let (addr, _) = redirecting(StatusCode::TEMPORARY_REDIRECT, String::new()).await;
+        let attempt = post_to(&client(), addr, "/hop/10", "again").await;
+        assert_eq!(
+            attempt.outcome,
+            Outcome::Success {
+                status: 201,
+                body: Bytes::new()
+            }
+        );
+        let attempt = post_to(&client(), addr, "/hop/11", "again").await;
+        let Outcome::Fatal { error } = &attempt.outcome else {
+            panic!("{:?}", attempt.outcome);
+        };
+        assert!(error.to_string().contains("too many redirects"), "{error}");
+    }
+
+    /// Credentials do not follow a redirect to another host or port; the rest of the headers do.
+    #[tokio::test]
+    async fn credentials_stay_behind_when_a_redirect_leaves_the_host() {
+        let elsewhere = gateway().await;
+        let (addr, _) = redirecting(
+            StatusCode::TEMPORARY_REDIRECT,
+            format!("http://{elsewhere}/headers"),
+        )
+        .await;
+        let mut headers = build_headers("batch", [("X-Custom", "1")], None, "req-8");
+        headers.insert("authorization", HeaderValue::from_static("Bearer secret"));
+        let seen = echoed_headers(&format!("http://{addr}/moved"), headers).await;
+        assert_eq!(seen.get("authorization"), None);
+        assert_eq!(seen.get("x-custom").map(String::as_str), Some("1"));
+        assert_eq!(
+            seen.get("referer").map(String::as_str),
+            Some(format!("http://{addr}/moved").as_str())
+        );
+    }
+
+    /// A redirected request (a cleartext gateway's redirect goes on through reqwest) carries
     /// the same headers to where it is sent.
     #[tokio::test]
     async fn redirected_requests_keep_their_headers() {

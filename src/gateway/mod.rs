@@ -31,6 +31,8 @@
 //!   inferq's request id).
 //! - [`tls`]: the `--tls-*` flags and how they become a rustls configuration.
 //! - [`client`]: the keep-alive client and the cancel-safe `send`.
+//! - [`h1`]: inferq's own keep-alive HTTP/1.1 connections to cleartext gateways.
+//! - [`redirect`]: the first hop of a redirect a cleartext gateway answers with.
 //! - [`outcome`]: the outcome enum, Go's `ClientError` text, and the classification rules.
 //! - [`backoff`]: equal-jitter exponential backoff, `Retry-After`, the retry decision.
 
@@ -39,6 +41,7 @@ pub mod client;
 pub mod h1;
 pub mod headers;
 pub mod outcome;
+pub mod redirect;
 pub mod tls;
 pub mod url;
 
