@@ -16,14 +16,17 @@
 //!
 //! Semantics kept from the reqwest path: a request that hyper reports as not sent (its connection
 //! closed while idle) is sent again on a new connection, as Go's transport does for a request
-//! nothing of which was written; an idle connection is not used after [`IDLE_TIMEOUT`] (it is
-//! closed when next looked at); at most `max_idle` are kept per authority; dropping the future of
+//! nothing of which was written; an idle connection is not used after [`IDLE_TIMEOUT`], and is
+//! closed by then or within a [`SWEEP_EVERY`] after (a sweep runs while any are kept, so a
+//! processor gone quiet does not hold the gateway's sockets open); at most `max_idle` are kept
+//! per authority; dropping the future of
 //! a send closes its connection, so the gateway sees the request go away. A checked-out
 //! connection is awaited until it is ready: one whose last response was read a moment ago is
 //! reused rather than replaced by a new dial.
 
 use std::collections::HashMap;
-use std::sync::{Mutex, PoisonError};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -38,6 +41,9 @@ use tokio::time::Instant;
 
 /// How long an idle keep-alive connection is kept (Go's `IdleConnTimeout`).
 pub(crate) const IDLE_TIMEOUT: Duration = Duration::from_secs(90);
+
+/// How often the idle connections are looked over for ones past [`IDLE_TIMEOUT`] or closed.
+pub(crate) const SWEEP_EVERY: Duration = Duration::from_secs(15);
 
 /// A cleartext target, worked out once from its URL.
 #[derive(Debug, Clone)]
@@ -97,10 +103,24 @@ pub(crate) enum SendFailure {
 /// One side of a connection, as hyper hands it out.
 type Sender = SendRequest<Full<Bytes>>;
 
-/// The idle connections, per authority, newest last, each with the time it went idle.
+/// Idle connections, per authority, newest last, each with the time it went idle.
+type Idle = Mutex<HashMap<String, Vec<(Sender, Instant)>>>;
+
+/// How long a connection may stay idle, and how often that is looked at.
+#[derive(Debug, Clone, Copy)]
+struct Timing {
+    idle_timeout: Duration,
+    sweep_every: Duration,
+}
+
+/// The idle connections and how many to keep.
 pub(crate) struct Connections {
-    idle: Mutex<HashMap<String, Vec<(Sender, Instant)>>>,
+    idle: Arc<Idle>,
+    /// Whether a sweep task is running (it ends once nothing is idle).
+    sweeping: Arc<AtomicBool>,
     max_idle: usize,
+    /// [`IDLE_TIMEOUT`] and [`SWEEP_EVERY`] (shorter in tests).
+    timing: Timing,
     user_agent: HeaderValue,
 }
 
@@ -115,8 +135,13 @@ impl std::fmt::Debug for Connections {
 impl Connections {
     pub(crate) fn new(max_idle: usize, user_agent: &'static str) -> Connections {
         Connections {
-            idle: Mutex::new(HashMap::new()),
+            idle: Arc::new(Mutex::new(HashMap::new())),
+            sweeping: Arc::new(AtomicBool::new(false)),
             max_idle,
+            timing: Timing {
+                idle_timeout: IDLE_TIMEOUT,
+                sweep_every: SWEEP_EVERY,
+            },
             user_agent: HeaderValue::from_static(user_agent),
         }
     }
@@ -174,10 +199,26 @@ impl Connections {
         if list.len() >= self.max_idle {
             // The oldest entries may be connections the gateway has closed since, or past the
             // idle timeout: make room by dropping those before turning a live one away.
-            list.retain(|(sender, since)| usable(sender, *since, now));
+            list.retain(|(sender, since)| usable(sender, *since, now, self.timing));
         }
         if list.len() < self.max_idle && !held.sender.is_closed() {
             list.push((held.sender, now));
+            drop(idle);
+            // Read first: the flag's line stays shared while a sweep runs.
+            if !self.sweeping.load(Ordering::Acquire) && !self.sweeping.swap(true, Ordering::AcqRel)
+            {
+                match tokio::runtime::Handle::try_current() {
+                    Ok(runtime) => {
+                        runtime.spawn(sweep(
+                            Arc::downgrade(&self.idle),
+                            self.sweeping.clone(),
+                            self.timing,
+                        ));
+                    }
+                    // Outside a runtime nothing sweeps; the next `keep` in one tries again.
+                    Err(_) => self.sweeping.store(false, Ordering::Release),
+                }
+            }
         }
     }
 
@@ -187,7 +228,7 @@ impl Connections {
         let list = idle.get_mut(authority)?;
         let now = Instant::now();
         while let Some((sender, since)) = list.pop() {
-            if usable(&sender, since, now) {
+            if usable(&sender, since, now, self.timing) {
                 return Some(sender);
             }
         }
@@ -195,10 +236,33 @@ impl Connections {
     }
 }
 
+/// Every [`SWEEP_EVERY`], drops the idle connections that may carry no more requests (which
+/// closes them); ends when nothing is left idle (the next [`Connections::keep`] starts another)
+/// or the connections themselves are gone.
+async fn sweep(idle: Weak<Idle>, sweeping: Arc<AtomicBool>, timing: Timing) {
+    loop {
+        tokio::time::sleep(timing.sweep_every).await;
+        let Some(idle) = idle.upgrade() else {
+            return;
+        };
+        let mut idle = idle.lock().unwrap_or_else(PoisonError::into_inner);
+        let now = Instant::now();
+        for list in idle.values_mut() {
+            list.retain(|(sender, since)| usable(sender, *since, now, timing));
+        }
+        idle.retain(|_, list| !list.is_empty());
+        if idle.is_empty() {
+            // Cleared under the lock: a `keep` pushing after this starts the next sweep.
+            sweeping.store(false, Ordering::Release);
+            return;
+        }
+    }
+}
+
 /// Whether an idle connection may carry another request: still open, and idle for less than
 /// [`IDLE_TIMEOUT`]. One that is not is dropped, which closes it.
-fn usable(sender: &Sender, idle_since: Instant, now: Instant) -> bool {
-    !sender.is_closed() && now.duration_since(idle_since) < IDLE_TIMEOUT
+fn usable(sender: &Sender, idle_since: Instant, now: Instant, timing: Timing) -> bool {
+    !sender.is_closed() && now.duration_since(idle_since) < timing.idle_timeout
 }
 
 /// Opens a connection to `target` and starts its hyper task.
@@ -225,6 +289,78 @@ mod tests {
             Ok(parsed) => Plain::of(&parsed),
             Err(e) => panic!("{url}: {e}"),
         }
+    }
+
+    /// A kept connection that carries no further request is closed once past the idle timeout,
+    /// not held open until a request next looks at the idle list.
+    #[tokio::test]
+    async fn an_idle_connection_is_closed_after_the_idle_timeout() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+        let listener = match tokio::net::TcpListener::bind("127.0.0.1:0").await {
+            Ok(l) => l,
+            Err(e) => panic!("bind: {e}"),
+        };
+        let addr = match listener.local_addr() {
+            Ok(a) => a,
+            Err(e) => panic!("local_addr: {e}"),
+        };
+        let (closed_tx, closed_rx) = tokio::sync::oneshot::channel();
+        tokio::spawn(async move {
+            let Ok((mut stream, _)) = listener.accept().await else {
+                return;
+            };
+            let mut seen = Vec::new();
+            let mut chunk = [0u8; 1024];
+            while !seen.ends_with(b"\r\n\r\n{}") {
+                match stream.read(&mut chunk).await {
+                    Ok(0) | Err(_) => return,
+                    Ok(n) => seen.extend_from_slice(&chunk[..n]),
+                }
+            }
+            let reply = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok";
+            if stream.write_all(reply).await.is_err() {
+                return;
+            }
+            // Keep-alive: the connection stays open until the client closes it.
+            while let Ok(n) = stream.read(&mut chunk).await {
+                if n == 0 {
+                    break;
+                }
+            }
+            let _ = closed_tx.send(Instant::now());
+        });
+
+        let mut connections = Connections::new(4, "test");
+        connections.timing = Timing {
+            idle_timeout: Duration::from_millis(400),
+            sweep_every: Duration::from_millis(100),
+        };
+        let Some(target) = plain(&format!("http://{addr}/v1")) else {
+            panic!("a cleartext URL");
+        };
+        let sent = connections
+            .send(&target, HeaderMap::new(), Bytes::from_static(b"{}"))
+            .await;
+        let (response, held) = match sent {
+            Ok(sent) => sent,
+            Err(e) => panic!("send: {e:?}"),
+        };
+        if let Err(e) = http_body_util::BodyExt::collect(response.into_body()).await {
+            panic!("body: {e}");
+        }
+        let kept = Instant::now();
+        connections.keep(&target, held);
+
+        let closed = match tokio::time::timeout(Duration::from_secs(5), closed_rx).await {
+            Ok(Ok(at)) => at,
+            _ => panic!("the idle connection was still open 5 s after it went idle"),
+        };
+        let idle_for = closed.duration_since(kept);
+        assert!(
+            idle_for >= Duration::from_millis(400),
+            "closed after {idle_for:?} idle, before the idle timeout"
+        );
     }
 
     /// Which gateway URLs inferq's own connections serve, and what they dial and send.
