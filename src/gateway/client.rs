@@ -6,7 +6,7 @@
 //!
 //! Like Go's worker transport: one pooled client shared by all workers (idle timeout 90 s), no
 //! client-level timeout (the caller passes `min(--request-timeout, time to the deadline)` per
-//! attempt), redirects followed (up to 10, as Go's default policy), and no proxy (Go's hand-built
+//! attempt), redirects followed as Go's default policy follows them (the tenth fails the request), and no proxy (Go's hand-built
 //! transport ignores `HTTP_PROXY`; so does inferq). HTTP/2 is used when a TLS gateway offers it by ALPN; cleartext gateways get HTTP/1.1.
 //!
 //! Cancel safety: `send` owns everything it uses, so dropping its future (for example from a
@@ -52,8 +52,9 @@ use super::{backoff, error_chain, redirect, GatewayError, GatewayTls, Outcome, R
 /// The largest response body inferq reads (64 MiB); a larger one is a `Fatal` outcome.
 pub const DEFAULT_BODY_LIMIT: usize = 64 * 1024 * 1024;
 
-/// Redirects followed before the request fails, as Go's client and reqwest's default policy.
-const MAX_REDIRECTS: usize = 10;
+/// Redirects followed; the next one fails the request. Go's default policy stops at the tenth
+/// redirect ("stopped after 10 redirects"), so nine are followed (reqwest's default follows ten).
+const MAX_REDIRECTS: usize = 9;
 
 const USER_AGENT: &str = concat!("inferq/", env!("CARGO_PKG_VERSION"));
 
@@ -818,12 +819,12 @@ mod tests {
         }
     }
 
-    /// Ten redirects are followed and the eleventh fails the request, the first hop made on
-    /// inferq's own connection included.
+    /// Nine redirects are followed and the tenth fails the request, as Go's default policy has
+    /// it, the first hop made on inferq's own connection included.
     #[tokio::test]
-    async fn ten_redirects_are_followed_and_no_more() {
+    async fn nine_redirects_are_followed_and_the_tenth_fails() {
         let (addr, _) = redirecting(StatusCode::TEMPORARY_REDIRECT, String::new()).await;
-        let attempt = post_to(&client(), addr, "/hop/10", "again").await;
+        let attempt = post_to(&client(), addr, "/hop/9", "again").await;
         assert_eq!(
             attempt.outcome,
             Outcome::Success {
@@ -831,7 +832,7 @@ mod tests {
                 body: Bytes::new()
             }
         );
-        let attempt = post_to(&client(), addr, "/hop/11", "again").await;
+        let attempt = post_to(&client(), addr, "/hop/10", "again").await;
         let Outcome::Fatal { error } = &attempt.outcome else {
             panic!("{:?}", attempt.outcome);
         };
