@@ -127,6 +127,25 @@ fn quick_bench_writes_every_figure() {
         assert!(!r["bullmq"]["skipped_because"].as_str().unwrap().is_empty());
     }
 
+    // The split placement drained every size again through the node gateway, on CPUs apart
+    // from the gateway's, or says why not (no node, one CPU).
+    let split = &r["split"];
+    if split.get("measured").and_then(Value::as_bool).unwrap() {
+        assert_ne!(split["queue_cpus"], split["gateway_cpus"], "{split}");
+        let drains = split["drains"].as_array().unwrap();
+        assert_eq!(drains.len(), 3, "{split}");
+        for i in 0..3 {
+            assert!(number(&r, &format!("split.drains.{i}.requests_per_s")) > 0.0);
+        }
+        if split["bullmq"]["measured"].as_bool().unwrap() {
+            for i in 0..3 {
+                assert!(number(&r, &format!("split.bullmq.ratios.{i}.inferq_over_bullmq")) > 0.0);
+            }
+        }
+    } else {
+        assert!(!split["skipped_because"].as_str().unwrap().is_empty());
+    }
+
     // Every open-loop request got its result and was seen by the gateway.
     let open = r["open_loop"].as_array().unwrap();
     assert_eq!(open.len(), 3);

@@ -72,18 +72,20 @@ pub fn locate(given: Option<&Path>) -> Result<PathBuf, String> {
     }
 }
 
-/// Drains `n` jobs through BullMQ against `gateway` on the run's Redis.
+/// Drains `n` jobs through BullMQ against `gateway` on the run's Redis, the node worker on
+/// `cpus` (a `taskset` list) or on every CPU.
 pub async fn run(
     ctx: &mut Ctx,
     bullmq_dir: &Path,
     script: &Path,
     gateway: &Gateway,
     n: u64,
+    cpus: Option<&str>,
 ) -> Result<BullmqDrain, BenchError> {
     ctx.flush().await?;
     let connections_before = gateway.connections().await;
     let gateway_before = gateway.cpu_s();
-    let out = tokio::process::Command::new("node")
+    let out = tokio::process::Command::from(super::placement::command_on(cpus, "node"))
         .arg(script)
         .arg(ctx.redis_port.to_string())
         .arg(gateway.port.to_string())

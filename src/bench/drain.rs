@@ -91,11 +91,18 @@ fn redis_cpu(ctx: &Ctx) -> Option<f64> {
         .map(|u| u.cpu_s)
 }
 
-/// Runs one drain of `n` requests against `gateway`.
-pub async fn run(ctx: &mut Ctx, gateway: &Gateway, n: u64) -> Result<Drain, BenchError> {
+/// Runs one drain of `n` requests against `gateway`, the processor on `cpus` (a `taskset` list)
+/// or on every CPU.
+pub async fn run(
+    ctx: &mut Ctx,
+    gateway: &Gateway,
+    n: u64,
+    cpus: Option<&str>,
+) -> Result<Drain, BenchError> {
     ctx.flush().await?;
     let tag = format!("drain-{}-{n}", gateway.kind.name());
-    let spec = ctx.spec(&gateway.base_url(), &tag);
+    let mut spec = ctx.spec(&gateway.base_url(), &tag);
+    spec.cpus = cpus.map(str::to_owned);
     let producer = Producer::connect(&ctx.redis_url, &spec.queue, &spec.results).await?;
 
     let before_load = commandstats(&mut ctx.con).await?;

@@ -18,6 +18,7 @@
 //! - `ceiling`: the gateway's own ceiling (an in-process HTTP load generator).
 //! - `census`: top-level commands vs commands inside scripts, from MONITOR.
 //! - `drain`, `open_loop`, `redelivery`, `bullmq`: the phases.
+//! - `placement`: the split placement (the gateway on CPUs of its own) of the second drains.
 //! - `stats`: latency percentiles. `report`: targets, table, JSON. `plot`: the PNG.
 
 mod bullmq;
@@ -27,6 +28,7 @@ mod drain;
 mod load;
 mod measure;
 mod open_loop;
+mod placement;
 mod plot;
 mod procs;
 mod redelivery;
@@ -40,7 +42,7 @@ use redis::aio::MultiplexedConnection;
 
 use crate::testkit::{Fsync, RedisServer};
 use procs::{Gateway, GatewayKind, ProcessorSpec};
-use report::{BullmqSection, Ceilings, Report, Settings};
+use report::{BullmqSection, Ceilings, Report, Settings, SplitSection};
 
 /// How long a Redis reply of the bench's own connection may take.
 const FLUSH_LIMIT: Duration = Duration::from_secs(120);
@@ -148,6 +150,7 @@ impl Ctx {
             lease_s: None,
             reclaim_interval_ms: None,
             extra_args: self.opts.run_args.clone(),
+            cpus: None,
         }
     }
 }
@@ -230,7 +233,7 @@ pub async fn run(opts: BenchOptions) -> Result<Report, BenchError> {
     let mut drains = Vec::new();
     for g in &gateways {
         for &n in &opts.drains {
-            let mut d = drain::run(&mut ctx, g, n)
+            let mut d = drain::run(&mut ctx, g, n, None)
                 .await
                 .map_err(|e| e.during(format!("drain {n} via {}", g.kind.name())))?;
             d.ratio_to_gateway_ceiling = ceilings
@@ -260,34 +263,35 @@ pub async fn run(opts: BenchOptions) -> Result<Report, BenchError> {
         census.top_level_per_request, census.inside_scripts_per_request
     ));
 
-    let bullmq = match (
-        gateways.iter().find(|g| g.kind == GatewayKind::Node),
-        node_ready,
-    ) {
-        (Some(node), true) => match bullmq::locate(opts.bullmq_dir.as_deref()) {
+    let node = gateways.iter().find(|g| g.kind == GatewayKind::Node);
+    // BullMQ's folder and the drain script, when BullMQ can run here.
+    let bull = match (node, node_ready) {
+        (Some(_), true) => match bullmq::locate(opts.bullmq_dir.as_deref()) {
             Ok(bull_dir) => {
                 let script = dir.join("bullmq_drain.js");
                 std::fs::write(&script, bullmq::BULLMQ_DRAIN_JS)
                     .map_err(|e| BenchError::setup("cannot write bullmq_drain.js", e))?;
-                let mut runs = Vec::new();
-                for &n in &opts.drains {
-                    let b = bullmq::run(&mut ctx, &bull_dir, &script, node, n)
-                        .await
-                        .map_err(|e| e.during(format!("BullMQ drain {n}")))?;
-                    say(format!(
-                        "BullMQ drain {n} via node: {:.0} jobs/s in {:.2} s",
-                        b.jobs_per_s, b.seconds
-                    ));
-                    runs.push(b);
-                }
-                BullmqSection::measured(runs, &drains)
+                Ok((bull_dir, script))
             }
             Err(reason) => {
                 say(format!("BullMQ skipped: {reason}"));
-                BullmqSection::skipped(reason)
+                Err(reason)
             }
         },
-        _ => BullmqSection::skipped("node not found (or --no-node)".to_owned()),
+        _ => Err("node not found (or --no-node)".to_owned()),
+    };
+    let bullmq = match (node, &bull) {
+        (Some(node), Ok((bull_dir, script))) => {
+            let runs = bullmq_drains(&mut ctx, bull_dir, script, node, None).await?;
+            BullmqSection::measured(runs, &drains)
+        }
+        (_, Err(reason)) => BullmqSection::skipped(reason.clone()),
+        (None, Ok(_)) => BullmqSection::skipped("no node gateway".to_owned()),
+    };
+
+    let split = match node {
+        Some(node) => split_drains(&mut ctx, node, bull.as_ref().ok()).await?,
+        None => SplitSection::skipped("node not found (or --no-node)".to_owned()),
     };
     drop(gateways);
 
@@ -327,6 +331,7 @@ pub async fn run(opts: BenchOptions) -> Result<Report, BenchError> {
         drains,
         census,
         bullmq,
+        split,
         open,
         redelivery,
         began.elapsed(),
@@ -343,4 +348,80 @@ pub async fn run(opts: BenchOptions) -> Result<Report, BenchError> {
         opts.out.join("bench.png").display()
     ));
     Ok(report)
+}
+
+/// BullMQ's drains of every N against `node`, its worker on `cpus` or on every CPU.
+async fn bullmq_drains(
+    ctx: &mut Ctx,
+    bull_dir: &std::path::Path,
+    script: &std::path::Path,
+    node: &Gateway,
+    cpus: Option<&str>,
+) -> Result<Vec<bullmq::BullmqDrain>, BenchError> {
+    let mut runs = Vec::new();
+    for n in ctx.opts.drains.clone() {
+        let b = bullmq::run(ctx, bull_dir, script, node, n, cpus)
+            .await
+            .map_err(|e| e.during(format!("BullMQ drain {n}")))?;
+        say(format!(
+            "BullMQ drain {n} via node{}: {:.0} jobs/s in {:.2} s",
+            if cpus.is_some() { ", split" } else { "" },
+            b.jobs_per_s,
+            b.seconds
+        ));
+        runs.push(b);
+    }
+    Ok(runs)
+}
+
+/// The drains again in the split placement (see [`placement`]): the node gateway on CPUs of its
+/// own, redis-server and the worker (inferq's processor, then BullMQ's) on the others. Skipped,
+/// with the reason, where the machine cannot be split.
+async fn split_drains(
+    ctx: &mut Ctx,
+    node: &Gateway,
+    bull: Option<&(PathBuf, PathBuf)>,
+) -> Result<SplitSection, BenchError> {
+    let split = match placement::Split::plan() {
+        Ok(split) => split,
+        Err(reason) => {
+            say(format!("split placement skipped: {reason}"));
+            return Ok(SplitSection::skipped(reason));
+        }
+    };
+    let Some(redis_pid) = ctx.redis_pid else {
+        return Ok(SplitSection::skipped(
+            "redis-server's pid is unknown".to_owned(),
+        ));
+    };
+    let pinned = split
+        .pin(redis_pid, &split.queue)
+        .and_then(|()| split.pin(node.pid(), &split.gateway));
+    if let Err(reason) = pinned {
+        say(format!("split placement skipped: {reason}"));
+        return Ok(SplitSection::skipped(reason));
+    }
+    say(format!(
+        "split placement: the gateway on CPU {}, redis-server and the worker on CPU {}",
+        split.gateway, split.queue
+    ));
+    let mut drains = Vec::new();
+    for n in ctx.opts.drains.clone() {
+        let d = drain::run(ctx, node, n, Some(&split.queue))
+            .await
+            .map_err(|e| e.during(format!("split drain {n} via node")))?;
+        say(format!(
+            "drain {n} via node, split: {:.0} req/s in {:.2} s",
+            d.requests_per_s, d.seconds
+        ));
+        drains.push(d);
+    }
+    let bullmq = match bull {
+        Some((bull_dir, script)) => {
+            let runs = bullmq_drains(ctx, bull_dir, script, node, Some(&split.queue)).await?;
+            BullmqSection::measured(runs, &drains)
+        }
+        None => BullmqSection::skipped("BullMQ not measured in this run".to_owned()),
+    };
+    Ok(SplitSection::measured(&split, drains, bullmq))
 }

@@ -154,6 +154,10 @@ pub fn connections_between(before: Option<u64>, after: Option<u64>) -> Option<u6
 }
 
 impl Gateway {
+    pub fn pid(&self) -> u32 {
+        self.proc.pid()
+    }
+
     /// The gateway's CPU seconds so far (`None` if `/proc` cannot say).
     pub fn cpu_s(&self) -> Option<f64> {
         super::measure::proc_usage(self.proc.pid())
@@ -281,6 +285,8 @@ pub struct ProcessorSpec {
     pub reclaim_interval_ms: Option<u64>,
     /// Extra `inferq run` arguments given to the bench.
     pub extra_args: Vec<String>,
+    /// The CPUs it runs on (a `taskset` list; see [`super::placement`]), or all of them.
+    pub cpus: Option<String>,
 }
 
 impl ProcessorSpec {
@@ -321,7 +327,21 @@ impl Processor {
         while metrics == health {
             metrics = free_port().map_err(|e| BenchError::setup("no free port", e))?;
         }
-        let mut command = Command::new(own_binary()?);
+        // `taskset` execs what it is given: `/proc/self/exe` would name taskset itself, so a
+        // pinned processor is started by the binary's path.
+        let program = match spec.cpus {
+            Some(_) => std::env::current_exe()
+                .ok()
+                .filter(|path| path.is_file())
+                .ok_or_else(|| {
+                    BenchError::Phase(
+                        "the inferq binary is gone from its path (rebuilt during the run?)"
+                            .to_owned(),
+                    )
+                })?,
+            None => own_binary()?,
+        };
+        let mut command = super::placement::command_on(spec.cpus.as_deref(), program);
         command
             .arg("run")
             .args(["--transport", "redis-sortedset"])

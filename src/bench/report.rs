@@ -13,6 +13,7 @@ use super::census::Census;
 use super::drain::Drain;
 use super::measure::Machine;
 use super::open_loop::OpenLoop;
+use super::placement::Split;
 use super::procs::GatewayKind;
 use super::redelivery::Redelivery;
 use super::{BenchError, BenchOptions};
@@ -124,6 +125,44 @@ impl BullmqSection {
     }
 }
 
+/// The drains again in the split placement: the gateway on CPUs of its own, redis-server and
+/// the worker on the others (see `placement`). Not how the issue's targets are measured: they
+/// come from the shared placement above.
+#[derive(Debug, Clone, Serialize)]
+pub struct SplitSection {
+    pub measured: bool,
+    pub skipped_because: Option<String>,
+    /// The CPUs of redis-server and the worker, and the gateway's (`taskset` lists).
+    pub queue_cpus: Option<String>,
+    pub gateway_cpus: Option<String>,
+    pub drains: Vec<Drain>,
+    pub bullmq: BullmqSection,
+}
+
+impl SplitSection {
+    pub fn skipped(reason: String) -> SplitSection {
+        SplitSection {
+            measured: false,
+            skipped_because: Some(reason.clone()),
+            queue_cpus: None,
+            gateway_cpus: None,
+            drains: Vec::new(),
+            bullmq: BullmqSection::skipped(reason),
+        }
+    }
+
+    pub fn measured(split: &Split, drains: Vec<Drain>, bullmq: BullmqSection) -> SplitSection {
+        SplitSection {
+            measured: true,
+            skipped_because: None,
+            queue_cpus: Some(split.queue.clone()),
+            gateway_cpus: Some(split.gateway.clone()),
+            drains,
+            bullmq,
+        }
+    }
+}
+
 /// One target of the issue and how this run did.
 #[derive(Debug, Clone, Serialize)]
 pub struct Target {
@@ -145,6 +184,7 @@ pub struct Report {
     /// Top-level commands vs commands inside scripts (a small drain under MONITOR).
     pub command_census: Census,
     pub bullmq: BullmqSection,
+    pub split: SplitSection,
     pub open_loop: Vec<OpenLoop>,
     pub redelivery: Redelivery,
     pub targets: Vec<Target>,
@@ -160,6 +200,7 @@ impl Report {
         drains: Vec<Drain>,
         command_census: Census,
         bullmq: BullmqSection,
+        split: SplitSection,
         open_loop: Vec<OpenLoop>,
         redelivery: Redelivery,
         took: Duration,
@@ -172,6 +213,7 @@ impl Report {
             drains,
             command_census,
             bullmq,
+            split,
             open_loop,
             redelivery,
             targets: Vec::new(),
@@ -460,6 +502,8 @@ impl Report {
             );
         }
         println!();
+        self.print_split();
+        println!();
         println!(
             "open loop {:>8} {:>9} {:>9} {:>27} {:>27}",
             "offered",
@@ -494,6 +538,47 @@ impl Report {
         }
         println!();
         println!("total {:.0} s", self.seconds_total);
+    }
+
+    /// The split placement's drains, beside BullMQ's in the same placement.
+    fn print_split(&self) {
+        let split = &self.split;
+        if !split.measured {
+            println!(
+                "split placement: skipped ({})",
+                split.skipped_because.as_deref().unwrap_or("")
+            );
+            return;
+        }
+        println!(
+            "split placement: the gateway on CPU {}, redis-server and the worker on CPU {} (a gateway on machines of its own; the targets above are measured shared)",
+            split.gateway_cpus.as_deref().unwrap_or("-"),
+            split.queue_cpus.as_deref().unwrap_or("-")
+        );
+        println!(
+            "  {:<8} {:>7} {:>12} {:>14} {:>13} {:>14} {:>8}",
+            "", "N", "inferq req/s", "inferq µs/req", "BullMQ jobs/s", "BullMQ µs/job", "ratio"
+        );
+        for d in &split.drains {
+            let r = split.bullmq.ratios.iter().find(|r| r.n == d.n);
+            println!(
+                "  {:<8} {:>7} {:>12.0} {:>14.1} {:>13} {:>14} {:>8}",
+                d.gateway.name(),
+                d.n,
+                d.requests_per_s,
+                d.machine_cpu_us().unwrap_or(f64::NAN),
+                r.map_or("-".to_owned(), |r| format!("{:.0}", r.bullmq_jobs_per_s)),
+                r.and_then(|r| r.bullmq_cpu_us)
+                    .map_or("-".to_owned(), |us| format!("{us:.1}")),
+                r.map_or("-".to_owned(), |r| format!("{:.2}x", r.inferq_over_bullmq))
+            );
+        }
+        if !split.bullmq.measured {
+            println!(
+                "  BullMQ: skipped ({})",
+                split.bullmq.skipped_because.as_deref().unwrap_or("")
+            );
+        }
     }
 
     /// Writes the report as pretty JSON.
