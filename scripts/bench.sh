@@ -3,7 +3,7 @@
 # packages (scripts/ensure-redis.sh) and, when node and npm are installed, BullMQ 5 into a
 # cache folder outside the repo (~/.cache/inferq-bench/bullmq, or $BULLMQ_DIR) — builds inferq
 # in release mode and runs `inferq bench`. Arguments are passed on:
-#   scripts/bench.sh                 # the full run (about 5 minutes on 2 cores)
+#   scripts/bench.sh                 # the full run (about 4 minutes on 2 cores)
 #   scripts/bench.sh --quick         # small sizes, under a minute
 #   scripts/bench.sh --out docs/bench
 # (`target/release/inferq bench --help` lists every flag.)
