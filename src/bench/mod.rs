@@ -4,8 +4,9 @@
 //! processes, and measures: each gateway's own ceiling; drains of N requests at a fixed
 //! concurrency (requests/s, Redis commands per request, processor CPU and peak RSS, connections
 //! the gateway accepted); BullMQ's drain on the same Redis and node gateway when BullMQ is
-//! installed; open-loop submission at fixed rates (enqueue→dispatch and submit→result
-//! latency); redelivery after a kill -9.
+//! installed; the node drains of both again with the gateway on CPUs of its own (the split
+//! placement, see `placement`); open-loop submission at fixed rates (enqueue→dispatch and
+//! submit→result latency); redelivery after a kill -9.
 //!
 //! In: [`BenchOptions`]. Out: a [`report::Report`] printed as a table with targets and
 //! pass/miss, written as `bench.json`, and plotted as `bench.png` in the output folder.

@@ -7,9 +7,9 @@
 //!
 //! In: the CPUs this process may use (`Cpus_allowed_list` in `/proc/self/status`); out: a
 //! [`Split`] that pins running processes to one side (`taskset -a -p`: every thread; a child
-//! forked later, such as Redis's AOF rewrite, inherits the mask), starts commands on one side
-//! (`taskset -c`, which execs the command: the pid is the command's), and gives every pinned
-//! process back all the CPUs when dropped.
+//! forked later, such as Redis's AOF rewrite, inherits the mask) and gives every pinned process
+//! back all the CPUs when dropped, and [`command_on`] for commands that start on one side
+//! (`taskset -c`, which execs the command: the pid is the command's).
 
 use std::process::{Command, Stdio};
 use std::sync::Mutex;
