@@ -256,7 +256,13 @@ impl GatewayClient {
             response.status().as_u16(),
             response.headers(),
         ) {
-            drop((response, held));
+            // A redirect without a body leaves its connection ready for the next request.
+            if hyper::body::Body::is_end_stream(response.body()) {
+                drop(response);
+                self.plain.keep(plain, held);
+            } else {
+                drop((response, held));
+            }
             let mut headers = headers();
             hop.prepare(&mut headers, &target.parsed);
             let request = self.onward.request(hop.method, hop.url).headers(headers);
@@ -493,10 +499,10 @@ mod tests {
     use std::collections::BTreeMap;
     use std::net::SocketAddr;
     use std::sync::atomic::{AtomicUsize, Ordering};
-    use std::sync::Arc;
+    use std::sync::{Arc, Mutex};
     use std::time::SystemTime;
 
-    use axum::extract::Path;
+    use axum::extract::{ConnectInfo, Path};
     use axum::http::StatusCode;
     use axum::routing::{any, post};
     use axum::{Json, Router};
@@ -722,18 +728,25 @@ mod tests {
         }
     }
 
-    /// A gateway whose `/moved` redirects with `status` to `location`, counting the requests
-    /// `/moved` gets; `/method` answers with the method, the body and its `Content-Type`, and
-    /// `/hop/{n}` redirects to `/hop/{n-1}` until `/hop/0` answers 201.
-    async fn redirecting(status: StatusCode, location: String) -> (SocketAddr, Arc<AtomicUsize>) {
-        let hits = Arc::new(AtomicUsize::new(0));
+    /// A gateway whose `/moved` redirects with `status` to `location` (no body), noting the
+    /// client address of each request `/moved` gets; `/method` answers with the method, the body
+    /// and its `Content-Type`, and `/hop/{n}` redirects to `/hop/{n-1}` until `/hop/0` answers
+    /// 201.
+    async fn redirecting(
+        status: StatusCode,
+        location: String,
+    ) -> (SocketAddr, Arc<Mutex<Vec<SocketAddr>>>) {
+        let hits = Arc::new(Mutex::new(Vec::new()));
         let counted = hits.clone();
         let app =
             Router::new()
                 .route(
                     "/moved",
-                    any(move || {
-                        counted.fetch_add(1, Ordering::SeqCst);
+                    any(move |ConnectInfo(peer): ConnectInfo<SocketAddr>| {
+                        counted
+                            .lock()
+                            .unwrap_or_else(std::sync::PoisonError::into_inner)
+                            .push(peer);
                         let location = location.clone();
                         async move { (status, [("location", location)]) }
                     }),
@@ -769,6 +782,7 @@ mod tests {
                 );
         let (listener, addr) = listener().await;
         tokio::spawn(async move {
+            let app = app.into_make_service_with_connect_info::<SocketAddr>();
             let _ = axum::serve(listener, app).await;
         });
         (addr, hits)
@@ -799,8 +813,30 @@ mod tests {
                 },
                 "{status}"
             );
-            assert_eq!(hits.load(Ordering::SeqCst), 1, "{status}");
+            assert_eq!(hits.lock().map(|h| h.len()).ok(), Some(1), "{status}");
         }
+    }
+
+    /// A redirect without a body leaves its connection to the gateway open for the next request:
+    /// a gateway that redirects every request does not cost a TCP connection per request.
+    #[tokio::test]
+    async fn a_redirect_keeps_its_connection() {
+        let (addr, hits) = redirecting(StatusCode::TEMPORARY_REDIRECT, "/method".to_string()).await;
+        let client = client();
+        for _ in 0..3 {
+            let attempt = post_to(&client, addr, "/moved", "again").await;
+            assert!(
+                matches!(attempt.outcome, Outcome::Success { status: 200, .. }),
+                "{:?}",
+                attempt.outcome
+            );
+        }
+        let peers = hits.lock().map(|h| h.clone()).unwrap_or_default();
+        assert_eq!(peers.len(), 3);
+        assert!(
+            peers.iter().all(|p| *p == peers[0]),
+            "one connection for the three requests: {peers:?}"
+        );
     }
 
     /// Nine redirects are followed and the tenth fails the request, as Go's default policy has
