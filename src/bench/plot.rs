@@ -1,5 +1,5 @@
 //! The PNG of a run: three panels — drain throughput against N (inferq per gateway, BullMQ,
-//! the gateways' own ceilings), open-loop throughput against offered load, and open-loop
+//! the gateways' own ceilings, and both systems in the split placement), open-loop throughput against offered load, and open-loop
 //! latency (p50 and p99, log scale) against offered load. In: a [`Report`]; out: a PNG file.
 //! Text is drawn with DejaVu Sans read at run time from the system's fonts folder (no font
 //! library at build time); without that font the panels are drawn without text.
@@ -92,6 +92,31 @@ pub fn draw(report: &Report, path: &Path) -> Result<(), BenchError> {
             name: "BullMQ via node".into(),
             color: RED,
             points: report
+                .bullmq
+                .drains
+                .iter()
+                .map(|b| (b.n as f64, b.jobs_per_s))
+                .collect(),
+        });
+    }
+    // The split placement (the gateway on a core of its own), where it ran.
+    let split = &report.split;
+    if !split.drains.is_empty() {
+        drains.push(Series {
+            name: "inferq via node, split".into(),
+            color: RGBColor(0, 0, 120),
+            points: split
+                .drains
+                .iter()
+                .map(|d| (d.n as f64, d.requests_per_s))
+                .collect(),
+        });
+    }
+    if !split.bullmq.drains.is_empty() {
+        drains.push(Series {
+            name: "BullMQ via node, split".into(),
+            color: RGBColor(230, 140, 0),
+            points: split
                 .bullmq
                 .drains
                 .iter()
