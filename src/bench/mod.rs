@@ -383,7 +383,7 @@ async fn split_drains(
     node: &Gateway,
     bull: Option<&(PathBuf, PathBuf)>,
 ) -> Result<SplitSection, BenchError> {
-    let split = match placement::Split::plan() {
+    let mut split = match placement::Split::plan() {
         Ok(split) => split,
         Err(reason) => {
             say(format!("split placement skipped: {reason}"));
@@ -396,8 +396,8 @@ async fn split_drains(
         ));
     };
     let pinned = split
-        .pin(redis_pid, &split.queue)
-        .and_then(|()| split.pin(node.pid(), &split.gateway));
+        .pin(redis_pid, placement::Side::Queue)
+        .and_then(|()| split.pin(node.pid(), placement::Side::Gateway));
     if let Err(reason) = pinned {
         say(format!("split placement skipped: {reason}"));
         return Ok(SplitSection::skipped(reason));

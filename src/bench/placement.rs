@@ -12,7 +12,6 @@
 //! (`taskset -c`, which execs the command: the pid is the command's).
 
 use std::process::{Command, Stdio};
-use std::sync::Mutex;
 
 /// The two sides of the machine, as `taskset` CPU lists.
 #[derive(Debug)]
@@ -24,7 +23,14 @@ pub struct Split {
     /// Every CPU this process may use: what a pinned process gets back.
     all: String,
     /// Processes pinned so far, given `all` back on drop.
-    pinned: Mutex<Vec<u32>>,
+    pinned: Vec<u32>,
+}
+
+/// Which side of a [`Split`] a process goes to.
+#[derive(Debug, Clone, Copy)]
+pub enum Side {
+    Queue,
+    Gateway,
 }
 
 impl Split {
@@ -60,17 +66,22 @@ impl Split {
             queue: join(queue),
             gateway: join(gateway),
             all: listed,
-            pinned: Mutex::new(Vec::new()),
+            pinned: Vec::new(),
         })
     }
 
-    /// Moves every thread of the running process `pid` onto `cpus`.
-    pub fn pin(&self, pid: u32, cpus: &str) -> Result<(), String> {
-        self.pinned
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .push(pid);
-        set_affinity(pid, cpus)
+    /// The CPU list of `side`.
+    pub fn cpus(&self, side: Side) -> &str {
+        match side {
+            Side::Queue => &self.queue,
+            Side::Gateway => &self.gateway,
+        }
+    }
+
+    /// Moves every thread of the running process `pid` onto the CPUs of `side`.
+    pub fn pin(&mut self, pid: u32, side: Side) -> Result<(), String> {
+        self.pinned.push(pid);
+        set_affinity(pid, self.cpus(side))
     }
 }
 
@@ -88,12 +99,7 @@ pub fn command_on(cpus: Option<&str>, program: impl AsRef<std::ffi::OsStr>) -> C
 
 impl Drop for Split {
     fn drop(&mut self) {
-        let pinned = std::mem::take(
-            self.pinned
-                .get_mut()
-                .unwrap_or_else(std::sync::PoisonError::into_inner),
-        );
-        for pid in pinned {
+        for &pid in &self.pinned {
             // A process that has exited meanwhile needs nothing back.
             let _ = set_affinity(pid, &self.all);
         }
@@ -164,7 +170,7 @@ mod tests {
     /// dropped.
     #[test]
     fn a_pinned_process_gets_its_cpus_back() {
-        let split = match Split::plan() {
+        let mut split = match Split::plan() {
             Ok(split) => split,
             // One CPU, or no taskset: nothing to pin on this machine.
             Err(_) => return,
@@ -183,7 +189,7 @@ mod tests {
                 .to_owned()
         };
         let before = allowed(child.id());
-        if let Err(e) = split.pin(child.id(), &split.gateway) {
+        if let Err(e) = split.pin(child.id(), Side::Gateway) {
             panic!("{e}");
         }
         let pinned = allowed(child.id());

@@ -6,8 +6,9 @@
 //!
 //! Like Go's worker transport: one pooled client shared by all workers (idle timeout 90 s), no
 //! client-level timeout (the caller passes `min(--request-timeout, time to the deadline)` per
-//! attempt), redirects followed as Go's default policy follows them (the tenth fails the request), and no proxy (Go's hand-built
-//! transport ignores `HTTP_PROXY`; so does inferq). HTTP/2 is used when a TLS gateway offers it by ALPN; cleartext gateways get HTTP/1.1.
+//! attempt), redirects followed as Go's default policy follows them (the tenth fails the
+//! request), and no proxy (Go's hand-built transport ignores `HTTP_PROXY`; so does inferq).
+//! HTTP/2 is used when a TLS gateway offers it by ALPN; cleartext gateways get HTTP/1.1.
 //!
 //! Cancel safety: `send` owns everything it uses, so dropping its future (for example from a
 //! `tokio::select!` branch that lost) drops the in-flight request. For HTTP/1.1 hyper then closes
@@ -209,22 +210,12 @@ impl GatewayClient {
         deadline: Option<Instant>,
     ) -> Outcome {
         let response = match within(deadline, pending).await {
-            None => {
-                return transport_failure(
-                    RetryReason::Timeout,
-                    format!("Post {url:?}: per-attempt timeout expired before the response"),
-                )
-            }
+            None => return expired_before_response(url),
             Some(Err(e)) => return send_error(url, e),
             Some(Ok(response)) => response,
         };
 
-        let head = ResponseHead {
-            status: response.status().as_u16(),
-            retry_after: header_text(response.headers(), RETRY_AFTER.as_str())
-                .and_then(|v| backoff::parse_retry_after(&v, std::time::SystemTime::now())),
-            dropped_reason: header_text(response.headers(), DROPPED_REASON_HEADER),
-        };
+        let head = response_head(response.status().as_u16(), response.headers());
         let body = self.read_body(response, deadline).await;
         classify_response(head, body)
     }
@@ -242,12 +233,7 @@ impl GatewayClient {
         let url = target.text.as_str();
         let (response, held) =
             match within(deadline, self.plain.send(plain, headers(), body.clone())).await {
-                None => {
-                    return transport_failure(
-                        RetryReason::Timeout,
-                        format!("Post {url:?}: per-attempt timeout expired before the response"),
-                    )
-                }
+                None => return expired_before_response(url),
                 Some(Err(failure)) => return plain_send_error(url, &failure),
                 Some(Ok(sent)) => sent,
             };
@@ -273,12 +259,7 @@ impl GatewayClient {
             };
             return Box::pin(self.answer_to(url, request.send(), deadline)).await;
         }
-        let head = ResponseHead {
-            status: response.status().as_u16(),
-            retry_after: header_text(response.headers(), RETRY_AFTER.as_str())
-                .and_then(|v| backoff::parse_retry_after(&v, std::time::SystemTime::now())),
-            dropped_reason: header_text(response.headers(), DROPPED_REASON_HEADER),
-        };
+        let head = response_head(response.status().as_u16(), response.headers());
         let announced = hyper::body::Body::size_hint(response.body()).exact();
         let mut incoming = response.into_body();
         let mut reader = BodyReader::new(self.body_limit, announced);
@@ -420,6 +401,24 @@ async fn within<F: std::future::Future>(deadline: Option<Instant>, future: F) ->
     match deadline {
         Some(deadline) => tokio::time::timeout_at(deadline, future).await.ok(),
         None => Some(future.await),
+    }
+}
+
+/// The per-attempt timeout ran out before a response head arrived.
+fn expired_before_response(url: &str) -> Outcome {
+    transport_failure(
+        RetryReason::Timeout,
+        format!("Post {url:?}: per-attempt timeout expired before the response"),
+    )
+}
+
+/// What classification needs of a response head, on either path.
+fn response_head(status: u16, headers: &HeaderMap) -> ResponseHead {
+    ResponseHead {
+        status,
+        retry_after: header_text(headers, RETRY_AFTER.as_str())
+            .and_then(|v| backoff::parse_retry_after(&v, std::time::SystemTime::now())),
+        dropped_reason: header_text(headers, DROPPED_REASON_HEADER),
     }
 }
 

@@ -103,8 +103,19 @@ pub(crate) enum SendFailure {
 /// One side of a connection, as hyper hands it out.
 type Sender = SendRequest<Full<Bytes>>;
 
-/// Idle connections, per authority, newest last, each with the time it went idle.
-type Idle = Mutex<HashMap<String, Vec<(Sender, Instant)>>>;
+/// What the connections and their sweep task share.
+struct Pool {
+    /// Idle connections, per authority, newest last, each with the time it went idle.
+    idle: Mutex<HashMap<String, Vec<(Sender, Instant)>>>,
+    /// Whether a sweep task is running (it ends once nothing is idle).
+    sweeping: AtomicBool,
+}
+
+impl Pool {
+    fn idle(&self) -> std::sync::MutexGuard<'_, HashMap<String, Vec<(Sender, Instant)>>> {
+        self.idle.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
 
 /// How long a connection may stay idle, and how often that is looked at.
 #[derive(Debug, Clone, Copy)]
@@ -115,9 +126,7 @@ struct Timing {
 
 /// The idle connections and how many to keep.
 pub(crate) struct Connections {
-    idle: Arc<Idle>,
-    /// Whether a sweep task is running (it ends once nothing is idle).
-    sweeping: Arc<AtomicBool>,
+    pool: Arc<Pool>,
     max_idle: usize,
     /// [`IDLE_TIMEOUT`] and [`SWEEP_EVERY`] (shorter in tests).
     timing: Timing,
@@ -135,8 +144,10 @@ impl std::fmt::Debug for Connections {
 impl Connections {
     pub(crate) fn new(max_idle: usize, user_agent: &'static str) -> Connections {
         Connections {
-            idle: Arc::new(Mutex::new(HashMap::new())),
-            sweeping: Arc::new(AtomicBool::new(false)),
+            pool: Arc::new(Pool {
+                idle: Mutex::new(HashMap::new()),
+                sweeping: AtomicBool::new(false),
+            }),
             max_idle,
             timing: Timing {
                 idle_timeout: IDLE_TIMEOUT,
@@ -188,7 +199,7 @@ impl Connections {
 
     /// Hands a connection whose response was read to the end back for the next request.
     pub(crate) fn keep(&self, target: &Plain, held: Held) {
-        let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut idle = self.pool.idle();
         if !idle.contains_key(&target.authority) {
             idle.insert(target.authority.clone(), Vec::new());
         }
@@ -204,27 +215,29 @@ impl Connections {
         if list.len() < self.max_idle && !held.sender.is_closed() {
             list.push((held.sender, now));
             drop(idle);
-            // Read first: the flag's line stays shared while a sweep runs.
-            if !self.sweeping.load(Ordering::Acquire) && !self.sweeping.swap(true, Ordering::AcqRel)
-            {
-                match tokio::runtime::Handle::try_current() {
-                    Ok(runtime) => {
-                        runtime.spawn(sweep(
-                            Arc::downgrade(&self.idle),
-                            self.sweeping.clone(),
-                            self.timing,
-                        ));
-                    }
-                    // Outside a runtime nothing sweeps; the next `keep` in one tries again.
-                    Err(_) => self.sweeping.store(false, Ordering::Release),
-                }
+            self.start_sweep();
+        }
+    }
+
+    /// Starts a sweep task unless one is running.
+    fn start_sweep(&self) {
+        let sweeping = &self.pool.sweeping;
+        // Read first: the flag's line stays shared while a sweep runs.
+        if sweeping.load(Ordering::Acquire) || sweeping.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => {
+                runtime.spawn(sweep(Arc::downgrade(&self.pool), self.timing));
             }
+            // Outside a runtime nothing sweeps; the next `keep` in one tries again.
+            Err(_) => sweeping.store(false, Ordering::Release),
         }
     }
 
     /// The newest idle connection to `authority` that is still open and not past the idle timeout.
     fn idle_one(&self, authority: &str) -> Option<Sender> {
-        let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut idle = self.pool.idle();
         let list = idle.get_mut(authority)?;
         let now = Instant::now();
         while let Some((sender, since)) = list.pop() {
@@ -239,13 +252,13 @@ impl Connections {
 /// Every [`SWEEP_EVERY`], drops the idle connections that may carry no more requests (which
 /// closes them); ends when nothing is left idle (the next [`Connections::keep`] starts another)
 /// or the connections themselves are gone.
-async fn sweep(idle: Weak<Idle>, sweeping: Arc<AtomicBool>, timing: Timing) {
+async fn sweep(pool: Weak<Pool>, timing: Timing) {
     loop {
         tokio::time::sleep(timing.sweep_every).await;
-        let Some(idle) = idle.upgrade() else {
+        let Some(pool) = pool.upgrade() else {
             return;
         };
-        let mut idle = idle.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut idle = pool.idle();
         let now = Instant::now();
         for list in idle.values_mut() {
             list.retain(|(sender, since)| usable(sender, *since, now, timing));
@@ -253,7 +266,7 @@ async fn sweep(idle: Weak<Idle>, sweeping: Arc<AtomicBool>, timing: Timing) {
         idle.retain(|_, list| !list.is_empty());
         if idle.is_empty() {
             // Cleared under the lock: a `keep` pushing after this starts the next sweep.
-            sweeping.store(false, Ordering::Release);
+            pool.sweeping.store(false, Ordering::Release);
             return;
         }
     }
