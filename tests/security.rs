@@ -641,7 +641,8 @@ async fn gateway_case(
 
 /// The simulator serving HTTPS from the private CA: trusted with `--tls-ca-cert` → 200;
 /// without it → INFERENCE_ERROR at once naming the certificate problem (Go: TLS errors are not
-/// retried); `--tls-insecure-skip-verify` → 200. A simulator requiring client certificates:
+/// retried); `--tls-insecure-skip-verify` → 200; a self-signed gateway certificate given as
+/// `--tls-ca-cert` → 200. A simulator requiring client certificates:
 /// `--tls-cert`/`--tls-key` → 200, none → INFERENCE_ERROR.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn gateway_tls_flags_against_the_simulator() {
@@ -694,6 +695,29 @@ async fn gateway_tls_flags_against_the_simulator() {
     )
     .await;
     assert_eq!(mutual.status_code, 200, "{mutual:?}");
+
+    // A gateway serving the self-signed certificate of a quick `openssl req -x509` (marked as a
+    // CA), given as the CA file: Go trusts a served certificate its root pool holds, and so does
+    // inferq (webpki alone refused it as a CA used as an end entity).
+    let self_signed = Sim::start_tls(
+        sim_config(),
+        addr,
+        &SimTls {
+            cert: Some(certs.path("self-signed.crt")),
+            key: Some(certs.path("self-signed.key")),
+            client_ca: None,
+        },
+    )
+    .await
+    .unwrap();
+    let (_f, own) = gateway_case(
+        &redis,
+        &self_signed,
+        "self-signed",
+        &["--tls-ca-cert", &certs.arg("self-signed.crt")],
+    )
+    .await;
+    assert_eq!(own.status_code, 200, "{own:?}");
 
     let (_e, anonymous) = gateway_case(&redis, &mtls, "anonymous", &["--tls-ca-cert", &ca]).await;
     assert_eq!(anonymous.error_code, "INFERENCE_ERROR", "{anonymous:?}");

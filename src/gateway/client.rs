@@ -84,15 +84,16 @@ impl GatewayClient {
     /// Builds the client. `pool_size` is the total number of workers across all pools; twice as
     /// many idle connections are kept (see the module comment on connection reuse).
     pub fn new(tls: &GatewayTls, pool_size: usize) -> Result<Self, GatewayError> {
+        let tls_config = tls.client_config()?;
         let build = |redirects: usize| {
             let builder = reqwest::Client::builder()
-                .use_rustls_tls()
+                .use_preconfigured_tls(tls_config.clone())
                 .no_proxy()
                 .redirect(reqwest::redirect::Policy::limited(redirects))
                 .pool_max_idle_per_host(pool_size.max(1).saturating_mul(2))
                 .pool_idle_timeout(IDLE_TIMEOUT)
                 .user_agent(USER_AGENT);
-            tls.apply(builder)?.build().map_err(|e| {
+            builder.build().map_err(|e| {
                 let mut text = error_chain(&e);
                 if tls.is_configured() {
                     text.push_str(" (check the --tls-* files)");
@@ -1241,6 +1242,92 @@ mod tests {
             });
         });
         (addr, accepted)
+    }
+
+    /// Workers sending back to back to an HTTPS gateway keep their connections: each new TLS
+    /// connection is a handshake on both sides, many times the cost of the request itself.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn https_workers_keep_their_connections() {
+        const WORKERS: usize = 16;
+        const EACH: usize = 100;
+        let dir = match tempfile::tempdir() {
+            Ok(dir) => dir,
+            Err(e) => panic!("tempdir: {e}"),
+        };
+        let tls = crate::sim::SimTls {
+            cert: Some(crate::gateway::tls::tests::temp_file(
+                &dir,
+                "server.crt",
+                crate::gateway::leaf::tests::SELF_SIGNED_PEM,
+            )),
+            key: Some(crate::gateway::tls::tests::temp_file(
+                &dir,
+                "server.key",
+                crate::gateway::leaf::tests::SELF_SIGNED_KEY_PEM,
+            )),
+            client_ca: None,
+        };
+        let config = crate::sim::SimConfig {
+            ttft_ms: 0,
+            per_token_ms: 0.0,
+            ..crate::sim::SimConfig::default()
+        };
+        let sim = match crate::sim::Sim::start_tls(config, ([127, 0, 0, 1], 0).into(), &tls).await {
+            Ok(sim) => sim,
+            Err(e) => panic!("sim: {e}"),
+        };
+        // Trusted as Go trusts it: the self-signed certificate (marked as a CA, as
+        // `openssl req -x509` makes it) listed as the CA file.
+        let trust = GatewayTls {
+            ca_cert: tls.cert.clone(),
+            ..GatewayTls::default()
+        };
+        let client = match GatewayClient::new(&trust, WORKERS) {
+            Ok(client) => client,
+            Err(e) => panic!("client: {e}"),
+        };
+        let target = match parse_target(&format!("{}/v1/completions", sim.base_url())) {
+            Ok(target) => Arc::new(target),
+            Err(e) => panic!("target: {e}"),
+        };
+        let slots = Arc::new(tokio::sync::Semaphore::new(WORKERS));
+        let mut sends = tokio::task::JoinSet::new();
+        for _ in 0..WORKERS * EACH {
+            let slot = match slots.clone().acquire_owned().await {
+                Ok(slot) => slot,
+                Err(e) => panic!("semaphore: {e}"),
+            };
+            let (client, target) = (client.clone(), target.clone());
+            sends.spawn(async move {
+                let attempt = client
+                    .send_to(
+                        &target,
+                        HeaderMap::new,
+                        Bytes::from_static(br#"{"prompt":"hi","max_tokens":1}"#),
+                        GENEROUS,
+                    )
+                    .await;
+                drop(slot);
+                attempt.outcome
+            });
+            while let Some(done) = sends.try_join_next() {
+                assert!(
+                    matches!(done, Ok(Outcome::Success { status: 200, .. })),
+                    "{done:?}"
+                );
+            }
+        }
+        while let Some(done) = sends.join_next().await {
+            assert!(
+                matches!(done, Ok(Outcome::Success { status: 200, .. })),
+                "{done:?}"
+            );
+        }
+        let opened = sim.stats().connections_accepted;
+        assert!(
+            opened <= 2 * WORKERS as u64,
+            "{WORKERS} workers sending {EACH} requests each over TLS opened {opened} connections"
+        );
     }
 
     /// Workers that send back to back keep their connections: a new request that races a

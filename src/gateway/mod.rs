@@ -40,9 +40,11 @@ pub mod backoff;
 pub mod client;
 pub mod h1;
 pub mod headers;
+mod leaf;
 pub mod outcome;
 pub mod redirect;
 pub mod tls;
+mod trust;
 pub mod url;
 
 use std::path::PathBuf;

@@ -1,20 +1,28 @@
 //! The gateway TLS settings (Go's `--tls-ca-cert`, `--tls-cert`, `--tls-key`,
-//! `--tls-insecure-skip-verify`) and how they are applied to the reqwest/rustls client builder.
+//! `--tls-insecure-skip-verify`) and the rustls client configuration they make.
 //!
-//! Paths enter; a configured `reqwest::ClientBuilder` leaves, or a [`GatewayError`] naming the
-//! flag and file at fault. As in Go: the CA file is *added* to the default roots (here the bundled
-//! Mozilla roots of `webpki-roots`, inferq's "system pool") and must hold at least one
-//! certificate; the client certificate and key come together or not at all. rustls speaks TLS 1.2
-//! and 1.3 only, which matches Go's `MinVersion: TLS1.2`.
+//! Paths enter; one `rustls::ClientConfig` leaves (every HTTPS connection to the gateway uses it),
+//! or a [`GatewayError`] naming the flag and file at fault. As in Go: the CA file is *added* to
+//! the default roots (here the bundled Mozilla roots of `webpki-roots`, inferq's "system pool")
+//! and must hold at least one certificate, and a certificate it lists is trusted when a gateway
+//! serves it as it is ([`super::trust`]); the client certificate and key come together or not at
+//! all. rustls speaks TLS 1.2 and 1.3 only, which matches Go's `MinVersion: TLS1.2`. HTTP/2 and
+//! HTTP/1.1 are offered by ALPN.
 //!
 //! PEM files may carry other blocks (e.g. `EC PARAMETERS` before an EC key, as `openssl ecparam
 //! -genkey` writes them); those are ignored, as Go's `tls.X509KeyPair` ignores them.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
-use reqwest::{Certificate, ClientBuilder, Identity};
+use rustls::client::danger::ServerCertVerifier;
+use rustls::client::WebPkiServerVerifier;
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::{ClientConfig, RootCertStore};
 
-use super::{error_chain, GatewayError};
+use super::trust::{AnyCertificate, GoVerifier};
+use super::GatewayError;
 
 /// TLS settings for the connection to the gateway.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -38,70 +46,118 @@ impl GatewayTls {
             || self.insecure_skip_verify
     }
 
-    /// Applies these settings to `builder`.
-    pub(crate) fn apply(&self, mut builder: ClientBuilder) -> Result<ClientBuilder, GatewayError> {
-        if let Some(path) = &self.ca_cert {
-            let pem = read(path)?;
-            let only_certs = pem_blocks(&pem, |label| label == "CERTIFICATE");
-            let certs = Certificate::from_pem_bundle(&only_certs).map_err(|e| {
-                GatewayError::Tls(format!(
-                    "--tls-ca-cert {}: {}",
-                    path.display(),
-                    error_chain(&e)
-                ))
-            })?;
-            if certs.is_empty() {
-                return Err(GatewayError::Tls(format!(
-                    "--tls-ca-cert {}: no PEM certificates found",
-                    path.display()
-                )));
-            }
-            for cert in certs {
-                builder = builder.add_root_certificate(cert);
-            }
-        }
-        match (&self.cert, &self.key) {
-            (None, None) => {}
-            (Some(cert_path), Some(key_path)) => {
-                let certs = pem_blocks(&read(cert_path)?, |label| label == "CERTIFICATE");
-                if certs.is_empty() {
-                    return Err(GatewayError::Tls(format!(
-                        "--tls-cert {}: no PEM certificate found",
-                        cert_path.display()
-                    )));
-                }
-                let key = pem_blocks(&read(key_path)?, |label| {
-                    matches!(label, "PRIVATE KEY" | "RSA PRIVATE KEY" | "EC PRIVATE KEY")
-                });
-                if key.is_empty() {
-                    return Err(GatewayError::Tls(format!(
-                        "--tls-key {}: no unencrypted PEM private key found",
-                        key_path.display()
-                    )));
-                }
-                let mut identity_pem = certs;
-                identity_pem.extend_from_slice(&key);
-                let identity = Identity::from_pem(&identity_pem).map_err(|e| {
-                    GatewayError::Tls(format!(
-                        "--tls-cert {} / --tls-key {}: {}",
-                        cert_path.display(),
-                        key_path.display(),
-                        error_chain(&e)
-                    ))
-                })?;
-                builder = builder.identity(identity);
-            }
+    /// The client configuration these settings make.
+    pub(crate) fn client_config(&self) -> Result<ClientConfig, GatewayError> {
+        let identity = match (&self.cert, &self.key) {
+            (None, None) => None,
+            (Some(cert), Some(key)) => Some((client_chain(cert)?, client_key(key)?)),
             (Some(_), None) | (None, Some(_)) => {
                 return Err(GatewayError::Tls(
                     "--tls-cert and --tls-key must be given together".to_string(),
                 ));
             }
-        }
-        if self.insecure_skip_verify {
-            builder = builder.danger_accept_invalid_certs(true);
-        }
-        Ok(builder)
+        };
+        let listed = match &self.ca_cert {
+            Some(path) => ca_certs(path)?,
+            None => Vec::new(),
+        };
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let verifier: Arc<dyn ServerCertVerifier> = if self.insecure_skip_verify {
+            Arc::new(AnyCertificate::new(
+                provider.signature_verification_algorithms,
+            ))
+        } else {
+            let mut roots = RootCertStore {
+                roots: webpki_roots::TLS_SERVER_ROOTS.to_vec(),
+            };
+            for cert in &listed {
+                roots.add(cert.clone()).map_err(|e| {
+                    let path = self.ca_cert.as_deref().unwrap_or(Path::new(""));
+                    GatewayError::Tls(format!("--tls-ca-cert {}: {e}", path.display()))
+                })?;
+            }
+            let webpki =
+                WebPkiServerVerifier::builder_with_provider(Arc::new(roots), Arc::clone(&provider))
+                    .build()
+                    .map_err(|e| GatewayError::Tls(format!("trusted roots: {e}")))?;
+            Arc::new(GoVerifier::new(webpki, listed))
+        };
+        let builder = ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .map_err(|e| GatewayError::Tls(e.to_string()))?
+            .dangerous()
+            .with_custom_certificate_verifier(verifier);
+        let mut config = match (identity, &self.cert, &self.key) {
+            (Some((chain, key)), Some(cert_path), Some(key_path)) => {
+                builder.with_client_auth_cert(chain, key).map_err(|e| {
+                    GatewayError::Tls(format!(
+                        "--tls-cert {} / --tls-key {}: {e}",
+                        cert_path.display(),
+                        key_path.display(),
+                    ))
+                })?
+            }
+            _ => builder.with_no_client_auth(),
+        };
+        config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+        Ok(config)
     }
+}
+
+/// The certificates of `--tls-ca-cert`: at least one.
+fn ca_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, GatewayError> {
+    let certs = certificates(path, "--tls-ca-cert")?;
+    if certs.is_empty() {
+        return Err(GatewayError::Tls(format!(
+            "--tls-ca-cert {}: no PEM certificates found",
+            path.display()
+        )));
+    }
+    Ok(certs)
+}
+
+/// The chain of `--tls-cert`: at least one certificate.
+fn client_chain(path: &Path) -> Result<Vec<CertificateDer<'static>>, GatewayError> {
+    let certs = certificates(path, "--tls-cert")?;
+    if certs.is_empty() {
+        return Err(GatewayError::Tls(format!(
+            "--tls-cert {}: no PEM certificate found",
+            path.display()
+        )));
+    }
+    Ok(certs)
+}
+
+/// The `CERTIFICATE` blocks of a PEM file, each decoded.
+fn certificates(path: &Path, flag: &str) -> Result<Vec<CertificateDer<'static>>, GatewayError> {
+    let blocks = pem_blocks(&read(path)?, |label| label == "CERTIFICATE");
+    CertificateDer::pem_slice_iter(&blocks)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| {
+            GatewayError::Tls(format!(
+                "{flag} {}: unreadable certificate: {e}",
+                path.display()
+            ))
+        })
+}
+
+/// The private key of `--tls-key`.
+fn client_key(path: &Path) -> Result<PrivateKeyDer<'static>, GatewayError> {
+    let blocks = pem_blocks(&read(path)?, |label| {
+        matches!(label, "PRIVATE KEY" | "RSA PRIVATE KEY" | "EC PRIVATE KEY")
+    });
+    if blocks.is_empty() {
+        return Err(GatewayError::Tls(format!(
+            "--tls-key {}: no unencrypted PEM private key found",
+            path.display()
+        )));
+    }
+    PrivateKeyDer::from_pem_slice(&blocks).map_err(|e| {
+        GatewayError::Tls(format!(
+            "--tls-key {}: unreadable private key: {e}",
+            path.display()
+        ))
+    })
 }
 
 fn read(path: &Path) -> Result<Vec<u8>, GatewayError> {
@@ -193,10 +249,8 @@ RVuxQvn69q9acMVQF3wtBeVBLGBU158IxCRjUyhDHMqa6gGeeGweaDxC
         path
     }
 
-    fn build(tls: &GatewayTls) -> Result<reqwest::Client, GatewayError> {
-        tls.apply(reqwest::Client::builder().use_rustls_tls())?
-            .build()
-            .map_err(|e| GatewayError::Client(error_chain(&e)))
+    fn build(tls: &GatewayTls) -> Result<ClientConfig, GatewayError> {
+        tls.client_config()
     }
 
     fn tempdir() -> tempfile::TempDir {

@@ -302,6 +302,7 @@ impl Certs {
             "subjectAltName=IP:127.0.0.1,DNS:localhost\nextendedKeyUsage=serverAuth\n",
         );
         certs.leaf("client", "extendedKeyUsage=clientAuth\n");
+        certs.self_signed("self-signed");
         certs
     }
 
@@ -340,6 +341,30 @@ impl Certs {
             "2",
             "-subj",
             &format!("/CN=inferq test {name}"),
+        ]);
+    }
+
+    /// A server certificate for 127.0.0.1 / localhost signed by its own key, as a quick
+    /// `openssl req -x509` makes it for a gateway: marked as a CA.
+    pub fn self_signed(&self, name: &str) {
+        self.openssl(&[
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+            "-keyout",
+            &format!("{name}.key"),
+            "-out",
+            &format!("{name}.crt"),
+            "-days",
+            "2",
+            "-subj",
+            &format!("/CN=inferq test {name}"),
+            "-addext",
+            "subjectAltName=IP:127.0.0.1,DNS:localhost",
         ]);
     }
 
