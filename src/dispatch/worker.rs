@@ -201,7 +201,7 @@ pub async fn work(job: Job, env: Arc<WorkerEnv>) {
             .map(|value| (header, value.as_str()))
     });
     let objective = ctx.spec.inference_objective.as_deref().unwrap_or("");
-    // Made as the request is sent (and again only if a cleartext gateway redirects it).
+    // Made as the request is sent (and again only if a gateway redirects it).
     let headers = || {
         gateway::build_headers(
             objective,

@@ -8,20 +8,21 @@
 //! client-level timeout (the caller passes `min(--request-timeout, time to the deadline)` per
 //! attempt), redirects followed as Go's default policy follows them (the tenth fails the
 //! request), and no proxy (Go's hand-built transport ignores `HTTP_PROXY`; so does inferq).
-//! HTTP/2 is used when a TLS gateway offers it by ALPN; cleartext gateways get HTTP/1.1.
+//! HTTP/2 is used when a TLS gateway chooses it by ALPN; cleartext gateways get HTTP/1.1.
 //!
 //! Cancel safety: `send` owns everything it uses, so dropping its future (for example from a
 //! `tokio::select!` branch that lost) drops the in-flight request. For HTTP/1.1 hyper then closes
 //! that connection, and for HTTP/2 it resets the stream; the gateway sees the request go away.
 //! That is how inferq abandons work it no longer owns or that was cancelled.
 //!
-//! Two paths: a cleartext `http://` URL without user info goes over inferq's own keep-alive
+//! Two paths: an `http://` or `https://` URL without user info goes over inferq's own keep-alive
 //! HTTP/1.1 connections ([`super::h1`]: no per-request URL conversion, redirect or retry layer,
 //! or general pool; it took the processor's CPU per request from about 41 µs to 28 µs on the
-//! benchmark's drain). Everything else (HTTPS with its ALPN and client certificates, user info,
-//! and the redirects a cleartext gateway answers with) goes through reqwest: a redirect on the
-//! cleartext path goes on to its `Location` through reqwest, the first hop changed as reqwest
-//! changes every hop ([`super::redirect`]), so the redirecting endpoint sees the request once.
+//! benchmark's drain, and over TLS from about 40 µs to 31 µs). Everything else goes through
+//! reqwest: a TLS gateway that chooses HTTP/2, URLs with user info, and the redirects a gateway
+//! answers with (a redirect goes on to its `Location` through reqwest, the first hop changed as
+//! reqwest changes every hop, [`super::redirect`], so the redirecting endpoint sees the request
+//! once). Both paths share one TLS configuration ([`super::tls`]).
 //!
 //! Connection reuse on the reqwest path: a finished HTTP/1.1 connection goes back to the pool
 //! from a task of its own, a moment after the caller has read the body (with a chunked body, only
@@ -32,7 +33,7 @@
 //! sides. So `send` yields once after the body, letting the connection reach the pool first, and
 //! the pool keeps up to twice the worker count idle, so the odd connection dialled in such a race
 //! is kept rather than closed. Go's transport keeps as many idle connections as there are
-//! workers. The cleartext path waits for a checked-out connection to be ready instead, and keeps
+//! workers. inferq's own path waits for a checked-out connection to be ready instead, and keeps
 //! as many idle.
 
 use std::time::Duration;
@@ -42,7 +43,7 @@ use reqwest::header::{HeaderMap, RETRY_AFTER};
 use reqwest::Url;
 use tokio::time::Instant;
 
-use super::h1::{Connections, Plain, SendFailure, IDLE_TIMEOUT};
+use super::h1::{Connections, Direct, SendFailure, Sent, IDLE_TIMEOUT};
 use super::headers::DROPPED_REASON_HEADER;
 use super::outcome::{
     classify_response, request_failure, transport_failure, unusable_exchange, BodyRead,
@@ -71,11 +72,11 @@ pub struct Attempt {
 #[derive(Debug, Clone)]
 pub struct GatewayClient {
     http: reqwest::Client,
-    /// The rest of a redirect chain whose first hop a cleartext gateway answered (see
+    /// The rest of a redirect chain whose first hop a gateway answered on inferq's own connections (see
     /// [`super::redirect`]): one redirect fewer allowed, so the chain is as long as reqwest's.
     onward: reqwest::Client,
-    /// Cleartext HTTP/1.1 targets' connections (see [`super::h1`]).
-    plain: std::sync::Arc<Connections>,
+    /// The HTTP/1.1 connections of `http` and `https` targets (see [`super::h1`]).
+    direct: std::sync::Arc<Connections>,
     /// Bodies longer than this are not read to the end (see [`DEFAULT_BODY_LIMIT`]).
     body_limit: usize,
 }
@@ -104,9 +105,10 @@ impl GatewayClient {
         Ok(GatewayClient {
             http: build(MAX_REDIRECTS)?,
             onward: build(MAX_REDIRECTS - 1)?,
-            plain: std::sync::Arc::new(Connections::new(
+            direct: std::sync::Arc::new(Connections::new(
                 pool_size.max(1).saturating_mul(2),
                 USER_AGENT,
+                std::sync::Arc::new(tls_config),
             )),
             body_limit: DEFAULT_BODY_LIMIT,
         })
@@ -146,7 +148,7 @@ impl GatewayClient {
 
     /// [`GatewayClient::send`] to a URL parsed beforehand with [`parse_target`] (a queue's
     /// default URL is parsed once): the per-request cost of parsing is skipped. `headers` makes
-    /// the request's header set: it is called once, and a second time only when a cleartext
+    /// the request's header set: it is called once, and a second time only when a
     /// gateway answers with a redirect and the next hop goes through reqwest, so no copy is made
     /// for that rare case.
     pub async fn send_to<H: Fn() -> HeaderMap>(
@@ -174,9 +176,9 @@ impl GatewayClient {
         body: Bytes,
         deadline: Option<Instant>,
     ) -> Outcome {
-        match &target.plain {
-            Some(plain) => {
-                self.exchange_plain(target, plain, headers, body, deadline)
+        match &target.direct {
+            Some(direct) => {
+                self.exchange_direct(target, direct, headers, body, deadline)
                     .await
             }
             None => {
@@ -221,22 +223,25 @@ impl GatewayClient {
         classify_response(head, body)
     }
 
-    /// [`GatewayClient::exchange`] on inferq's own cleartext connections. A redirect's first hop
+    /// [`GatewayClient::exchange`] on inferq's own connections. A redirect's first hop
     /// is made here, as reqwest would make it ([`super::redirect`]), and reqwest follows the rest.
-    async fn exchange_plain<H: Fn() -> HeaderMap>(
+    async fn exchange_direct<H: Fn() -> HeaderMap>(
         &self,
         target: &Target,
-        plain: &Plain,
+        direct: &Direct,
         headers: &H,
         body: Bytes,
         deadline: Option<Instant>,
     ) -> Outcome {
         let url = target.text.as_str();
         let (response, held) =
-            match within(deadline, self.plain.send(plain, headers(), body.clone())).await {
+            match within(deadline, self.direct.send(direct, headers(), body.clone())).await {
                 None => return expired_before_response(url),
-                Some(Err(failure)) => return plain_send_error(url, &failure),
-                Some(Ok(sent)) => sent,
+                Some(Err(failure)) => return direct_send_error(url, &failure),
+                Some(Ok(Sent::Response(response, held))) => (response, held),
+                Some(Ok(Sent::Http2)) => {
+                    return Box::pin(self.exchange_general(target, headers(), body, deadline)).await
+                }
             };
         if let Some(hop) = redirect::first_hop(
             &target.parsed,
@@ -246,7 +251,7 @@ impl GatewayClient {
             // A redirect without a body leaves its connection ready for the next request.
             if hyper::body::Body::is_end_stream(response.body()) {
                 drop(response);
-                self.plain.keep(plain, held);
+                self.direct.keep(direct, held);
             } else {
                 drop((response, held));
             }
@@ -273,7 +278,7 @@ impl GatewayClient {
                 Some(Some(Err(e))) => break reader.failed(error_chain(&e)),
                 Some(None) => {
                     drop(incoming);
-                    self.plain.keep(plain, held);
+                    self.direct.keep(direct, held);
                     break reader.complete();
                 }
                 Some(Some(Ok(frame))) => {
@@ -382,7 +387,7 @@ pub fn parse_target(url: &str) -> Result<Target, String> {
         ));
     }
     Ok(Target {
-        plain: Plain::of(&parsed),
+        direct: Direct::of(&parsed),
         parsed,
         text: url.to_owned(),
     })
@@ -393,8 +398,8 @@ pub fn parse_target(url: &str) -> Result<Target, String> {
 pub struct Target {
     parsed: Url,
     text: String,
-    /// Set for a cleartext URL that inferq's own connections serve.
-    plain: Option<Plain>,
+    /// Set for a URL that inferq's own connections serve.
+    direct: Option<Direct>,
 }
 
 /// Runs `future` until `deadline`; `None` if the deadline came first.
@@ -425,13 +430,23 @@ fn response_head(status: u16, headers: &HeaderMap) -> ResponseHead {
 
 /// Classifies a failure of inferq's own connections before any response head, as
 /// [`send_error`] classifies reqwest's.
-fn plain_send_error(url: &str, failure: &SendFailure) -> Outcome {
+fn direct_send_error(url: &str, failure: &SendFailure) -> Outcome {
     let url = crate::config::redact_url(url);
     match failure {
         SendFailure::Connect(e) => transport_failure(
             RetryReason::Connect,
             format!("Post {url:?}: error sending request: tcp connect error: {e}"),
         ),
+        // Go ends a request whose TLS handshake failed at once: retrying cannot fix it.
+        SendFailure::Tls(e) => unusable_exchange(format!(
+            "Post {url:?}: error sending request: client error (Connect): {}",
+            error_chain(e)
+        )),
+        // With TLS 1.3 a refused client certificate shows only once the request is out.
+        SendFailure::Transport(e) if is_tls_failure(e) => unusable_exchange(format!(
+            "Post {url:?}: error sending request: {}",
+            error_chain(e)
+        )),
         SendFailure::Transport(e) => transport_failure(
             RetryReason::Transport,
             format!("Post {url:?}: error sending request: {}", error_chain(e)),
@@ -788,7 +803,7 @@ mod tests {
         (addr, hits)
     }
 
-    /// A cleartext gateway's redirect goes on to its `Location`: the redirecting endpoint sees the
+    /// A gateway's redirect goes on to its `Location`: the redirecting endpoint sees the
     /// request once, not once more from a resend that follows the redirect from the start. 307
     /// and 308 resend the POST with its body; 301, 302 and 303 send a GET without the body or its
     /// headers, as reqwest and Go's client do on every hop.
@@ -879,7 +894,7 @@ mod tests {
         );
     }
 
-    /// A redirected request (a cleartext gateway's redirect goes on through reqwest) carries
+    /// A redirected request (a gateway's redirect goes on through reqwest) carries
     /// the same headers to where it is sent.
     #[tokio::test]
     async fn redirected_requests_keep_their_headers() {
@@ -1242,6 +1257,137 @@ mod tests {
             });
         });
         (addr, accepted)
+    }
+
+    /// An HTTPS gateway that speaks HTTP/2 only (ALPN `h2`), on a thread of its own, answering
+    /// every request with 200 and a small JSON body. Counts the TCP connections it accepts and
+    /// the requests it answers.
+    fn http2_server() -> (SocketAddr, Arc<AtomicUsize>, Arc<AtomicUsize>) {
+        use rustls::pki_types::pem::PemObject;
+        use rustls::pki_types::PrivateKeyDer;
+        let chain = vec![crate::gateway::leaf::tests::der(
+            crate::gateway::leaf::tests::SELF_SIGNED_PEM,
+        )];
+        let key = match PrivateKeyDer::from_pem_slice(
+            crate::gateway::leaf::tests::SELF_SIGNED_KEY_PEM.as_bytes(),
+        ) {
+            Ok(key) => key,
+            Err(e) => panic!("key: {e}"),
+        };
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let mut config = match rustls::ServerConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .and_then(|b| b.with_no_client_auth().with_single_cert(chain, key))
+        {
+            Ok(config) => config,
+            Err(e) => panic!("server config: {e}"),
+        };
+        config.alpn_protocols = vec![b"h2".to_vec()];
+        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+        let listener = match std::net::TcpListener::bind("127.0.0.1:0") {
+            Ok(l) => l,
+            Err(e) => panic!("bind: {e}"),
+        };
+        let addr = match listener.local_addr() {
+            Ok(a) => a,
+            Err(e) => panic!("local_addr: {e}"),
+        };
+        let (accepted, answered) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+        let (count, served) = (accepted.clone(), answered.clone());
+        std::thread::spawn(move || {
+            let runtime = match tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            {
+                Ok(rt) => rt,
+                Err(e) => panic!("runtime: {e}"),
+            };
+            runtime.block_on(async move {
+                let _ = listener.set_nonblocking(true);
+                let listener = match TcpListener::from_std(listener) {
+                    Ok(l) => l,
+                    Err(e) => panic!("listener: {e}"),
+                };
+                while let Ok((stream, _)) = listener.accept().await {
+                    count.fetch_add(1, Ordering::SeqCst);
+                    let (acceptor, served) = (acceptor.clone(), served.clone());
+                    tokio::spawn(async move {
+                        let Ok(stream) = acceptor.accept(stream).await else {
+                            return;
+                        };
+                        let Ok(mut connection) = h2::server::handshake(stream).await else {
+                            return;
+                        };
+                        while let Some(Ok((_request, mut respond))) = connection.accept().await {
+                            let head = axum::http::Response::builder()
+                                .status(200)
+                                .header("content-type", "application/json")
+                                .body(());
+                            let Ok(head) = head else { return };
+                            let Ok(mut body) = respond.send_response(head, false) else {
+                                return;
+                            };
+                            served.fetch_add(1, Ordering::SeqCst);
+                            let _ = body.send_data(Bytes::from_static(b"{\"ok\":true}"), true);
+                        }
+                    });
+                }
+            });
+        });
+        (addr, accepted, answered)
+    }
+
+    /// A TLS gateway that chooses HTTP/2 by ALPN is served over HTTP/2 (through reqwest), as
+    /// before inferq's own connections took HTTPS: the connection that found out is closed, and
+    /// later requests go straight to HTTP/2 without dialling again.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_http2_gateway_is_served_over_http2() {
+        const WORKERS: usize = 8;
+        let (addr, accepted, answered) = http2_server();
+        let dir = match tempfile::tempdir() {
+            Ok(dir) => dir,
+            Err(e) => panic!("tempdir: {e}"),
+        };
+        let trust = GatewayTls {
+            ca_cert: Some(crate::gateway::tls::tests::temp_file(
+                &dir,
+                "gateway.crt",
+                crate::gateway::leaf::tests::SELF_SIGNED_PEM,
+            )),
+            ..GatewayTls::default()
+        };
+        let client = match GatewayClient::new(&trust, WORKERS) {
+            Ok(client) => client,
+            Err(e) => panic!("client: {e}"),
+        };
+        let url = format!("https://127.0.0.1:{}/v1/completions", addr.port());
+        let first = client
+            .send(&url, HeaderMap::new(), Bytes::from_static(b"{}"), GENEROUS)
+            .await;
+        assert!(
+            matches!(first.outcome, Outcome::Success { status: 200, .. }),
+            "{first:?}"
+        );
+        // One connection found out and closed, one carrying HTTP/2.
+        assert_eq!(accepted.load(Ordering::SeqCst), 2);
+        let mut sends = tokio::task::JoinSet::new();
+        for _ in 0..WORKERS * 20 {
+            let (client, url) = (client.clone(), url.clone());
+            sends.spawn(async move {
+                client
+                    .send(&url, HeaderMap::new(), Bytes::from_static(b"{}"), GENEROUS)
+                    .await
+                    .outcome
+            });
+        }
+        while let Some(done) = sends.join_next().await {
+            assert!(
+                matches!(done, Ok(Outcome::Success { status: 200, .. })),
+                "{done:?}"
+            );
+        }
+        assert_eq!(answered.load(Ordering::SeqCst), 1 + WORKERS * 20);
+        assert_eq!(accepted.load(Ordering::SeqCst), 2, "no more connections");
     }
 
     /// Workers sending back to back to an HTTPS gateway keep their connections: each new TLS

@@ -1,18 +1,21 @@
-//! The cleartext HTTP/1.1 path to the gateway: keep-alive connections that inferq holds itself,
-//! one request at a time on each, with nothing between a worker and hyper's connection but a
-//! short lock on the idle list.
+//! The HTTP/1.1 path to the gateway, cleartext or TLS: keep-alive connections that inferq holds
+//! itself, one request at a time on each, with nothing between a worker and hyper's connection
+//! but a short lock on the idle list.
 //!
-//! A [`Plain`] target (an `http://` URL without user info, its `Host` header and origin-form URI
-//! worked out once per queue) and a request's headers and body enter [`Connections::send`]; a
-//! response head with its body stream leaves, together with the [`Held`] connection that the
-//! caller hands back with [`Connections::keep`] once it has read the body to the end. Everything
-//! else (HTTPS, URLs with user info, redirects to follow) goes through reqwest in [`super::client`].
+//! A [`Direct`] target (an `http://` or `https://` URL without user info, its `Host` header,
+//! origin-form URI and certificate name worked out once per queue) and a request's headers and
+//! body enter [`Connections::send`]; a response head with its body stream leaves, together with
+//! the [`Held`] connection that the caller hands back with [`Connections::keep`] once it has read
+//! the body to the end. A TLS gateway is offered HTTP/2 and HTTP/1.1 by ALPN, as reqwest offers
+//! them; one that chooses HTTP/2 is remembered and answered [`Sent::Http2`], and its requests go
+//! through reqwest in [`super::client`], as do URLs with user info and redirects to follow.
 //!
 //! Why: reqwest is built for any request to anywhere. Each call converts the URL, goes through
 //! the redirect and retry layers and checks a connection out of a general pool keyed by scheme
 //! and host. For the one POST per request that inferq sends to one gateway, that was a third of
 //! the processor's CPU per request (41 µs before, 28 µs after, on the benchmark's drain through
-//! the node gateway; docs/benchmarks.md has the figures).
+//! the node gateway; docs/benchmarks.md has the figures), and over TLS about 40 µs before and
+//! 31 µs after (100k drains through the simulator serving HTTPS/1.1).
 //!
 //! Semantics kept from the reqwest path: a request that hyper reports as not sent (its connection
 //! closed while idle) is sent again on a new connection, as Go's transport does for a request
@@ -24,7 +27,7 @@
 //! connection is awaited until it is ready: one whose last response was read a moment ago is
 //! reused rather than replaced by a new dial.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
@@ -36,8 +39,10 @@ use hyper::client::conn::http1::{self, SendRequest};
 use hyper::header::{HeaderMap, HeaderValue, ACCEPT, HOST, USER_AGENT};
 use hyper::{Method, Request, Response, Uri};
 use hyper_util::rt::TokioIo;
+use rustls::pki_types::ServerName;
 use tokio::net::TcpStream;
 use tokio::time::Instant;
+use tokio_rustls::TlsConnector;
 
 /// How long an idle keep-alive connection is kept (Go's `IdleConnTimeout`).
 pub(crate) const IDLE_TIMEOUT: Duration = Duration::from_secs(90);
@@ -45,9 +50,9 @@ pub(crate) const IDLE_TIMEOUT: Duration = Duration::from_secs(90);
 /// How often the idle connections are looked over for ones past [`IDLE_TIMEOUT`] or closed.
 pub(crate) const SWEEP_EVERY: Duration = Duration::from_secs(15);
 
-/// A cleartext target, worked out once from its URL.
+/// A target of inferq's own connections, worked out once from its URL.
 #[derive(Debug, Clone)]
-pub(crate) struct Plain {
+pub(crate) struct Direct {
     /// `host[:port]`: the pool key and the `Host` header.
     authority: String,
     host_header: HeaderValue,
@@ -56,13 +61,21 @@ pub(crate) struct Plain {
     port: u16,
     /// `/path?query`.
     uri: Uri,
+    /// The name the certificate must carry, for `https`; `None` for cleartext.
+    server_name: Option<ServerName<'static>>,
 }
 
-impl Plain {
-    /// `None` when the URL needs the general client: not `http`, or with user info (reqwest turns
-    /// it into an `Authorization` header), or with parts hyper's URI would not take as they are.
-    pub(crate) fn of(url: &reqwest::Url) -> Option<Plain> {
-        if url.scheme() != "http" || !url.username().is_empty() || url.password().is_some() {
+impl Direct {
+    /// `None` when the URL needs the general client: neither `http` nor `https`, or with user
+    /// info (reqwest turns it into an `Authorization` header), or with parts hyper's URI would
+    /// not take as they are.
+    pub(crate) fn of(url: &reqwest::Url) -> Option<Direct> {
+        let tls = match url.scheme() {
+            "http" => false,
+            "https" => true,
+            _ => return None,
+        };
+        if !url.username().is_empty() || url.password().is_some() {
             return None;
         }
         let host = match url.host()? {
@@ -76,12 +89,17 @@ impl Plain {
             .parse::<Uri>()
             .ok()?;
         let host_header = HeaderValue::from_str(&authority).ok()?;
-        Some(Plain {
+        let server_name = match tls {
+            true => Some(ServerName::try_from(host.clone()).ok()?),
+            false => None,
+        };
+        Some(Direct {
             authority,
             host_header,
             host,
             port,
             uri,
+            server_name,
         })
     }
 }
@@ -91,11 +109,23 @@ pub(crate) struct Held {
     sender: Sender,
 }
 
+/// What a send came to, short of a failure.
+pub(crate) enum Sent {
+    /// The response head, its body to read, and the connection to hand back after.
+    Response(Response<Incoming>, Held),
+    /// The TLS gateway chose HTTP/2 by ALPN (now or on an earlier connection): nothing was sent,
+    /// and the request goes through the general client, which speaks it.
+    Http2,
+}
+
 /// Why a send failed before a response head.
 #[derive(Debug)]
 pub(crate) enum SendFailure {
-    /// Dialling failed (refused, DNS, handshake).
+    /// Dialling failed (refused, DNS, HTTP handshake).
     Connect(std::io::Error),
+    /// The TLS handshake failed (the certificate not trusted, expired or for another name, or
+    /// the gateway refusing ours).
+    Tls(std::io::Error),
     /// The connection failed with the request on it.
     Transport(hyper::Error),
 }
@@ -109,11 +139,17 @@ struct Pool {
     idle: Mutex<HashMap<String, Vec<(Sender, Instant)>>>,
     /// Whether a sweep task is running (it ends once nothing is idle).
     sweeping: AtomicBool,
+    /// The TLS authorities that chose HTTP/2: their requests go through the general client.
+    http2: Mutex<HashSet<String>>,
 }
 
 impl Pool {
     fn idle(&self) -> std::sync::MutexGuard<'_, HashMap<String, Vec<(Sender, Instant)>>> {
         self.idle.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn http2(&self) -> std::sync::MutexGuard<'_, HashSet<String>> {
+        self.http2.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
 
@@ -131,6 +167,8 @@ pub(crate) struct Connections {
     /// [`IDLE_TIMEOUT`] and [`SWEEP_EVERY`] (shorter in tests).
     timing: Timing,
     user_agent: HeaderValue,
+    /// For `https` targets; offers HTTP/2 and HTTP/1.1, as the general client does.
+    tls: TlsConnector,
 }
 
 impl std::fmt::Debug for Connections {
@@ -142,11 +180,16 @@ impl std::fmt::Debug for Connections {
 }
 
 impl Connections {
-    pub(crate) fn new(max_idle: usize, user_agent: &'static str) -> Connections {
+    pub(crate) fn new(
+        max_idle: usize,
+        user_agent: &'static str,
+        tls: Arc<rustls::ClientConfig>,
+    ) -> Connections {
         Connections {
             pool: Arc::new(Pool {
                 idle: Mutex::new(HashMap::new()),
                 sweeping: AtomicBool::new(false),
+                http2: Mutex::new(HashSet::new()),
             }),
             max_idle,
             timing: Timing {
@@ -154,6 +197,7 @@ impl Connections {
                 sweep_every: SWEEP_EVERY,
             },
             user_agent: HeaderValue::from_static(user_agent),
+            tls: TlsConnector::from(tls),
         }
     }
 
@@ -161,10 +205,13 @@ impl Connections {
     /// sent them). A request that an idle connection refused unsent goes out on a new one.
     pub(crate) async fn send(
         &self,
-        target: &Plain,
+        target: &Direct,
         mut headers: HeaderMap,
         body: Bytes,
-    ) -> Result<(Response<Incoming>, Held), SendFailure> {
+    ) -> Result<Sent, SendFailure> {
+        if target.server_name.is_some() && self.pool.http2().contains(&target.authority) {
+            return Ok(Sent::Http2);
+        }
         headers.insert(HOST, target.host_header.clone());
         if !headers.contains_key(USER_AGENT) {
             headers.insert(USER_AGENT, self.user_agent.clone());
@@ -183,22 +230,28 @@ impl Connections {
                 continue;
             }
             match sender.try_send_request(request).await {
-                Ok(response) => return Ok((response, Held { sender })),
+                Ok(response) => return Ok(Sent::Response(response, Held { sender })),
                 Err(mut failed) => match failed.take_message() {
                     Some(unsent) => request = unsent,
                     None => return Err(SendFailure::Transport(failed.into_error())),
                 },
             }
         }
-        let mut sender = dial(target).await.map_err(SendFailure::Connect)?;
+        let mut sender = match self.dial(target).await? {
+            Some(sender) => sender,
+            None => {
+                self.pool.http2().insert(target.authority.clone());
+                return Ok(Sent::Http2);
+            }
+        };
         match sender.send_request(request).await {
-            Ok(response) => Ok((response, Held { sender })),
+            Ok(response) => Ok(Sent::Response(response, Held { sender })),
             Err(e) => Err(SendFailure::Transport(e)),
         }
     }
 
     /// Hands a connection whose response was read to the end back for the next request.
-    pub(crate) fn keep(&self, target: &Plain, held: Held) {
+    pub(crate) fn keep(&self, target: &Direct, held: Held) {
         let mut idle = self.pool.idle();
         if !idle.contains_key(&target.authority) {
             idle.insert(target.authority.clone(), Vec::new());
@@ -278,13 +331,37 @@ fn usable(sender: &Sender, idle_since: Instant, now: Instant, timing: Timing) ->
     !sender.is_closed() && now.duration_since(idle_since) < timing.idle_timeout
 }
 
-/// Opens a connection to `target` and starts its hyper task.
-async fn dial(target: &Plain) -> std::io::Result<Sender> {
-    let stream = TcpStream::connect((target.host.as_str(), target.port)).await?;
-    stream.set_nodelay(true)?;
+impl Connections {
+    /// Opens a connection to `target` (with TLS for `https`) and starts its hyper task; `None`
+    /// when the TLS gateway chose HTTP/2 (the connection is closed again).
+    async fn dial(&self, target: &Direct) -> Result<Option<Sender>, SendFailure> {
+        let stream = TcpStream::connect((target.host.as_str(), target.port))
+            .await
+            .map_err(SendFailure::Connect)?;
+        stream.set_nodelay(true).map_err(SendFailure::Connect)?;
+        let Some(name) = &target.server_name else {
+            return handshake(stream).await.map(Some);
+        };
+        let stream = self
+            .tls
+            .connect(name.clone(), stream)
+            .await
+            .map_err(SendFailure::Tls)?;
+        if stream.get_ref().1.alpn_protocol() == Some(b"h2") {
+            return Ok(None);
+        }
+        handshake(stream).await.map(Some)
+    }
+}
+
+/// Starts HTTP/1.1 on a connected `stream`, and its hyper task.
+async fn handshake<S>(stream: S) -> Result<Sender, SendFailure>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin + 'static,
+{
     let (sender, connection) = http1::handshake(TokioIo::new(stream))
         .await
-        .map_err(std::io::Error::other)?;
+        .map_err(|e| SendFailure::Connect(std::io::Error::other(e)))?;
     tokio::spawn(async move {
         // The connection's end (the gateway closed it, or its sender was dropped) is no error of
         // any request: a request on it has already seen its own failure.
@@ -297,9 +374,9 @@ async fn dial(target: &Plain) -> std::io::Result<Sender> {
 mod tests {
     use super::*;
 
-    fn plain(url: &str) -> Option<Plain> {
+    fn direct(url: &str) -> Option<Direct> {
         match reqwest::Url::parse(url) {
-            Ok(parsed) => Plain::of(&parsed),
+            Ok(parsed) => Direct::of(&parsed),
             Err(e) => panic!("{url}: {e}"),
         }
     }
@@ -344,19 +421,24 @@ mod tests {
             let _ = closed_tx.send(Instant::now());
         });
 
-        let mut connections = Connections::new(4, "test");
+        let tls = match crate::gateway::GatewayTls::default().client_config() {
+            Ok(config) => Arc::new(config),
+            Err(e) => panic!("tls: {e}"),
+        };
+        let mut connections = Connections::new(4, "test", tls);
         connections.timing = Timing {
             idle_timeout: Duration::from_millis(400),
             sweep_every: Duration::from_millis(100),
         };
-        let Some(target) = plain(&format!("http://{addr}/v1")) else {
+        let Some(target) = direct(&format!("http://{addr}/v1")) else {
             panic!("a cleartext URL");
         };
         let sent = connections
             .send(&target, HeaderMap::new(), Bytes::from_static(b"{}"))
             .await;
         let (response, held) = match sent {
-            Ok(sent) => sent,
+            Ok(Sent::Response(response, held)) => (response, held),
+            Ok(Sent::Http2) => panic!("a cleartext target never goes HTTP/2"),
             Err(e) => panic!("send: {e:?}"),
         };
         if let Err(e) = http_body_util::BodyExt::collect(response.into_body()).await {
@@ -378,8 +460,8 @@ mod tests {
 
     /// Which gateway URLs inferq's own connections serve, and what they dial and send.
     #[test]
-    fn cleartext_urls_without_user_info_take_the_own_path() {
-        let Some(p) = plain("http://gw.example:8000/v1/chat/completions?x=1#frag") else {
+    fn urls_without_user_info_take_the_own_path() {
+        let Some(p) = direct("http://gw.example:8000/v1/chat/completions?x=1#frag") else {
             panic!("a cleartext URL must take the own path");
         };
         assert_eq!((p.host.as_str(), p.port), ("gw.example", 8000));
@@ -388,7 +470,7 @@ mod tests {
         assert_eq!(p.uri.to_string(), "/v1/chat/completions?x=1");
 
         // The default port is dialled but not written into Host, as reqwest and Go write it.
-        let Some(p) = plain("http://gw.example/v1") else {
+        let Some(p) = direct("http://gw.example/v1") else {
             panic!("default port");
         };
         assert_eq!(
@@ -397,7 +479,7 @@ mod tests {
         );
 
         // An IPv6 literal is dialled without its brackets and sent with them.
-        let Some(p) = plain("http://[::1]:9000/v1") else {
+        let Some(p) = direct("http://[::1]:9000/v1") else {
             panic!("IPv6");
         };
         assert_eq!(
@@ -405,10 +487,22 @@ mod tests {
             ("::1", "[::1]:9000")
         );
 
-        // HTTPS (ALPN, client certificates) and user info (an Authorization header) stay with
-        // reqwest.
-        assert!(plain("https://gw.example/v1").is_none());
-        assert!(plain("http://user:secret@gw.example/v1").is_none());
-        assert!(plain("http://user@gw.example/v1").is_none());
+        // HTTPS too, checking the certificate against the host's name; URLs with user info (an
+        // Authorization header) stay with reqwest.
+        let Some(p) = direct("https://gw.example/v1") else {
+            panic!("https");
+        };
+        assert_eq!(p.port, 443);
+        assert_eq!(
+            p.server_name.as_ref().map(|n| n.to_str().into_owned()),
+            Some("gw.example".to_owned())
+        );
+        assert_eq!(
+            direct("http://gw.example/v1").map(|p| p.server_name),
+            Some(None)
+        );
+        assert!(direct("https://user:secret@gw.example/v1").is_none());
+        assert!(direct("http://user:secret@gw.example/v1").is_none());
+        assert!(direct("http://user@gw.example/v1").is_none());
     }
 }

@@ -30,9 +30,11 @@
 //! - [`headers`]: the outgoing header set (content type, objective, message headers, fairness,
 //!   inferq's request id).
 //! - [`tls`]: the `--tls-*` flags and how they become a rustls configuration.
+//! - `trust`: whether a gateway's certificate is trusted, as Go decides it (a listed
+//!   self-signed certificate served as it is); `leaf` reads the dates and usage that needs.
 //! - [`client`]: the keep-alive client and the cancel-safe `send`.
-//! - [`h1`]: inferq's own keep-alive HTTP/1.1 connections to cleartext gateways.
-//! - [`redirect`]: the first hop of a redirect a cleartext gateway answers with.
+//! - [`h1`]: inferq's own keep-alive HTTP/1.1 connections to `http` and `https` gateways.
+//! - [`redirect`]: the first hop of a redirect a gateway answers inferq's own connections with.
 //! - [`outcome`]: the outcome enum, Go's `ClientError` text, and the classification rules.
 //! - [`backoff`]: equal-jitter exponential backoff, `Retry-After`, the retry decision.
 

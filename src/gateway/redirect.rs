@@ -1,4 +1,4 @@
-//! The first hop of a redirect a cleartext gateway answers inferq's own connections with
+//! The first hop of a redirect a gateway answers inferq's own connections with
 //! ([`super::h1`] follows none). In: the URL the POST went to and the response's status and
 //! headers; out: the [`Hop`] to make next (method, resolved `Location`, whether the body goes
 //! along) and, through [`Hop::prepare`], the request's headers changed for it.
