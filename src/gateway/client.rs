@@ -456,6 +456,16 @@ fn direct_send_error(url: &str, failure: &SendFailure) -> Outcome {
 
 /// Classifies a failure before any response head.
 fn send_error(url: &str, err: reqwest::Error) -> Outcome {
+    if err.is_redirect() && error_chain(&err).contains("too many redirects") {
+        // Go's words (Go names the Location it would not go to; reqwest gives the URL that
+        // answered with it).
+        let refused = err.url().map_or(url, |u| u.as_str());
+        return unusable_exchange(format!(
+            "Post {:?}: stopped after {} redirects",
+            crate::config::redact_url(refused),
+            MAX_REDIRECTS + 1
+        ));
+    }
     // reqwest errors embed the URL in their text; the cause names it once, Go-style.
     let err = err.without_url();
     let cause = format!(
@@ -871,7 +881,10 @@ mod tests {
         let Outcome::Fatal { error } = &attempt.outcome else {
             panic!("{:?}", attempt.outcome);
         };
-        assert!(error.to_string().contains("too many redirects"), "{error}");
+        // Go's words: `Post "<URL>": stopped after 10 redirects`, here the URL whose redirect
+        // was not followed.
+        let refused = format!("Post \"http://{addr}/hop/1\": stopped after 10 redirects");
+        assert!(error.to_string().contains(&refused), "{error}");
     }
 
     /// Credentials do not follow a redirect to another host or port; the rest of the headers do.
