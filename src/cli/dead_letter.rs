@@ -1,7 +1,7 @@
 //! `inferq dead-letter list|requeue|purge`: an operator's view of a queue's dead-letter list
 //! (`<queue>:dead`) and the two things to do about it. Thin over
 //! [`crate::queue::dead_letters`]; records enter as the JSON the processor wrote and leave as
-//! JSONL (or a table on a terminal).
+//! JSONL (or a table on a terminal), printed a page at a time as the list is read.
 //!
 //! Exit codes: 0 done; 2 bad arguments, an `--id` that matches no record, or a selected record
 //! that cannot be requeued (each is named with the reason; the others are still requeued).
@@ -93,11 +93,20 @@ fn id_of(listed: &Listed) -> &str {
     listed.record.as_ref().map(|r| r.id.as_str()).unwrap_or("")
 }
 
-/// Entries matching `ids`; an id that matches nothing is bad input.
-fn select<'a>(entries: &'a [Listed], ids: &[String]) -> Result<Vec<&'a Listed>, Failure> {
+/// The entries of the records with these ids (only they are held, the list is read a page at a
+/// time); an id that matches nothing is bad input, before anything is changed.
+async fn matching(dead: &DeadLetters, ids: &[String]) -> Result<Vec<Listed>, Failure> {
+    let mut pages = dead.pages().await?;
+    let mut found = Vec::new();
+    while let Some(page) = pages.next().await? {
+        found.extend(
+            page.into_iter()
+                .filter(|e| ids.iter().any(|id| id == id_of(e))),
+        );
+    }
     let missing: Vec<&String> = ids
         .iter()
-        .filter(|id| !entries.iter().any(|e| id_of(e) == id.as_str()))
+        .filter(|id| !found.iter().any(|e| id_of(e) == id.as_str()))
         .collect();
     if !missing.is_empty() {
         return Err(Failure::bad_input(anyhow::anyhow!(
@@ -109,10 +118,92 @@ fn select<'a>(entries: &'a [Listed], ids: &[String]) -> Result<Vec<&'a Listed>, 
                 .join(", ")
         )));
     }
-    Ok(entries
-        .iter()
-        .filter(|e| ids.iter().any(|id| id == id_of(e)))
-        .collect())
+    Ok(found)
+}
+
+/// Whether a record is older than `age` (entries that are not records carry no time: only
+/// `purge --all` removes them).
+fn older_than(e: &Listed, age: Duration) -> bool {
+    let cutoff = unix_ms().saturating_sub(i64::try_from(age.as_millis()).unwrap_or(i64::MAX));
+    e.record
+        .as_ref()
+        .is_ok_and(|r| i64::try_from(r.at_ms).unwrap_or(i64::MAX) < cutoff)
+}
+
+/// Prints the records, newest first, as they are read: at most `limit`, only those of `ids`
+/// when there are any.
+async fn list(
+    dead: &DeadLetters,
+    ids: &[String],
+    limit: Option<usize>,
+    table: bool,
+    members: bool,
+) -> Result<(), Failure> {
+    let budget = limit.unwrap_or(usize::MAX);
+    let mut shown = 0usize;
+    if table {
+        write_header(&mut std::io::stdout().lock())?;
+    }
+    // Prints what a page holds for the listing; true once the limit is reached.
+    let mut show = |page: Vec<Listed>| -> std::io::Result<bool> {
+        let mut out = std::io::stdout().lock();
+        let wanted = page
+            .iter()
+            .filter(|e| ids.is_empty() || ids.iter().any(|i| i == id_of(e)));
+        for e in wanted {
+            if shown == budget {
+                break;
+            }
+            shown += 1;
+            match table {
+                true => write_row(&mut out, e)?,
+                false => writeln!(out, "{}", row(e, members))?,
+            }
+        }
+        out.flush()?;
+        Ok(shown == budget)
+    };
+    match limit {
+        // Without --id only the newest are read.
+        Some(n) if ids.is_empty() => {
+            show(dead.newest(n).await?)?;
+        }
+        _ => {
+            let mut pages = dead.pages().await?;
+            while let Some(page) = pages.next().await? {
+                if show(page)? {
+                    break;
+                }
+            }
+        }
+    }
+    if table {
+        writeln!(std::io::stdout().lock(), "{shown} record(s)")?;
+    }
+    Ok(())
+}
+
+/// Requeues `entries`, printing a line for each; the refusals are added to `refused`.
+async fn requeue(
+    dead: &DeadLetters,
+    entries: &[Listed],
+    requeued: &mut usize,
+    refused: &mut Vec<String>,
+) -> Result<(), Failure> {
+    for e in entries {
+        let line = match dead.requeue(e, unix_ms()).await? {
+            Ok(r) => {
+                *requeued += 1;
+                json!({"id": r.id, "outcome": "requeued", "request_token": r.request_token, "deadline": r.deadline})
+            }
+            Err(why) => {
+                refused.push(format!("{:?}: {why}", id_of(e)));
+                json!({"id": id_of(e), "outcome": "refused", "reason": why.to_string()})
+            }
+        };
+        writeln!(std::io::stdout().lock(), "{line}")?;
+    }
+    Ok(())
 }
 
 pub async fn dead_letter(args: DeadLetterArgs) -> Result<(), Failure> {
@@ -125,56 +216,22 @@ pub async fn dead_letter(args: DeadLetterArgs) -> Result<(), Failure> {
             members,
         } => {
             let dead = open(&target).await?;
-            let entries = match limit {
-                Some(n) if id.is_empty() => dead.newest(n).await?,
-                _ => dead.list().await?,
-            };
-            let chosen: Vec<&Listed> = if id.is_empty() {
-                entries.iter().collect()
-            } else {
-                entries
-                    .iter()
-                    .filter(|e| id.iter().any(|i| i == id_of(e)))
-                    .collect()
-            };
-            let chosen = &chosen[..limit.unwrap_or(usize::MAX).min(chosen.len())];
-            let mut out = std::io::stdout().lock();
-            if !json && std::io::stdout().is_terminal() {
-                write_table(&mut out, chosen)?;
-            } else {
-                for e in chosen {
-                    writeln!(out, "{}", row(e, members))?;
-                }
-            }
-            out.flush()?;
-            Ok(())
+            let table = !json && std::io::stdout().is_terminal();
+            list(&dead, &id, limit, table, members).await
         }
         Action::Requeue { target, id, all } => {
             let dead = open(&target).await?;
-            let entries = dead.list().await?;
-            let chosen: Vec<&Listed> = if all {
-                entries.iter().collect()
-            } else {
-                select(&entries, &id)?
-            };
-            let mut requeued = 0usize;
-            let mut refused = Vec::new();
-            let mut out = std::io::stdout().lock();
-            for e in chosen {
-                match dead.requeue(e, unix_ms()).await? {
-                    Ok(r) => {
-                        requeued += 1;
-                        let line = json!({"id": r.id, "outcome": "requeued", "request_token": r.request_token, "deadline": r.deadline});
-                        writeln!(out, "{line}")?;
-                    }
-                    Err(why) => {
-                        let line = json!({"id": id_of(e), "outcome": "refused", "reason": why.to_string()});
-                        writeln!(out, "{line}")?;
-                        refused.push(format!("{:?}: {why}", id_of(e)));
-                    }
+            let (mut requeued, mut refused) = (0usize, Vec::new());
+            if all {
+                let mut pages = dead.pages().await?;
+                while let Some(page) = pages.next().await? {
+                    requeue(&dead, &page, &mut requeued, &mut refused).await?;
                 }
+            } else {
+                let chosen = matching(&dead, &id).await?;
+                requeue(&dead, &chosen, &mut requeued, &mut refused).await?;
             }
-            out.flush()?;
+            std::io::stdout().lock().flush()?;
             eprintln!(
                 "inferq dead-letter requeue: {requeued} requeued, {} refused",
                 refused.len()
@@ -194,30 +251,39 @@ pub async fn dead_letter(args: DeadLetterArgs) -> Result<(), Failure> {
             target,
             id,
             all,
-            older_than,
+            older_than: age,
         } => {
             let dead = open(&target).await?;
-            let purged = if all {
-                dead.purge_all().await?
-            } else {
-                let entries = dead.list().await?;
-                let mut chosen: Vec<&Listed> = if id.is_empty() {
-                    entries.iter().collect()
-                } else {
-                    select(&entries, &id)?
-                };
-                if let Some(age) = older_than {
-                    let cutoff = unix_ms()
-                        .saturating_sub(i64::try_from(age.as_millis()).unwrap_or(i64::MAX));
-                    // Entries that are not records carry no time: only --all removes them.
-                    chosen.retain(|e| {
-                        e.record
-                            .as_ref()
-                            .is_ok_and(|r| i64::try_from(r.at_ms).unwrap_or(i64::MAX) < cutoff)
-                    });
+            let purged = match (all, id.is_empty(), age) {
+                (true, _, _) => dead.purge_all().await?,
+                (false, false, age) => {
+                    let chosen = matching(&dead, &id).await?;
+                    let raws: Vec<&str> = chosen
+                        .iter()
+                        .filter(|e| age.is_none_or(|age| older_than(e, age)))
+                        .map(|e| e.raw.as_str())
+                        .collect();
+                    dead.purge(&raws).await?
                 }
-                let raws: Vec<&str> = chosen.iter().map(|e| e.raw.as_str()).collect();
-                dead.purge(&raws).await?
+                // --older-than alone: a page at a time.
+                (false, true, Some(age)) => {
+                    let mut purged = 0;
+                    let mut pages = dead.pages().await?;
+                    while let Some(page) = pages.next().await? {
+                        let raws: Vec<&str> = page
+                            .iter()
+                            .filter(|e| older_than(e, age))
+                            .map(|e| e.raw.as_str())
+                            .collect();
+                        purged += dead.purge(&raws).await?;
+                    }
+                    purged
+                }
+                (false, true, None) => {
+                    return Err(Failure::bad_input(anyhow::anyhow!(
+                        "say which records to purge: --id, --older-than or --all"
+                    )))
+                }
             };
             println!("{}", json!({"purged": purged, "dead_list": dead.key()}));
             Ok(())
@@ -266,28 +332,28 @@ fn row(e: &Listed, members: bool) -> serde_json::Value {
     }
 }
 
-fn write_table(out: &mut impl Write, entries: &[&Listed]) -> std::io::Result<()> {
+fn write_header(out: &mut impl Write) -> std::io::Result<()> {
     writeln!(
         out,
         "{:<24} {:<24} {:>5}  {:<9} reason",
         "id", "when", "deliv", "requeue?"
-    )?;
-    for e in entries {
-        match &e.record {
-            Ok(r) => {
-                let can = DeadLetters::revive(e, unix_ms()).is_ok();
-                writeln!(
-                    out,
-                    "{:<24} {:<24} {:>5}  {:<9} {}",
-                    if r.id.is_empty() { "(no id)" } else { &r.id },
-                    when(r.at_ms),
-                    r.deliveries,
-                    if can { "yes" } else { "no" },
-                    r.reason
-                )?;
-            }
-            Err(_) => writeln!(out, "(not a dead-letter record) {}", e.raw)?,
+    )
+}
+
+fn write_row(out: &mut impl Write, e: &Listed) -> std::io::Result<()> {
+    match &e.record {
+        Ok(r) => {
+            let can = DeadLetters::revive(e, unix_ms()).is_ok();
+            writeln!(
+                out,
+                "{:<24} {:<24} {:>5}  {:<9} {}",
+                if r.id.is_empty() { "(no id)" } else { &r.id },
+                when(r.at_ms),
+                r.deliveries,
+                if can { "yes" } else { "no" },
+                r.reason
+            )
         }
+        Err(_) => writeln!(out, "(not a dead-letter record) {}", e.raw),
     }
-    writeln!(out, "{} record(s)", entries.len())
 }

@@ -74,6 +74,40 @@ fn listed(bytes: Vec<u8>) -> Listed {
     Listed { raw, record }
 }
 
+/// A reading of a dead list, newest first, one page per [`Pages::next`] (from
+/// [`DeadLetters::pages`]).
+pub struct Pages {
+    key: String,
+    con: ConnectionManager,
+    /// Entries not read yet: the oldest `left` of the list, whose places counted from the tail
+    /// stay put.
+    left: isize,
+    page: isize,
+}
+
+impl Pages {
+    /// The next page, newest first; `None` once every entry there was is read.
+    pub async fn next(&mut self) -> Result<Option<Vec<Listed>>, QueueError> {
+        if self.left <= 0 {
+            return Ok(None);
+        }
+        let n = self.left.min(self.page);
+        let start = -self.left;
+        let entries: Vec<Vec<u8>> = redis::cmd("LRANGE")
+            .arg(&self.key)
+            .arg(start)
+            .arg(start + n - 1)
+            .query_async(&mut self.con)
+            .await?;
+        // Shorter than asked: older entries were removed meanwhile and the list ends sooner.
+        self.left = match entries.len() < usize::try_from(n).unwrap_or(usize::MAX) {
+            true => 0,
+            false => self.left - n,
+        };
+        Ok(Some(entries.into_iter().map(listed).collect()))
+    }
+}
+
 /// One queue's dead list.
 #[derive(Clone)]
 pub struct DeadLetters {
@@ -93,13 +127,15 @@ impl DeadLetters {
         &self.keys.dead
     }
 
-    /// Every entry there was when the call started, newest first. Processors push new records
-    /// at the head while this reads, which moves every position counted from the head, so a
-    /// page-by-page read from the head would show some records twice; positions counted from
-    /// the tail do not move. So the length is taken first and that many entries are read in
-    /// pages from the oldest end.
+    /// Every entry there was when the call started, newest first (see [`DeadLetters::pages`];
+    /// this holds them all).
     pub async fn list(&self) -> Result<Vec<Listed>, QueueError> {
-        self.list_in_pages(PAGE).await
+        let mut pages = self.pages().await?;
+        let mut all = Vec::new();
+        while let Some(page) = pages.next().await? {
+            all.extend(page);
+        }
+        Ok(all)
     }
 
     /// The `n` newest entries, newest first, read in one step (a listing with a limit need not
@@ -117,32 +153,28 @@ impl DeadLetters {
         Ok(entries.into_iter().map(listed).collect())
     }
 
-    async fn list_in_pages(&self, page: isize) -> Result<Vec<Listed>, QueueError> {
+    /// The entries there are now, newest first, a page at a time, so a long dead list is never
+    /// held whole. Processors push new records at the head while this reads, which moves every
+    /// position counted from the head, so a page-by-page read from the head would show some
+    /// records twice and new ones too; positions counted from the tail do not move. So the
+    /// length is taken first, and each page is the newest of the entries not read yet, counted
+    /// from the tail. Removing entries already read (requeue, purge) moves none of the others.
+    pub async fn pages(&self) -> Result<Pages, QueueError> {
+        self.pages_of(PAGE).await
+    }
+
+    async fn pages_of(&self, page: isize) -> Result<Pages, QueueError> {
         let mut con = self.con.clone();
-        let len: isize = redis::cmd("LLEN")
+        let left: isize = redis::cmd("LLEN")
             .arg(&self.keys.dead)
             .query_async(&mut con)
             .await?;
-        let mut pages: Vec<Vec<Vec<u8>>> = Vec::new();
-        let (mut end, mut left) = (-1isize, len);
-        while left > 0 {
-            let n = left.min(page.max(1));
-            let start = end - n + 1;
-            let entries: Vec<Vec<u8>> = redis::cmd("LRANGE")
-                .arg(&self.keys.dead)
-                .arg(start)
-                .arg(end)
-                .query_async(&mut con)
-                .await?;
-            let short = entries.len() < usize::try_from(n).unwrap_or(usize::MAX);
-            pages.push(entries);
-            // Shorter than asked: entries were removed meanwhile and the head is reached.
-            if short {
-                break;
-            }
-            (end, left) = (start - 1, left - n);
-        }
-        Ok(pages.into_iter().rev().flatten().map(listed).collect())
+        Ok(Pages {
+            key: self.keys.dead.clone(),
+            con,
+            left,
+            page: page.max(1),
+        })
     }
 
     /// The member a requeue would write, or why there is none: the record's exact member
@@ -307,7 +339,12 @@ mod tests {
         while con.llen::<_, usize>(dead.key()).await.unwrap() < 2100 {
             tokio::task::yield_now().await;
         }
-        let listed = dead.list_in_pages(100).await.unwrap();
+        let mut pages = dead.pages_of(100).await.unwrap();
+        let mut listed = Vec::new();
+        while let Some(page) = pages.next().await.unwrap() {
+            assert!(page.len() <= 100);
+            listed.extend(page);
+        }
         let after = con.llen::<_, usize>(dead.key()).await.unwrap();
         pushing.abort();
 
@@ -330,5 +367,24 @@ mod tests {
             .iter()
             .all(|r| r.starts_with("new-")));
         assert!(listed.iter().all(|l| l.record.is_err()));
+    }
+
+    /// Purging each page after reading it (as `purge --older-than` and `requeue --all` do) moves
+    /// none of the entries still to read: every entry is read once and the list ends empty.
+    #[tokio::test]
+    async fn pages_survive_the_removal_of_what_was_read() {
+        let (_server, mut con, dead) = dead_list().await;
+        let old: Vec<String> = (0..2500).map(|i| format!("e-{i:04}")).collect();
+        let _: () = con.lpush(dead.key(), &old).await.unwrap();
+        let mut pages = dead.pages_of(100).await.unwrap();
+        let mut read = Vec::new();
+        while let Some(page) = pages.next().await.unwrap() {
+            let raws: Vec<&str> = page.iter().map(|l| l.raw.as_str()).collect();
+            assert_eq!(dead.purge(&raws).await.unwrap(), raws.len() as u64);
+            read.extend(page.into_iter().map(|l| l.raw));
+        }
+        let newest_first: Vec<String> = old.iter().rev().cloned().collect();
+        assert_eq!(read, newest_first);
+        assert_eq!(con.llen::<_, usize>(dead.key()).await.unwrap(), 0);
     }
 }
