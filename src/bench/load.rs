@@ -70,6 +70,36 @@ pub async fn preload(producer: &Producer, tag: &str, n: u64) -> Result<(), Bench
     Ok(())
 }
 
+/// Waits until redis-server has no AOF rewrite running or scheduled (one that a pre-load set
+/// off would otherwise run, on a core of its own, into the drain after it and be counted in
+/// Redis's CPU for the drain, inferq's and BullMQ's alike). Returns the `INFO` calls it sent,
+/// to leave out of the command counts; gives up waiting after `limit`.
+pub async fn settle_aof(
+    con: &mut MultiplexedConnection,
+    limit: Duration,
+) -> Result<u64, BenchError> {
+    let started = Instant::now();
+    let mut polls = 0u64;
+    loop {
+        let info: String = redis::cmd("INFO")
+            .arg("persistence")
+            .query_async(con)
+            .await?;
+        polls += 1;
+        let busy = |field: &str| {
+            info.lines()
+                .any(|l| l.trim().strip_prefix(field).is_some_and(|v| v != "0"))
+        };
+        if !busy("aof_rewrite_in_progress:") && !busy("aof_rewrite_scheduled:") {
+            return Ok(polls);
+        }
+        if started.elapsed() >= limit {
+            return Ok(polls);
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// Polls `LLEN results` every few milliseconds until it reaches `n`; returns when the first
 /// result was seen, when the last was, and how many `LLEN`s it sent (to leave out of the
 /// command counts). `alive` is asked between
