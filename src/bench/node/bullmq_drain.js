@@ -1,7 +1,8 @@
 // inferq bench: the BullMQ reference drain. Adds N jobs (in bulks of 1,000), waits for any AOF
 // rewrite the adds set off, then times a Worker with CONCURRENCY slots, each job POSTing its
 // payload to the gateway, until all N completed. Prints one JSON line, with the CPU seconds this
-// node process and redis-server (INFO cpu) spent over the drain alone. BullMQ is loaded from $BULLMQ_DIR/node_modules/bullmq.
+// node process and redis-server (INFO cpu) spent over the drain alone. BullMQ is loaded from
+// $BULLMQ_DIR/node_modules/bullmq.
 // Usage: node bullmq_drain.js REDIS_PORT GATEWAY_PORT N CONCURRENCY
 'use strict';
 const path = require('path');
