@@ -437,11 +437,19 @@ fn direct_send_error(url: &str, failure: &SendFailure) -> Outcome {
             RetryReason::Connect,
             format!("Post {url:?}: error sending request: tcp connect error: {e}"),
         ),
-        // Go ends a request whose TLS handshake failed at once: retrying cannot fix it.
-        SendFailure::Tls(e) => unusable_exchange(format!(
+        // Go ends a request whose TLS handshake was refused at once: retrying cannot fix it.
+        SendFailure::Tls(e) if is_tls_failure(e) => unusable_exchange(format!(
             "Post {url:?}: error sending request: client error (Connect): {}",
             error_chain(e)
         )),
+        // The connection lost during the handshake (reset, closed): a connect failure.
+        SendFailure::Tls(e) => transport_failure(
+            RetryReason::Connect,
+            format!(
+                "Post {url:?}: error sending request: client error (Connect): {}",
+                error_chain(e)
+            ),
+        ),
         // With TLS 1.3 a refused client certificate shows only once the request is out.
         SendFailure::Transport(e) if is_tls_failure(e) => unusable_exchange(format!(
             "Post {url:?}: error sending request: {}",
@@ -1401,6 +1409,44 @@ mod tests {
         }
         assert_eq!(answered.load(Ordering::SeqCst), 1 + WORKERS * 20);
         assert_eq!(accepted.load(Ordering::SeqCst), 2, "no more connections");
+    }
+
+    /// A TLS gateway whose connection is lost during the handshake (here: closed at once) is a
+    /// connect failure to retry, not a refused certificate that ends the request.
+    #[tokio::test]
+    async fn a_handshake_cut_short_is_a_connect_failure() {
+        let listener = match TcpListener::bind("127.0.0.1:0").await {
+            Ok(l) => l,
+            Err(e) => panic!("bind: {e}"),
+        };
+        let addr = match listener.local_addr() {
+            Ok(a) => a,
+            Err(e) => panic!("local_addr: {e}"),
+        };
+        tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                drop(stream);
+            }
+        });
+        let attempt = client()
+            .send(
+                &format!("https://{addr}/v1/completions"),
+                HeaderMap::new(),
+                Bytes::from_static(b"{}"),
+                GENEROUS,
+            )
+            .await;
+        assert!(
+            matches!(
+                attempt.outcome,
+                Outcome::Retry {
+                    reason: RetryReason::Connect,
+                    ..
+                }
+            ),
+            "{:?}",
+            attempt.outcome
+        );
     }
 
     /// Workers sending back to back to an HTTPS gateway keep their connections: each new TLS

@@ -237,7 +237,9 @@ impl Connections {
                 },
             }
         }
-        let mut sender = match self.dial(target).await? {
+        // Boxed: a dial (with its TLS handshake) is rare, and inline its state would more than
+        // double the size of every request's future, which is moved as the request's task.
+        let mut sender = match Box::pin(self.dial(target)).await? {
             Some(sender) => sender,
             None => {
                 self.pool.http2().insert(target.authority.clone());
