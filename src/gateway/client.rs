@@ -18,7 +18,7 @@
 //! Two paths: an `http://` or `https://` URL without user info goes over inferq's own keep-alive
 //! HTTP/1.1 connections ([`super::h1`]: no per-request URL conversion, redirect or retry layer,
 //! or general pool; it took the processor's CPU per request from about 41 µs to 28 µs on the
-//! benchmark's drain, and over TLS from about 40 µs to 31 µs). Everything else goes through
+//! benchmark's drain, and over TLS from about 40 µs to 30 µs). Everything else goes through
 //! reqwest: a TLS gateway that chooses HTTP/2, URLs with user info, and the redirects a gateway
 //! answers with (a redirect goes on to its `Location` through reqwest, the first hop changed as
 //! reqwest changes every hop, [`super::redirect`], so the redirecting endpoint sees the request

@@ -15,7 +15,7 @@
 //! and host. For the one POST per request that inferq sends to one gateway, that was a third of
 //! the processor's CPU per request (41 µs before, 28 µs after, on the benchmark's drain through
 //! the node gateway; docs/benchmarks.md has the figures), and over TLS about 40 µs before and
-//! 31 µs after (100k drains through the simulator serving HTTPS/1.1).
+//! 30 µs after (100k drains through the simulator serving HTTPS/1.1).
 //!
 //! Semantics kept from the reqwest path: a request that hyper reports as not sent (its connection
 //! closed while idle) is sent again on a new connection, as Go's transport does for a request
