@@ -1234,9 +1234,13 @@ mod tests {
         }
     }
 
-    /// A keep-alive server answering every request at once, counting the connections it accepts.
-    /// It runs on a thread of its own, as a gateway runs in a process of its own.
-    fn counting_server() -> (SocketAddr, Arc<AtomicUsize>) {
+    /// A server on a thread of its own (as a gateway runs in a process of its own): each TCP
+    /// connection it accepts is counted and handed to `serve` in a task of its own.
+    fn threaded_server<F, Fut>(serve: F) -> (SocketAddr, Arc<AtomicUsize>)
+    where
+        F: Fn(TcpStream) -> Fut + Send + 'static,
+        Fut: std::future::Future<Output = ()> + Send + 'static,
+    {
         let listener = match std::net::TcpListener::bind("127.0.0.1:0") {
             Ok(l) => l,
             Err(e) => panic!("bind: {e}"),
@@ -1261,23 +1265,30 @@ mod tests {
                     Ok(l) => l,
                     Err(e) => panic!("listener: {e}"),
                 };
-                while let Ok((mut stream, _)) = listener.accept().await {
+                while let Ok((stream, _)) = listener.accept().await {
                     count.fetch_add(1, Ordering::SeqCst);
-                    tokio::spawn(async move {
-                        loop {
-                            if read_request(&mut stream).await.is_empty() {
-                                break;
-                            }
-                            let answer = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n2\r\nok\r\n0\r\n\r\n";
-                            if stream.write_all(answer).await.is_err() {
-                                break;
-                            }
-                        }
-                    });
+                    tokio::spawn(serve(stream));
                 }
             });
         });
         (addr, accepted)
+    }
+
+    /// A keep-alive server answering every request at once (chunked), counting the connections
+    /// it accepts.
+    fn counting_server() -> (SocketAddr, Arc<AtomicUsize>) {
+        threaded_server(|mut stream| async move {
+            loop {
+                if read_request(&mut stream).await.is_empty() {
+                    break;
+                }
+                let answer =
+                    b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n2\r\nok\r\n0\r\n\r\n";
+                if stream.write_all(answer).await.is_err() {
+                    break;
+                }
+            }
+        })
     }
 
     /// An HTTPS gateway that speaks HTTP/2 only (ALPN `h2`), on a thread of its own, answering
@@ -1305,55 +1316,30 @@ mod tests {
         };
         config.alpn_protocols = vec![b"h2".to_vec()];
         let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
-        let listener = match std::net::TcpListener::bind("127.0.0.1:0") {
-            Ok(l) => l,
-            Err(e) => panic!("bind: {e}"),
-        };
-        let addr = match listener.local_addr() {
-            Ok(a) => a,
-            Err(e) => panic!("local_addr: {e}"),
-        };
-        let (accepted, answered) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
-        let (count, served) = (accepted.clone(), answered.clone());
-        std::thread::spawn(move || {
-            let runtime = match tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-            {
-                Ok(rt) => rt,
-                Err(e) => panic!("runtime: {e}"),
-            };
-            runtime.block_on(async move {
-                let _ = listener.set_nonblocking(true);
-                let listener = match TcpListener::from_std(listener) {
-                    Ok(l) => l,
-                    Err(e) => panic!("listener: {e}"),
+        let answered = Arc::new(AtomicUsize::new(0));
+        let served = answered.clone();
+        let (addr, accepted) = threaded_server(move |stream| {
+            let (acceptor, served) = (acceptor.clone(), served.clone());
+            async move {
+                let Ok(stream) = acceptor.accept(stream).await else {
+                    return;
                 };
-                while let Ok((stream, _)) = listener.accept().await {
-                    count.fetch_add(1, Ordering::SeqCst);
-                    let (acceptor, served) = (acceptor.clone(), served.clone());
-                    tokio::spawn(async move {
-                        let Ok(stream) = acceptor.accept(stream).await else {
-                            return;
-                        };
-                        let Ok(mut connection) = h2::server::handshake(stream).await else {
-                            return;
-                        };
-                        while let Some(Ok((_request, mut respond))) = connection.accept().await {
-                            let head = axum::http::Response::builder()
-                                .status(200)
-                                .header("content-type", "application/json")
-                                .body(());
-                            let Ok(head) = head else { return };
-                            let Ok(mut body) = respond.send_response(head, false) else {
-                                return;
-                            };
-                            served.fetch_add(1, Ordering::SeqCst);
-                            let _ = body.send_data(Bytes::from_static(b"{\"ok\":true}"), true);
-                        }
-                    });
+                let Ok(mut connection) = h2::server::handshake(stream).await else {
+                    return;
+                };
+                while let Some(Ok((_request, mut respond))) = connection.accept().await {
+                    let head = axum::http::Response::builder()
+                        .status(200)
+                        .header("content-type", "application/json")
+                        .body(());
+                    let Ok(head) = head else { return };
+                    let Ok(mut body) = respond.send_response(head, false) else {
+                        return;
+                    };
+                    served.fetch_add(1, Ordering::SeqCst);
+                    let _ = body.send_data(Bytes::from_static(b"{\"ok\":true}"), true);
                 }
-            });
+            }
         });
         (addr, accepted, answered)
     }

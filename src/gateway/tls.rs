@@ -15,13 +15,12 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use rustls::client::danger::ServerCertVerifier;
 use rustls::client::WebPkiServerVerifier;
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::{ClientConfig, RootCertStore};
 
-use super::trust::{AnyCertificate, GoVerifier};
+use super::trust::GatewayVerifier;
 use super::GatewayError;
 
 /// TLS settings for the connection to the gateway.
@@ -50,7 +49,7 @@ impl GatewayTls {
     pub(crate) fn client_config(&self) -> Result<ClientConfig, GatewayError> {
         let identity = match (&self.cert, &self.key) {
             (None, None) => None,
-            (Some(cert), Some(key)) => Some((client_chain(cert)?, client_key(key)?)),
+            (Some(cert), Some(key)) => Some((certificates(cert, "--tls-cert")?, client_key(key)?)),
             (Some(_), None) | (None, Some(_)) => {
                 return Err(GatewayError::Tls(
                     "--tls-cert and --tls-key must be given together".to_string(),
@@ -58,14 +57,13 @@ impl GatewayTls {
             }
         };
         let listed = match &self.ca_cert {
-            Some(path) => ca_certs(path)?,
+            Some(path) => certificates(path, "--tls-ca-cert")?,
             None => Vec::new(),
         };
         let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let verifier: Arc<dyn ServerCertVerifier> = if self.insecure_skip_verify {
-            Arc::new(AnyCertificate::new(
-                provider.signature_verification_algorithms,
-            ))
+        let algorithms = provider.signature_verification_algorithms;
+        let verifier = if self.insecure_skip_verify {
+            GatewayVerifier::any(algorithms)
         } else {
             let mut roots = RootCertStore {
                 roots: webpki_roots::TLS_SERVER_ROOTS.to_vec(),
@@ -80,13 +78,13 @@ impl GatewayTls {
                 WebPkiServerVerifier::builder_with_provider(Arc::new(roots), Arc::clone(&provider))
                     .build()
                     .map_err(|e| GatewayError::Tls(format!("trusted roots: {e}")))?;
-            Arc::new(GoVerifier::new(webpki, listed))
+            GatewayVerifier::go(webpki, listed, algorithms)
         };
         let builder = ClientConfig::builder_with_provider(provider)
             .with_safe_default_protocol_versions()
             .map_err(|e| GatewayError::Tls(e.to_string()))?
             .dangerous()
-            .with_custom_certificate_verifier(verifier);
+            .with_custom_certificate_verifier(Arc::new(verifier));
         let mut config = match (identity, &self.cert, &self.key) {
             (Some((chain, key)), Some(cert_path), Some(key_path)) => {
                 builder.with_client_auth_cert(chain, key).map_err(|e| {
@@ -104,41 +102,24 @@ impl GatewayTls {
     }
 }
 
-/// The certificates of `--tls-ca-cert`: at least one.
-fn ca_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, GatewayError> {
-    let certs = certificates(path, "--tls-ca-cert")?;
-    if certs.is_empty() {
-        return Err(GatewayError::Tls(format!(
-            "--tls-ca-cert {}: no PEM certificates found",
-            path.display()
-        )));
-    }
-    Ok(certs)
-}
-
-/// The chain of `--tls-cert`: at least one certificate.
-fn client_chain(path: &Path) -> Result<Vec<CertificateDer<'static>>, GatewayError> {
-    let certs = certificates(path, "--tls-cert")?;
-    if certs.is_empty() {
-        return Err(GatewayError::Tls(format!(
-            "--tls-cert {}: no PEM certificate found",
-            path.display()
-        )));
-    }
-    Ok(certs)
-}
-
-/// The `CERTIFICATE` blocks of a PEM file, each decoded.
+/// The `CERTIFICATE` blocks of the PEM file given to `flag`, each decoded: at least one.
 fn certificates(path: &Path, flag: &str) -> Result<Vec<CertificateDer<'static>>, GatewayError> {
     let blocks = pem_blocks(&read(path)?, |label| label == "CERTIFICATE");
-    CertificateDer::pem_slice_iter(&blocks)
+    let certs = CertificateDer::pem_slice_iter(&blocks)
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| {
             GatewayError::Tls(format!(
                 "{flag} {}: unreadable certificate: {e}",
                 path.display()
             ))
-        })
+        })?;
+    if certs.is_empty() {
+        return Err(GatewayError::Tls(format!(
+            "{flag} {}: no PEM certificates found",
+            path.display()
+        )));
+    }
+    Ok(certs)
 }
 
 /// The private key of `--tls-key`.

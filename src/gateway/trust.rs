@@ -1,7 +1,7 @@
 //! Whether inferq trusts a TLS gateway's certificate, decided as Go's `crypto/x509` decides it.
 //!
-//! The certificate a gateway presents enters a [`ServerCertVerifier`] during the handshake; a
-//! verdict leaves. [`GoVerifier`] has webpki check the chain to the bundled Mozilla roots or the
+//! The certificate a gateway presents enters [`GatewayVerifier`] during the handshake; a verdict
+//! leaves. By Go's rules it has webpki check the chain to the bundled Mozilla roots or the
 //! `--tls-ca-cert` certificates, as before, and adds Go's one short cut: a presented certificate
 //! that is itself one of the `--tls-ca-cert` certificates is trusted as it stands (Go's `Verify`
 //! answers with a chain of that one certificate when the root pool holds it), once its validity
@@ -10,8 +10,8 @@
 //! entity (`CaUsedAsEndEntity`), so without the short cut every request failed where the Go
 //! processor given the same `--tls-ca-cert` succeeds.
 //!
-//! [`AnyCertificate`] is `--tls-insecure-skip-verify`: any certificate is accepted, but the
-//! handshake's signatures are still checked against the key it carries, as Go checks them.
+//! With `--tls-insecure-skip-verify` any certificate is accepted, but the handshake's
+//! signatures are still checked against the key it carries, as Go checks them.
 
 use std::sync::Arc;
 
@@ -24,24 +24,49 @@ use rustls::{CertificateError, DigitallySignedStruct, Error, SignatureScheme};
 
 use super::leaf::LeafFacts;
 
-/// webpki's verdict, and Go's short cut for a listed certificate served as it is.
+/// How a gateway's certificate is judged (the handshake's signatures are checked against the
+/// certificate's key either way).
 #[derive(Debug)]
-pub(crate) struct GoVerifier {
-    webpki: Arc<WebPkiServerVerifier>,
-    /// The `--tls-ca-cert` certificates.
-    listed: Vec<CertificateDer<'static>>,
+pub(crate) struct GatewayVerifier {
+    trust: Trust,
+    algorithms: WebPkiSupportedAlgorithms,
 }
 
-impl GoVerifier {
-    pub(crate) fn new(
+#[derive(Debug)]
+enum Trust {
+    /// webpki's verdict, and Go's short cut for a listed certificate served as it is.
+    Go {
+        webpki: Arc<WebPkiServerVerifier>,
+        /// The `--tls-ca-cert` certificates.
+        listed: Vec<CertificateDer<'static>>,
+    },
+    /// `--tls-insecure-skip-verify`: every certificate.
+    Any,
+}
+
+impl GatewayVerifier {
+    /// Go's rules: a chain to the roots `webpki` holds, or a `listed` certificate served as is.
+    pub(crate) fn go(
         webpki: Arc<WebPkiServerVerifier>,
         listed: Vec<CertificateDer<'static>>,
-    ) -> GoVerifier {
-        GoVerifier { webpki, listed }
+        algorithms: WebPkiSupportedAlgorithms,
+    ) -> GatewayVerifier {
+        GatewayVerifier {
+            trust: Trust::Go { webpki, listed },
+            algorithms,
+        }
+    }
+
+    /// `--tls-insecure-skip-verify`.
+    pub(crate) fn any(algorithms: WebPkiSupportedAlgorithms) -> GatewayVerifier {
+        GatewayVerifier {
+            trust: Trust::Any,
+            algorithms,
+        }
     }
 }
 
-impl ServerCertVerifier for GoVerifier {
+impl ServerCertVerifier for GatewayVerifier {
     fn verify_server_cert(
         &self,
         end_entity: &CertificateDer<'_>,
@@ -50,7 +75,10 @@ impl ServerCertVerifier for GoVerifier {
         ocsp_response: &[u8],
         now: UnixTime,
     ) -> Result<ServerCertVerified, Error> {
-        let refused = match self.webpki.verify_server_cert(
+        let Trust::Go { webpki, listed } = &self.trust else {
+            return Ok(ServerCertVerified::assertion());
+        };
+        let refused = match webpki.verify_server_cert(
             end_entity,
             intermediates,
             server_name,
@@ -60,83 +88,10 @@ impl ServerCertVerifier for GoVerifier {
             Ok(verified) => return Ok(verified),
             Err(refused) => refused,
         };
-        if !self
-            .listed
-            .iter()
-            .any(|listed| listed.as_ref() == end_entity.as_ref())
-        {
+        if !listed.iter().any(|c| c.as_ref() == end_entity.as_ref()) {
             return Err(refused);
         }
         trust_as_listed(end_entity, server_name, now)?;
-        Ok(ServerCertVerified::assertion())
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, Error> {
-        self.webpki.verify_tls12_signature(message, cert, dss)
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, Error> {
-        self.webpki.verify_tls13_signature(message, cert, dss)
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.webpki.supported_verify_schemes()
-    }
-}
-
-/// Go's checks of a certificate its root pool holds, when it is the one served: valid now, made
-/// for the name dialled, and not limited to usages other than a TLS server's.
-fn trust_as_listed(
-    end_entity: &CertificateDer<'_>,
-    server_name: &ServerName<'_>,
-    now: UnixTime,
-) -> Result<(), Error> {
-    let facts = LeafFacts::read(end_entity.as_ref())
-        .ok_or(Error::InvalidCertificate(CertificateError::BadEncoding))?;
-    let now = now.as_secs();
-    if now < facts.not_before {
-        return Err(Error::InvalidCertificate(CertificateError::NotValidYet));
-    }
-    if now > facts.not_after {
-        return Err(Error::InvalidCertificate(CertificateError::Expired));
-    }
-    if !facts.serves_tls {
-        return Err(Error::InvalidCertificate(CertificateError::InvalidPurpose));
-    }
-    verify_server_name(&ParsedCertificate::try_from(end_entity)?, server_name)
-}
-
-/// `--tls-insecure-skip-verify`: every certificate, with the handshake signed by its key.
-#[derive(Debug)]
-pub(crate) struct AnyCertificate {
-    algorithms: WebPkiSupportedAlgorithms,
-}
-
-impl AnyCertificate {
-    pub(crate) fn new(algorithms: WebPkiSupportedAlgorithms) -> AnyCertificate {
-        AnyCertificate { algorithms }
-    }
-}
-
-impl ServerCertVerifier for AnyCertificate {
-    fn verify_server_cert(
-        &self,
-        _end_entity: &CertificateDer<'_>,
-        _intermediates: &[CertificateDer<'_>],
-        _server_name: &ServerName<'_>,
-        _ocsp_response: &[u8],
-        _now: UnixTime,
-    ) -> Result<ServerCertVerified, Error> {
         Ok(ServerCertVerified::assertion())
     }
 
@@ -163,6 +118,28 @@ impl ServerCertVerifier for AnyCertificate {
     }
 }
 
+/// Go's checks of a certificate its root pool holds, when it is the one served: valid now, made
+/// for the name dialled, and not limited to usages other than a TLS server's.
+fn trust_as_listed(
+    end_entity: &CertificateDer<'_>,
+    server_name: &ServerName<'_>,
+    now: UnixTime,
+) -> Result<(), Error> {
+    let facts = LeafFacts::read(end_entity.as_ref())
+        .ok_or(Error::InvalidCertificate(CertificateError::BadEncoding))?;
+    let now = now.as_secs();
+    if now < facts.not_before {
+        return Err(Error::InvalidCertificate(CertificateError::NotValidYet));
+    }
+    if now > facts.not_after {
+        return Err(Error::InvalidCertificate(CertificateError::Expired));
+    }
+    if !facts.serves_tls {
+        return Err(Error::InvalidCertificate(CertificateError::InvalidPurpose));
+    }
+    verify_server_name(&ParsedCertificate::try_from(end_entity)?, server_name)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -170,7 +147,7 @@ mod tests {
     use rustls::RootCertStore;
 
     /// A verifier whose `--tls-ca-cert` lists `listed`, as [`crate::gateway::GatewayTls`] builds it.
-    fn verifier(listed: &[&str]) -> GoVerifier {
+    fn verifier(listed: &[&str]) -> GatewayVerifier {
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let mut roots = RootCertStore::empty();
         let listed: Vec<_> = listed.iter().map(|pem| der(pem)).collect();
@@ -179,8 +156,9 @@ mod tests {
                 panic!("root: {e}");
             }
         }
+        let algorithms = provider.signature_verification_algorithms;
         match WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider).build() {
-            Ok(webpki) => GoVerifier::new(webpki, listed),
+            Ok(webpki) => GatewayVerifier::go(webpki, listed, algorithms),
             Err(e) => panic!("verifier: {e}"),
         }
     }
@@ -195,7 +173,7 @@ mod tests {
     /// 2027-01-01, inside the test certificates' validity.
     const IN_2027: u64 = 1_798_761_600;
 
-    fn check(verifier: &GoVerifier, pem: &str, host: &str, at: u64) -> Result<(), Error> {
+    fn check(verifier: &GatewayVerifier, pem: &str, host: &str, at: u64) -> Result<(), Error> {
         verifier
             .verify_server_cert(
                 &der(pem),
@@ -223,7 +201,10 @@ mod tests {
             }
         }
         // webpki alone refuses it, though it is a root: the case the short cut exists for.
-        let alone = listed.webpki.verify_server_cert(
+        let Trust::Go { webpki, .. } = &listed.trust else {
+            panic!("Go's rules");
+        };
+        let alone = webpki.verify_server_cert(
             &der(SELF_SIGNED_PEM),
             &[],
             &name("127.0.0.1"),

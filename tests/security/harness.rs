@@ -325,7 +325,18 @@ impl Certs {
     }
 
     pub fn ca(&self, name: &str) {
-        self.openssl(&[
+        self.req_x509(name, &[]);
+    }
+
+    /// `openssl req -x509`: a self-signed certificate `name.crt` and its key `name.key`, with
+    /// `extra` arguments.
+    fn req_x509(&self, name: &str, extra: &[&str]) {
+        let (key, crt, subject) = (
+            format!("{name}.key"),
+            format!("{name}.crt"),
+            format!("/CN=inferq test {name}"),
+        );
+        let mut args = vec![
             "req",
             "-x509",
             "-newkey",
@@ -334,38 +345,25 @@ impl Certs {
             "ec_paramgen_curve:prime256v1",
             "-nodes",
             "-keyout",
-            &format!("{name}.key"),
+            &key,
             "-out",
-            &format!("{name}.crt"),
+            &crt,
             "-days",
             "2",
             "-subj",
-            &format!("/CN=inferq test {name}"),
-        ]);
+            &subject,
+        ];
+        args.extend_from_slice(extra);
+        self.openssl(&args);
     }
 
     /// A server certificate for 127.0.0.1 / localhost signed by its own key, as a quick
     /// `openssl req -x509` makes it for a gateway: marked as a CA.
     pub fn self_signed(&self, name: &str) {
-        self.openssl(&[
-            "req",
-            "-x509",
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:prime256v1",
-            "-nodes",
-            "-keyout",
-            &format!("{name}.key"),
-            "-out",
-            &format!("{name}.crt"),
-            "-days",
-            "2",
-            "-subj",
-            &format!("/CN=inferq test {name}"),
-            "-addext",
-            "subjectAltName=IP:127.0.0.1,DNS:localhost",
-        ]);
+        self.req_x509(
+            name,
+            &["-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost"],
+        );
     }
 
     pub fn leaf(&self, name: &str, extensions: &str) {
