@@ -22,7 +22,7 @@
 //! nothing of which was written; an idle connection is not used after [`IDLE_TIMEOUT`], and is
 //! closed by then or within a [`SWEEP_EVERY`] after (a sweep runs while any are kept, so a
 //! processor gone quiet does not hold the gateway's sockets open); at most `max_idle` are kept
-//! per authority; dropping the future of
+//! per origin; dropping the future of
 //! a send closes its connection, so the gateway sees the request go away. A checked-out
 //! connection is awaited until it is ready: one whose last response was read a moment ago is
 //! reused rather than replaced by a new dial.
@@ -53,8 +53,10 @@ pub(crate) const SWEEP_EVERY: Duration = Duration::from_secs(15);
 /// A target of inferq's own connections, worked out once from its URL.
 #[derive(Debug, Clone)]
 pub(crate) struct Direct {
-    /// `host[:port]`: the pool key and the `Host` header.
-    authority: String,
+    /// `scheme://host[:port]`: the pool key (an `http` and an `https` target on one host never
+    /// share connections).
+    origin: String,
+    /// `host[:port]`.
     host_header: HeaderValue,
     /// What to dial.
     host: String,
@@ -84,17 +86,18 @@ impl Direct {
             url::Host::Ipv6(ip) => ip.to_string(),
         };
         let port = url.port_or_known_default()?;
-        let authority = url[url::Position::BeforeHost..url::Position::AfterPort].to_owned();
+        let authority = &url[url::Position::BeforeHost..url::Position::AfterPort];
+        let origin = format!("{}://{authority}", url.scheme());
         let uri = url[url::Position::BeforePath..url::Position::AfterQuery]
             .parse::<Uri>()
             .ok()?;
-        let host_header = HeaderValue::from_str(&authority).ok()?;
+        let host_header = HeaderValue::from_str(authority).ok()?;
         let server_name = match tls {
             true => Some(ServerName::try_from(host.clone()).ok()?),
             false => None,
         };
         Some(Direct {
-            authority,
+            origin,
             host_header,
             host,
             port,
@@ -123,8 +126,8 @@ pub(crate) enum Sent {
 pub(crate) enum SendFailure {
     /// Dialling failed (refused, DNS, HTTP handshake).
     Connect(std::io::Error),
-    /// The TLS handshake failed (the certificate not trusted, expired or for another name, or
-    /// the gateway refusing ours).
+    /// The TLS handshake failed: refused (the certificate not trusted, expired or for another
+    /// name, or the gateway refusing ours), or cut short.
     Tls(std::io::Error),
     /// The connection failed with the request on it.
     Transport(hyper::Error),
@@ -135,11 +138,11 @@ type Sender = SendRequest<Full<Bytes>>;
 
 /// What the connections and their sweep task share.
 struct Pool {
-    /// Idle connections, per authority, newest last, each with the time it went idle.
+    /// Idle connections, per origin, newest last, each with the time it went idle.
     idle: Mutex<HashMap<String, Vec<(Sender, Instant)>>>,
     /// Whether a sweep task is running (it ends once nothing is idle).
     sweeping: AtomicBool,
-    /// The TLS authorities that chose HTTP/2: their requests go through the general client.
+    /// The TLS origins that chose HTTP/2: their requests go through the general client.
     http2: Mutex<HashSet<String>>,
 }
 
@@ -209,7 +212,7 @@ impl Connections {
         mut headers: HeaderMap,
         body: Bytes,
     ) -> Result<Sent, SendFailure> {
-        if target.server_name.is_some() && self.pool.http2().contains(&target.authority) {
+        if target.server_name.is_some() && self.pool.http2().contains(&target.origin) {
             return Ok(Sent::Http2);
         }
         headers.insert(HOST, target.host_header.clone());
@@ -224,7 +227,7 @@ impl Connections {
         *request.uri_mut() = target.uri.clone();
         *request.headers_mut() = headers;
 
-        while let Some(mut sender) = self.idle_one(&target.authority) {
+        while let Some(mut sender) = self.idle_one(&target.origin) {
             // A connection whose last response was just read may not have taken note yet.
             if sender.ready().await.is_err() {
                 continue;
@@ -242,7 +245,7 @@ impl Connections {
         let mut sender = match Box::pin(self.dial(target)).await? {
             Some(sender) => sender,
             None => {
-                self.pool.http2().insert(target.authority.clone());
+                self.pool.http2().insert(target.origin.clone());
                 return Ok(Sent::Http2);
             }
         };
@@ -255,10 +258,10 @@ impl Connections {
     /// Hands a connection whose response was read to the end back for the next request.
     pub(crate) fn keep(&self, target: &Direct, held: Held) {
         let mut idle = self.pool.idle();
-        if !idle.contains_key(&target.authority) {
-            idle.insert(target.authority.clone(), Vec::new());
+        if !idle.contains_key(&target.origin) {
+            idle.insert(target.origin.clone(), Vec::new());
         }
-        let Some(list) = idle.get_mut(&target.authority) else {
+        let Some(list) = idle.get_mut(&target.origin) else {
             return;
         };
         let now = Instant::now();
@@ -290,10 +293,10 @@ impl Connections {
         }
     }
 
-    /// The newest idle connection to `authority` that is still open and not past the idle timeout.
-    fn idle_one(&self, authority: &str) -> Option<Sender> {
+    /// The newest idle connection to `origin` that is still open and not past the idle timeout.
+    fn idle_one(&self, origin: &str) -> Option<Sender> {
         let mut idle = self.pool.idle();
-        let list = idle.get_mut(authority)?;
+        let list = idle.get_mut(origin)?;
         let now = Instant::now();
         while let Some((sender, since)) = list.pop() {
             if usable(&sender, since, now, self.timing) {
@@ -467,7 +470,7 @@ mod tests {
             panic!("a cleartext URL must take the own path");
         };
         assert_eq!((p.host.as_str(), p.port), ("gw.example", 8000));
-        assert_eq!(p.authority, "gw.example:8000");
+        assert_eq!(p.origin, "http://gw.example:8000");
         assert_eq!(p.host_header, "gw.example:8000");
         assert_eq!(p.uri.to_string(), "/v1/chat/completions?x=1");
 
@@ -485,8 +488,8 @@ mod tests {
             panic!("IPv6");
         };
         assert_eq!(
-            (p.host.as_str(), p.authority.as_str()),
-            ("::1", "[::1]:9000")
+            (p.host.as_str(), p.host_header.to_str().ok()),
+            ("::1", Some("[::1]:9000"))
         );
 
         // HTTPS too, checking the certificate against the host's name; URLs with user info (an
@@ -498,6 +501,13 @@ mod tests {
         assert_eq!(
             p.server_name.as_ref().map(|n| n.to_str().into_owned()),
             Some("gw.example".to_owned())
+        );
+        // The same host over http and https: never each other's connections.
+        assert_eq!(p.host_header, "gw.example");
+        assert_eq!(p.origin, "https://gw.example");
+        assert_eq!(
+            direct("http://gw.example/v1").map(|p| p.origin),
+            Some("http://gw.example".to_owned())
         );
         assert_eq!(
             direct("http://gw.example/v1").map(|p| p.server_name),
