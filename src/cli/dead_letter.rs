@@ -121,10 +121,14 @@ async fn matching(dead: &DeadLetters, ids: &[String]) -> Result<Vec<Listed>, Fai
     Ok(found)
 }
 
-/// Whether a record is older than `age` (entries that are not records carry no time: only
-/// `purge --all` removes them).
-fn older_than(e: &Listed, age: Duration) -> bool {
-    let cutoff = unix_ms().saturating_sub(i64::try_from(age.as_millis()).unwrap_or(i64::MAX));
+/// The Unix millisecond before which a record is older than `age`.
+fn cutoff_ms(age: Duration) -> i64 {
+    unix_ms().saturating_sub(i64::try_from(age.as_millis()).unwrap_or(i64::MAX))
+}
+
+/// Whether a record was written before `cutoff` (Unix ms; entries that are not records carry
+/// no time: only `purge --all` removes them).
+fn written_before(e: &Listed, cutoff: i64) -> bool {
     e.record
         .as_ref()
         .is_ok_and(|r| i64::try_from(r.at_ms).unwrap_or(i64::MAX) < cutoff)
@@ -260,19 +264,20 @@ pub async fn dead_letter(args: DeadLetterArgs) -> Result<(), Failure> {
                     let chosen = matching(&dead, &id).await?;
                     let raws: Vec<&str> = chosen
                         .iter()
-                        .filter(|e| age.is_none_or(|age| older_than(e, age)))
+                        .filter(|e| age.is_none_or(|age| written_before(e, cutoff_ms(age))))
                         .map(|e| e.raw.as_str())
                         .collect();
                     dead.purge(&raws).await?
                 }
                 // --older-than alone: a page at a time.
                 (false, true, Some(age)) => {
+                    let cutoff = cutoff_ms(age);
                     let mut purged = 0;
                     let mut pages = dead.pages().await?;
                     while let Some(page) = pages.next().await? {
                         let raws: Vec<&str> = page
                             .iter()
-                            .filter(|e| older_than(e, age))
+                            .filter(|e| written_before(e, cutoff))
                             .map(|e| e.raw.as_str())
                             .collect();
                         purged += dead.purge(&raws).await?;

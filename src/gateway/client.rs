@@ -72,8 +72,9 @@ pub struct Attempt {
 #[derive(Debug, Clone)]
 pub struct GatewayClient {
     http: reqwest::Client,
-    /// The rest of a redirect chain whose first hop a gateway answered on inferq's own connections (see
-    /// [`super::redirect`]): one redirect fewer allowed, so the chain is as long as reqwest's.
+    /// The rest of a redirect chain whose first hop a gateway answered on inferq's own
+    /// connections (see [`super::redirect`]): one redirect fewer allowed, so the chain is as long
+    /// as reqwest's.
     onward: reqwest::Client,
     /// The HTTP/1.1 connections of `http` and `https` targets (see [`super::h1`]).
     direct: std::sync::Arc<Connections>,
@@ -148,9 +149,9 @@ impl GatewayClient {
 
     /// [`GatewayClient::send`] to a URL parsed beforehand with [`parse_target`] (a queue's
     /// default URL is parsed once): the per-request cost of parsing is skipped. `headers` makes
-    /// the request's header set: it is called once, and a second time only when a
-    /// gateway answers with a redirect and the next hop goes through reqwest, so no copy is made
-    /// for that rare case.
+    /// the request's header set: it is called once, and a second time only when a gateway
+    /// answers with a redirect or chooses HTTP/2 and the request goes through reqwest, so no copy
+    /// is made for those rare cases.
     pub async fn send_to<H: Fn() -> HeaderMap>(
         &self,
         target: &Target,
@@ -223,8 +224,8 @@ impl GatewayClient {
         classify_response(head, body)
     }
 
-    /// [`GatewayClient::exchange`] on inferq's own connections. A redirect's first hop
-    /// is made here, as reqwest would make it ([`super::redirect`]), and reqwest follows the rest.
+    /// [`GatewayClient::exchange`] on inferq's own connections. A redirect's first hop is made
+    /// here, as reqwest would make it ([`super::redirect`]), and reqwest follows the rest.
     async fn exchange_direct<H: Fn() -> HeaderMap>(
         &self,
         target: &Target,
