@@ -249,12 +249,9 @@ impl GatewayClient {
             response.status().as_u16(),
             response.headers(),
         ) {
-            // A redirect without a body leaves its connection ready for the next request.
-            if hyper::body::Body::is_end_stream(response.body()) {
-                drop(response);
+            // A redirect read to its end leaves its connection ready for the next request.
+            if drain_redirect(response, deadline).await {
                 self.direct.keep(direct, held);
-            } else {
-                drop((response, held));
             }
             let mut headers = headers();
             hop.prepare(&mut headers, &target.parsed);
@@ -315,6 +312,35 @@ impl GatewayClient {
                 }
                 Some(Ok(Some(chunk))) => reader.push(&chunk),
             }
+        }
+    }
+}
+
+/// The most of a redirect's body read so that its connection can be kept (a redirect's body is
+/// a line or a short page; a longer one costs its connection instead).
+const REDIRECT_BODY_READ: usize = 64 * 1024;
+
+/// Reads a redirect's body to its end; true if it ended within [`REDIRECT_BODY_READ`] bytes and
+/// the deadline, so that its connection can carry the next request.
+async fn drain_redirect(
+    response: hyper::Response<hyper::body::Incoming>,
+    deadline: Option<Instant>,
+) -> bool {
+    let mut body = response.into_body();
+    let mut read = 0usize;
+    loop {
+        if hyper::body::Body::is_end_stream(&body) {
+            return true;
+        }
+        match within(deadline, http_body_util::BodyExt::frame(&mut body)).await {
+            Some(None) => return true,
+            Some(Some(Ok(frame))) => {
+                read += frame.data_ref().map_or(0, |data| data.len());
+                if read > REDIRECT_BODY_READ {
+                    return false;
+                }
+            }
+            Some(Some(Err(_))) | None => return false,
         }
     }
 }
@@ -771,7 +797,8 @@ mod tests {
         location: String,
     ) -> (SocketAddr, Arc<Mutex<Vec<SocketAddr>>>) {
         let hits = Arc::new(Mutex::new(Vec::new()));
-        let counted = hits.clone();
+        let (counted, paged) = (hits.clone(), hits.clone());
+        let page_location = location.clone();
         let app =
             Router::new()
                 .route(
@@ -783,6 +810,18 @@ mod tests {
                             .push(peer);
                         let location = location.clone();
                         async move { (status, [("location", location)]) }
+                    }),
+                )
+                .route(
+                    "/moved-with-a-page",
+                    any(move |ConnectInfo(peer): ConnectInfo<SocketAddr>| {
+                        paged
+                            .lock()
+                            .unwrap_or_else(std::sync::PoisonError::into_inner)
+                            .push(peer);
+                        let location = page_location.clone();
+                        let page = format!("<a href=\"{location}\">Temporary Redirect</a>.\n");
+                        async move { (status, [("location", location)], page) }
                     }),
                 )
                 .route(
@@ -851,26 +890,30 @@ mod tests {
         }
     }
 
-    /// A redirect without a body leaves its connection to the gateway open for the next request:
-    /// a gateway that redirects every request does not cost a TCP connection per request.
+    /// A redirect leaves its connection to the gateway open for the next request, whether it
+    /// comes without a body or with a short page (as nginx sends one): a gateway that redirects
+    /// every request does not cost a TCP connection per request.
     #[tokio::test]
     async fn a_redirect_keeps_its_connection() {
-        let (addr, hits) = redirecting(StatusCode::TEMPORARY_REDIRECT, "/method".to_string()).await;
-        let client = client();
-        for _ in 0..3 {
-            let attempt = post_to(&client, addr, "/moved", "again").await;
+        for path in ["/moved", "/moved-with-a-page"] {
+            let (addr, hits) =
+                redirecting(StatusCode::TEMPORARY_REDIRECT, "/method".to_string()).await;
+            let client = client();
+            for _ in 0..3 {
+                let attempt = post_to(&client, addr, path, "again").await;
+                assert!(
+                    matches!(attempt.outcome, Outcome::Success { status: 200, .. }),
+                    "{path}: {:?}",
+                    attempt.outcome
+                );
+            }
+            let peers = hits.lock().map(|h| h.clone()).unwrap_or_default();
+            assert_eq!(peers.len(), 3, "{path}");
             assert!(
-                matches!(attempt.outcome, Outcome::Success { status: 200, .. }),
-                "{:?}",
-                attempt.outcome
+                peers.iter().all(|p| *p == peers[0]),
+                "{path}: one connection for the three requests: {peers:?}"
             );
         }
-        let peers = hits.lock().map(|h| h.clone()).unwrap_or_default();
-        assert_eq!(peers.len(), 3);
-        assert!(
-            peers.iter().all(|p| *p == peers[0]),
-            "one connection for the three requests: {peers:?}"
-        );
     }
 
     /// Nine redirects are followed and the tenth fails the request, as Go's default policy has
