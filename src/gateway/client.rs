@@ -1479,6 +1479,42 @@ mod tests {
         );
     }
 
+    /// Like the processor: a task per request, `workers` at once, each sending again as soon as
+    /// its request is done, `workers × each` requests in all; every one must come back 200.
+    async fn send_back_to_back(
+        client: &GatewayClient,
+        target: &Arc<Target>,
+        workers: usize,
+        each: usize,
+        body: &'static [u8],
+    ) {
+        let slots = Arc::new(tokio::sync::Semaphore::new(workers));
+        let mut sends = tokio::task::JoinSet::new();
+        let ok = |done: &Result<Outcome, tokio::task::JoinError>| {
+            matches!(done, Ok(Outcome::Success { status: 200, .. }))
+        };
+        for _ in 0..workers * each {
+            let slot = match slots.clone().acquire_owned().await {
+                Ok(slot) => slot,
+                Err(e) => panic!("semaphore: {e}"),
+            };
+            let (client, target) = (client.clone(), target.clone());
+            sends.spawn(async move {
+                let attempt = client
+                    .send_to(&target, HeaderMap::new, Bytes::from_static(body), GENEROUS)
+                    .await;
+                drop(slot);
+                attempt.outcome
+            });
+            while let Some(done) = sends.try_join_next() {
+                assert!(ok(&done), "{done:?}");
+            }
+        }
+        while let Some(done) = sends.join_next().await {
+            assert!(ok(&done), "{done:?}");
+        }
+    }
+
     /// Workers sending back to back to an HTTPS gateway keep their connections: each new TLS
     /// connection is a handshake on both sides, many times the cost of the request itself.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1525,39 +1561,14 @@ mod tests {
             Ok(target) => Arc::new(target),
             Err(e) => panic!("target: {e}"),
         };
-        let slots = Arc::new(tokio::sync::Semaphore::new(WORKERS));
-        let mut sends = tokio::task::JoinSet::new();
-        for _ in 0..WORKERS * EACH {
-            let slot = match slots.clone().acquire_owned().await {
-                Ok(slot) => slot,
-                Err(e) => panic!("semaphore: {e}"),
-            };
-            let (client, target) = (client.clone(), target.clone());
-            sends.spawn(async move {
-                let attempt = client
-                    .send_to(
-                        &target,
-                        HeaderMap::new,
-                        Bytes::from_static(br#"{"prompt":"hi","max_tokens":1}"#),
-                        GENEROUS,
-                    )
-                    .await;
-                drop(slot);
-                attempt.outcome
-            });
-            while let Some(done) = sends.try_join_next() {
-                assert!(
-                    matches!(done, Ok(Outcome::Success { status: 200, .. })),
-                    "{done:?}"
-                );
-            }
-        }
-        while let Some(done) = sends.join_next().await {
-            assert!(
-                matches!(done, Ok(Outcome::Success { status: 200, .. })),
-                "{done:?}"
-            );
-        }
+        send_back_to_back(
+            &client,
+            &target,
+            WORKERS,
+            EACH,
+            br#"{"prompt":"hi","max_tokens":1}"#,
+        )
+        .await;
         let opened = sim.stats().connections_accepted;
         assert!(
             opened <= 2 * WORKERS as u64,
@@ -1581,29 +1592,7 @@ mod tests {
             Ok(target) => Arc::new(target),
             Err(e) => panic!("target: {e}"),
         };
-        // Like the processor: a task per request, as many at once as there are workers.
-        let slots = Arc::new(tokio::sync::Semaphore::new(WORKERS));
-        let mut sends = tokio::task::JoinSet::new();
-        for _ in 0..WORKERS * EACH {
-            let slot = match slots.clone().acquire_owned().await {
-                Ok(slot) => slot,
-                Err(e) => panic!("semaphore: {e}"),
-            };
-            let (client, target) = (client.clone(), target.clone());
-            sends.spawn(async move {
-                let attempt = client
-                    .send_to(&target, HeaderMap::new, Bytes::from_static(b"{}"), GENEROUS)
-                    .await;
-                drop(slot);
-                matches!(attempt.outcome, Outcome::Success { status: 200, .. })
-            });
-            while let Some(done) = sends.try_join_next() {
-                assert!(matches!(done, Ok(true)), "{done:?}");
-            }
-        }
-        while let Some(done) = sends.join_next().await {
-            assert!(matches!(done, Ok(true)), "{done:?}");
-        }
+        send_back_to_back(&client, &target, WORKERS, EACH, b"{}").await;
         let opened = accepted.load(Ordering::SeqCst);
         assert!(
             opened <= 2 * WORKERS,

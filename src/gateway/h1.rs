@@ -212,9 +212,6 @@ impl Connections {
         mut headers: HeaderMap,
         body: Bytes,
     ) -> Result<Sent, SendFailure> {
-        if target.server_name.is_some() && self.pool.http2().contains(&target.origin) {
-            return Ok(Sent::Http2);
-        }
         headers.insert(HOST, target.host_header.clone());
         if !headers.contains_key(USER_AGENT) {
             headers.insert(USER_AGENT, self.user_agent.clone());
@@ -242,12 +239,9 @@ impl Connections {
         }
         // Boxed: a dial (with its TLS handshake) is rare, and inline its state would more than
         // double the size of every request's future, which is moved as the request's task.
-        let mut sender = match Box::pin(self.dial(target)).await? {
-            Some(sender) => sender,
-            None => {
-                self.pool.http2().insert(target.origin.clone());
-                return Ok(Sent::Http2);
-            }
+        // An origin that chose HTTP/2 never has idle connections, so it is only looked up here.
+        let Some(mut sender) = Box::pin(self.dial(target)).await? else {
+            return Ok(Sent::Http2);
         };
         match sender.send_request(request).await {
             Ok(response) => Ok(Sent::Response(response, Held { sender })),
@@ -338,8 +332,12 @@ fn usable(sender: &Sender, idle_since: Instant, now: Instant, timing: Timing) ->
 
 impl Connections {
     /// Opens a connection to `target` (with TLS for `https`) and starts its hyper task; `None`
-    /// when the TLS gateway chose HTTP/2 (the connection is closed again).
+    /// when the TLS gateway chose HTTP/2, now (the connection is closed again and the origin
+    /// remembered) or before.
     async fn dial(&self, target: &Direct) -> Result<Option<Sender>, SendFailure> {
+        if target.server_name.is_some() && self.pool.http2().contains(&target.origin) {
+            return Ok(None);
+        }
         let stream = TcpStream::connect((target.host.as_str(), target.port))
             .await
             .map_err(SendFailure::Connect)?;
@@ -353,6 +351,7 @@ impl Connections {
             .await
             .map_err(SendFailure::Tls)?;
         if stream.get_ref().1.alpn_protocol() == Some(b"h2") {
+            self.pool.http2().insert(target.origin.clone());
             return Ok(None);
         }
         handshake(stream).await.map(Some)

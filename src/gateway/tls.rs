@@ -49,7 +49,12 @@ impl GatewayTls {
     pub(crate) fn client_config(&self) -> Result<ClientConfig, GatewayError> {
         let identity = match (&self.cert, &self.key) {
             (None, None) => None,
-            (Some(cert), Some(key)) => Some((certificates(cert, "--tls-cert")?, client_key(key)?)),
+            (Some(cert), Some(key)) => Some((
+                certificates(cert, "--tls-cert")?,
+                client_key(key)?,
+                cert,
+                key,
+            )),
             (Some(_), None) | (None, Some(_)) => {
                 return Err(GatewayError::Tls(
                     "--tls-cert and --tls-key must be given together".to_string(),
@@ -57,8 +62,8 @@ impl GatewayTls {
             }
         };
         let listed = match &self.ca_cert {
-            Some(path) => certificates(path, "--tls-ca-cert")?,
-            None => Vec::new(),
+            Some(path) => Some((certificates(path, "--tls-ca-cert")?, path.as_path())),
+            None => None,
         };
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let algorithms = provider.signature_verification_algorithms;
@@ -68,12 +73,17 @@ impl GatewayTls {
             let mut roots = RootCertStore {
                 roots: webpki_roots::TLS_SERVER_ROOTS.to_vec(),
             };
-            for cert in &listed {
-                roots.add(cert.clone()).map_err(|e| {
-                    let path = self.ca_cert.as_deref().unwrap_or(Path::new(""));
-                    GatewayError::Tls(format!("--tls-ca-cert {}: {e}", path.display()))
-                })?;
-            }
+            let listed = match listed {
+                Some((certs, path)) => {
+                    for cert in &certs {
+                        roots
+                            .add(cert.clone())
+                            .map_err(|e| tls_error("--tls-ca-cert", path, e))?;
+                    }
+                    certs
+                }
+                None => Vec::new(),
+            };
             let webpki =
                 WebPkiServerVerifier::builder_with_provider(Arc::new(roots), Arc::clone(&provider))
                     .build()
@@ -85,8 +95,8 @@ impl GatewayTls {
             .map_err(|e| GatewayError::Tls(e.to_string()))?
             .dangerous()
             .with_custom_certificate_verifier(Arc::new(verifier));
-        let mut config = match (identity, &self.cert, &self.key) {
-            (Some((chain, key)), Some(cert_path), Some(key_path)) => {
+        let mut config = match identity {
+            Some((chain, key, cert_path, key_path)) => {
                 builder.with_client_auth_cert(chain, key).map_err(|e| {
                     GatewayError::Tls(format!(
                         "--tls-cert {} / --tls-key {}: {e}",
@@ -95,7 +105,7 @@ impl GatewayTls {
                     ))
                 })?
             }
-            _ => builder.with_no_client_auth(),
+            None => builder.with_no_client_auth(),
         };
         config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
         Ok(config)
@@ -107,17 +117,9 @@ fn certificates(path: &Path, flag: &str) -> Result<Vec<CertificateDer<'static>>,
     let blocks = pem_blocks(&read(path)?, |label| label == "CERTIFICATE");
     let certs = CertificateDer::pem_slice_iter(&blocks)
         .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| {
-            GatewayError::Tls(format!(
-                "{flag} {}: unreadable certificate: {e}",
-                path.display()
-            ))
-        })?;
+        .map_err(|e| tls_error(flag, path, format!("unreadable certificate: {e}")))?;
     if certs.is_empty() {
-        return Err(GatewayError::Tls(format!(
-            "{flag} {}: no PEM certificates found",
-            path.display()
-        )));
+        return Err(tls_error(flag, path, "no PEM certificates found"));
     }
     Ok(certs)
 }
@@ -128,17 +130,19 @@ fn client_key(path: &Path) -> Result<PrivateKeyDer<'static>, GatewayError> {
         matches!(label, "PRIVATE KEY" | "RSA PRIVATE KEY" | "EC PRIVATE KEY")
     });
     if blocks.is_empty() {
-        return Err(GatewayError::Tls(format!(
-            "--tls-key {}: no unencrypted PEM private key found",
-            path.display()
-        )));
+        return Err(tls_error(
+            "--tls-key",
+            path,
+            "no unencrypted PEM private key found",
+        ));
     }
-    PrivateKeyDer::from_pem_slice(&blocks).map_err(|e| {
-        GatewayError::Tls(format!(
-            "--tls-key {}: unreadable private key: {e}",
-            path.display()
-        ))
-    })
+    PrivateKeyDer::from_pem_slice(&blocks)
+        .map_err(|e| tls_error("--tls-key", path, format!("unreadable private key: {e}")))
+}
+
+/// A TLS setting's error: `<flag> <path>: <reason>`.
+fn tls_error(flag: &str, path: &Path, reason: impl std::fmt::Display) -> GatewayError {
+    GatewayError::Tls(format!("{flag} {}: {reason}", path.display()))
 }
 
 fn read(path: &Path) -> Result<Vec<u8>, GatewayError> {
