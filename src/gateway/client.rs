@@ -91,7 +91,7 @@ impl GatewayClient {
             let builder = reqwest::Client::builder()
                 .use_preconfigured_tls(tls_config.clone())
                 .no_proxy()
-                .redirect(reqwest::redirect::Policy::limited(redirects))
+                .redirect(stop_after(redirects))
                 .pool_max_idle_per_host(pool_size.max(1).saturating_mul(2))
                 .pool_idle_timeout(IDLE_TIMEOUT)
                 .user_agent(USER_AGENT);
@@ -489,12 +489,49 @@ fn direct_send_error(url: &str, failure: &SendFailure) -> Outcome {
     }
 }
 
+/// A redirect policy that follows `redirects` redirects and refuses the next with
+/// [`TooManyRedirects`], naming the Location it would not go to.
+fn stop_after(redirects: usize) -> reqwest::redirect::Policy {
+    reqwest::redirect::Policy::custom(move |attempt| {
+        if attempt.previous().len() > redirects {
+            let refused = TooManyRedirects(attempt.url().to_string());
+            attempt.error(refused)
+        } else {
+            attempt.follow()
+        }
+    })
+}
+
+/// The redirect past the limit, with the Location it pointed to.
+#[derive(Debug)]
+struct TooManyRedirects(String);
+
+impl std::fmt::Display for TooManyRedirects {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "too many redirects (the last to {})", self.0)
+    }
+}
+
+impl std::error::Error for TooManyRedirects {}
+
+/// The [`TooManyRedirects`] somewhere in an error's chain.
+fn too_many_redirects<'a>(
+    err: &'a (dyn std::error::Error + 'static),
+) -> Option<&'a TooManyRedirects> {
+    let mut source = Some(err);
+    while let Some(e) = source {
+        if let Some(found) = e.downcast_ref::<TooManyRedirects>() {
+            return Some(found);
+        }
+        source = e.source();
+    }
+    None
+}
+
 /// Classifies a failure before any response head.
 fn send_error(url: &str, err: reqwest::Error) -> Outcome {
-    if err.is_redirect() && error_chain(&err).contains("too many redirects") {
-        // Go's words (Go names the Location it would not go to; reqwest gives the URL that
-        // answered with it).
-        let refused = err.url().map_or(url, |u| u.as_str());
+    if let Some(TooManyRedirects(refused)) = too_many_redirects(&err) {
+        // Go's words, naming the Location it would not go to.
         return unusable_exchange(format!(
             "Post {:?}: stopped after {} redirects",
             crate::config::redact_url(refused),
@@ -933,9 +970,9 @@ mod tests {
         let Outcome::Fatal { error } = &attempt.outcome else {
             panic!("{:?}", attempt.outcome);
         };
-        // Go's words: `Post "<URL>": stopped after 10 redirects`, here the URL whose redirect
-        // was not followed.
-        let refused = format!("Post \"http://{addr}/hop/1\": stopped after 10 redirects");
+        // Go's words: `Post "<Location>": stopped after 10 redirects`, naming the Location of
+        // the tenth redirect (the one not followed).
+        let refused = format!("Post \"http://{addr}/hop/0\": stopped after 10 redirects");
         assert!(error.to_string().contains(&refused), "{error}");
     }
 
