@@ -385,6 +385,66 @@ async fn malformed_members_are_dead_lettered_and_the_cli_manages_them() {
     assert_eq!(n, 0);
 }
 
+/// `requeue --all` over a dead list of several pages (the CLI reads 1,000 records at a time
+/// while requeueing removes them): every requeueable record goes back to the queue exactly once
+/// as a new generation, the ones that cannot be requeued stay and are named, and the exit code
+/// says some were refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requeue_all_moves_every_record_once_across_pages() {
+    let redis = RedisServer::start().unwrap();
+    let mut con = common::con(&redis).await;
+    let deadline = unix_ms() / 1000 + 600;
+    const GOOD: usize = 2_400;
+    let mut records = Vec::with_capacity(GOOD + 3);
+    for i in 0..GOOD {
+        let member = valid_member(
+            &format!("bulk-{i}"),
+            "0123456789abcdef0123456789abcdef",
+            deadline,
+        );
+        let (record, _) = DeadRecord::about(QUEUE, "delivery limit reached", &member, None);
+        records.push(record.to_json());
+        // Three that cannot be requeued, among the others (one in each page).
+        if i % 800 == 400 {
+            let (record, _) = DeadRecord::about(QUEUE, "not JSON", b"{broken", None);
+            records.push(record.to_json());
+        }
+    }
+    for chunk in records.chunks(500) {
+        let _: () = con.rpush(DEAD, chunk).await.unwrap();
+    }
+
+    let out = inferq(&redis, &["dead-letter", "requeue", "--all"]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains(&format!("{GOOD} requeued, 3 refused")),
+        "{}",
+        text(&out.stderr)
+    );
+    let lines: Vec<serde_json::Value> = text(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), GOOD + 3, "one line per record, each read once");
+    assert_eq!(
+        lines.iter().filter(|l| l["outcome"] == "refused").count(),
+        3
+    );
+
+    let members: Vec<Vec<u8>> = con.zrange(QUEUE, 0, -1).await.unwrap();
+    let mut ids: Vec<String> = members
+        .iter()
+        .map(|m| Envelope::decode(m).unwrap().request.id)
+        .collect();
+    ids.sort();
+    ids.dedup();
+    assert_eq!(ids.len(), GOOD, "each requeued once");
+    assert_eq!(members.len(), GOOD);
+    let left: Vec<String> = con.lrange(DEAD, 0, -1).await.unwrap();
+    assert_eq!(left.len(), 3, "only the refused stay: {left:?}");
+    assert!(left.iter().all(|r| r.contains("not JSON")));
+}
+
 fn valid_member(id: &str, token: &str, deadline: i64) -> Vec<u8> {
     let mut req = common::request(id, 600, r#"{"prompt":"again","big":12345678901234567890}"#);
     req.deadline = deadline;
