@@ -352,6 +352,53 @@ async fn a_result_list_outside_the_acl_fails_alone() {
     assert!(pending_and_claimed_are_empty(&mut admin).await);
 }
 
+/// A malformed member (no deadline) naming a result list the processor's user may not write:
+/// Redis refuses the dead-lettering that would push its `INVALID_REQUEST` there, so it is set
+/// aside without the result, its record saying why, and the requests behind it are served.
+/// Before, the refused call failed the whole poll and the same member came back at the head
+/// of every poll: nothing behind it was ever claimed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_malformed_member_naming_a_forbidden_list_does_not_stop_the_queue() {
+    let (gw, redis, mut admin, processor_url, _) = rig().await;
+    let admin_url = url("admin", ADMIN_PW, redis.port());
+    let good = Producer::connect(&admin_url, Q, "result-list")
+        .await
+        .unwrap();
+    for i in 0..5 {
+        good.submit(common::request(&format!("good-{i}"), 100 + i, "{}"))
+            .await
+            .unwrap();
+    }
+    // At the head of the queue (score 1), ahead of every good request.
+    let bad = r#"{"internal":{"result_queue_name":"forbidden-results"},"request_kind":"plain","data":{"id":"nodeadline","payload":{}}}"#;
+    let _: () = admin.zadd(Q, bad, 1).await.unwrap();
+
+    let p = Proc::spawn(&transport(&processor_url, &gw.url(), 1.0, 2, ""), &[]);
+    p.wait_ready().await;
+    let started = Instant::now();
+    while admin.llen::<_, u64>("result-list").await.unwrap() < 5 {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "the queue is stuck behind the malformed member; log:\n{}",
+            p.log()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let forbidden: u64 = admin.llen("forbidden-results").await.unwrap();
+    assert_eq!(forbidden, 0);
+    let records: Vec<String> = admin.lrange(format!("{Q}:dead"), 0, -1).await.unwrap();
+    assert_eq!(records.len(), 1, "{records:?}");
+    let record: serde_json::Value = serde_json::from_str(&records[0]).unwrap();
+    let reason = record["reason"].as_str().unwrap_or_default();
+    assert!(
+        reason.contains("deadline")
+            && reason.contains("could not be published to \"forbidden-results\"")
+            && reason.to_ascii_lowercase().contains("noperm"),
+        "{reason}"
+    );
+    assert!(pending_and_claimed_are_empty(&mut admin).await);
+}
+
 /// Whether nothing is left pending or claimed on the queue.
 async fn pending_and_claimed_are_empty(admin: &mut redis::aio::ConnectionManager) -> bool {
     let pending: u64 = admin.zcard(Q).await.unwrap();

@@ -22,7 +22,7 @@ use super::gates::{Decision, GateInput, Release, Verdict};
 use super::last_chance::{LastChance, Slot};
 use crate::queue::dead::DeadRecord;
 use crate::queue::keys::claim_key;
-use crate::queue::{Claimed, Peeked, QueueError};
+use crate::queue::{Claimed, Peeked, QueueError, SetAside};
 use crate::wire::{Envelope, ErrorCode, ResultMessage};
 
 /// How a consumer polls.
@@ -414,24 +414,40 @@ async fn last_chance_slots(
     Ok(slots)
 }
 
-/// pending -> dead for a member that cannot be a request.
+/// pending -> dead for a member that cannot be a request. When Redis will not take its
+/// `INVALID_REQUEST` result (a result list the member names that this user may not write, or
+/// that holds another type), the member is set aside without it, its record saying why: one bad
+/// member must not stop the queue behind it.
 async fn dead_letter(ctx: &QueueCtx, member: &[u8], reason: &str) -> Result<(), QueueError> {
-    let (record, who) = DeadRecord::about(ctx.queue.name(), reason, member, None);
+    let (mut record, who) = DeadRecord::about(ctx.queue.name(), reason, member, None);
     let result = who.map(|(id, routing)| {
         (
             ctx.result_list(&routing),
-            ResultMessage::error(&id, ErrorCode::InvalidRequest, &format!("Failed: {reason}")),
+            // Go's form: `Failed: deadline is missing or invalid (Unix seconds).`
+            ResultMessage::error(
+                &id,
+                ErrorCode::InvalidRequest,
+                &format!("Failed: {reason}."),
+            ),
         )
     });
-    let moved = ctx
+    let with_result = result.as_ref().map(|(list, msg)| (list.as_str(), msg));
+    let mut outcome = ctx
         .queue
-        .dead_letter(
-            member,
-            &record.to_json(),
-            result.as_ref().map(|(list, msg)| (list.as_str(), msg)),
-        )
+        .dead_letter(member, &record.to_json(), with_result)
         .await?;
-    if moved {
+    if let (SetAside::ResultRefused(why), Some((list, _))) = (&outcome, with_result) {
+        tracing::error!(queue = %ctx.queue.name(), result_list = %list, error = %why, "Redis refused an INVALID_REQUEST result; dead-lettering the member without it");
+        record.reason = format!(
+            "{}; its INVALID_REQUEST result could not be published to {list:?}: {why}",
+            record.reason
+        );
+        outcome = ctx
+            .queue
+            .dead_letter(member, &record.to_json(), None)
+            .await?;
+    }
+    if outcome == SetAside::Moved {
         ctx.metrics
             .dead_letters
             .get_or_create(&ctx.labels.with_outcome("undecodable"))

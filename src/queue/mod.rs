@@ -25,7 +25,7 @@ mod tests;
 
 pub use keys::QueueKeys;
 pub use moves::{
-    Claimed, Fence, Finish, Finished, Held, Peeked, Queue, QueueError, Reclaimed, TakenOver,
-    Takeover,
+    Claimed, Fence, Finish, Finished, Held, Peeked, Queue, QueueError, Reclaimed, SetAside,
+    TakenOver, Takeover,
 };
 pub use settings::ClaimSettings;

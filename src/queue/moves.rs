@@ -233,6 +233,19 @@ impl Finish {
         ))
     }
 
+    /// The result list an ack or a bury with a result pushes to.
+    pub fn result_list(&self) -> Option<&str> {
+        match self {
+            Finish::Ack { result_list, .. } => Some(result_list),
+            Finish::Bury {
+                result_list,
+                result,
+                ..
+            } if !result.is_empty() => Some(result_list),
+            _ => None,
+        }
+    }
+
     pub fn fence(&self) -> &Fence {
         match self {
             Finish::Ack { fence, .. }
@@ -260,6 +273,18 @@ fn resultless_bury(
         result: String::new(),
         record,
     }
+}
+
+/// How a dead-lettering went.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SetAside {
+    /// pending -> dead (with its result, when one was given).
+    Moved,
+    /// No longer pending (another instance moved it): nothing was written.
+    Gone,
+    /// Nothing was written: Redis refused the result (the reason), or its list holds another
+    /// type. The member can be set aside without it.
+    ResultRefused(String),
 }
 
 /// How a finish went.
@@ -638,12 +663,14 @@ impl Queue {
         }
         Ok(statuses
             .into_iter()
-            .map(|s| {
-                if s == 1 {
-                    Finished::Published
-                } else {
-                    Finished::NotYours
-                }
+            .zip(batch.iter().map(Borrow::borrow))
+            .map(|(s, f)| match s {
+                1 => Finished::Published,
+                -2 => Finished::Failed(format!(
+                    "WRONGTYPE the result list {:?} holds another type than a list",
+                    f.result_list().unwrap_or_default()
+                )),
+                _ => Finished::NotYours,
             })
             .collect())
     }
@@ -788,13 +815,13 @@ impl Queue {
     }
 
     /// pending -> dead for a member that cannot be a request; with a result when an id could
-    /// be read. Returns `false` when the member was no longer pending.
+    /// be read.
     pub async fn dead_letter(
         &self,
         member: &[u8],
         record: &str,
         result: Option<(&str, &ResultMessage)>,
-    ) -> Result<bool, QueueError> {
+    ) -> Result<SetAside, QueueError> {
         let (list, json) = match result {
             Some((list, msg)) => (list.to_owned(), msg.to_json()),
             None => (self.keys.dead.clone(), String::new()),
@@ -802,8 +829,21 @@ impl Queue {
         let keys = [&self.keys.pending, &self.keys.dead, &list];
         let args: [&[u8]; 3] = [member, record.as_bytes(), json.as_bytes()];
         let cmd = SCRIPTS.dead_letter.cmd(&keys, &args);
-        match SCRIPTS.dead_letter.run(&mut self.con.clone(), &cmd).await? {
-            Value::Int(n) => Ok(n == 1),
+        let reply = match SCRIPTS.dead_letter.run(&mut self.con.clone(), &cmd).await {
+            Ok(reply) => reply,
+            // Refused with a result to push: the result list can be the cause (outside this
+            // user's rights); the caller can set the member aside without it.
+            Err(e) if result.is_some() && is_refusal(&e) => {
+                return Ok(SetAside::ResultRefused(e.to_string()))
+            }
+            Err(e) => return Err(e.into()),
+        };
+        match reply {
+            Value::Int(1) => Ok(SetAside::Moved),
+            Value::Int(0) => Ok(SetAside::Gone),
+            Value::Int(-1) => Ok(SetAside::ResultRefused(format!(
+                "WRONGTYPE the result list {list:?} holds another type than a list"
+            ))),
             other => Err(bad_reply("deadLetter", &other)),
         }
     }

@@ -79,6 +79,7 @@ macro_rules! lua {
 const NOW_MS: &str = lua!("includes/nowMs");
 const DROP_CLAIM: &str = lua!("includes/dropClaim");
 const DEADLINE_OF: &str = lua!("includes/deadlineOf");
+const WRITABLE: &str = lua!("includes/writable");
 
 /// Every script inferq runs.
 pub struct Scripts {
@@ -96,17 +97,21 @@ pub struct Scripts {
 
 /// The scripts, built once.
 pub static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
-    take: Script::new("take", &[NOW_MS], lua!("take-5")),
+    take: Script::new("take", &[NOW_MS, WRITABLE], lua!("take-5")),
     renew: Script::new("renew", &[NOW_MS], lua!("renew-2")),
-    finish: Script::new("finish", &[NOW_MS, DEADLINE_OF], lua!("finish-8")),
+    finish: Script::new("finish", &[NOW_MS, DEADLINE_OF, WRITABLE], lua!("finish-8")),
     promote: Script::new("promote", &[NOW_MS, DEADLINE_OF], lua!("promote-3")),
-    release: Script::new("release", &[DROP_CLAIM, DEADLINE_OF], lua!("release-5")),
+    release: Script::new(
+        "release",
+        &[DROP_CLAIM, DEADLINE_OF, WRITABLE],
+        lua!("release-5"),
+    ),
     reclaim: Script::new(
         "reclaim",
-        &[NOW_MS, DROP_CLAIM, DEADLINE_OF],
+        &[NOW_MS, DROP_CLAIM, DEADLINE_OF, WRITABLE],
         lua!("reclaim-6"),
     ),
-    dead_letter: Script::new("deadLetter", &[], lua!("deadLetter-3")),
+    dead_letter: Script::new("deadLetter", &[WRITABLE], lua!("deadLetter-3")),
     cancel: Script::new("cancel", &[], lua!("cancel-2")),
     hand_back: Script::new("handBack", &[], lua!("handBack-2")),
     requeue: Script::new("requeue", &[], lua!("requeue-4")),

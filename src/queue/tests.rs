@@ -530,7 +530,7 @@ async fn malformed_members_are_dead_lettered_with_a_reason() {
             )
             .await
             .unwrap();
-        assert!(moved);
+        assert_eq!(moved, SetAside::Moved);
     }
     assert_eq!(zcard(&mut r.con, Q).await, 0);
     let dead: Vec<String> = r.con.lrange("q:dead", 0, -1).await.unwrap();
@@ -555,11 +555,45 @@ async fn malformed_members_are_dead_lettered_with_a_reason() {
         ("noDeadline", "INVALID_REQUEST")
     );
     // Dead-lettering a member another instance already moved changes nothing.
-    assert!(!r
+    assert_eq!(
+        r.queue
+            .dead_letter(b"not json at all", "{}", None)
+            .await
+            .unwrap(),
+        SetAside::Gone
+    );
+}
+
+/// A member naming a result list that holds another type than a list: the dead-lettering
+/// moves nothing and says so (Redis would not undo the member's removal when the push fails),
+/// so the caller can set it aside without its result.
+#[tokio::test]
+async fn dead_letter_to_a_result_list_of_another_type_moves_nothing() {
+    let mut r = rig(30_000, 5).await;
+    let member = r#"{"request_kind":"plain","data":{"id":"x","payload":{}}}"#;
+    let _: () = r.con.zadd(Q, member, 1).await.unwrap();
+    let _: () = r.con.set("a-string", "x").await.unwrap();
+    let msg = ResultMessage::error("x", crate::wire::ErrorCode::InvalidRequest, "Failed: x.");
+    let outcome = r
         .queue
-        .dead_letter(b"not json at all", "{}", None)
+        .dead_letter(member.as_bytes(), "{}", Some(("a-string", &msg)))
         .await
-        .unwrap());
+        .unwrap();
+    assert!(
+        matches!(&outcome, SetAside::ResultRefused(why) if why.contains("WRONGTYPE")),
+        "{outcome:?}"
+    );
+    assert_eq!(zcard(&mut r.con, Q).await, 1, "still pending");
+    let dead: u64 = r.con.llen("q:dead").await.unwrap();
+    assert_eq!(dead, 0);
+    assert_eq!(
+        r.queue
+            .dead_letter(member.as_bytes(), "{}", None)
+            .await
+            .unwrap(),
+        SetAside::Moved
+    );
+    assert_eq!(zcard(&mut r.con, Q).await, 0);
 }
 
 /// Earliest deadline first.
@@ -918,6 +952,126 @@ async fn one_finish_call_moves_a_mixed_batch_each_item_fenced() {
         let active: Option<String> = r.con.get(format!("request-active:{id}")).await.unwrap();
         assert_eq!(active.is_some(), left, "request-active:{id}");
     }
+}
+
+/// An item whose result list holds another type than a list is refused alone, its claim kept;
+/// the rest of the batch moves. Before, the claims of the whole batch were dropped first and
+/// the failing push ended the script: every item of the batch was lost.
+#[tokio::test]
+async fn a_result_list_of_another_type_refuses_only_its_item() {
+    let mut r = rig(30_000, 5).await;
+    for id in ["a", "b", "c", "d"] {
+        r.producer.submit(request(id, 60)).await.unwrap();
+    }
+    let held = claim_head(&r.queue, 10).await;
+    let by_id = |id: &str| held.iter().find(|h| h.envelope.request.id == id).unwrap();
+    let (a, b, c, d) = (by_id("a"), by_id("b"), by_id("c"), by_id("d"));
+    let _: () = r.con.set("not-a-list", "x").await.unwrap();
+    let mut to_string = ack(b, &ResultMessage::http("b", 200, b"{}"));
+    if let Finish::Ack { result_list, .. } = &mut to_string {
+        *result_list = "not-a-list".to_owned();
+    }
+    let batch = vec![
+        ack(a, &ResultMessage::http("a", 200, b"{}")),
+        to_string,
+        Finish::Park {
+            fence: c.fence.clone(),
+            member: Queue::retry_member(&c.envelope),
+            backoff: Duration::from_secs(60),
+        },
+        Finish::Release {
+            fence: d.fence.clone(),
+        },
+    ];
+    let statuses = r.queue.finish(&batch).await.unwrap();
+    assert_eq!(statuses[0], Finished::Published);
+    assert!(
+        matches!(&statuses[1], Finished::Failed(e) if e.contains("not-a-list")),
+        "{statuses:?}"
+    );
+    assert_eq!(statuses[2..], [Finished::Published, Finished::Published]);
+    assert_eq!(results(&mut r.con).await.len(), 1);
+    assert_eq!(zcard(&mut r.con, "q:parked").await, 1);
+    assert_eq!(zcard(&mut r.con, Q).await, 1);
+    assert_eq!(
+        r.queue.claimed(&b.fence).await.unwrap().map(|c| c.1),
+        Some(0),
+        "b is still held by its owner"
+    );
+}
+
+/// One of the queue's own keys holding the wrong type: a call that writes it is an error
+/// before anything is written. The batch is then tried item by item: the ack goes through,
+/// the park is refused and its claim is still held (before, its claim was dropped and the
+/// failing ZADD left it nowhere).
+#[tokio::test]
+async fn a_queue_key_of_the_wrong_type_moves_nothing() {
+    let mut r = rig(30_000, 5).await;
+    for id in ["a", "c"] {
+        r.producer.submit(request(id, 60)).await.unwrap();
+    }
+    let held = claim_head(&r.queue, 10).await;
+    let by_id = |id: &str| held.iter().find(|h| h.envelope.request.id == id).unwrap();
+    let (a, c) = (by_id("a"), by_id("c"));
+    let _: () = r.con.set("q:parked", "x").await.unwrap();
+    let batch = vec![
+        ack(a, &ResultMessage::http("a", 200, b"{}")),
+        Finish::Park {
+            fence: c.fence.clone(),
+            member: Queue::retry_member(&c.envelope),
+            backoff: Duration::from_secs(60),
+        },
+    ];
+    let statuses = r.queue.finish(&batch).await.unwrap();
+    assert_eq!(statuses[0], Finished::Published);
+    assert!(
+        matches!(&statuses[1], Finished::Failed(e) if e.contains("q:parked")),
+        "{statuses:?}"
+    );
+    assert_eq!(results(&mut r.con).await.len(), 1);
+    assert_eq!(
+        r.queue.claimed(&c.fence).await.unwrap().map(|c| c.1),
+        Some(0),
+        "c is still held by its owner"
+    );
+}
+
+/// A member whose deadline cjson reads as NaN (`"deadline":nan`, or the string "nan") is
+/// placed at score 0, where the consumer dead-letters it with a reason, instead of vanishing:
+/// promote removed it from the retry set and then failed to add it with a NaN score, and
+/// reclaim did the same with a claim that has no recorded score (a Go instance's claim).
+#[tokio::test]
+async fn a_nan_deadline_is_not_lost_by_promote_or_reclaim() {
+    let mut r = rig(1_000, 5).await;
+    let parked = r#"{"internal":{"request_queue_name":"q"},"request_kind":"plain","data":{"id":"x","deadline":"nan","payload":{}}}"#;
+    let now = unix_ms() as f64 / 1000.0;
+    let _: () = r
+        .con
+        .zadd("retry-sortedset", parked, now - 1.0)
+        .await
+        .unwrap();
+    assert_eq!(
+        r.queue
+            .promote(10, Some("retry-sortedset"), false)
+            .await
+            .unwrap(),
+        1
+    );
+    let score: Option<f64> = r.con.zscore(Q, parked).await.unwrap();
+    assert_eq!(score, Some(0.0));
+    assert_eq!(zcard(&mut r.con, "retry-sortedset").await, 0);
+
+    // A Go instance's claim (no claim-scores entry) whose lease has expired.
+    let claimed = r#"{"request_kind":"plain","data":{"id":"y","deadline":nan,"payload":{}}}"#;
+    let ck = "y\0tok";
+    let _: () = r.con.hset("q:claimed", ck, claimed).await.unwrap();
+    let _: () = r.con.hset("q:claim-owners", ck, "go-owner").await.unwrap();
+    let _: () = r.con.zadd("q:claims-idx", ck, now - 10.0).await.unwrap();
+    let reclaimed = r.queue.reclaim(10).await.unwrap();
+    assert_eq!(reclaimed.requeued, 1, "{reclaimed:?}");
+    let score: Option<f64> = r.con.zscore(Q, claimed).await.unwrap();
+    assert_eq!(score, Some(0.0));
+    assert_eq!(hlen(&mut r.con, "q:claimed").await, 0);
 }
 
 /// The claim checks cancel markers in the same step: a cancelled generation is claimed (so it

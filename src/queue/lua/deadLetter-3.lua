@@ -10,8 +10,16 @@
     ARGV[2] dead-letter record JSON (member, reason, time)
     ARGV[3] result JSON, or "" when no id could be read
 
-  Output: 1 moved; 0 the member was no longer pending (another instance moved it)
+  Output: 1 moved; 0 the member was no longer pending (another instance moved it); -1 nothing
+    moved: the result list holds another type than a list (the caller sets the member aside
+    without the result). A dead list of the wrong type is an error before anything is written.
 ]]
+if not writable(KEYS[2], 'list') then
+  return wrongType(KEYS[2], 'list')
+end
+if ARGV[3] ~= '' and not writable(KEYS[3], 'list') then
+  return -1
+end
 if redis.call('ZREM', KEYS[1], ARGV[1]) == 0 then
   return 0
 end

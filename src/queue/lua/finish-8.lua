@@ -35,7 +35,9 @@
       ack, bury: the generation's request token: the two keys are deleted only where they still
            hold it, so an old generation finishing never clears a newer one's (ID reuse)
 
-  Output: { status per item }: 1 moved; 0 not yours (already done, taken over, or repeated)
+  Output: { status per item }: 1 moved; 0 not yours (already done, taken over, or repeated);
+    -2 refused: its result list holds another type than a list (nothing of it was moved).
+    A queue key of the wrong type is an error before anything is written.
 ]]
 local W = 8
 local n = #ARGV / W
@@ -48,6 +50,33 @@ for i = 1, n do
   cks[i] = ARGV[(i - 1) * W + 2]
 end
 local owners = redis.call('HMGET', KEYS[2], unpack(cks))
+
+-- Before the first write, every key written must take its write (see writable): the queue's
+-- own keys, or nothing moves; a result list, or its items are refused alone.
+local kinds = { 'hash', 'hash', 'zset', 'hash', 'hash' }
+local used = {}
+for i = 1, n do
+  used[ARGV[(i - 1) * W + 1]] = true
+end
+if used.release then kinds[6] = 'zset' end
+if used.park then kinds[7] = 'zset' end
+if used.bury then kinds[8] = 'list' end
+for k = 1, 8 do
+  if kinds[k] and not writable(KEYS[k], kinds[k]) then
+    return wrongType(KEYS[k], kinds[k])
+  end
+end
+local unwritable = {}
+for i = 1, n do
+  local b = (i - 1) * W
+  local kind = ARGV[b + 1]
+  if (kind == 'ack' or kind == 'bury') and ARGV[b + 5] ~= '' then
+    local listAt = tonumber(ARGV[b + 4])
+    if unwritable[listAt] == nil then
+      unwritable[listAt] = not writable(KEYS[listAt], 'list')
+    end
+  end
+end
 
 -- Releases need the member and its original score.
 local releaseAt, releaseCks = {}, {}
@@ -87,6 +116,9 @@ for i = 1, n do
   end
   if not ok then
     out[i] = 0
+  elseif (kind == 'ack' or kind == 'bury') and ARGV[b + 5] ~= ''
+      and unwritable[tonumber(ARGV[b + 4])] then
+    out[i] = -2
   else
     seen[ck] = true
     drop[#drop + 1] = ck

@@ -23,8 +23,8 @@ local limit = tonumber(ARGV[1])
 local moved = 0
 local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, limit)
 for _, member in ipairs(due) do
-  redis.call('ZREM', KEYS[1], member)
   redis.call('ZADD', KEYS[2], deadlineOf(member) or 0, member)
+  redis.call('ZREM', KEYS[1], member)
   moved = moved + 1
 end
 if KEYS[3] then
@@ -37,8 +37,8 @@ if KEYS[3] then
       origin = env.internal.request_queue_name
     end
     if origin == ARGV[2] or (origin == '' and ARGV[3] == '1') then
-      redis.call('ZREM', KEYS[3], member)
       redis.call('ZADD', KEYS[2], deadlineOf(member) or 0, member)
+      redis.call('ZREM', KEYS[3], member)
       moved = moved + 1
       if moved >= limit * 2 then break end
     end

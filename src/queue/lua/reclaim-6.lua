@@ -35,6 +35,15 @@ local expiry = (now + tonumber(ARGV[3])) / 1000
 local expired = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', nowS, 'LIMIT', 0, tonumber(ARGV[1]))
 local out = { 0, -1 }
 local nextToken = 4
+-- Before the first write, every key written must take its write (see writable).
+if #expired > 0 then
+  local kinds = { 'hash', 'hash', 'zset', 'hash', 'hash', 'zset' }
+  for k = 1, 6 do
+    if not writable(KEYS[k], kinds[k]) then
+      return wrongType(KEYS[k], kinds[k])
+    end
+  end
+end
 for _, ck in ipairs(expired) do
   local member = redis.call('HGET', KEYS[1], ck)
   if not member then
@@ -62,8 +71,8 @@ for _, ck in ipairs(expired) do
       out[#out + 1] = deliveries
     else
       local score = tonumber(redis.call('HGET', KEYS[4], ck)) or deadline or 0
-      dropClaim(KEYS[1], KEYS[2], KEYS[3], KEYS[4], ck)
       redis.call('ZADD', KEYS[6], score, member)
+      dropClaim(KEYS[1], KEYS[2], KEYS[3], KEYS[4], ck)
       out[1] = out[1] + 1
     end
   end

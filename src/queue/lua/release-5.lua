@@ -15,13 +15,20 @@
   Output: { status per claim }: 1 released; 0 not yours
 ]]
 local out = {}
+-- Before the first write, every key written must take its write (see writable).
+local kinds = { 'hash', 'hash', 'zset', 'hash', 'zset' }
+for k = 1, 5 do
+  if not writable(KEYS[k], kinds[k]) then
+    return wrongType(KEYS[k], kinds[k])
+  end
+end
 for i = 1, #ARGV, 2 do
   local ck, token = ARGV[i], ARGV[i + 1]
   local member = redis.call('HGET', KEYS[1], ck)
   if member and redis.call('HGET', KEYS[2], ck) == token then
     local score = tonumber(redis.call('HGET', KEYS[4], ck)) or deadlineOf(member) or 0
-    dropClaim(KEYS[1], KEYS[2], KEYS[3], KEYS[4], ck)
     redis.call('ZADD', KEYS[5], score, member)
+    dropClaim(KEYS[1], KEYS[2], KEYS[3], KEYS[4], ck)
     out[#out + 1] = 1
   else
     out[#out + 1] = 0
