@@ -4,7 +4,9 @@
 //!
 //! Durations stay strings until loading so a bad one becomes a `ConfigError` naming the flag.
 //! Legacy flags have no clap defaults (their Go defaults are in the help text) so the loader can
-//! tell which were given. Values that may carry a password are [`Redacted`].
+//! tell which were given. Values that may carry a password are [`Redacted`]. Boolean flags take
+//! Go's spellings ([`go_bool`]) and the zap logging flags Go's values, so a value Go would refuse
+//! is refused here too, by clap, with exit code 2 and the flag's name.
 
 use std::fmt;
 
@@ -104,6 +106,7 @@ pub struct RunArgs {
         num_args = 0..=1,
         require_equals = true,
         default_missing_value = "true",
+        value_parser = go_bool,
         value_name = "BOOL"
     )]
     pub metrics_endpoint_auth: bool,
@@ -136,6 +139,7 @@ pub struct RunArgs {
         num_args = 0..=1,
         require_equals = true,
         default_missing_value = "true",
+        value_parser = go_bool,
         value_name = "BOOL"
     )]
     pub tls_insecure_skip_verify: bool,
@@ -165,6 +169,46 @@ pub struct RunArgs {
         value_name = "LEVEL"
     )]
     pub v: i32,
+
+    /// Go's zap development mode [Go default: true]; accepted for compatibility. inferq's log
+    /// format does not change with it (false would make Go write JSON logs: a warning says so).
+    #[arg(
+        long = "zap-devel",
+        action = ArgAction::Set,
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "true",
+        value_parser = go_bool,
+        value_name = "BOOL"
+    )]
+    pub zap_devel: Option<bool>,
+
+    /// Go's zap log encoder, json or console; accepted for compatibility. inferq writes text
+    /// logs either way (json gets a warning).
+    #[arg(long = "zap-encoder", value_parser = zap_encoder, value_name = "ENCODER")]
+    pub zap_encoder: Option<String>,
+
+    /// Go's zap log level, debug, info, error or a whole number above 0; accepted for
+    /// compatibility and ignored with a warning: -v sets the level (in Go too, -v always wins).
+    #[arg(long = "zap-log-level", value_parser = zap_log_level, value_name = "LEVEL")]
+    pub zap_log_level: Option<String>,
+
+    /// Go's zap stack-trace level, info, error or panic; accepted for compatibility and ignored.
+    #[arg(
+        long = "zap-stacktrace-level",
+        value_parser = zap_stacktrace_level,
+        value_name = "LEVEL"
+    )]
+    pub zap_stacktrace_level: Option<String>,
+
+    /// Go's zap time encoding, epoch, millis, nanos, iso8601, rfc3339 or rfc3339nano; accepted
+    /// for compatibility and ignored (inferq's log lines carry RFC 3339 times).
+    #[arg(
+        long = "zap-time-encoding",
+        value_parser = zap_time_encoding,
+        value_name = "ENCODING"
+    )]
+    pub zap_time_encoding: Option<String>,
 
     /// Prometheus base URL, needed by the prometheus-* gates.
     #[arg(long = "prometheus-url", value_name = "URL")]
@@ -204,6 +248,18 @@ pub struct RunArgs {
     /// Deprecated: Redis URL for the legacy flags [default: env REDIS_URL].
     #[arg(long = "redis.url", value_name = "URL")]
     pub redis_url: Option<Redacted>,
+
+    /// Deprecated: sets enable_tracing of the transport config the legacy flags describe.
+    #[arg(
+        long = "redis-tracing",
+        action = ArgAction::Set,
+        num_args = 0..=1,
+        require_equals = true,
+        default_missing_value = "true",
+        value_parser = go_bool,
+        value_name = "BOOL"
+    )]
+    pub redis_tracing: Option<bool>,
 
     /// Deprecated: inference gateway base URL of the legacy single queue.
     #[arg(long = "redis.ss.igw-base-url", value_name = "URL")]
@@ -248,13 +304,102 @@ pub struct RunArgs {
     /// Deprecated: queue-level gate parameters as a JSON object [default: {}].
     #[arg(long = "redis.ss.gate-params", value_name = "JSON")]
     pub redis_ss_gate_params: Option<String>,
+
+    /// Deprecated: the queues as an inline JSON array of transport-config queues
+    /// [{"queue_name","igw_base_url",...}]; wins over --redis.ss.queues-config-file and the
+    /// single-queue --redis.ss.* flags.
+    #[arg(long = "redis.ss.queues-config", value_name = "JSON")]
+    pub redis_ss_queues_config: Option<Redacted>,
+
+    /// Deprecated: file holding the queues JSON array (see --redis.ss.queues-config).
+    #[arg(long = "redis.ss.queues-config-file", value_name = "PATH")]
+    pub redis_ss_queues_config_file: Option<String>,
+
+    /// Deprecated redis-pubsub flag (a transport inferq does not support): base URL of the
+    /// inference gateway.
+    #[arg(long = "redis.igw-base-url", value_name = "URL")]
+    pub redis_igw_base_url: Option<String>,
+
+    /// Deprecated redis-pubsub flag: request path [Go default: /v1/completions].
+    #[arg(long = "redis.request-path-url", value_name = "PATH")]
+    pub redis_request_path_url: Option<String>,
+
+    /// Deprecated redis-pubsub flag: inference objective.
+    #[arg(long = "redis.inference-objective", value_name = "NAME")]
+    pub redis_inference_objective: Option<String>,
+
+    /// Deprecated redis-pubsub flag: request channel [Go default: request-queue].
+    #[arg(long = "redis.request-queue-name", value_name = "NAME")]
+    pub redis_request_queue_name: Option<String>,
+
+    /// Deprecated redis-pubsub flag: retry sorted set [Go default: retry-sortedset].
+    #[arg(long = "redis.retry-queue-name", value_name = "KEY")]
+    pub redis_retry_queue_name: Option<String>,
+
+    /// Deprecated redis-pubsub flag: result channel [Go default: result-queue].
+    #[arg(long = "redis.result-queue-name", value_name = "NAME")]
+    pub redis_result_queue_name: Option<String>,
+
+    /// Deprecated redis-pubsub flag: queues as inline JSON.
+    #[arg(long = "redis.queues-config", value_name = "JSON")]
+    pub redis_queues_config: Option<Redacted>,
+
+    /// Deprecated redis-pubsub flag: queues config file.
+    #[arg(long = "redis.queues-config-file", value_name = "PATH")]
+    pub redis_queues_config_file: Option<String>,
+
+    /// Deprecated gcp-pubsub flag (a transport inferq does not support): base URL of the
+    /// inference gateway.
+    #[arg(long = "pubsub.igw-base-url", value_name = "URL")]
+    pub pubsub_igw_base_url: Option<String>,
+
+    /// Deprecated gcp-pubsub flag: GCP project.
+    #[arg(long = "pubsub.project-id", value_name = "ID")]
+    pub pubsub_project_id: Option<String>,
+
+    /// Deprecated gcp-pubsub flag: request path [Go default: /v1/completions].
+    #[arg(long = "pubsub.request-path-url", value_name = "PATH")]
+    pub pubsub_request_path_url: Option<String>,
+
+    /// Deprecated gcp-pubsub flag: inference objective.
+    #[arg(long = "pubsub.inference-objective", value_name = "NAME")]
+    pub pubsub_inference_objective: Option<String>,
+
+    /// Deprecated gcp-pubsub flag: request subscription.
+    #[arg(long = "pubsub.request-subscriber-id", value_name = "ID")]
+    pub pubsub_request_subscriber_id: Option<String>,
+
+    /// Deprecated gcp-pubsub flag: result topic.
+    #[arg(long = "pubsub.result-topic-id", value_name = "ID")]
+    pub pubsub_result_topic_id: Option<String>,
+
+    /// Deprecated gcp-pubsub flag: topics config file.
+    #[arg(long = "pubsub.topics-config-file", value_name = "PATH")]
+    pub pubsub_topics_config_file: Option<String>,
+
+    /// Deprecated gcp-pubsub flag: messages outstanding per subscription [Go default: 10].
+    #[arg(
+        long = "pubsub.batch-size",
+        allow_negative_numbers = true,
+        value_name = "N"
+    )]
+    pub pubsub_batch_size: Option<i64>,
 }
 
 impl RunArgs {
-    /// Names of the legacy flags that were given, for the deprecation warnings.
+    /// Names of the legacy flags that were given, for the deprecation warnings: those of the
+    /// sorted-set transport first, then those of the transports inferq does not support.
     pub(crate) fn legacy_flags_set(&self) -> Vec<&'static str> {
-        let given = [
+        let mut given = self.sorted_set_legacy_flags_set();
+        given.extend(self.other_transport_flags_set());
+        given
+    }
+
+    /// The legacy flags of the sorted-set transport (and the shared ones) that were given.
+    pub(crate) fn sorted_set_legacy_flags_set(&self) -> Vec<&'static str> {
+        names_given([
             ("--message-queue-impl", self.message_queue_impl.is_some()),
+            ("--redis-tracing", self.redis_tracing.is_some()),
             ("--redis.url", self.redis_url.is_some()),
             (
                 "--redis.ss.igw-base-url",
@@ -286,12 +431,71 @@ impl RunArgs {
                 "--redis.ss.gate-params",
                 self.redis_ss_gate_params.is_some(),
             ),
-        ];
-        given
-            .into_iter()
-            .filter(|&(_, set)| set)
-            .map(|(name, _)| name)
-            .collect()
+            (
+                "--redis.ss.queues-config",
+                self.redis_ss_queues_config.is_some(),
+            ),
+            (
+                "--redis.ss.queues-config-file",
+                self.redis_ss_queues_config_file.is_some(),
+            ),
+        ])
+    }
+
+    /// The given flags of the redis-pubsub and gcp-pubsub transports, which inferq does not
+    /// implement.
+    pub(crate) fn other_transport_flags_set(&self) -> Vec<&'static str> {
+        names_given([
+            ("--redis.igw-base-url", self.redis_igw_base_url.is_some()),
+            (
+                "--redis.request-path-url",
+                self.redis_request_path_url.is_some(),
+            ),
+            (
+                "--redis.inference-objective",
+                self.redis_inference_objective.is_some(),
+            ),
+            (
+                "--redis.request-queue-name",
+                self.redis_request_queue_name.is_some(),
+            ),
+            (
+                "--redis.retry-queue-name",
+                self.redis_retry_queue_name.is_some(),
+            ),
+            (
+                "--redis.result-queue-name",
+                self.redis_result_queue_name.is_some(),
+            ),
+            ("--redis.queues-config", self.redis_queues_config.is_some()),
+            (
+                "--redis.queues-config-file",
+                self.redis_queues_config_file.is_some(),
+            ),
+            ("--pubsub.igw-base-url", self.pubsub_igw_base_url.is_some()),
+            ("--pubsub.project-id", self.pubsub_project_id.is_some()),
+            (
+                "--pubsub.request-path-url",
+                self.pubsub_request_path_url.is_some(),
+            ),
+            (
+                "--pubsub.inference-objective",
+                self.pubsub_inference_objective.is_some(),
+            ),
+            (
+                "--pubsub.request-subscriber-id",
+                self.pubsub_request_subscriber_id.is_some(),
+            ),
+            (
+                "--pubsub.result-topic-id",
+                self.pubsub_result_topic_id.is_some(),
+            ),
+            (
+                "--pubsub.topics-config-file",
+                self.pubsub_topics_config_file.is_some(),
+            ),
+            ("--pubsub.batch-size", self.pubsub_batch_size.is_some()),
+        ])
     }
 
     /// Whether any flag of the new transport surface was given.
@@ -300,6 +504,72 @@ impl RunArgs {
             || self.transport_config.is_some()
             || self.transport_config_file.is_some()
     }
+}
+
+/// The names whose flag was given, in order.
+fn names_given<const N: usize>(flags: [(&'static str, bool); N]) -> Vec<&'static str> {
+    flags
+        .into_iter()
+        .filter(|&(_, set)| set)
+        .map(|(name, _)| name)
+        .collect()
+}
+
+/// A boolean flag value as Go's flag packages read it (`strconv.ParseBool`): `1`, `t`, `T`,
+/// `TRUE`, `true`, `True` and `0`, `f`, `F`, `FALSE`, `false`, `False`. A bare flag means true.
+pub fn go_bool(text: &str) -> Result<bool, String> {
+    match text {
+        "1" | "t" | "T" | "TRUE" | "true" | "True" => Ok(true),
+        "0" | "f" | "F" | "FALSE" | "false" | "False" => Ok(false),
+        _ => Err(
+            "must be true or false (Go also reads 1, t, T, TRUE, True, 0, f, F, FALSE, \
+                  False)"
+                .to_owned(),
+        ),
+    }
+}
+
+/// `text` if it is one of `allowed`, ignoring case (as Go's zap flags compare).
+fn one_of(text: &str, allowed: &[&str]) -> Result<String, String> {
+    if allowed.iter().any(|a| a.eq_ignore_ascii_case(text)) {
+        Ok(text.to_owned())
+    } else {
+        Err(format!("must be one of {}", allowed.join(", ")))
+    }
+}
+
+/// `--zap-encoder`: `json` or `console`.
+fn zap_encoder(text: &str) -> Result<String, String> {
+    one_of(text, &["json", "console"])
+}
+
+/// `--zap-log-level`: `debug`, `info`, `error`, or a whole number above 0.
+fn zap_log_level(text: &str) -> Result<String, String> {
+    let named = one_of(text, &["debug", "info", "error"]);
+    match text.parse::<i64>() {
+        Ok(n) if n > 0 => Ok(text.to_owned()),
+        _ => named.map_err(|_| "must be debug, info, error or a whole number above 0".to_owned()),
+    }
+}
+
+/// `--zap-stacktrace-level`: `info`, `error` or `panic`.
+fn zap_stacktrace_level(text: &str) -> Result<String, String> {
+    one_of(text, &["info", "error", "panic"])
+}
+
+/// `--zap-time-encoding`: one of zap's time encoders.
+fn zap_time_encoding(text: &str) -> Result<String, String> {
+    one_of(
+        text,
+        &[
+            "epoch",
+            "millis",
+            "nanos",
+            "iso8601",
+            "rfc3339",
+            "rfc3339nano",
+        ],
+    )
 }
 
 #[cfg(test)]

@@ -10,7 +10,8 @@
 //! - [`args`]: the flags, spelled and defaulted as Go's.
 //! - [`run`]: [`load`], flag checks, choice of transport surface, cross-checks; [`RunConfig`].
 //! - [`transport`]: the sorted-set transport JSON and its queues.
-//! - `legacy`: the deprecated `--message-queue-impl`/`--redis.*` flags → a transport config.
+//! - `legacy`: the deprecated `--message-queue-impl`/`--redis.*`/`--pubsub.*` flags → a transport
+//!   config (one queue, or the queues of `--redis.ss.queues-config[-file]`).
 //! - `claim`: lease, reclaim interval and delivery limit from the JSON or the claim flags.
 //! - [`pools`], [`merge`], [`gate`]: worker pools, merge policy, gate type names.
 //! - [`cluster`]: Redis Cluster hash slots, to refuse queues whose keys cannot share a slot.

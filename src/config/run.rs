@@ -191,37 +191,40 @@ where
         );
     }
 
-    // Transport: the new JSON surface, or the legacy flags.
-    let (transport_source, raw) = select_transport(args, env, &mut warnings)?;
-    let legacy = transport_source == TransportSource::LegacyFlags;
-    let (transport, claim_fields) = resolve(raw, env, &mut warnings).map_err(|e| {
-        match legacy.then(|| legacy::flag_for(e.field())).flatten() {
-            Some(flag) => e.with_field(flag),
-            None => e,
-        }
-    })?;
+    warnings.extend(logging_warnings(args));
 
-    let pools =
-        match non_empty(&args.pool_config_file) {
-            Some(_) if legacy => return Err(ConfigError::invalid(
+    // Transport: the new JSON surface, or the legacy flags.
+    let (transport_source, raw, legacy) = select_transport(args, env, &mut warnings)?;
+    // Errors about the config the legacy flags made name those flags.
+    let rename = |e: ConfigError| match &legacy {
+        Some(legacy) => legacy.rename(e),
+        None => e,
+    };
+    let (transport, claim_fields) = resolve(raw, env, &mut warnings).map_err(rename)?;
+
+    let pools = match non_empty(&args.pool_config_file) {
+        Some(_) if legacy.is_some() && !legacy::has_queues_config(args) => {
+            return Err(ConfigError::invalid(
                 "--pool-config-file",
                 "pool-config-file can only be specified when a transport/queues config is also \
-                 specified (--transport-config or --transport-config-file)",
-            )),
-            Some(path) => parse_pools(&read("--pool-config-file", path)?, &mut warnings)?,
-            None => default_pools(concurrency),
-        };
+                 specified (--transport-config, --transport-config-file, or the deprecated \
+                 --redis.ss.queues-config or --redis.ss.queues-config-file)",
+            ))
+        }
+        Some(path) => parse_pools(&read("--pool-config-file", path)?, &mut warnings)?,
+        None => default_pools(concurrency),
+    };
     for (i, q) in transport.queues.iter().enumerate() {
         if !pools.iter().any(|p| p.id == q.worker_pool_id) {
             let defined: Vec<&str> = pools.iter().map(|p| p.id.as_str()).collect();
-            return Err(ConfigError::invalid(
+            return Err(rename(ConfigError::invalid(
                 format!("queues[{i}].worker_pool_id"),
                 format!(
                     "pool {:?} is not defined (defined pools: {})",
                     q.worker_pool_id,
                     defined.join(", ")
                 ),
-            ));
+            )));
         }
     }
     if prometheus_url.is_none() {
@@ -236,13 +239,13 @@ where
             .map(|(i, p)| (format!("pools[{i}]"), &p.gate));
         for (at, gate) in queue_gates.chain(pool_gates) {
             if let Some(gate) = gate.as_ref().filter(|g| g.kind.needs_prometheus()) {
-                return Err(ConfigError::invalid(
+                return Err(rename(ConfigError::invalid(
                     format!("{at}.gate_type"),
                     format!(
                         "{:?} requires --prometheus-url flag to be set",
                         gate.kind.as_str()
                     ),
-                ));
+                )));
             }
         }
     }
@@ -281,12 +284,13 @@ where
     })
 }
 
-/// Picks the transport surface and returns the raw transport config it describes.
+/// Picks the transport surface and returns the raw transport config it describes (and, for the
+/// legacy flags, how to name them in errors).
 fn select_transport(
     args: &RunArgs,
     env: &dyn Fn(&str) -> Option<String>,
     warnings: &mut Vec<String>,
-) -> Result<(TransportSource, RawSortedSet), ConfigError> {
+) -> Result<(TransportSource, RawSortedSet, Option<legacy::Legacy>), ConfigError> {
     if !args.new_surface() {
         if args.legacy_flags_set().is_empty() {
             return Err(ConfigError::invalid(
@@ -295,8 +299,8 @@ fn select_transport(
                  --transport-config or --transport-config-file",
             ));
         }
-        let raw = legacy::synthesise(args, env, warnings)?;
-        return Ok((TransportSource::LegacyFlags, raw));
+        let (raw, legacy) = legacy::synthesise(args, env, warnings)?;
+        return Ok((TransportSource::LegacyFlags, raw, Some(legacy)));
     }
     match args.transport.as_deref() {
         Some(SORTED_SET) => {}
@@ -352,7 +356,32 @@ fn select_transport(
         ));
     }
     let raw = decode(&text, "", name)?;
-    Ok((source, raw))
+    Ok((source, raw, None))
+}
+
+/// Warnings for Go's zap flags where inferq's logs differ from what they ask of Go's: the level
+/// (set by `-v` alone, as in Go) and JSON output (inferq writes text).
+fn logging_warnings(args: &RunArgs) -> Vec<String> {
+    let mut warnings = Vec::new();
+    if let Some(level) = &args.zap_log_level {
+        warnings.push(format!(
+            "--zap-log-level={level} is ignored: -v sets the log level (in the Go processor too, \
+             -v always wins)"
+        ));
+    }
+    let encoder = args.zap_encoder.as_deref().map(str::to_ascii_lowercase);
+    let json = match encoder.as_deref() {
+        Some("json") => Some("--zap-encoder=json"),
+        // Zap's production mode (development off) writes JSON unless told otherwise.
+        None if args.zap_devel == Some(false) => Some("--zap-devel=false"),
+        _ => None,
+    };
+    if let Some(flag) = json {
+        warnings.push(format!(
+            "{flag} asks for JSON logs, which inferq does not write: its logs stay text lines"
+        ));
+    }
+    warnings
 }
 
 /// The merge policy from `--request-merge-policy-config-file` (or its deprecated alias).

@@ -287,7 +287,8 @@ fn legacy_errors_name_the_legacy_flag() {
     assert_eq!(
         with(&format!("--pool-config-file={}", path(&pools))),
         "invalid config: --pool-config-file: pool-config-file can only be specified when a \
-         transport/queues config is also specified (--transport-config or --transport-config-file)"
+         transport/queues config is also specified (--transport-config, --transport-config-file, \
+         or the deprecated --redis.ss.queues-config or --redis.ss.queues-config-file)"
     );
 }
 
@@ -304,6 +305,337 @@ fn legacy_flags_are_ignored_with_a_warning_under_the_new_surface() {
         c.warnings.iter().any(|w| w.starts_with(
             "ignoring the deprecated flags --message-queue-impl, --redis.ss.batch-size"
         )),
+        "{:?}",
+        c.warnings
+    );
+}
+
+/// The message clap gives a command line it refuses (printed, then exit code 2), or "parsed".
+fn refused(flags: &[&str]) -> String {
+    match parse(flags) {
+        Ok(_) => "parsed".to_owned(),
+        Err(e) => e.to_string(),
+    }
+}
+
+/// A Go deployment's command line with the zap logging flags and `-v` in Go's forms loads; the
+/// level comes from `-v` (in Go too, `-v` always wins over `--zap-log-level`), and the zap flags
+/// inferq cannot honour are named in warnings. A value Go's zap would refuse is refused here too,
+/// naming the flag.
+#[test]
+fn zap_flags_and_go_verbosity_forms_are_accepted() {
+    let go = [
+        SS,
+        MINIMAL,
+        "--zap-devel",
+        "--zap-encoder=console",
+        "--zap-log-level=debug",
+        "--zap-stacktrace-level=panic",
+        "--zap-time-encoding=RFC3339Nano",
+        "-v=3",
+    ];
+    let mut flags = vec![go[0].to_owned(), inline(go[1])];
+    flags.extend(go[2..].iter().map(|s| s.to_string()));
+    let refs: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let c = load_ok(&refs);
+    assert_eq!(c.verbosity, 3);
+    assert_eq!(
+        c.warnings
+            .iter()
+            .filter(|w| w.contains("zap"))
+            .collect::<Vec<_>>(),
+        vec![
+            "--zap-log-level=debug is ignored: -v sets the log level (in the Go processor too, -v \
+             always wins)"
+        ]
+    );
+    for (v, level) in [
+        (&["--v", "4"][..], 4),
+        (&["--v=5"], 5),
+        (&["-v", "0"], 0),
+        (&["-v3"], 3),
+    ] {
+        let mut argv = vec![SS.to_owned(), inline(MINIMAL)];
+        argv.extend(v.iter().map(|s| s.to_string()));
+        let refs: Vec<&str> = argv.iter().map(String::as_str).collect();
+        assert_eq!(load_ok(&refs).verbosity, level, "{v:?}");
+    }
+    let json = |flags: &[&str]| {
+        let mut argv = vec![SS.to_owned(), inline(MINIMAL)];
+        argv.extend(flags.iter().map(|s| s.to_string()));
+        let refs: Vec<&str> = argv.iter().map(String::as_str).collect();
+        load_ok(&refs)
+            .warnings
+            .into_iter()
+            .filter(|w| w.contains("JSON logs"))
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        json(&["--zap-encoder=JSON"]),
+        vec![
+            "--zap-encoder=json asks for JSON logs, which inferq does not write: its logs stay \
+              text lines"
+        ]
+    );
+    assert_eq!(json(&["--zap-devel=false"]).len(), 1);
+    assert!(json(&["--zap-devel=false", "--zap-encoder=console"]).is_empty());
+    assert!(json(&["--zap-log-level=7", "--zap-time-encoding=epoch"]).is_empty());
+
+    for (bad, flag) in [
+        ("--zap-encoder=yaml", "--zap-encoder"),
+        ("--zap-log-level=warn", "--zap-log-level"),
+        ("--zap-log-level=0", "--zap-log-level"),
+        ("--zap-stacktrace-level=debug", "--zap-stacktrace-level"),
+        ("--zap-time-encoding=unix", "--zap-time-encoding"),
+        ("--zap-devel=yes", "--zap-devel"),
+    ] {
+        let text = refused(&[bad]);
+        assert!(
+            text.contains("invalid value") && text.contains(flag),
+            "{bad}: {text}"
+        );
+    }
+}
+
+/// Boolean flags take every spelling Go's flag packages accept (and a bare flag means true);
+/// anything else is refused naming the flag.
+#[test]
+fn bool_flags_take_go_spellings() {
+    let with = |extra: &str| {
+        let args = parse(&[SS, &inline(MINIMAL), extra]).unwrap_or_else(|e| panic!("{e}"));
+        load_with_env(&args, no_env).unwrap_or_else(|e| panic!("{e}"))
+    };
+    let auth_warned = |c: &RunConfig| {
+        c.warnings
+            .iter()
+            .any(|w| w.starts_with("--metrics-endpoint-auth is ignored"))
+    };
+    for yes in ["1", "t", "T", "TRUE", "true", "True"] {
+        let c = with(&format!("--tls-insecure-skip-verify={yes}"));
+        assert_eq!(c.tls.map(|t| t.insecure_skip_verify), Some(true), "{yes}");
+        assert!(auth_warned(&with(&format!(
+            "--metrics-endpoint-auth={yes}"
+        ))));
+    }
+    for no in ["0", "f", "F", "FALSE", "false", "False"] {
+        let c = with(&format!("--tls-insecure-skip-verify={no}"));
+        assert_eq!(c.tls, None, "{no}");
+        assert!(!auth_warned(&with(&format!(
+            "--metrics-endpoint-auth={no}"
+        ))));
+    }
+    assert!(with("--tls-insecure-skip-verify").tls.is_some());
+    assert!(auth_warned(&with("--metrics-endpoint-auth")));
+    for bad in ["yes", "no", "tRUE", "2", ""] {
+        for flag in ["--metrics-endpoint-auth", "--tls-insecure-skip-verify"] {
+            let text = refused(&[&format!("{flag}={bad}")]);
+            assert!(
+                text.contains(&format!("invalid value '{bad}' for '{flag}")),
+                "{flag}={bad}: {text}"
+            );
+        }
+    }
+}
+
+/// `--redis.ss.queues-config-file` (Go's legacy multi-queue path) makes the transport config from
+/// the queues in the file, with pools from `--pool-config-file`; inline `--redis.ss.queues-config`
+/// wins over the file, the single-queue flags it replaces are named in a warning, and
+/// `--redis-tracing` sets `enable_tracing`.
+#[test]
+fn legacy_queues_config_makes_the_queues() {
+    let queues = file(
+        r#"[{"queue_name":"fast","igw_base_url":"http://gw-a","worker_pool_id":"gpu",
+             "labels":{"tier":"interactive"}},
+            {"id":"slow-q","queue_name":"slow","igw_base_url":"http://gw-b",
+             "request_path_url":"/v1/chat/completions","gate_type":"constant"}]"#,
+    );
+    let pools = file(r#"[{"id":"gpu","workers":3},{"id":"default","workers":2}]"#);
+    let legacy = |extra: &[&str]| {
+        let mut argv = vec![
+            "--message-queue-impl=redis-sortedset".to_owned(),
+            "--redis.url=redis://r:6379".to_owned(),
+            format!("--redis.ss.queues-config-file={}", path(&queues)),
+            format!("--pool-config-file={}", path(&pools)),
+            "--redis.ss.batch-size=4".to_owned(),
+        ];
+        argv.extend(extra.iter().map(|s| s.to_string()));
+        argv
+    };
+    let argv = legacy(&["--redis-tracing"]);
+    let refs: Vec<&str> = argv.iter().map(String::as_str).collect();
+    let c = load_ok(&refs);
+    assert_eq!(c.transport_source, TransportSource::LegacyFlags);
+    let t = &c.transport;
+    assert!(t.enable_tracing);
+    assert_eq!(t.batch_size, 4);
+    let names: Vec<(&str, &str, &str, &str)> = t
+        .queues
+        .iter()
+        .map(|q| {
+            (
+                q.id.as_str(),
+                q.queue_name.as_str(),
+                q.worker_pool_id.as_str(),
+                q.igw_base_url.as_str(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        names,
+        vec![
+            ("fast", "fast", "gpu", "http://gw-a"),
+            ("slow-q", "slow", "default", "http://gw-b")
+        ]
+    );
+    assert_eq!(t.queues[0].labels["tier"], "interactive");
+    assert_eq!(t.queues[1].request_path_url, "/v1/chat/completions");
+    assert_eq!(
+        t.queues[1].gate.as_ref().map(|g| g.kind),
+        Some(GateType::Constant)
+    );
+    assert_eq!(c.total_workers(), 5);
+
+    // Inline JSON wins over the file; the flags it makes moot are named.
+    let argv = legacy(&[
+        r#"--redis.ss.queues-config=[{"queue_name":"inline","igw_base_url":"http://gw-c"}]"#,
+        "--redis.ss.igw-base-url=http://ignored",
+        "--redis.ss.request-queue-name=ignored",
+    ]);
+    let refs: Vec<&str> = argv.iter().map(String::as_str).collect();
+    let c = load_ok(&refs);
+    assert_eq!(c.transport.queues.len(), 1);
+    assert_eq!(c.transport.queues[0].queue_name, "inline");
+    assert!(!c.transport.enable_tracing);
+    assert!(
+        c.warnings.iter().any(|w| w
+            == "ignoring --redis.ss.igw-base-url, --redis.ss.request-queue-name, \
+                --redis.ss.queues-config-file because --redis.ss.queues-config is set"),
+        "{:?}",
+        c.warnings
+    );
+
+    // Errors name the flag and the queue's index in its array.
+    let err = |extra: &[&str]| {
+        let argv = legacy(extra);
+        let refs: Vec<&str> = argv.iter().map(String::as_str).collect();
+        load_err(&refs)
+    };
+    assert_eq!(
+        err(&[r#"--redis.ss.queues-config=[{"queue_name":"a"}]"#]),
+        "invalid config: --redis.ss.queues-config: [0].igw_base_url: required"
+    );
+    assert_eq!(
+        err(&["--redis.ss.queues-config=[]"]),
+        "invalid config: --redis.ss.queues-config: at least one queue is required"
+    );
+    assert!(err(&[r#"--redis.ss.queues-config=[{"queue":"a"}]"#])
+        .starts_with("invalid config: --redis.ss.queues-config: [0].queue: unknown field"));
+    assert!(err(&[r#"--redis.ss.queues-config={"queue_name":"a"}"#])
+        .starts_with("invalid config: --redis.ss.queues-config: invalid type: map"));
+    assert_eq!(
+        err(&[
+            r#"--redis.ss.queues-config=[{"queue_name":"a","igw_base_url":"http://g","worker_pool_id":"cpu"}]"#
+        ]),
+        "invalid config: --redis.ss.queues-config: [0].worker_pool_id: pool \"cpu\" is not \
+         defined (defined pools: gpu, default)"
+    );
+    let broken = file(r#"[{"queue_name":"a","#);
+    let argv = [
+        "--message-queue-impl=redis-sortedset".to_owned(),
+        "--redis.url=redis://r".to_owned(),
+        format!("--redis.ss.queues-config-file={}", path(&broken)),
+    ];
+    let refs: Vec<&str> = argv.iter().map(String::as_str).collect();
+    assert!(
+        load_err(&refs).starts_with("invalid config: --redis.ss.queues-config-file: invalid JSON")
+    );
+    assert!(load_err(&[
+        "--message-queue-impl=redis-sortedset",
+        "--redis.url=redis://r",
+        "--redis.ss.queues-config-file=/nonexistent/queues.json",
+    ])
+    .starts_with("invalid config: --redis.ss.queues-config-file: cannot read"));
+}
+
+/// The flags of Go's redis-pubsub and gcp-pubsub transports parse. When their transport is
+/// selected, it is refused as before; when the sorted-set transport is, they are ignored with a
+/// warning naming them.
+#[test]
+fn flags_of_unsupported_transports_are_refused_only_with_their_transport() {
+    let pubsub_flags = [
+        "--redis.url=redis://r",
+        "--redis.igw-base-url=http://gw",
+        "--redis.request-path-url=/v1/completions",
+        "--redis.inference-objective=o",
+        "--redis.request-queue-name=rq",
+        "--redis.retry-queue-name=retry",
+        "--redis.result-queue-name=res",
+        "--redis.queues-config=[]",
+        "--redis.queues-config-file=/q.json",
+        "--pubsub.igw-base-url=http://gw",
+        "--pubsub.project-id=p",
+        "--pubsub.request-path-url=/v1/completions",
+        "--pubsub.inference-objective=o",
+        "--pubsub.request-subscriber-id=s",
+        "--pubsub.result-topic-id=t",
+        "--pubsub.topics-config-file=/t.json",
+        "--pubsub.batch-size=10",
+        "--redis-tracing=false",
+    ];
+    fn with<'a>(first: &[&'a str], rest: &[&'a str]) -> Vec<&'a str> {
+        let mut argv = first.to_vec();
+        argv.extend(rest);
+        argv
+    }
+    for (imp, shown) in [
+        ("--message-queue-impl=redis-pubsub", "redis-pubsub"),
+        ("--message-queue-impl=gcp-pubsub", "gcp-pubsub"),
+        ("--message-queue-impl=gcp-pubsub-gated", "gcp-pubsub-gated"),
+    ] {
+        assert_eq!(
+            load_err(&with(&[imp], &pubsub_flags)),
+            format!(
+                "invalid config: --message-queue-impl: \"{shown}\" is not supported; inferq \
+                 supports only redis-sortedset"
+            )
+        );
+    }
+    assert!(load_err(&with(&[], &pubsub_flags)).starts_with(
+        "invalid config: --message-queue-impl: not set, so Go would use redis-pubsub"
+    ));
+
+    let c = load_ok(&with(
+        &[
+            "--message-queue-impl=redis-sortedset",
+            "--redis.ss.igw-base-url=http://gw-ss",
+        ],
+        &pubsub_flags,
+    ));
+    assert_eq!(c.transport.queues[0].igw_base_url, "http://gw-ss");
+    assert!(
+        c.warnings.iter().any(|w| {
+            w.starts_with(
+            "ignoring --redis.igw-base-url, --redis.request-path-url, --redis.inference-objective, \
+             --redis.request-queue-name, --redis.retry-queue-name, --redis.result-queue-name, \
+             --redis.queues-config, --redis.queues-config-file, --pubsub.igw-base-url, \
+             --pubsub.project-id, --pubsub.request-path-url, --pubsub.inference-objective, \
+             --pubsub.request-subscriber-id, --pubsub.result-topic-id, \
+             --pubsub.topics-config-file, --pubsub.batch-size: they configure Go's redis-pubsub \
+             or gcp-pubsub transport"
+        )
+        }),
+        "{:?}",
+        c.warnings
+    );
+
+    let mut argv = vec![SS.to_owned(), inline(MINIMAL)];
+    argv.extend(pubsub_flags.iter().map(|s| s.to_string()));
+    let refs: Vec<&str> = argv.iter().map(String::as_str).collect();
+    let c = load_ok(&refs);
+    assert!(
+        c.warnings.iter().any(|w| w.starts_with(
+            "ignoring the deprecated flags --redis-tracing, --redis.url, --redis.igw-base-url"
+        ) && w.contains("--pubsub.batch-size because --transport")),
         "{:?}",
         c.warnings
     );
@@ -774,6 +1106,9 @@ mod props {
                         "--concurrency", "--request-timeout", "--drain-timeout",
                         "--claim-lease-ttl", "--claim-reclaim-interval", "--redis.url",
                         "--redis.ss.batch-size", "--transport", "-v", "0", "-1", "5m", "1.5s", "x",
+                        "--redis-tracing", "--zap-devel", "--zap-log-level", "--zap-encoder",
+                        "--message-queue-impl", "--redis.ss.queues-config", "--pubsub.batch-size",
+                        "--metrics-endpoint-auth", "=", "T", "[]", "redis-sortedset",
                     ]).prop_map(str::to_owned),
                     "\\PC{0,8}",
                 ],

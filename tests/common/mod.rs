@@ -237,6 +237,9 @@ pub struct ProcessorOpts {
     pub redis_url: Option<String>,
     /// The transport's `poll_interval_ms`.
     pub poll_interval_ms: u64,
+    /// Flags that name the transport instead of `--transport`/`--transport-config` with the
+    /// JSON above (a Go deployment's legacy flags).
+    pub transport_args: Option<Vec<String>>,
 }
 
 impl Default for ProcessorOpts {
@@ -253,6 +256,7 @@ impl Default for ProcessorOpts {
             extra_args: Vec::new(),
             redis_url: None,
             poll_interval_ms: 50,
+            transport_args: None,
         }
     }
 }
@@ -289,13 +293,16 @@ impl Processor {
             command.arg("--pool-config-file").arg(pools.path());
         }
         command.args(&opts.extra_args);
-        let child = command
-            .args([
+        match &opts.transport_args {
+            Some(args) => command.args(args),
+            None => command.args([
                 "--transport",
                 "redis-sortedset",
                 "--transport-config",
                 &config,
-            ])
+            ]),
+        };
+        let child = command
             .args(["--health-port", &health_port.to_string()])
             .args(["--metrics-port", &metrics_port.to_string()])
             .args(["--metrics-endpoint-auth=false"])

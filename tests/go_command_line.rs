@@ -1,0 +1,126 @@
+//! End-to-end tests of `inferq run` started with a Go deployment's command line: the
+//! deprecated `--message-queue-impl`/`--redis.*` flags, Go's zap logging flags and Go's boolean
+//! spellings, as the Go processor's chart and older manifests pass them.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use inferq::testkit::RedisServer;
+
+/// A Go command line on the legacy multi-queue path (`--redis.ss.queues-config-file` with a pool
+/// file), with the zap flags and Go's `0`/`F` booleans, starts the processor, and each queue's
+/// requests are served by its pool with its own settings.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_go_legacy_command_line_serves_the_queues_of_its_queues_file() {
+    let redis = RedisServer::start().unwrap();
+    let gw = Gateway::start().await;
+    let queues = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(
+        queues.path(),
+        format!(
+            r#"[{{"queue_name":"interactive","igw_base_url":"{gw}","inference_objective":"fast"}},
+                {{"queue_name":"nightly","igw_base_url":"{gw}","worker_pool_id":"batch",
+                  "request_path_url":"/v1/chat/completions"}}]"#,
+            gw = gw.url()
+        ),
+    )
+    .unwrap();
+    let go_flags = [
+        "--message-queue-impl=redis-sortedset".to_owned(),
+        format!("--redis.url={}", redis.url()),
+        format!("--redis.ss.queues-config-file={}", queues.path().display()),
+        "--redis.ss.poll-interval-ms=50".to_owned(),
+        "--redis-tracing=0".to_owned(),
+        "--tls-insecure-skip-verify=F".to_owned(),
+        "--zap-devel".to_owned(),
+        "--zap-encoder=console".to_owned(),
+        "--zap-log-level=info".to_owned(),
+        "--zap-stacktrace-level=error".to_owned(),
+        "--zap-time-encoding=iso8601".to_owned(),
+        "-v=2".to_owned(),
+    ];
+    let opts = ProcessorOpts {
+        pools: Some(r#"[{"id":"default","workers":2},{"id":"batch","workers":1}]"#.to_owned()),
+        transport_args: Some(go_flags.to_vec()),
+        ..ProcessorOpts::default()
+    };
+    let p = Processor::start(&redis, &gw, &opts).await;
+
+    producer(&redis, "interactive")
+        .await
+        .submit(request("i-1", 60, r#"{"prompt":"a"}"#))
+        .await
+        .unwrap();
+    producer(&redis, "nightly")
+        .await
+        .submit(request("n-1", 60, r#"{"prompt":"b"}"#))
+        .await
+        .unwrap();
+    let mut con = con(&redis).await;
+    let got = wait_results(&mut con, 2, Duration::from_secs(10)).await;
+    let mut ids: Vec<(&str, u16)> = got.iter().map(|r| (r.id.as_str(), r.status_code)).collect();
+    ids.sort();
+    assert_eq!(ids, vec![("i-1", 200), ("n-1", 200)]);
+
+    let interactive = gw.seen("i-1");
+    assert_eq!(interactive[0].path, "/v1/completions");
+    assert_eq!(
+        interactive[0].headers["x-gateway-inference-objective"],
+        "fast"
+    );
+    let nightly = gw.seen("n-1");
+    assert_eq!(nightly[0].path, "/v1/chat/completions");
+    assert!(!nightly[0]
+        .headers
+        .contains_key("x-gateway-inference-objective"));
+    assert!(
+        p.log().contains("--zap-log-level=info is ignored"),
+        "{}",
+        p.log()
+    );
+}
+
+/// What Go refuses is refused with exit code 2 naming the flag, and a Go command line for the
+/// redis-pubsub transport is refused for that transport, not for its flags.
+#[test]
+fn go_values_and_transports_inferq_refuses_exit_2_naming_why() {
+    let refused = |args: &[&str]| {
+        let out = cli(args, &[], "");
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (code, err) = refused(&[
+        "run",
+        "--message-queue-impl=redis-pubsub",
+        "--redis.url=redis://127.0.0.1:1",
+        "--redis.igw-base-url=http://gw",
+        "--redis.request-queue-name=requests",
+        "--redis.result-queue-name=results",
+        "--zap-devel=false",
+    ]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(
+        err.contains(
+            "invalid config: --message-queue-impl: \"redis-pubsub\" is not supported; inferq \
+             supports only redis-sortedset"
+        ),
+        "{err}"
+    );
+    for (arg, flag) in [
+        ("--zap-log-level=warn", "--zap-log-level"),
+        ("--redis-tracing=yes", "--redis-tracing"),
+        ("--metrics-endpoint-auth=on", "--metrics-endpoint-auth"),
+    ] {
+        let (code, err) = refused(&["run", arg]);
+        assert_eq!(code, Some(2), "{arg}: {err}");
+        let value = arg.split_once('=').map_or("", |(_, v)| v);
+        assert!(
+            err.contains(&format!("invalid value '{value}' for '{flag}")),
+            "{arg}: {err}"
+        );
+    }
+}
