@@ -782,3 +782,22 @@ async fn readyz_is_not_ready_while_redis_is_a_read_only_replica() {
     // sync from the (empty) new primary; either way it is never published twice.
     assert!(of("in-flight") <= 1, "{got:?}");
 }
+
+/// The health and metrics ports answer on IPv6 as on IPv4, as Go's `:8081` does: probes and
+/// scrapes on an IPv6-only cluster reach them (before, only 0.0.0.0 was bound).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_and_metrics_answer_on_ipv6_and_ipv4() {
+    let redis = RedisServer::start().unwrap();
+    let gateway = Gateway::start().await;
+    let p = Processor::start(&redis, &gateway, &ProcessorOpts::default()).await;
+    for host in ["127.0.0.1", "[::1]"] {
+        for (port, path) in [(p.health_port, "healthz"), (p.metrics_port, "metrics")] {
+            let url = format!("http://{host}:{port}/{path}");
+            let status = reqwest::get(&url)
+                .await
+                .unwrap_or_else(|e| panic!("{url}: {e}"))
+                .status();
+            assert_eq!(status, 200, "{url}");
+        }
+    }
+}

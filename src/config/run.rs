@@ -201,6 +201,10 @@ where
         None => e,
     };
     let (transport, claim_fields) = resolve(raw, env, &mut warnings).map_err(rename)?;
+    warnings.extend(tracing_warning(
+        transport.enable_tracing,
+        env("OTEL_EXPORTER_OTLP_ENDPOINT"),
+    ));
 
     let pools = match non_empty(&args.pool_config_file) {
         Some(_) if legacy.is_some() && !legacy::has_queues_config(args) => {
@@ -520,4 +524,19 @@ fn positive_duration(flag: &str, text: &str) -> Result<Duration, ConfigError> {
 /// An optional duration flag; an empty value counts as unset.
 fn optional_duration(flag: &str, text: &Option<String>) -> Result<Option<Duration>, ConfigError> {
     non_empty(text).map(|t| flag_duration(flag, t)).transpose()
+}
+
+/// The warning that OpenTelemetry tracing is asked for (Go's `enable_tracing`, or the standard
+/// `OTEL_EXPORTER_OTLP_ENDPOINT` that switches Go's tracing on) but not supported yet: no
+/// spans are exported and no `traceparent` is sent to the gateway.
+fn tracing_warning(enable_tracing: bool, otlp_endpoint: Option<String>) -> Option<String> {
+    let asked = match (enable_tracing, otlp_endpoint.filter(|e| !e.is_empty())) {
+        (_, Some(_)) => "OTEL_EXPORTER_OTLP_ENDPOINT is set",
+        (true, None) => "enable_tracing is true",
+        (false, None) => return None,
+    };
+    Some(format!(
+        "{asked}, but inferq does not support OpenTelemetry tracing yet: no spans are exported \
+         and no traceparent header is sent to the gateway"
+    ))
 }

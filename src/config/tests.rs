@@ -1127,3 +1127,31 @@ mod props {
         }
     }
 }
+
+/// OpenTelemetry tracing is not supported yet: asking for it (Go's `enable_tracing`, or the
+/// OTLP endpoint variable that switches Go's tracing on) loads, with a warning that says so;
+/// not asking gives no such warning.
+#[test]
+fn asking_for_tracing_warns_that_it_is_not_supported() {
+    let traced = |w: &[String]| w.iter().any(|w| w.contains("OpenTelemetry"));
+    assert!(!traced(&load_ok(&[SS, &inline(MINIMAL)]).warnings));
+    let with_field = MINIMAL.replacen('{', r#"{"enable_tracing":true,"#, 1);
+    let c = load_ok(&[SS, &inline(&with_field)]);
+    assert!(
+        c.warnings
+            .iter()
+            .any(|w| w.starts_with("enable_tracing is true") && w.contains("OpenTelemetry")),
+        "{:?}",
+        c.warnings
+    );
+    let args = parse(&[SS, &inline(MINIMAL)]).unwrap();
+    let env = |k: &str| (k == "OTEL_EXPORTER_OTLP_ENDPOINT").then(|| "http://otel:4317".to_owned());
+    let c = load_with_env(&args, env).unwrap();
+    assert!(
+        c.warnings
+            .iter()
+            .any(|w| w.starts_with("OTEL_EXPORTER_OTLP_ENDPOINT is set")),
+        "{:?}",
+        c.warnings
+    );
+}

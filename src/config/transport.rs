@@ -79,7 +79,8 @@ pub struct SortedSetConfig {
     pub poll_interval: Duration,
     /// Most requests taken from one queue per poll.
     pub batch_size: u32,
-    /// Trace Redis commands (accepted from Go; tracing is wired elsewhere).
+    /// Go's switch for OpenTelemetry tracing: accepted, with a warning that inferq does not
+    /// support tracing yet.
     pub enable_tracing: bool,
     /// The request queues, in config order (the first is Go's retry fallback queue).
     pub queues: Vec<QueueConfig>,

@@ -4,7 +4,7 @@
 //! in-flight work for `--drain-timeout`, release what is left, flush the outbox, stop.
 
 use std::collections::HashMap;
-use std::net::SocketAddr;
+use std::net::{Ipv6Addr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -112,8 +112,9 @@ pub async fn run(config: RunConfig, shutdown: CancellationToken) -> Result<(), D
     let metrics = Arc::new(Metrics::new());
     let readiness = Readiness::new();
     let servers = CancellationToken::new();
-    let health_addr = SocketAddr::from(([0, 0, 0, 0], config.health_port));
-    let metrics_addr = SocketAddr::from(([0, 0, 0, 0], config.metrics_port));
+    // Every address, IPv6 and IPv4, as Go's `:port` (see `ops::listen`).
+    let health_addr = SocketAddr::from((Ipv6Addr::UNSPECIFIED, config.health_port));
+    let metrics_addr = SocketAddr::from((Ipv6Addr::UNSPECIFIED, config.metrics_port));
     let health = serve_health(health_addr, readiness.clone(), servers.clone())
         .await
         .map_err(|source| DispatchError::Bind {

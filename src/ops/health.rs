@@ -18,7 +18,6 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::any;
 use axum::Router;
 use redis::aio::ConnectionManager;
-use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use super::metrics::Metrics;
@@ -111,7 +110,7 @@ pub async fn serve_health(
     readiness: Readiness,
     stop: CancellationToken,
 ) -> std::io::Result<tokio::task::JoinHandle<()>> {
-    let listener = TcpListener::bind(addr).await?;
+    let listener = super::listen::listen(addr).await?;
     let app = Router::new()
         .route(
             "/healthz",
@@ -149,7 +148,7 @@ pub async fn serve_metrics(
     metrics: Arc<Metrics>,
     stop: CancellationToken,
 ) -> std::io::Result<tokio::task::JoinHandle<()>> {
-    let listener = TcpListener::bind(addr).await?;
+    let listener = super::listen::listen(addr).await?;
     let app = Router::new().route(
         "/metrics",
         any(move || {

@@ -2,6 +2,7 @@
 //! (plus inferq's own), and the `/healthz` + `/readyz` server with Go's semantics.
 
 pub mod health;
+pub mod listen;
 pub mod metrics;
 
 pub use health::{serve_health, serve_metrics, Readiness};
