@@ -82,11 +82,14 @@ impl Holdings {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Records a claim taken at `taken_at` (when the claim call was sent).
+    /// Records a claim taken at `taken_at` (when the claim call was sent). A claim of the same
+    /// generation held under another token (this instance took it again after its lease was
+    /// lost, or reclaim took it over) is lost: its in-flight work is aborted, as a renewal
+    /// saying "not yours" would, rather than left running for a result nobody can publish.
     pub fn insert(&self, fence: Fence, id: &str, request_token: &str, taken_at: Instant) -> Ticket {
         let abort = CancellationToken::new();
         let reason = Arc::new(AtomicU8::new(0));
-        self.lock().insert(
+        let replaced = self.lock().insert(
             fence.key.clone(),
             Holding {
                 token: fence.token.clone(),
@@ -98,6 +101,9 @@ impl Holdings {
                 reason: reason.clone(),
             },
         );
+        if let Some(old) = replaced.filter(|old| old.token != fence.token) {
+            signal(&old, Abort::Lost);
+        }
         Ticket {
             fence,
             abort,
@@ -247,6 +253,23 @@ mod tests {
             key: k.into(),
             token: t.into(),
         }
+    }
+
+    /// The same generation taken again under a new token: the old claim's work is aborted as
+    /// lost, and the new one is held.
+    #[tokio::test]
+    async fn a_generation_taken_again_aborts_the_old_claims_work() {
+        let h = Holdings::new(Duration::from_secs(10));
+        let now = Instant::now();
+        let old = h.insert(fence("g", "1"), "g", "t", now);
+        let other = h.insert(fence("h", "1"), "h", "t", now);
+        let new = h.insert(fence("g", "2"), "g", "t", now);
+        let aborted = tokio::time::timeout(Duration::from_secs(5), old.aborted()).await;
+        assert_eq!(aborted, Ok(Abort::Lost));
+        assert_eq!(new.reason(), None);
+        assert_eq!(other.reason(), None);
+        assert!(h.is_valid(&fence("g", "2"), now));
+        assert!(!h.is_valid(&fence("g", "1"), now));
     }
 
     #[tokio::test]
