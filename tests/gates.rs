@@ -54,6 +54,46 @@ async fn redis_budget_gate_closes_and_opens_the_queue() {
     assert_eq!(got.len(), 5);
 }
 
+/// A `redis` budget under 1 is a rate, as in Go: with batch 10, budget 0.1 and a 1 s poll
+/// interval, one request per second is taken, not the whole queue back to back. A budget of 1
+/// takes the rest at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queue_budget_caps_the_dispatch_rate() {
+    let redis = RedisServer::start().unwrap();
+    let gw = Gateway::start().await;
+    let mut con = con(&redis).await;
+    let _: () = con.set("dispatch-gate-budget", "0.1").await.unwrap();
+    let opts = ProcessorOpts {
+        extra_queue_fields: format!(
+            r#","gate_type":"redis","gate_params":{{"address":"127.0.0.1:{}"}}"#,
+            redis.port()
+        ),
+        poll_interval_ms: 1000,
+        ..ProcessorOpts::default()
+    };
+    let _p = Processor::start(&redis, &gw, &opts).await;
+    let producer = producer(&redis, Q).await;
+    for i in 0..10 {
+        producer
+            .submit(request(&format!("r{i}"), 60, "{}"))
+            .await
+            .unwrap();
+    }
+    gw.wait_executions(1, Duration::from_secs(10)).await;
+    assert!(!gw.executions().is_empty(), "the queue is open at 0.1");
+    // 1.5 s after the first: two or three polls of one request each (a slow machine polls
+    // less often, never more).
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let sent = gw.executions().len();
+    assert!(
+        (1..=4).contains(&sent),
+        "budget 0.1 of batch 10 takes one request per 1 s poll; {sent} were sent in 1.5 s"
+    );
+    let _: () = con.set("dispatch-gate-budget", "1").await.unwrap();
+    let got = wait_results(&mut con, 10, Duration::from_secs(10)).await;
+    assert_eq!(got.len(), 10, "an open budget takes the rest");
+}
+
 /// `redis-quota` (blocking, concurrency 1 per user) at queue level: the over-quota user's second
 /// request stays pending while another user's request behind it is dispatched at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
