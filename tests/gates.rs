@@ -187,6 +187,76 @@ async fn pool_gate_bounds_concurrency_at_the_gateway() {
     );
 }
 
+/// A pool gate's refusal frees the worker, as in Go: with 2 workers and a `redis-quota` pool
+/// gate (concurrency 1 per user), six requests of alice queued ahead of two of bob's do not hold
+/// both workers, so bob's first request is sent while alice's first is still running. Each
+/// refusal is counted, and none is a retry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pool_gate_refusal_frees_the_worker_for_other_users() {
+    let redis = RedisServer::start().unwrap();
+    let gw = Gateway::start().await;
+    for i in 1..=6 {
+        gw.script(
+            &format!("alice-{i}"),
+            vec![Reply::ok("{}").after(Duration::from_millis(800))],
+        );
+    }
+    let opts = ProcessorOpts {
+        pools: Some(format!(
+            r#"[{{"id":"default","workers":2,"gate_type":"redis-quota","gate_params":{{"address":"127.0.0.1:{}","mode":"concurrency","limit":1}}}}]"#,
+            redis.port()
+        )),
+        ..ProcessorOpts::default()
+    };
+    let p = Processor::start(&redis, &gw, &opts).await;
+    let producer = producer(&redis, Q).await;
+    let mut order = Vec::new();
+    for i in 1..=6 {
+        order.push((format!("alice-{i}"), "alice", 60 + i));
+    }
+    for i in 1..=2 {
+        order.push((format!("bob-{i}"), "bob", 70 + i));
+    }
+    for (id, user, secs) in &order {
+        let mut r = request(id, *secs, "{}");
+        r.metadata.insert("userid".into(), (*user).into());
+        producer.submit(r).await.unwrap();
+    }
+    let mut con = con(&redis).await;
+    let got = wait_results(&mut con, 8, Duration::from_secs(30)).await;
+    let mut ids: Vec<&str> = got.iter().map(|r| r.id.as_str()).collect();
+    ids.sort();
+    ids.dedup();
+    assert_eq!((got.len(), ids.len()), (8, 8), "one result each: {got:?}");
+    let bob = gw.seen("bob-1")[0].at;
+    let mut alice: Vec<Instant> = (1..=6)
+        .map(|i| gw.seen(&format!("alice-{i}"))[0].at)
+        .collect();
+    alice.sort();
+    let alice_before_bob = alice.iter().filter(|at| **at < bob).count();
+    assert!(
+        alice_before_bob <= 1,
+        "bob's first request waits for {alice_before_bob} of alice's 6 (one at a time, 800 ms each)"
+    );
+    for i in 1..=6 {
+        assert_eq!(
+            gw.seen(&format!("alice-{i}")).len(),
+            1,
+            "alice-{i} sent once"
+        );
+    }
+    let metrics = p.metrics().await;
+    assert!(
+        !metrics.contains(r#"llm_d_async_async_gate_decisions_total{queue_id="",queue_name="",pool_name="default",reason="quota_exhausted"} 0"#)
+            && metrics.contains(r#"llm_d_async_async_gate_decisions_total{queue_id="",queue_name="",pool_name="default",reason="quota_exhausted"}"#),
+        "refusals are counted: {metrics}"
+    );
+    assert!(
+        !metrics.contains("llm_d_async_async_request_retries_total{"),
+        "a refusal is not a retry: {metrics}"
+    );
+}
+
 /// A gate that cannot be built is a config error naming the field: exit 2.
 #[test]
 fn bad_gate_params_exit_2() {

@@ -32,6 +32,13 @@ pub struct WorkerEnv {
 /// How often a request waiting at its pool gate asks again.
 const POOL_GATE_RETRY: Duration = Duration::from_millis(50);
 
+/// How long a request its pool gate refused stays parked at least. Go re-enqueues it with
+/// backoff 0 into its retry set, which its mover empties every `poll_interval`; here the
+/// promoter's tick (`poll_interval`, at most 500 ms) paces it the same way, and this floor keeps
+/// a refused request from cycling park → claim → refuse faster than a waiting one re-asks, however
+/// short the poll interval.
+const POOL_GATE_REFUSED: Duration = POOL_GATE_RETRY;
+
 enum AtGate {
     Aborted(Abort),
     OutOfTime,
@@ -40,7 +47,8 @@ enum AtGate {
 
 /// Waits at the pool gate until it lets the request through (the job comes back, holding the
 /// gate's reservations) or the request is finished some other way: dropped by the gate, failed
-/// by it, out of time, cancelled, lost, or shut down. Unlike Go, the wait is bounded by the
+/// by it, refused (put back to the queue, as Go re-enqueues it), out of time, cancelled, lost,
+/// or shut down. Unlike Go, the wait is bounded by the
 /// request's deadline, not by `--request-timeout`.
 async fn pass_pool_gate(mut job: Job, gate: Arc<dyn Gate>) -> Option<Job> {
     let ctx = job.ctx.clone();
@@ -109,7 +117,19 @@ async fn pass_pool_gate(mut job: Job, gate: Arc<dyn Gate>) -> Option<Job> {
                 job.publish(dropped_result(&id, result));
                 return None;
             }
-            Verdict::Wait | Verdict::Refuse => {
+            Verdict::Refuse => {
+                // As Go: counted once per refusal, and the request goes back to the queue,
+                // freeing the worker for requests the gate would let through (another tenant's).
+                let reason = decision.refusal_reason();
+                Decision::release_all(decision.releases).await;
+                ctx.metrics
+                    .gate_decisions
+                    .get_or_create(&ctx.pool_labels.with_reason(reason))
+                    .inc();
+                job.put_back(POOL_GATE_REFUSED);
+                return None;
+            }
+            Verdict::Wait => {
                 let reason = decision.refusal_reason();
                 Decision::release_all(decision.releases).await;
                 if !counted {

@@ -34,8 +34,9 @@ pub enum Verdict {
     /// Not now: leave it where it is and ask again later (pending at queue level; the worker
     /// re-asks every 50 ms at pool level).
     Wait,
-    /// Not now, for a reason Go reports as refusal (e.g. over quota): handled like `Wait`, but
-    /// counted as `gate_closed` / `quota_exhausted`.
+    /// Not now, for a reason Go reports as refusal (e.g. over quota), counted as `gate_closed` /
+    /// `quota_exhausted`: left pending at queue level like `Wait`; at pool level the request
+    /// goes back to the queue and its worker is freed.
     Refuse,
     /// Finish it now with this result (or `GATE_DROPPED` when `None`).
     Drop(Option<ResultMessage>),
