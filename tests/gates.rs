@@ -257,6 +257,61 @@ async fn pool_gate_refusal_frees_the_worker_for_other_users() {
     );
 }
 
+/// Graceful shutdown releases the claims of requests waiting at a pool gate at once: they have
+/// not started, so they are back in pending long before `--drain-timeout` (60 s here), and the
+/// processor exits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_releases_requests_waiting_at_the_pool_gate() {
+    let redis = RedisServer::start().unwrap();
+    let gw = Gateway::start().await;
+    let mut con = con(&redis).await;
+    let _: () = con.set("dispatch-gate-budget", "0").await.unwrap();
+    let opts = ProcessorOpts {
+        pools: Some(format!(
+            r#"[{{"id":"default","workers":4,"gate_type":"wait-on-refuse","gate_params":{{"gate":{{"gate_type":"redis","gate_params":{{"address":"127.0.0.1:{}"}}}}}}}}]"#,
+            redis.port()
+        )),
+        drain: "60s",
+        ..ProcessorOpts::default()
+    };
+    let mut p = Processor::start(&redis, &gw, &opts).await;
+    let producer = producer(&redis, Q).await;
+    for i in 0..3 {
+        producer
+            .submit(request(&format!("w{i}"), 120, "{}"))
+            .await
+            .unwrap();
+    }
+    let started = Instant::now();
+    loop {
+        let claimed: u64 = con.hlen(format!("{Q}:claimed")).await.unwrap();
+        if claimed == 3 {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "the requests are claimed and wait at the closed pool gate ({claimed} claimed)"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    p.signal("TERM");
+    let code = p.wait_exit(Duration::from_secs(15)).await;
+    assert_eq!(
+        code,
+        Some(0),
+        "the processor exits without waiting out the 60 s drain"
+    );
+    let claimed: u64 = con.hlen(format!("{Q}:claimed")).await.unwrap();
+    let pending: u64 = con.zcard(Q).await.unwrap();
+    assert_eq!(
+        (claimed, pending),
+        (0, 3),
+        "the waiting requests are back in pending"
+    );
+    assert!(gw.executions().is_empty(), "none was sent");
+    assert!(results(&mut con).await.is_empty(), "none has a result");
+}
+
 /// A gate that cannot be built is a config error naming the field: exit 2.
 #[test]
 fn bad_gate_params_exit_2() {

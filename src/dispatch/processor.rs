@@ -178,12 +178,13 @@ pub async fn run(config: RunConfig, shutdown: CancellationToken) -> Result<(), D
             "fault injection armed: a request whose payload carries the marker aborts this process"
         );
     }
+    let stop_claiming = CancellationToken::new();
     let env = Arc::new(WorkerEnv {
         client: gateway_client,
         request_timeout: config.request_timeout,
         fairness: config.merge_policy.fairness.clone(),
+        stop_claiming: stop_claiming.clone(),
     });
-    let stop_claiming = CancellationToken::new();
     let flush = CancellationToken::new();
     let stop_upkeep = CancellationToken::new();
     let consumers = TaskTracker::new();
