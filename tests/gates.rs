@@ -4,6 +4,7 @@
 
 mod common;
 
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::*;
@@ -342,25 +343,7 @@ fn bad_gate_params_exit_2() {
 /// exported under Go's gauge names.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn prometheus_gate_follows_the_metric() {
-    use std::sync::{Arc, Mutex};
-    let value = Arc::new(Mutex::new("0".to_owned()));
-    let served = value.clone();
-    let app = axum::Router::new().route(
-        "/api/v1/query",
-        axum::routing::get(move || {
-            let v = served.lock().unwrap().clone();
-            async move {
-                format!(
-                    r#"{{"status":"success","data":{{"resultType":"vector","result":[{{"metric":{{}},"value":[1,"{v}"]}}]}}}}"#
-                )
-            }
-        }),
-    );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let prom = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        let _ = axum::serve(listener, app).await;
-    });
+    let (prom, value) = fake_prometheus("0").await;
     let redis = RedisServer::start().unwrap();
     let gw = Gateway::start().await;
     let opts = ProcessorOpts {
@@ -389,4 +372,67 @@ async fn prometheus_gate_follows_the_metric() {
     assert_eq!(got.len(), 3);
     let metrics = p.metrics().await;
     assert!(metrics.contains(r#"llm_d_async_async_gate_metric_value{queue_id="request-sortedset",queue_name="request-sortedset",pool_name="default",inference_pool="pool-a"} 0.8"#), "{metrics}");
+}
+
+/// A fake Prometheus whose every instant query answers one sample of the value in the returned
+/// cell.
+async fn fake_prometheus(value: &str) -> (std::net::SocketAddr, Arc<Mutex<String>>) {
+    let value = Arc::new(Mutex::new(value.to_owned()));
+    let served = value.clone();
+    let app = axum::Router::new().route(
+        "/api/v1/query",
+        axum::routing::get(move || {
+            let v = served.lock().unwrap().clone();
+            async move {
+                format!(
+                    r#"{{"status":"success","data":{{"resultType":"vector","result":[{{"metric":{{}},"value":[1,"{v}"]}}]}}}}"#
+                )
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    (addr, value)
+}
+
+/// Metric gates wrapped in other gates, at queue and at pool level, export their readings under
+/// Go's gauge names, as Go's do: a queue's `wait-on-refuse` around `prometheus-query` with the
+/// queue's labels, a pool's `tier-priority-admission` around `prometheus-saturation` with the
+/// pool's (empty queue labels).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wrapped_and_pool_metric_gates_export_their_readings() {
+    let (prom, _value) = fake_prometheus("0.8").await;
+    let redis = RedisServer::start().unwrap();
+    let gw = Gateway::start().await;
+    let opts = ProcessorOpts {
+        extra_queue_fields: r#","gate_type":"wait-on-refuse","gate_params":{"gate":{"gate_type":"prometheus-query","gate_params":{"query":"free_capacity","pool":"pool-a"}}}"#.to_owned(),
+        pools: Some(
+            r#"[{"id":"default","workers":4,"gate_type":"tier-priority-admission","gate_params":{"saturation_gate":"prometheus-saturation","saturation_gate_params":{"pool":"pool-b"}}}]"#
+                .to_owned(),
+        ),
+        extra_args: vec![
+            format!("--prometheus-url=http://{prom}"),
+            "--prometheus-cache-ttl=0s".to_owned(),
+        ],
+        ..ProcessorOpts::default()
+    };
+    let p = Processor::start(&redis, &gw, &opts).await;
+    let producer = producer(&redis, Q).await;
+    producer.submit(request("m1", 60, "{}")).await.unwrap();
+    let mut con = con(&redis).await;
+    let got = wait_results(&mut con, 1, Duration::from_secs(10)).await;
+    assert_eq!(got.len(), 1);
+    let metrics = p.metrics().await;
+    for series in [
+        r#"llm_d_async_async_gate_metric_value{queue_id="request-sortedset",queue_name="request-sortedset",pool_name="default",inference_pool="pool-a"} 0.8"#,
+        r#"llm_d_async_async_gate_metric_source_available{queue_id="request-sortedset",queue_name="request-sortedset",pool_name="default",inference_pool="pool-a"} 1"#,
+        r#"llm_d_async_async_gate_metric_value{queue_id="",queue_name="",pool_name="default",inference_pool="pool-b"} 0.8"#,
+        r#"llm_d_async_async_gate_metric_source_available{queue_id="",queue_name="",pool_name="default",inference_pool="pool-b"} 1"#,
+        r#"llm_d_async_async_gate_metric_threshold{queue_id="",queue_name="",pool_name="default",inference_pool="pool-b"}"#,
+    ] {
+        assert!(metrics.contains(series), "{series} missing:\n{metrics}");
+    }
 }

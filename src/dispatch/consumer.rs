@@ -76,14 +76,6 @@ pub async fn run_consumer(
                 .dispatch_budget
                 .get_or_create(&ctx.labels)
                 .set(budget);
-            if let Some((pool, reading)) = gate.reading() {
-                ctx.metrics.record_gate_reading(
-                    &ctx.labels,
-                    &pool,
-                    reading.value,
-                    reading.threshold,
-                );
-            }
             // Go's sizing: floor(batch × budget); a budget under 1/batch closes the queue.
             let allowed = (polling.batch as f64 * budget).floor() as usize;
             if allowed == 0 {
