@@ -4,6 +4,7 @@
 
 mod common;
 
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::*;
@@ -52,6 +53,46 @@ async fn redis_budget_gate_closes_and_opens_the_queue() {
     let _: () = con.set("dispatch-gate-budget", "1").await.unwrap();
     let got = wait_results(&mut con, 5, Duration::from_secs(10)).await;
     assert_eq!(got.len(), 5);
+}
+
+/// A `redis` budget under 1 is a rate, as in Go: with batch 10, budget 0.1 and a 1 s poll
+/// interval, one request per second is taken, not the whole queue back to back. A budget of 1
+/// takes the rest at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queue_budget_caps_the_dispatch_rate() {
+    let redis = RedisServer::start().unwrap();
+    let gw = Gateway::start().await;
+    let mut con = con(&redis).await;
+    let _: () = con.set("dispatch-gate-budget", "0.1").await.unwrap();
+    let opts = ProcessorOpts {
+        extra_queue_fields: format!(
+            r#","gate_type":"redis","gate_params":{{"address":"127.0.0.1:{}"}}"#,
+            redis.port()
+        ),
+        poll_interval_ms: 1000,
+        ..ProcessorOpts::default()
+    };
+    let _p = Processor::start(&redis, &gw, &opts).await;
+    let producer = producer(&redis, Q).await;
+    for i in 0..10 {
+        producer
+            .submit(request(&format!("r{i}"), 60, "{}"))
+            .await
+            .unwrap();
+    }
+    gw.wait_executions(1, Duration::from_secs(10)).await;
+    assert!(!gw.executions().is_empty(), "the queue is open at 0.1");
+    // 1.5 s after the first: two or three polls of one request each (a slow machine polls
+    // less often, never more).
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let sent = gw.executions().len();
+    assert!(
+        (1..=4).contains(&sent),
+        "budget 0.1 of batch 10 takes one request per 1 s poll; {sent} were sent in 1.5 s"
+    );
+    let _: () = con.set("dispatch-gate-budget", "1").await.unwrap();
+    let got = wait_results(&mut con, 10, Duration::from_secs(10)).await;
+    assert_eq!(got.len(), 10, "an open budget takes the rest");
 }
 
 /// `redis-quota` (blocking, concurrency 1 per user) at queue level: the over-quota user's second
@@ -147,6 +188,131 @@ async fn pool_gate_bounds_concurrency_at_the_gateway() {
     );
 }
 
+/// A pool gate's refusal frees the worker, as in Go: with 2 workers and a `redis-quota` pool
+/// gate (concurrency 1 per user), six requests of alice queued ahead of two of bob's do not hold
+/// both workers, so bob's first request is sent while alice's first is still running. Each
+/// refusal is counted, and none is a retry.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pool_gate_refusal_frees_the_worker_for_other_users() {
+    let redis = RedisServer::start().unwrap();
+    let gw = Gateway::start().await;
+    for i in 1..=6 {
+        gw.script(
+            &format!("alice-{i}"),
+            vec![Reply::ok("{}").after(Duration::from_millis(800))],
+        );
+    }
+    let opts = ProcessorOpts {
+        pools: Some(format!(
+            r#"[{{"id":"default","workers":2,"gate_type":"redis-quota","gate_params":{{"address":"127.0.0.1:{}","mode":"concurrency","limit":1}}}}]"#,
+            redis.port()
+        )),
+        ..ProcessorOpts::default()
+    };
+    let p = Processor::start(&redis, &gw, &opts).await;
+    let producer = producer(&redis, Q).await;
+    let mut order = Vec::new();
+    for i in 1..=6 {
+        order.push((format!("alice-{i}"), "alice", 60 + i));
+    }
+    for i in 1..=2 {
+        order.push((format!("bob-{i}"), "bob", 70 + i));
+    }
+    for (id, user, secs) in &order {
+        let mut r = request(id, *secs, "{}");
+        r.metadata.insert("userid".into(), (*user).into());
+        producer.submit(r).await.unwrap();
+    }
+    let mut con = con(&redis).await;
+    let got = wait_results(&mut con, 8, Duration::from_secs(30)).await;
+    let mut ids: Vec<&str> = got.iter().map(|r| r.id.as_str()).collect();
+    ids.sort();
+    ids.dedup();
+    assert_eq!((got.len(), ids.len()), (8, 8), "one result each: {got:?}");
+    let bob = gw.seen("bob-1")[0].at;
+    let mut alice: Vec<Instant> = (1..=6)
+        .map(|i| gw.seen(&format!("alice-{i}"))[0].at)
+        .collect();
+    alice.sort();
+    let alice_before_bob = alice.iter().filter(|at| **at < bob).count();
+    assert!(
+        alice_before_bob <= 1,
+        "bob's first request waits for {alice_before_bob} of alice's 6 (one at a time, 800 ms each)"
+    );
+    for i in 1..=6 {
+        assert_eq!(
+            gw.seen(&format!("alice-{i}")).len(),
+            1,
+            "alice-{i} sent once"
+        );
+    }
+    let metrics = p.metrics().await;
+    assert!(
+        !metrics.contains(r#"llm_d_async_async_gate_decisions_total{queue_id="",queue_name="",pool_name="default",reason="quota_exhausted"} 0"#)
+            && metrics.contains(r#"llm_d_async_async_gate_decisions_total{queue_id="",queue_name="",pool_name="default",reason="quota_exhausted"}"#),
+        "refusals are counted: {metrics}"
+    );
+    assert!(
+        !metrics.contains("llm_d_async_async_request_retries_total{"),
+        "a refusal is not a retry: {metrics}"
+    );
+}
+
+/// Graceful shutdown releases the claims of requests waiting at a pool gate at once: they have
+/// not started, so they are back in pending long before `--drain-timeout` (60 s here), and the
+/// processor exits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_releases_requests_waiting_at_the_pool_gate() {
+    let redis = RedisServer::start().unwrap();
+    let gw = Gateway::start().await;
+    let mut con = con(&redis).await;
+    let _: () = con.set("dispatch-gate-budget", "0").await.unwrap();
+    let opts = ProcessorOpts {
+        pools: Some(format!(
+            r#"[{{"id":"default","workers":4,"gate_type":"wait-on-refuse","gate_params":{{"gate":{{"gate_type":"redis","gate_params":{{"address":"127.0.0.1:{}"}}}}}}}}]"#,
+            redis.port()
+        )),
+        drain: "60s",
+        ..ProcessorOpts::default()
+    };
+    let mut p = Processor::start(&redis, &gw, &opts).await;
+    let producer = producer(&redis, Q).await;
+    for i in 0..3 {
+        producer
+            .submit(request(&format!("w{i}"), 120, "{}"))
+            .await
+            .unwrap();
+    }
+    let started = Instant::now();
+    loop {
+        let claimed: u64 = con.hlen(format!("{Q}:claimed")).await.unwrap();
+        if claimed == 3 {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "the requests are claimed and wait at the closed pool gate ({claimed} claimed)"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    p.signal("TERM");
+    let code = p.wait_exit(Duration::from_secs(15)).await;
+    assert_eq!(
+        code,
+        Some(0),
+        "the processor exits without waiting out the 60 s drain"
+    );
+    let claimed: u64 = con.hlen(format!("{Q}:claimed")).await.unwrap();
+    let pending: u64 = con.zcard(Q).await.unwrap();
+    assert_eq!(
+        (claimed, pending),
+        (0, 3),
+        "the waiting requests are back in pending"
+    );
+    assert!(gw.executions().is_empty(), "none was sent");
+    assert!(results(&mut con).await.is_empty(), "none has a result");
+}
+
 /// A gate that cannot be built is a config error naming the field: exit 2.
 #[test]
 fn bad_gate_params_exit_2() {
@@ -177,25 +343,7 @@ fn bad_gate_params_exit_2() {
 /// exported under Go's gauge names.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn prometheus_gate_follows_the_metric() {
-    use std::sync::{Arc, Mutex};
-    let value = Arc::new(Mutex::new("0".to_owned()));
-    let served = value.clone();
-    let app = axum::Router::new().route(
-        "/api/v1/query",
-        axum::routing::get(move || {
-            let v = served.lock().unwrap().clone();
-            async move {
-                format!(
-                    r#"{{"status":"success","data":{{"resultType":"vector","result":[{{"metric":{{}},"value":[1,"{v}"]}}]}}}}"#
-                )
-            }
-        }),
-    );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let prom = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        let _ = axum::serve(listener, app).await;
-    });
+    let (prom, value) = fake_prometheus("0").await;
     let redis = RedisServer::start().unwrap();
     let gw = Gateway::start().await;
     let opts = ProcessorOpts {
@@ -224,4 +372,67 @@ async fn prometheus_gate_follows_the_metric() {
     assert_eq!(got.len(), 3);
     let metrics = p.metrics().await;
     assert!(metrics.contains(r#"llm_d_async_async_gate_metric_value{queue_id="request-sortedset",queue_name="request-sortedset",pool_name="default",inference_pool="pool-a"} 0.8"#), "{metrics}");
+}
+
+/// A fake Prometheus whose every instant query answers one sample of the value in the returned
+/// cell.
+async fn fake_prometheus(value: &str) -> (std::net::SocketAddr, Arc<Mutex<String>>) {
+    let value = Arc::new(Mutex::new(value.to_owned()));
+    let served = value.clone();
+    let app = axum::Router::new().route(
+        "/api/v1/query",
+        axum::routing::get(move || {
+            let v = served.lock().unwrap().clone();
+            async move {
+                format!(
+                    r#"{{"status":"success","data":{{"resultType":"vector","result":[{{"metric":{{}},"value":[1,"{v}"]}}]}}}}"#
+                )
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    });
+    (addr, value)
+}
+
+/// Metric gates wrapped in other gates, at queue and at pool level, export their readings under
+/// Go's gauge names, as Go's do: a queue's `wait-on-refuse` around `prometheus-query` with the
+/// queue's labels, a pool's `tier-priority-admission` around `prometheus-saturation` with the
+/// pool's (empty queue labels).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wrapped_and_pool_metric_gates_export_their_readings() {
+    let (prom, _value) = fake_prometheus("0.8").await;
+    let redis = RedisServer::start().unwrap();
+    let gw = Gateway::start().await;
+    let opts = ProcessorOpts {
+        extra_queue_fields: r#","gate_type":"wait-on-refuse","gate_params":{"gate":{"gate_type":"prometheus-query","gate_params":{"query":"free_capacity","pool":"pool-a"}}}"#.to_owned(),
+        pools: Some(
+            r#"[{"id":"default","workers":4,"gate_type":"tier-priority-admission","gate_params":{"saturation_gate":"prometheus-saturation","saturation_gate_params":{"pool":"pool-b"}}}]"#
+                .to_owned(),
+        ),
+        extra_args: vec![
+            format!("--prometheus-url=http://{prom}"),
+            "--prometheus-cache-ttl=0s".to_owned(),
+        ],
+        ..ProcessorOpts::default()
+    };
+    let p = Processor::start(&redis, &gw, &opts).await;
+    let producer = producer(&redis, Q).await;
+    producer.submit(request("m1", 60, "{}")).await.unwrap();
+    let mut con = con(&redis).await;
+    let got = wait_results(&mut con, 1, Duration::from_secs(10)).await;
+    assert_eq!(got.len(), 1);
+    let metrics = p.metrics().await;
+    for series in [
+        r#"llm_d_async_async_gate_metric_value{queue_id="request-sortedset",queue_name="request-sortedset",pool_name="default",inference_pool="pool-a"} 0.8"#,
+        r#"llm_d_async_async_gate_metric_source_available{queue_id="request-sortedset",queue_name="request-sortedset",pool_name="default",inference_pool="pool-a"} 1"#,
+        r#"llm_d_async_async_gate_metric_value{queue_id="",queue_name="",pool_name="default",inference_pool="pool-b"} 0.8"#,
+        r#"llm_d_async_async_gate_metric_source_available{queue_id="",queue_name="",pool_name="default",inference_pool="pool-b"} 1"#,
+        r#"llm_d_async_async_gate_metric_threshold{queue_id="",queue_name="",pool_name="default",inference_pool="pool-b"}"#,
+    ] {
+        assert!(metrics.contains(series), "{series} missing:\n{metrics}");
+    }
 }

@@ -8,7 +8,9 @@
 //! after 10 ms when it came back partly full. After an empty poll it waits for a wake-up
 //! ([`super::doorbell`]) for up to `poll_interval`; without wake-ups it polls again after a pause
 //! that grows from 10 ms to `poll_interval` while the queue stays empty. A wake-up always cuts
-//! the pause short. While the queue's outbox cannot write results, it claims nothing.
+//! the pause short. A queue gate whose budget allows less than a full batch makes the budget a
+//! rate, as in Go: one poll of `floor(batch × budget)` per `poll_interval`, wake-ups or not.
+//! While the queue's outbox cannot write results, it claims nothing.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -64,20 +66,16 @@ pub async fn run_consumer(
             },
         };
         let mut want = room.min(polling.batch).max(1);
+        // Set when the queue gate's budget cut this poll below a full batch: the budget is then
+        // a rate (Go takes floor(batch × budget) once per `poll_interval` tick), so the next
+        // poll waits for the next tick.
+        let mut paced_until = None;
         if let Some(gate) = &ctx.gate {
             let budget = gate.budget().await.clamp(0.0, 1.0);
             ctx.metrics
                 .dispatch_budget
                 .get_or_create(&ctx.labels)
                 .set(budget);
-            if let Some((pool, reading)) = gate.reading() {
-                ctx.metrics.record_gate_reading(
-                    &ctx.labels,
-                    &pool,
-                    reading.value,
-                    reading.threshold,
-                );
-            }
             // Go's sizing: floor(batch × budget); a budget under 1/batch closes the queue.
             let allowed = (polling.batch as f64 * budget).floor() as usize;
             if allowed == 0 {
@@ -88,6 +86,9 @@ pub async fn run_consumer(
                     _ = tokio::time::sleep(polling.interval) => {}
                 }
                 continue;
+            }
+            if allowed < polling.batch {
+                paced_until = Some(tokio::time::Instant::now() + polling.interval);
             }
             want = want.min(allowed);
         }
@@ -137,7 +138,14 @@ pub async fn run_consumer(
                     .min(Duration::from_millis(200) * failures.min(10))
             }
         };
-        if !pause.is_zero() {
+        if let Some(tick) = paced_until.filter(|_| failures == 0) {
+            // Wake-ups do not cut this wait short: they would let a busy producer lift the cap.
+            tokio::select! {
+                biased;
+                _ = stop.cancelled() => return,
+                _ = tokio::time::sleep_until(tick) => {}
+            }
+        } else if !pause.is_zero() {
             tokio::select! {
                 biased;
                 _ = stop.cancelled() => return,

@@ -231,6 +231,17 @@ impl Job {
         });
     }
 
+    /// Parks the request unchanged (same `retry_count`: not a retry) to be taken again after
+    /// `backoff`, freeing its worker: for a pool gate's refusal, which Go re-enqueues with
+    /// backoff 0 (see [`super::worker`] for the pace).
+    pub fn put_back(mut self, backoff: std::time::Duration) {
+        self.hand_over(Finish::Park {
+            fence: self.held.fence.clone(),
+            member: self.held.envelope.encode(),
+            backoff,
+        });
+    }
+
     /// Gives the claim back to pending untouched.
     pub fn release(mut self) {
         self.hand_over(Finish::Release {

@@ -14,7 +14,7 @@ use tokio_util::task::TaskTracker;
 
 use super::consumer::{run_consumer, Polling};
 use super::context::{Job, QueueCtx};
-use super::gates::{self, Gate, GateEnv};
+use super::gates::{self, Gate, GateEnv, GateOwner};
 use super::holdings::{Abort, Holdings};
 use super::merge::RandomRobin;
 use super::outbox::run_outbox;
@@ -140,17 +140,27 @@ pub async fn run(config: RunConfig, shutdown: CancellationToken) -> Result<(), D
     let gate_env = GateEnv {
         prometheus_url: config.prometheus.url.clone(),
         prometheus_cache_ttl: config.prometheus.cache_ttl,
+        owner: None,
+    };
+    // Each gate is built with its owner, so its metric gates (wrapped or not) record their
+    // readings under the owner's labels.
+    let owned = |labels: &QueueLabels| GateEnv {
+        owner: Some(GateOwner {
+            metrics: metrics.clone(),
+            labels: labels.clone(),
+        }),
+        ..gate_env.clone()
     };
     let mut pool_gates: HashMap<String, Arc<dyn Gate>> = HashMap::new();
     for (i, pool) in config.pools.iter().enumerate() {
         if let Some(spec) = &pool.gate {
-            let gate = gates::build(spec, &gate_env)
-                .map_err(|e| DispatchError::Config(format!("pools[{i}].gate_params: {e}")))?;
             let labels = QueueLabels {
                 queue_id: String::new(),
                 queue_name: String::new(),
                 pool_name: pool.id.clone(),
             };
+            let gate = gates::build(spec, &owned(&labels))
+                .map_err(|e| DispatchError::Config(format!("pools[{i}].gate_params: {e}")))?;
             metrics.precreate_gate_series(&labels);
             pool_gates.insert(pool.id.clone(), gate);
         }
@@ -179,12 +189,13 @@ pub async fn run(config: RunConfig, shutdown: CancellationToken) -> Result<(), D
             "fault injection armed: a request whose payload carries the marker aborts this process"
         );
     }
+    let stop_claiming = CancellationToken::new();
     let env = Arc::new(WorkerEnv {
         client: gateway_client,
         request_timeout: config.request_timeout,
         fairness: config.merge_policy.fairness.clone(),
+        stop_claiming: stop_claiming.clone(),
     });
-    let stop_claiming = CancellationToken::new();
     let flush = CancellationToken::new();
     let stop_upkeep = CancellationToken::new();
     let consumers = TaskTracker::new();
@@ -209,7 +220,7 @@ pub async fn run(config: RunConfig, shutdown: CancellationToken) -> Result<(), D
         };
         let gate = match &q.gate {
             Some(spec) => {
-                let gate = gates::build(spec, &gate_env)
+                let gate = gates::build(spec, &owned(&labels))
                     .map_err(|e| DispatchError::Config(format!("queues[{i}].gate_params: {e}")))?;
                 metrics.precreate_gate_series(&labels);
                 Some(gate)

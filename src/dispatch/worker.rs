@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use serde_json::value::RawValue;
+use tokio_util::sync::CancellationToken;
 
 use super::consumer::dropped_result;
 use super::context::Job;
@@ -27,22 +28,41 @@ pub struct WorkerEnv {
     pub client: GatewayClient,
     pub request_timeout: Duration,
     pub fairness: Fairness,
+    /// Cancelled when the processor stops claiming (shutdown): a request still waiting at its
+    /// pool gate has not started, so it is released to pending at once rather than after the
+    /// drain time.
+    pub stop_claiming: CancellationToken,
 }
 
 /// How often a request waiting at its pool gate asks again.
 const POOL_GATE_RETRY: Duration = Duration::from_millis(50);
 
+/// How long a request its pool gate refused stays parked at least. Go re-enqueues it with
+/// backoff 0 into its retry set, which its mover empties every `poll_interval`; here the
+/// promoter's tick (`poll_interval`, at most 500 ms) paces it the same way, and this floor keeps
+/// a refused request from cycling park → claim → refuse faster than a waiting one re-asks, however
+/// short the poll interval.
+const POOL_GATE_REFUSED: Duration = POOL_GATE_RETRY;
+
 enum AtGate {
     Aborted(Abort),
+    /// The processor stops claiming: the request has not started; give it back.
+    Stopped,
     OutOfTime,
     Decided(Result<Decision, GateError>),
 }
 
 /// Waits at the pool gate until it lets the request through (the job comes back, holding the
 /// gate's reservations) or the request is finished some other way: dropped by the gate, failed
-/// by it, out of time, cancelled, lost, or shut down. Unlike Go, the wait is bounded by the
+/// by it, refused (put back to the queue, as Go re-enqueues it), out of time, cancelled, lost,
+/// or shut down (a request still at the gate when claiming stops has not started: it is
+/// released to pending at once). Unlike Go, the wait is bounded by the
 /// request's deadline, not by `--request-timeout`.
-async fn pass_pool_gate(mut job: Job, gate: Arc<dyn Gate>) -> Option<Job> {
+async fn pass_pool_gate(
+    mut job: Job,
+    gate: Arc<dyn Gate>,
+    stop: &CancellationToken,
+) -> Option<Job> {
     let ctx = job.ctx.clone();
     let mut counted = false;
     loop {
@@ -58,6 +78,7 @@ async fn pass_pool_gate(mut job: Job, gate: Arc<dyn Gate>) -> Option<Job> {
             tokio::select! {
                 biased;
                 reason = job.ticket.aborted() => AtGate::Aborted(reason),
+                _ = stop.cancelled() => AtGate::Stopped,
                 decided = tokio::time::timeout(left, gate.apply(input)) => match decided {
                     Ok(d) => AtGate::Decided(d),
                     Err(_) => AtGate::OutOfTime,
@@ -67,6 +88,10 @@ async fn pass_pool_gate(mut job: Job, gate: Arc<dyn Gate>) -> Option<Job> {
         let decision = match at_gate {
             AtGate::Aborted(reason) => {
                 aborted(job, reason);
+                return None;
+            }
+            AtGate::Stopped => {
+                job.release();
                 return None;
             }
             AtGate::OutOfTime => {
@@ -109,7 +134,19 @@ async fn pass_pool_gate(mut job: Job, gate: Arc<dyn Gate>) -> Option<Job> {
                 job.publish(dropped_result(&id, result));
                 return None;
             }
-            Verdict::Wait | Verdict::Refuse => {
+            Verdict::Refuse => {
+                // As Go: counted once per refusal, and the request goes back to the queue,
+                // freeing the worker for requests the gate would let through (another tenant's).
+                let reason = decision.refusal_reason();
+                Decision::release_all(decision.releases).await;
+                ctx.metrics
+                    .gate_decisions
+                    .get_or_create(&ctx.pool_labels.with_reason(reason))
+                    .inc();
+                job.put_back(POOL_GATE_REFUSED);
+                return None;
+            }
+            Verdict::Wait => {
                 let reason = decision.refusal_reason();
                 Decision::release_all(decision.releases).await;
                 if !counted {
@@ -119,15 +156,17 @@ async fn pass_pool_gate(mut job: Job, gate: Arc<dyn Gate>) -> Option<Job> {
                         .get_or_create(&ctx.pool_labels.with_reason(reason))
                         .inc();
                 }
-                let abort = tokio::select! {
+                let next = tokio::select! {
                     biased;
-                    reason = job.ticket.aborted() => Some(reason),
-                    _ = tokio::time::sleep(POOL_GATE_RETRY) => None,
+                    reason = job.ticket.aborted() => AtGate::Aborted(reason),
+                    _ = stop.cancelled() => AtGate::Stopped,
+                    _ = tokio::time::sleep(POOL_GATE_RETRY) => continue,
                 };
-                if let Some(reason) = abort {
-                    aborted(job, reason);
-                    return None;
+                match next {
+                    AtGate::Aborted(reason) => aborted(job, reason),
+                    _ => job.release(),
                 }
+                return None;
             }
         }
     }
@@ -145,7 +184,7 @@ pub async fn work(job: Job, env: Arc<WorkerEnv>) {
         ctx.series.requests.get().inc();
     }
     let mut job = match ctx.pool_gate.clone() {
-        Some(gate) => match pass_pool_gate(job, gate).await {
+        Some(gate) => match pass_pool_gate(job, gate, &env.stop_claiming).await {
             Some(job) => job,
             None => return,
         },

@@ -24,6 +24,7 @@ use std::time::Duration;
 use futures::future::BoxFuture;
 
 use crate::config::{GateSpec, GateType};
+use crate::ops::{Metrics, QueueLabels};
 use crate::wire::ResultMessage;
 
 /// What a gate says about one request.
@@ -34,8 +35,9 @@ pub enum Verdict {
     /// Not now: leave it where it is and ask again later (pending at queue level; the worker
     /// re-asks every 50 ms at pool level).
     Wait,
-    /// Not now, for a reason Go reports as refusal (e.g. over quota): handled like `Wait`, but
-    /// counted as `gate_closed` / `quota_exhausted`.
+    /// Not now, for a reason Go reports as refusal (e.g. over quota), counted as `gate_closed` /
+    /// `quota_exhausted`: left pending at queue level like `Wait`; at pool level the request
+    /// goes back to the queue and its worker is freed.
     Refuse,
     /// Finish it now with this result (or `GATE_DROPPED` when `None`).
     Drop(Option<ResultMessage>),
@@ -120,11 +122,6 @@ pub trait Gate: Send + Sync {
     /// Decides one request. An error is a gate failure (`GATE_ERROR` at pool level; the request
     /// stays pending at queue level).
     fn apply<'a>(&'a self, input: GateInput<'a>) -> BoxFuture<'a, Result<Decision, GateError>>;
-    /// The last metric reading of a metric gate, for Go's `gate_metric_*` gauges: the
-    /// `inference_pool` label, and the reading. Other gates have none.
-    fn reading(&self) -> Option<(String, metric::Reading)> {
-        None
-    }
 }
 
 /// Gate errors.
@@ -147,6 +144,25 @@ pub struct GateEnv {
     pub prometheus_url: Option<String>,
     /// `--prometheus-cache-ttl` (zero disables the cache).
     pub prometheus_cache_ttl: Duration,
+    /// Whose gate this is, for Go's `gate_metric_*` gauges: every metric gate built with this
+    /// env (wrapped in other gates or not) records each reading under these labels.
+    pub owner: Option<GateOwner>,
+}
+
+/// The queue or pool a gate belongs to (Go stamps the owner into a gate and its inner gates).
+#[derive(Clone)]
+pub struct GateOwner {
+    pub metrics: Arc<Metrics>,
+    /// A queue gate's queue labels; a pool gate's are empty but for `pool_name`, as in Go.
+    pub labels: QueueLabels,
+}
+
+impl std::fmt::Debug for GateOwner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GateOwner")
+            .field("labels", &self.labels)
+            .finish_non_exhaustive()
+    }
 }
 
 /// Builds the gate a config names.

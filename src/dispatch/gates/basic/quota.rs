@@ -7,7 +7,8 @@
 //!   (`lua/quotaRelease-1.lua`), or in the background if the release is dropped unrun. The
 //!   counter expires `window` after its last take (300 s for a zero window) in case holders die.
 //! - `mode: rate-limit` (default): at most `limit` admissions per sliding `window` (default
-//!   `1m`), one Lua step reckoned by Redis's clock (`lua/rateAdmit-1.lua`). Nothing to give back.
+//!   `1m`), one Lua step reckoned by Redis's clock (`lua/rateAdmit-1.lua`), scored in Unix
+//!   nanoseconds as Go scores them, so both share a window. Nothing to give back.
 //! - any other mode: every request continues.
 //!
 //! A request gets classification `reserved` (it got a unit) or `overflow`. `gating_mode: blocking`
@@ -37,6 +38,10 @@ static RATE_ADMIT: LazyLock<Script> =
 const DEFAULT_SLOT_TTL_SECS: u64 = 300;
 /// The TTL of a rate-limit window set whose window is zero (Go's value).
 const DEFAULT_WINDOW_TTL: Duration = Duration::from_secs(3600);
+
+/// The longest rate-limit window, in nanoseconds: the script does exact arithmetic on it in
+/// Lua's doubles (2^53 − 1 ns, about 104 days).
+const MAX_WINDOW_NS: u64 = (1 << 53) - 1;
 
 const GATE: &str = "redis-quota";
 
@@ -152,7 +157,9 @@ impl Quota {
                 }))))
             }
             Mode::RateLimit => {
-                let window_us = u64::try_from(self.window.as_micros()).unwrap_or(u64::MAX);
+                let window_ns = u64::try_from(self.window.as_nanos())
+                    .unwrap_or(u64::MAX)
+                    .min(MAX_WINDOW_NS);
                 let ttl = if self.window.is_zero() {
                     DEFAULT_WINDOW_TTL
                 } else {
@@ -165,7 +172,7 @@ impl Quota {
                     RATE_ADMIT
                         .key(key)
                         .arg(self.limit)
-                        .arg(window_us)
+                        .arg(window_ns)
                         .arg(ttl_ms)
                         .arg(&nonce)
                         .invoke_async::<i64>(&mut con)
@@ -406,6 +413,70 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(1050)).await;
         let d = apply(g.as_ref(), &u, &[]).await;
         assert_eq!(name(&d.verdict), "continue", "the window slid on");
+    }
+
+    /// Redis's clock in Unix nanoseconds, exact.
+    async fn redis_now_ns(con: &mut redis::aio::MultiplexedConnection) -> u128 {
+        let (secs, micros): (u128, u128) = redis::cmd("TIME").query_async(con).await.unwrap();
+        (secs * 1_000_000 + micros) * 1000
+    }
+
+    /// A window shared with Go processors, which score entries in Unix nanoseconds: a Go entry
+    /// two windows old is pruned by the next admission, a fresh one counts, and inferq's own
+    /// entries are nanoseconds too.
+    #[tokio::test]
+    async fn rate_limit_shares_go_nanosecond_window() {
+        let server = RedisServer::start().unwrap();
+        let mut con = server
+            .client()
+            .unwrap()
+            .get_multiplexed_async_connection()
+            .await
+            .unwrap();
+        let key = "quota:userid:mixed";
+        let window_ns: u128 = 10_000_000_000;
+        let now = redis_now_ns(&mut con).await;
+        let old = now - 2 * window_ns;
+        // As Go writes them: ZADD key now now, the score an integer of nanoseconds.
+        for stamp in [old, now] {
+            let _: () = redis::cmd("ZADD")
+                .arg(key)
+                .arg(stamp.to_string())
+                .arg(stamp.to_string())
+                .query_async(&mut con)
+                .await
+                .unwrap();
+        }
+        let p = params(&server, json!({"limit": 2, "window": "10s"}));
+        let g = gate("redis-quota", p).unwrap();
+        let u = [("userid", "mixed")];
+        let d = apply(g.as_ref(), &u, &[]).await;
+        assert_eq!(
+            name(&d.verdict),
+            "continue",
+            "the old Go entry is out of the window, the fresh one is the only one in it"
+        );
+        let gone: Option<f64> = con.zscore(key, old.to_string()).await.unwrap();
+        assert_eq!(gone, None, "the Go entry two windows old is pruned");
+        let d = apply(g.as_ref(), &u, &[]).await;
+        assert_eq!(
+            name(&d.verdict),
+            "refuse",
+            "the fresh Go entry and ours fill a limit of 2"
+        );
+        let entries: Vec<(String, f64)> = con.zrange_withscores(key, 0, -1).await.unwrap();
+        assert_eq!(entries.len(), 2, "{entries:?}");
+        let ours = &entries
+            .iter()
+            .find(|(m, _)| m != &now.to_string())
+            .unwrap()
+            .0;
+        let stamp: u128 = ours.split('-').next().unwrap().parse().unwrap();
+        let after = redis_now_ns(&mut con).await;
+        assert!(
+            (now..=after).contains(&stamp),
+            "our entry is scored in nanoseconds: {stamp} not in {now}..={after}"
+        );
     }
 
     #[tokio::test]

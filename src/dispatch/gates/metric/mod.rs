@@ -11,7 +11,8 @@
 //!   apply():  budget ≤ 0 ? Refuse : Continue
 //! ```
 //!
-//! The last reading is kept for the processor's gauges ([`MetricGate::last_reading`]).
+//! Every reading is recorded in Go's `gate_metric_*` gauges under the gate's owner (the queue or
+//! pool whose gate it is, or wraps it), and the last one is kept ([`MetricGate::last_reading`]).
 //!
 //! - [`promql`]: the Go PromQL text for the saturation and budget gates.
 //! - [`source`]: HTTP reads, the cascade, the scrape arithmetic, the cache.
@@ -29,7 +30,7 @@ use futures::future::BoxFuture;
 
 use self::source::{Cached, Prometheus, Scrape, Source, Target};
 use super::params::Params;
-use super::{Decision, Gate, GateEnv, GateError, GateInput, Verdict};
+use super::{Decision, Gate, GateEnv, GateError, GateInput, GateOwner, Verdict};
 use crate::config::{GateSpec, GateType};
 
 /// What a metric gate saw last time it computed its budget.
@@ -62,6 +63,8 @@ pub struct MetricGate {
     /// The budget when the source is unavailable, already clamped to [0, 1].
     fallback: f64,
     last: Mutex<Option<Reading>>,
+    /// Where each reading is recorded (none in tests of the gate alone).
+    owner: Option<GateOwner>,
 }
 
 impl MetricGate {
@@ -111,6 +114,14 @@ impl MetricGate {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .replace(reading);
+        if let Some(owner) = &self.owner {
+            owner.metrics.record_gate_reading(
+                &owner.labels,
+                self.pool().unwrap_or(""),
+                reading.value,
+                reading.threshold,
+            );
+        }
         let was_available = previous.map(|r| r.source_available());
         match value {
             Err(reason) if was_available != Some(false) => tracing::warn!(
@@ -132,11 +143,6 @@ impl MetricGate {
 }
 
 impl Gate for MetricGate {
-    fn reading(&self) -> Option<(String, Reading)> {
-        let pool = self.pool().unwrap_or("").to_owned();
-        self.last_reading().map(|r| (pool, r))
-    }
-
     fn budget(&self) -> BoxFuture<'_, f64> {
         Box::pin(self.read_budget())
     }
@@ -187,6 +193,7 @@ pub fn build_metric(spec: &GateSpec, env: &GateEnv) -> Result<Arc<MetricGate>, G
         threshold: parts.threshold,
         fallback: parts.fallback.clamp(0.0, 1.0),
         last: Mutex::new(None),
+        owner: env.owner.clone(),
     }))
 }
 

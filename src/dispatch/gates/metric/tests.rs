@@ -121,6 +121,7 @@ impl Server {
         GateEnv {
             prometheus_url: Some(format!("{}/", self.base)),
             prometheus_cache_ttl: ttl,
+            owner: None,
         }
     }
 
@@ -408,6 +409,7 @@ async fn scrape_cache() {
     let env = GateEnv {
         prometheus_url: None,
         prometheus_cache_ttl: Duration::from_secs(60),
+        owner: None,
     };
     let params = json!({"url": s.page_url("vllm"), "metric": "kv"});
     let g = build_metric(&spec(GateType::EndpointScrape, params), &env).unwrap();
@@ -421,6 +423,7 @@ fn build_errors_name_the_parameter() {
     let env = GateEnv {
         prometheus_url: Some("http://127.0.0.1:9".to_owned()),
         prometheus_cache_ttl: Duration::ZERO,
+        owner: None,
     };
     let err = |kind: GateType, params: Value| match build_metric(&spec(kind, params), &env) {
         Ok(_) => panic!("{kind:?} built"),
@@ -505,6 +508,7 @@ fn build_errors_name_the_parameter() {
             let env = GateEnv {
                 prometheus_url: url,
                 prometheus_cache_ttl: Duration::ZERO,
+                owner: None,
             };
             let e = super::build(&spec(kind, json!({"pool": "p", "query": "q"})), &env);
             let e = e.err().map(|e| e.to_string()).unwrap_or_default();
@@ -528,6 +532,7 @@ async fn unreachable_prometheus_gives_the_fallback() {
     let env = GateEnv {
         prometheus_url: Some("http://127.0.0.1:9".to_owned()),
         prometheus_cache_ttl: Duration::ZERO,
+        owner: None,
     };
     let g = build_metric(
         &spec(GateType::PrometheusBudget, json!({"pool": "p"})),
