@@ -85,6 +85,26 @@ fn ack(held: &Held, result: &ResultMessage) -> Finish {
     }
 }
 
+/// Submits `ids` (deadlines 60 s out) and claims them all: the claims in the order of `ids`.
+async fn submit_and_claim(r: &Rig, ids: &[&str]) -> Vec<Held> {
+    for id in ids {
+        r.producer.submit(request(id, 60)).await.unwrap();
+    }
+    let mut held = claim_head(&r.queue, ids.len() + 5).await;
+    assert_eq!(held.len(), ids.len());
+    held.sort_by_key(|h| ids.iter().position(|id| *id == h.envelope.request.id));
+    held
+}
+
+/// A park of `held` for a minute, its retry_count bumped.
+fn park_of(held: &Held) -> Finish {
+    Finish::Park {
+        fence: held.fence.clone(),
+        member: Queue::retry_member(&held.envelope),
+        backoff: Duration::from_secs(60),
+    }
+}
+
 async fn results(con: &mut redis::aio::ConnectionManager) -> Vec<ResultMessage> {
     let raw: Vec<String> = con.lrange(RESULTS, 0, -1).await.unwrap();
     raw.iter()
@@ -881,13 +901,8 @@ async fn commands_so_far(con: &mut redis::aio::ConnectionManager) -> u64 {
 #[tokio::test]
 async fn one_finish_call_moves_a_mixed_batch_each_item_fenced() {
     let mut r = rig(30_000, 5).await;
-    for id in ["a", "b", "c", "d", "e"] {
-        r.producer.submit(request(id, 60)).await.unwrap();
-    }
-    let held = claim_head(&r.queue, 10).await;
-    assert_eq!(held.len(), 5);
-    let by_id = |id: &str| held.iter().find(|h| h.envelope.request.id == id).unwrap();
-    let (a, b, c, d, e) = (by_id("a"), by_id("b"), by_id("c"), by_id("d"), by_id("e"));
+    let held = submit_and_claim(&r, &["a", "b", "c", "d", "e"]).await;
+    let (a, b, c, d, e) = (&held[0], &held[1], &held[2], &held[3], &held[4]);
     let mut stale = ack(e, &ResultMessage::http("e", 200, b"{}"));
     if let Finish::Ack { fence, .. } = &mut stale {
         fence.token = "not-the-owner".to_owned();
@@ -902,11 +917,7 @@ async fn one_finish_call_moves_a_mixed_batch_each_item_fenced() {
             result: ResultMessage::http("b", 500, b"{}").to_json(),
             record: "{\"id\":\"b\"}".to_owned(),
         },
-        Finish::Park {
-            fence: c.fence.clone(),
-            member: Queue::retry_member(&c.envelope),
-            backoff: Duration::from_secs(60),
-        },
+        park_of(c),
         Finish::Release {
             fence: d.fence.clone(),
         },
@@ -960,12 +971,8 @@ async fn one_finish_call_moves_a_mixed_batch_each_item_fenced() {
 #[tokio::test]
 async fn a_result_list_of_another_type_refuses_only_its_item() {
     let mut r = rig(30_000, 5).await;
-    for id in ["a", "b", "c", "d"] {
-        r.producer.submit(request(id, 60)).await.unwrap();
-    }
-    let held = claim_head(&r.queue, 10).await;
-    let by_id = |id: &str| held.iter().find(|h| h.envelope.request.id == id).unwrap();
-    let (a, b, c, d) = (by_id("a"), by_id("b"), by_id("c"), by_id("d"));
+    let held = submit_and_claim(&r, &["a", "b", "c", "d"]).await;
+    let (a, b, c, d) = (&held[0], &held[1], &held[2], &held[3]);
     let _: () = r.con.set("not-a-list", "x").await.unwrap();
     let mut to_string = ack(b, &ResultMessage::http("b", 200, b"{}"));
     if let Finish::Ack { result_list, .. } = &mut to_string {
@@ -974,11 +981,7 @@ async fn a_result_list_of_another_type_refuses_only_its_item() {
     let batch = vec![
         ack(a, &ResultMessage::http("a", 200, b"{}")),
         to_string,
-        Finish::Park {
-            fence: c.fence.clone(),
-            member: Queue::retry_member(&c.envelope),
-            backoff: Duration::from_secs(60),
-        },
+        park_of(c),
         Finish::Release {
             fence: d.fence.clone(),
         },
@@ -1007,21 +1010,10 @@ async fn a_result_list_of_another_type_refuses_only_its_item() {
 #[tokio::test]
 async fn a_queue_key_of_the_wrong_type_moves_nothing() {
     let mut r = rig(30_000, 5).await;
-    for id in ["a", "c"] {
-        r.producer.submit(request(id, 60)).await.unwrap();
-    }
-    let held = claim_head(&r.queue, 10).await;
-    let by_id = |id: &str| held.iter().find(|h| h.envelope.request.id == id).unwrap();
-    let (a, c) = (by_id("a"), by_id("c"));
+    let held = submit_and_claim(&r, &["a", "c"]).await;
+    let (a, c) = (&held[0], &held[1]);
     let _: () = r.con.set("q:parked", "x").await.unwrap();
-    let batch = vec![
-        ack(a, &ResultMessage::http("a", 200, b"{}")),
-        Finish::Park {
-            fence: c.fence.clone(),
-            member: Queue::retry_member(&c.envelope),
-            backoff: Duration::from_secs(60),
-        },
-    ];
+    let batch = vec![ack(a, &ResultMessage::http("a", 200, b"{}")), park_of(c)];
     let statuses = r.queue.finish(&batch).await.unwrap();
     assert_eq!(statuses[0], Finished::Published);
     assert!(
