@@ -181,6 +181,11 @@ impl RedisServer {
         redis::Client::open(self.url())
     }
 
+    /// An async connection to it, handy in tests.
+    pub async fn connection(&self) -> redis::RedisResult<redis::aio::MultiplexedConnection> {
+        self.client()?.get_multiplexed_async_connection().await
+    }
+
     /// SIGKILL: no shutdown save; what the AOF holds survives.
     pub fn kill(&mut self) {
         if let Some(mut child) = self.child.take() {

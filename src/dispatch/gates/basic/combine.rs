@@ -331,12 +331,7 @@ mod tests {
         let c = apply(g.as_ref(), &[("userid", "bob")], &[("tier", "batch")]).await;
         assert_eq!(name(&c.verdict), "wait", "reserved but saturated");
         assert!(c.releases.is_empty());
-        let mut con = server
-            .client()
-            .unwrap()
-            .get_multiplexed_async_connection()
-            .await
-            .unwrap();
+        let mut con = server.connection().await.unwrap();
         let bob: i64 = redis::AsyncCommands::get(&mut con, "quota:userid:bob")
             .await
             .unwrap();

@@ -284,12 +284,7 @@ mod tests {
     #[tokio::test]
     async fn concurrency_limit_release_and_ttl() {
         let server = RedisServer::start().unwrap();
-        let mut con = server
-            .client()
-            .unwrap()
-            .get_multiplexed_async_connection()
-            .await
-            .unwrap();
+        let mut con = server.connection().await.unwrap();
         let p = params(
             &server,
             json!({"mode": "concurrency", "limit": "2", "window": "10s"}),
@@ -362,12 +357,7 @@ mod tests {
             assert_eq!(over.classification.as_deref(), Some("overflow"));
             assert!(over.releases.is_empty(), "overflow holds nothing");
         }
-        let mut con = server
-            .client()
-            .unwrap()
-            .get_multiplexed_async_connection()
-            .await
-            .unwrap();
+        let mut con = server.connection().await.unwrap();
         let held: i64 = con.get("q/tenant:acme").await.unwrap();
         assert_eq!(held, 1);
 
@@ -399,12 +389,7 @@ mod tests {
         let d = apply(g.as_ref(), &u, &[]).await;
         assert_eq!(name(&d.verdict), "refuse");
         assert_eq!(d.classification.as_deref(), Some("overflow"));
-        let mut con = server
-            .client()
-            .unwrap()
-            .get_multiplexed_async_connection()
-            .await
-            .unwrap();
+        let mut con = server.connection().await.unwrap();
         let n: i64 = con.zcard("quota:userid:u").await.unwrap();
         assert_eq!(n, 2, "refusals are not recorded");
         let ttl: i64 = con.pttl("quota:userid:u").await.unwrap();
@@ -427,12 +412,7 @@ mod tests {
     #[tokio::test]
     async fn rate_limit_shares_go_nanosecond_window() {
         let server = RedisServer::start().unwrap();
-        let mut con = server
-            .client()
-            .unwrap()
-            .get_multiplexed_async_connection()
-            .await
-            .unwrap();
+        let mut con = server.connection().await.unwrap();
         let key = "quota:userid:mixed";
         let window_ns: u128 = 10_000_000_000;
         let now = redis_now_ns(&mut con).await;

@@ -109,12 +109,7 @@ mod tests {
     #[tokio::test]
     async fn reads_the_key() {
         let mut server = RedisServer::start().unwrap();
-        let mut con = server
-            .client()
-            .unwrap()
-            .get_multiplexed_async_connection()
-            .await
-            .unwrap();
+        let mut con = server.connection().await.unwrap();
         let g = gate(
             "redis",
             json!({"address": format!("127.0.0.1:{}", server.port())}),
