@@ -801,3 +801,23 @@ async fn health_and_metrics_answer_on_ipv6_and_ipv4() {
         }
     }
 }
+
+/// `async_pool_worker_limit` is set at start-up for every configured pool, as Go sets it, also
+/// for a pool no queue uses yet (before, only pools serving a queue had the gauge).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_pool_reports_its_worker_limit() {
+    let redis = RedisServer::start().unwrap();
+    let gateway = Gateway::start().await;
+    let opts = ProcessorOpts {
+        pools: Some(r#"[{"id":"default","workers":4},{"id":"spare","workers":3}]"#.to_owned()),
+        ..ProcessorOpts::default()
+    };
+    let p = Processor::start(&redis, &gateway, &opts).await;
+    let metrics = p.metrics().await;
+    for series in [
+        r#"llm_d_async_async_pool_worker_limit{pool_name="default"} 4"#,
+        r#"llm_d_async_async_pool_worker_limit{pool_name="spare"} 3"#,
+    ] {
+        assert!(metrics.contains(series), "{series} missing:\n{metrics}");
+    }
+}

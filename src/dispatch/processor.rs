@@ -293,16 +293,17 @@ pub async fn run(config: RunConfig, shutdown: CancellationToken) -> Result<(), D
         ctxs.push(ctx);
     }
     for pool in &config.pools {
-        let inputs = pool_inputs.remove(&pool.id).unwrap_or_default();
-        if inputs.is_empty() {
-            continue;
-        }
+        // Set at start-up for every configured pool, as Go sets it, serving a queue or not.
         metrics
             .pool_worker_limit
             .get_or_create(&PoolLabels {
                 pool_name: pool.id.clone(),
             })
             .set(i64::from(pool.workers));
+        let inputs = pool_inputs.remove(&pool.id).unwrap_or_default();
+        if inputs.is_empty() {
+            continue;
+        }
         pools.spawn(run_pool(
             usize::try_from(pool.workers).unwrap_or(1).max(1),
             RandomRobin::new(inputs),

@@ -418,10 +418,11 @@ impl Metrics {
             pool_name: labels.pool_name.clone(),
             inference_pool: inference_pool.to_owned(),
         };
+        // As Go: the value and threshold only with a reading; a failed read sets availability.
         if let Some(v) = value {
             self.gate_metric_value.get_or_create(&l).set(v);
+            self.gate_metric_threshold.get_or_create(&l).set(threshold);
         }
-        self.gate_metric_threshold.get_or_create(&l).set(threshold);
         self.gate_metric_source_available
             .get_or_create(&l)
             .set(i64::from(value.is_some()));
@@ -449,6 +450,27 @@ impl Metrics {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Go's metric gate sets the value and threshold gauges only with a reading; a failed read
+    /// sets `source_available` 0 and nothing else.
+    #[test]
+    fn a_failed_gate_reading_sets_only_its_availability() {
+        let m = Metrics::new();
+        let l = QueueLabels {
+            queue_id: "q1".into(),
+            queue_name: "q".into(),
+            pool_name: "default".into(),
+        };
+        m.record_gate_reading(&l, "p", None, 0.2);
+        let text = m.encode();
+        assert!(text.contains(r#"llm_d_async_async_gate_metric_source_available{queue_id="q1",queue_name="q",pool_name="default",inference_pool="p"} 0"#), "{text}");
+        assert!(!text.contains("gate_metric_threshold{"), "{text}");
+        assert!(!text.contains("gate_metric_value{"), "{text}");
+        m.record_gate_reading(&l, "p", Some(0.5), 0.2);
+        let text = m.encode();
+        assert!(text.contains(r#"llm_d_async_async_gate_metric_threshold{queue_id="q1",queue_name="q",pool_name="default",inference_pool="p"} 0.2"#), "{text}");
+        assert!(text.contains(r#"llm_d_async_async_gate_metric_source_available{queue_id="q1",queue_name="q",pool_name="default",inference_pool="p"} 1"#), "{text}");
+    }
 
     #[test]
     fn exposes_go_names() {
