@@ -52,8 +52,9 @@ end
 local owners = redis.call('HMGET', KEYS[2], unpack(cks))
 
 -- Before the first write, every key written must take its write (see writable): the queue's
--- own keys, or nothing moves; a result list, or its items are refused alone.
-local kinds = { 'hash', 'hash', 'zset', 'hash', 'hash' }
+-- own keys, or nothing moves; a result list, or its items are refused alone. The owners hash
+-- (KEYS[2]) was just read, so it holds its type.
+local kinds = { 'hash', false, 'zset', 'hash', 'hash' }
 local used = {}
 for i = 1, n do
   used[ARGV[(i - 1) * W + 1]] = true
