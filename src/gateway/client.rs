@@ -1478,6 +1478,56 @@ mod tests {
         assert_eq!(accepted.load(Ordering::SeqCst), 2, "no more connections");
     }
 
+    /// An origin that chose HTTP/2 is remembered for a while, not for the process's life: within
+    /// the memory no connection is dialled to ask again; after it, the next request asks again
+    /// (here the gateway still chooses HTTP/2, so it is remembered anew).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_http2_memory_lapses() {
+        use super::super::h1::Connections;
+        let (addr, accepted, _answered) = http2_server();
+        let dir = match tempfile::tempdir() {
+            Ok(dir) => dir,
+            Err(e) => panic!("tempdir: {e}"),
+        };
+        let trust = GatewayTls {
+            ca_cert: Some(crate::gateway::tls::tests::temp_file(
+                &dir,
+                "gateway.crt",
+                crate::gateway::leaf::tests::SELF_SIGNED_PEM,
+            )),
+            ..GatewayTls::default()
+        };
+        let config = match trust.client_config() {
+            Ok(config) => Arc::new(config),
+            Err(e) => panic!("tls: {e}"),
+        };
+        let memory = Duration::from_millis(300);
+        let connections = Connections::new(4, "test", config).with_http2_memory(memory);
+        let url = format!("https://127.0.0.1:{}/v1/completions", addr.port());
+        let target = match parse_target(&url) {
+            Ok(Target {
+                direct: Some(direct),
+                ..
+            }) => direct,
+            other => panic!("{other:?}"),
+        };
+        let send = || connections.send(&target, HeaderMap::new(), Bytes::from_static(b"{}"));
+        for (round, dialled) in [(1, 1), (2, 1)] {
+            let sent = send().await;
+            assert!(matches!(sent, Ok(Sent::Http2)), "round {round}");
+            assert_eq!(accepted.load(Ordering::SeqCst), dialled, "round {round}");
+        }
+        tokio::time::sleep(memory + Duration::from_millis(100)).await;
+        assert!(matches!(send().await, Ok(Sent::Http2)));
+        assert_eq!(
+            accepted.load(Ordering::SeqCst),
+            2,
+            "asked again after the memory"
+        );
+        assert!(matches!(send().await, Ok(Sent::Http2)));
+        assert_eq!(accepted.load(Ordering::SeqCst), 2, "and remembered anew");
+    }
+
     /// A TLS gateway whose connection is lost during the handshake (here: closed at once) is a
     /// connect failure to retry, not a refused certificate that ends the request.
     #[tokio::test]

@@ -7,8 +7,9 @@
 //! body enter [`Connections::send`]; a response head with its body stream leaves, together with
 //! the [`Held`] connection that the caller hands back with [`Connections::keep`] once it has read
 //! the body to the end. A TLS gateway is offered HTTP/2 and HTTP/1.1 by ALPN, as reqwest offers
-//! them; one that chooses HTTP/2 is remembered and answered [`Sent::Http2`], and its requests go
-//! through reqwest in [`super::client`], as do URLs with user info and redirects to follow.
+//! them; one that chooses HTTP/2 is remembered (for [`HTTP2_MEMORY`], then asked again) and
+//! answered [`Sent::Http2`], and its requests go through reqwest in [`super::client`], as do URLs
+//! with user info and redirects to follow.
 //!
 //! Why: reqwest is built for any request to anywhere. Each call converts the URL, goes through
 //! the redirect and retry layers and checks a connection out of a general pool keyed by scheme
@@ -27,7 +28,7 @@
 //! connection is awaited until it is ready: one whose last response was read a moment ago is
 //! reused rather than replaced by a new dial.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
@@ -49,6 +50,11 @@ pub(crate) const IDLE_TIMEOUT: Duration = Duration::from_secs(90);
 
 /// How often the idle connections are looked over for ones past [`IDLE_TIMEOUT`] or closed.
 pub(crate) const SWEEP_EVERY: Duration = Duration::from_secs(15);
+
+/// How long a TLS origin that chose HTTP/2 goes through the general client before a new
+/// connection asks it again: a gateway that goes back to HTTP/1.1 (a changed ingress) gets
+/// inferq's own connections back without a restart.
+pub(crate) const HTTP2_MEMORY: Duration = Duration::from_secs(600);
 
 /// A target of inferq's own connections, worked out once from its URL.
 #[derive(Debug, Clone)]
@@ -142,8 +148,9 @@ struct Pool {
     idle: Mutex<HashMap<String, Vec<(Sender, Instant)>>>,
     /// Whether a sweep task is running (it ends once nothing is idle).
     sweeping: AtomicBool,
-    /// The TLS origins that chose HTTP/2: their requests go through the general client.
-    http2: Mutex<HashSet<String>>,
+    /// The TLS origins that chose HTTP/2, each until when it is remembered: meanwhile their
+    /// requests go through the general client.
+    http2: Mutex<HashMap<String, Instant>>,
 }
 
 impl Pool {
@@ -151,8 +158,21 @@ impl Pool {
         self.idle.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn http2(&self) -> std::sync::MutexGuard<'_, HashSet<String>> {
+    fn http2(&self) -> std::sync::MutexGuard<'_, HashMap<String, Instant>> {
         self.http2.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Whether `origin` chose HTTP/2 within its memory; a lapsed entry is forgotten.
+    fn remembers_http2(&self, origin: &str, now: Instant) -> bool {
+        let mut http2 = self.http2();
+        match http2.get(origin) {
+            Some(until) if *until > now => true,
+            Some(_) => {
+                http2.remove(origin);
+                false
+            }
+            None => false,
+        }
     }
 }
 
@@ -172,6 +192,8 @@ pub(crate) struct Connections {
     user_agent: HeaderValue,
     /// For `https` targets; offers HTTP/2 and HTTP/1.1, as the general client does.
     tls: TlsConnector,
+    /// [`HTTP2_MEMORY`] (shorter in tests).
+    http2_memory: Duration,
 }
 
 impl std::fmt::Debug for Connections {
@@ -192,7 +214,7 @@ impl Connections {
             pool: Arc::new(Pool {
                 idle: Mutex::new(HashMap::new()),
                 sweeping: AtomicBool::new(false),
-                http2: Mutex::new(HashSet::new()),
+                http2: Mutex::new(HashMap::new()),
             }),
             max_idle,
             timing: Timing {
@@ -201,7 +223,15 @@ impl Connections {
             },
             user_agent: HeaderValue::from_static(user_agent),
             tls: TlsConnector::from(tls),
+            http2_memory: HTTP2_MEMORY,
         }
+    }
+
+    /// The same with a shorter HTTP/2 memory, for tests.
+    #[cfg(test)]
+    pub(crate) fn with_http2_memory(mut self, memory: Duration) -> Connections {
+        self.http2_memory = memory;
+        self
     }
 
     /// POSTs `body` to `target` with `headers` (plus `Host`, `User-Agent` and `Accept` as reqwest
@@ -335,7 +365,8 @@ impl Connections {
     /// when the TLS gateway chose HTTP/2, now (the connection is closed again and the origin
     /// remembered) or before.
     async fn dial(&self, target: &Direct) -> Result<Option<Sender>, SendFailure> {
-        if target.server_name.is_some() && self.pool.http2().contains(&target.origin) {
+        if target.server_name.is_some() && self.pool.remembers_http2(&target.origin, Instant::now())
+        {
             return Ok(None);
         }
         let stream = TcpStream::connect((target.host.as_str(), target.port))
@@ -351,7 +382,8 @@ impl Connections {
             .await
             .map_err(SendFailure::Tls)?;
         if stream.get_ref().1.alpn_protocol() == Some(b"h2") {
-            self.pool.http2().insert(target.origin.clone());
+            let until = Instant::now() + self.http2_memory;
+            self.pool.http2().insert(target.origin.clone(), until);
             return Ok(None);
         }
         handshake(stream).await.map(Some)
