@@ -31,6 +31,135 @@ async fn submit_refuses_a_file_with_a_bad_line_and_names_it() {
     assert_eq!(pending, 0);
 }
 
+/// Lines that used to pass the first check and fail later, or not be named: a line that is
+/// not UTF-8 and an absurd `timeout_s` are bad lines with their numbers, and nothing is
+/// submitted (before: exit 1 without a line for the first, and the line before it already
+/// queued for the second).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn submit_names_non_utf8_and_absurd_timeout_lines_and_submits_nothing() {
+    let redis = RedisServer::start().unwrap();
+    let mut input = b"{\"id\":\"a\",\"timeout_s\":60,\"payload\":{}}\n".to_vec();
+    input.extend_from_slice(b"{\"id\":\"b\",\"timeout_s\":60,\"payload\":{\"p\":\"\xff\"}}\n");
+    input.extend_from_slice(b"{\"id\":\"c\",\"timeout_s\":1e300,\"payload\":{}}\n");
+    let file = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(file.path(), &input).unwrap();
+    let path = file.path().display().to_string();
+    let out = inferq(&redis, &["submit", "-f", &path], "");
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("line 2: not valid UTF-8"), "{err}");
+    assert!(
+        err.contains("line 3: timeout_s is too large (1e300 s"),
+        "{err}"
+    );
+    assert!(err.contains("nothing was submitted"), "{err}");
+    let mut con = common::con(&redis).await;
+    let pending: u64 = con.zcard("request-sortedset").await.unwrap();
+    assert_eq!(pending, 0);
+}
+
+/// A `timeout_s` counts from submission, not from when reading began: lines that arrive
+/// slowly on standard input are all submitted (before: a 2 s line read 3 s after the first was
+/// refused as expired while the others were queued).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn submit_counts_timeouts_from_submission_on_a_slow_stdin() {
+    use std::io::Write;
+    let redis = RedisServer::start().unwrap();
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_inferq"))
+        .args(["submit"])
+        .env("REDIS_URL", redis.url())
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    writeln!(stdin, r#"{{"id":"early","timeout_s":2,"payload":{{}}}}"#).unwrap();
+    stdin.flush().unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(2_500));
+    writeln!(stdin, r#"{{"id":"late","timeout_s":2,"payload":{{}}}}"#).unwrap();
+    drop(stdin);
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut con = common::con(&redis).await;
+    let pending: u64 = con.zcard("request-sortedset").await.unwrap();
+    assert_eq!(pending, 2);
+}
+
+/// Redis stalling in the middle of a submission: the command still prints its summary, with
+/// what is queued, the lines that may or may not be, and the first line never sent, so a rerun
+/// can start at the right line (before: only "timed out", exit 1, and an unknown part queued).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn submit_cut_short_by_redis_says_what_is_queued() {
+    let redis =
+        RedisServer::start_with_args(vec!["--enable-debug-command".into(), "yes".into()]).unwrap();
+    let mut input = String::new();
+    for i in 0..20_000 {
+        input.push_str(&format!(
+            "{{\"id\":\"r{i}\",\"timeout_s\":600,\"payload\":{{}}}}\n"
+        ));
+    }
+    let file = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(file.path(), &input).unwrap();
+    let path = file.path().display().to_string();
+    let url = redis.url();
+    let submitting = std::thread::spawn(move || {
+        common::cli(
+            &["submit", "-f", &path, "--batch", "1"],
+            &[("REDIS_URL", &url)],
+            "",
+        )
+    });
+    // Let some go in, then stall Redis for longer than a command may take.
+    let mut con = common::con(&redis).await;
+    loop {
+        let n: u64 = con.zcard("request-sortedset").await.unwrap();
+        if n >= 100 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    let mut stall = redis.connection().await.unwrap();
+    // The reply comes after the sleep, past this connection's own timeout: not awaited.
+    let _: redis::RedisResult<()> = redis::cmd("DEBUG")
+        .arg("SLEEP")
+        .arg(5)
+        .query_async(&mut stall)
+        .await;
+    let out = submitting.join().unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let summary: serde_json::Value =
+        serde_json::from_str(String::from_utf8_lossy(&out.stdout).trim()).unwrap();
+    let submitted = summary["submitted"].as_u64().unwrap();
+    let doubt = &summary["in_doubt_lines"];
+    let (first, last) = (doubt[0].as_u64().unwrap(), doubt[1].as_u64().unwrap());
+    assert_eq!(first, submitted + 1, "{summary}");
+    assert_eq!(
+        summary["not_sent_from_line"].as_u64(),
+        Some(last + 1),
+        "{summary}"
+    );
+    let queued: u64 = con.zcard("request-sortedset").await.unwrap();
+    assert!(
+        queued >= submitted && queued <= last,
+        "queued {queued}, summary {summary}"
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(&format!("lines {first} to {last} may or may not be queued")),
+        "{err}"
+    );
+}
+
 /// Native and OpenAI Batch lines are submitted as the Go producer would, payload bytes intact.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn submit_native_and_openai_batch_lines() {

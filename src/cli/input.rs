@@ -13,6 +13,10 @@ use serde_json::value::RawValue;
 
 use crate::wire::NewRequest;
 
+/// The longest `timeout_s` taken: 100 years (a larger one is a mistake, and past the range of
+/// Unix seconds the producer can store).
+pub const MAX_TIMEOUT_S: f64 = 100.0 * 365.0 * 86_400.0;
+
 /// Why a line was refused.
 #[derive(Debug, thiserror::Error)]
 #[error("line {line}: {reason}")]
@@ -106,7 +110,12 @@ pub fn parse_line(
             if !(t.is_finite() && t >= 1.0) {
                 return Err(err(format!("timeout_s {t} must be at least 1 second")));
             }
-            now_s + t.ceil() as i64
+            if t > MAX_TIMEOUT_S {
+                return Err(err(format!(
+                    "timeout_s is too large ({t:e} s; at most {MAX_TIMEOUT_S} s, 100 years)"
+                )));
+            }
+            now_s.saturating_add(t.ceil() as i64)
         }
     };
     Ok(NewRequest {

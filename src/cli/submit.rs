@@ -38,8 +38,14 @@ pub struct CancelArgs {
     pub ids: Vec<String>,
 }
 
-fn read_input(args: &SubmitArgs) -> Result<(Vec<NewRequest>, Vec<LineError>), Failure> {
-    let reader: Box<dyn BufRead> = match &args.file {
+/// Reads every line, then parses them all against one clock reading taken once the input has
+/// ended (a `timeout_s` counts from submission, however slowly the lines arrived). A line that
+/// is not UTF-8 is a bad line like any other. The requests keep their line numbers.
+/// The requests with their line numbers, and the bad lines.
+type Input = (Vec<(usize, NewRequest)>, Vec<LineError>);
+
+fn read_input(args: &SubmitArgs) -> Result<Input, Failure> {
+    let mut reader: Box<dyn BufRead> = match &args.file {
         Some(p) if p.as_os_str() != "-" => Box::new(std::io::BufReader::new(
             std::fs::File::open(p)
                 .with_context(|| format!("cannot open {}", p.display()))
@@ -47,19 +53,36 @@ fn read_input(args: &SubmitArgs) -> Result<(Vec<NewRequest>, Vec<LineError>), Fa
         )),
         _ => Box::new(std::io::stdin().lock()),
     };
-    let now_s = crate::queue::producer::unix_ms() / 1000;
-    let mut good = Vec::new();
+    let mut lines = Vec::new();
     let mut bad = Vec::new();
-    for (i, line) in reader.lines().enumerate() {
-        let line = line.context("cannot read input")?;
-        if line.trim().is_empty() {
-            continue;
+    let mut buf = Vec::new();
+    for line_no in 1.. {
+        buf.clear();
+        if reader
+            .read_until(b'\n', &mut buf)
+            .context("cannot read input")?
+            == 0
+        {
+            break;
         }
-        match parse_line(i + 1, &line, now_s, args.default_timeout_s) {
-            Ok(r) => good.push(r),
+        match std::str::from_utf8(&buf) {
+            Ok(text) if text.trim().is_empty() => {}
+            Ok(text) => lines.push((line_no, text.trim_end_matches(['\n', '\r']).to_owned())),
+            Err(e) => bad.push(LineError {
+                line: line_no,
+                reason: format!("not valid UTF-8 ({e})"),
+            }),
+        }
+    }
+    let now_s = crate::queue::producer::unix_ms() / 1000;
+    let mut good = Vec::with_capacity(lines.len());
+    for (line_no, text) in lines {
+        match parse_line(line_no, &text, now_s, args.default_timeout_s) {
+            Ok(r) => good.push((line_no, r)),
             Err(e) => bad.push(e),
         }
     }
+    bad.sort_by_key(|e| e.line);
     Ok((good, bad))
 }
 
@@ -85,12 +108,41 @@ pub async fn submit(args: SubmitArgs) -> Result<(), Failure> {
     while !pending.is_empty() {
         let rest = pending.split_off(pending.len().min(args.batch.max(1)));
         let chunk = std::mem::replace(&mut pending, rest);
-        for outcome in producer.submit_many(chunk).await.context("submit failed")? {
+        let lines: Vec<usize> = chunk.iter().map(|(line, _)| *line).collect();
+        let sent = producer
+            .submit_many(chunk.into_iter().map(|(_, r)| r).collect())
+            .await;
+        let outcomes = match sent {
+            Ok(outcomes) => outcomes,
+            Err(e) => {
+                // The batch's replies are unknown: say exactly what is queued, what may be,
+                // and what was never sent, so a rerun can start at the right line.
+                bar.finish_and_clear();
+                let (first, last) = (lines.first().copied(), lines.last().copied());
+                let not_sent = pending.first().map(|(line, _)| *line);
+                println!(
+                    "{}",
+                    serde_json::json!({"submitted": submitted, "refused": refused + bad.len() as u64, "queue": producer.request_queue(), "in_doubt_lines": [first, last], "not_sent_from_line": not_sent})
+                );
+                let mut what = format!(
+                    "lines {} to {} may or may not be queued (Redis did not confirm them)",
+                    first.unwrap_or(0),
+                    last.unwrap_or(0)
+                );
+                if let Some(line) = not_sent {
+                    what.push_str(&format!("; lines from {line} on were not sent"));
+                }
+                return Err(Failure::from(anyhow::anyhow!(
+                    "submit failed after {submitted} request(s): {e}; {what}"
+                )));
+            }
+        };
+        for (outcome, line) in outcomes.into_iter().zip(lines) {
             match outcome {
                 Ok(_) => submitted += 1,
                 Err(e) => {
                     refused += 1;
-                    bar.suspend(|| eprintln!("inferq submit: {e}"));
+                    bar.suspend(|| eprintln!("inferq submit: line {line}: {e}"));
                 }
             }
             bar.inc(1);
