@@ -256,6 +256,41 @@ async fn results_writes_jsonl_and_reliable_mode_survives_a_dead_consumer() {
     assert_eq!(out.status.code(), Some(1));
 }
 
+/// Plain `results` (Go's destructive pop) writes each result as it was stored, fields inferq
+/// does not know included, and writes an entry that does not parse too, with a warning, and
+/// goes on (before: the popped entry was lost, the run stopped with exit 1, and known results
+/// were re-serialised without their unknown fields).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn results_keeps_what_it_pops_as_it_was_stored() {
+    let redis = RedisServer::start().unwrap();
+    let mut con = common::con(&redis).await;
+    let stored = [
+        ResultMessage::http("a", 200, b"{}").to_json(),
+        r#"{"id":"b","status_code":200,"payload":"{}","extra":1}"#.to_owned(),
+        "not json".to_owned(),
+        ResultMessage::http("c", 200, b"{}").to_json(),
+    ];
+    for entry in &stored {
+        let _: () = con.lpush("result-list", entry).await.unwrap();
+    }
+    let out = inferq(&redis, &["results", "-n", "4", "--timeout", "5s"], "");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let written: Vec<String> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(str::to_owned)
+        .collect();
+    assert_eq!(written, stored, "in order, byte for byte");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("does not parse"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 /// `TOKIO_WORKER_THREADS` (the runtime's thread count) that cannot be used is bad input: exit 2
 /// naming the variable and the value, where Tokio itself would have panicked. A usable value
 /// runs as usual.

@@ -67,25 +67,23 @@ pub async fn results(args: ResultsArgs) -> Result<(), Failure> {
         let wait = left
             .min(Duration::from_secs(1))
             .max(Duration::from_millis(10));
-        match reliable.as_mut() {
-            Some(c) => {
-                let Some(taken) = c.take(wait).await.context("take failed")? else {
-                    continue;
-                };
-                if let Err(e) = &taken.result {
-                    tracing::warn!(error = %e, "writing a result that does not parse as it is");
-                }
-                out.write_all(&taken.raw)?;
-                out.write_all(b"\n")?;
-                out.flush()?;
-                c.ack(&taken).await.context("ack failed")?;
-            }
-            None => {
-                let Some(result) = popper.pop(wait).await.context("pop failed")? else {
-                    continue;
-                };
-                writeln!(out, "{}", result.to_json())?;
-            }
+        // Either way a result is written as it was stored (fields inferq does not know kept),
+        // and one that does not parse is written too, with a warning, rather than lost.
+        let taken = match reliable.as_mut() {
+            Some(c) => c.take(wait).await.context("take failed")?,
+            None => popper.pop_raw(wait).await.context("pop failed")?,
+        };
+        let Some(taken) = taken else {
+            continue;
+        };
+        if let Err(e) = &taken.result {
+            tracing::warn!(error = %e, "writing a result that does not parse as it is");
+        }
+        out.write_all(&taken.raw)?;
+        out.write_all(b"\n")?;
+        out.flush()?;
+        if let Some(c) = reliable.as_mut() {
+            c.ack(&taken).await.context("ack failed")?;
         }
         written += 1;
     }

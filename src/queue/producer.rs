@@ -305,6 +305,27 @@ impl Popper {
             .await?;
         got.map(|(_, raw)| parse_result(&raw)).transpose()
     }
+
+    /// One result as it was stored, with its parse (or why it does not parse), or `None` after
+    /// `timeout`: a popped entry that does not parse is not lost to the caller.
+    pub async fn pop_raw(
+        &mut self,
+        timeout: Duration,
+    ) -> Result<Option<TakenResult>, ProducerError> {
+        let got: Option<(String, Vec<u8>)> = redis::cmd("BRPOP")
+            .arg(&self.results)
+            .arg(timeout.as_secs_f64())
+            .query_async(&mut self.con)
+            .await?;
+        Ok(got.map(|(_, raw)| TakenResult::of(raw)))
+    }
+}
+
+impl TakenResult {
+    fn of(raw: Vec<u8>) -> TakenResult {
+        let result = parse_result(&raw).map_err(|e| e.to_string());
+        TakenResult { raw, result }
+    }
 }
 
 /// Takes results into `<result list>:taken:<consumer>` (BLMOVE) so that a consumer that dies
@@ -328,13 +349,7 @@ impl ReliableConsumer {
             .arg(timeout.as_secs_f64())
             .query_async(&mut self.blocking)
             .await?;
-        match raw {
-            None => Ok(None),
-            Some(raw) => {
-                let result = parse_result(&raw).map_err(|e| e.to_string());
-                Ok(Some(TakenResult { raw, result }))
-            }
-        }
+        Ok(raw.map(TakenResult::of))
     }
 
     /// The result is stored: forget it.
