@@ -13,6 +13,14 @@ fn inferq(redis: &RedisServer, args: &[&str], stdin: &str) -> Output {
     common::cli(args, &[("REDIS_URL", &redis.url())], stdin)
 }
 
+/// `submit` said it submitted nothing, and the queue is indeed empty.
+async fn assert_nothing_submitted(redis: &RedisServer, err: &str) {
+    assert!(err.contains("nothing was submitted"), "{err}");
+    let mut con = common::con(redis).await;
+    let pending: u64 = con.zcard("request-sortedset").await.unwrap();
+    assert_eq!(pending, 0);
+}
+
 /// A bad line is named with its number and reason, and nothing at all is submitted.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn submit_refuses_a_file_with_a_bad_line_and_names_it() {
@@ -25,10 +33,7 @@ async fn submit_refuses_a_file_with_a_bad_line_and_names_it() {
         err.contains("line 3: timeout_s 0 must be at least 1 second"),
         "{err}"
     );
-    assert!(err.contains("nothing was submitted"), "{err}");
-    let mut con = common::con(&redis).await;
-    let pending: u64 = con.zcard("request-sortedset").await.unwrap();
-    assert_eq!(pending, 0);
+    assert_nothing_submitted(&redis, &err).await;
 }
 
 /// Lines that used to pass the first check and fail later, or not be named: a line that is
@@ -52,10 +57,7 @@ async fn submit_names_non_utf8_and_absurd_timeout_lines_and_submits_nothing() {
         err.contains("line 3: timeout_s is too large (1e300 s"),
         "{err}"
     );
-    assert!(err.contains("nothing was submitted"), "{err}");
-    let mut con = common::con(&redis).await;
-    let pending: u64 = con.zcard("request-sortedset").await.unwrap();
-    assert_eq!(pending, 0);
+    assert_nothing_submitted(&redis, &err).await;
 }
 
 /// A `timeout_s` counts from submission, not from when reading began: lines that arrive
@@ -124,6 +126,7 @@ async fn submit_cut_short_by_redis_says_what_is_queued() {
         tokio::time::sleep(std::time::Duration::from_millis(5)).await;
     }
     let mut stall = redis.connection().await.unwrap();
+    let awake_at = tokio::time::Instant::now() + std::time::Duration::from_millis(5_500);
     // The reply comes after the sleep, past this connection's own timeout: not awaited.
     let _: redis::RedisResult<()> = redis::cmd("DEBUG")
         .arg("SLEEP")
@@ -131,6 +134,8 @@ async fn submit_cut_short_by_redis_says_what_is_queued() {
         .query_async(&mut stall)
         .await;
     let out = submitting.join().unwrap();
+    // Redis answers nobody until its sleep is over.
+    tokio::time::sleep_until(awake_at).await;
     assert_eq!(
         out.status.code(),
         Some(1),

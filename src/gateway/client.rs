@@ -1425,13 +1425,9 @@ mod tests {
         (addr, accepted, answered)
     }
 
-    /// A TLS gateway that chooses HTTP/2 by ALPN is served over HTTP/2 (through reqwest), as
-    /// before inferq's own connections took HTTPS: the connection that found out is closed, and
-    /// later requests go straight to HTTP/2 without dialling again.
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn an_http2_gateway_is_served_over_http2() {
-        const WORKERS: usize = 8;
-        let (addr, accepted, answered) = http2_server();
+    /// Trust in the test certificate the HTTP/2 server serves (`--tls-ca-cert` naming it); the
+    /// folder holding the file lives as long as the first value.
+    fn self_signed_trust() -> (tempfile::TempDir, GatewayTls) {
         let dir = match tempfile::tempdir() {
             Ok(dir) => dir,
             Err(e) => panic!("tempdir: {e}"),
@@ -1444,6 +1440,17 @@ mod tests {
             )),
             ..GatewayTls::default()
         };
+        (dir, trust)
+    }
+
+    /// A TLS gateway that chooses HTTP/2 by ALPN is served over HTTP/2 (through reqwest), as
+    /// before inferq's own connections took HTTPS: the connection that found out is closed, and
+    /// later requests go straight to HTTP/2 without dialling again.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_http2_gateway_is_served_over_http2() {
+        const WORKERS: usize = 8;
+        let (addr, accepted, answered) = http2_server();
+        let (_dir, trust) = self_signed_trust();
         let client = match GatewayClient::new(&trust, WORKERS) {
             Ok(client) => client,
             Err(e) => panic!("client: {e}"),
@@ -1485,18 +1492,7 @@ mod tests {
     async fn the_http2_memory_lapses() {
         use super::super::h1::Connections;
         let (addr, accepted, _answered) = http2_server();
-        let dir = match tempfile::tempdir() {
-            Ok(dir) => dir,
-            Err(e) => panic!("tempdir: {e}"),
-        };
-        let trust = GatewayTls {
-            ca_cert: Some(crate::gateway::tls::tests::temp_file(
-                &dir,
-                "gateway.crt",
-                crate::gateway::leaf::tests::SELF_SIGNED_PEM,
-            )),
-            ..GatewayTls::default()
-        };
+        let (_dir, trust) = self_signed_trust();
         let config = match trust.client_config() {
             Ok(config) => Arc::new(config),
             Err(e) => panic!("tls: {e}"),
