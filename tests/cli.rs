@@ -116,7 +116,7 @@ async fn submit_cut_short_by_redis_says_what_is_queued() {
             "",
         )
     });
-    // Let some go in, then stall Redis for longer than a command may take.
+    // Let some go in, then stall Redis for longer than the producer waits for a reply.
     let mut con = common::con(&redis).await;
     loop {
         let n: u64 = con.zcard("request-sortedset").await.unwrap();
@@ -126,11 +126,12 @@ async fn submit_cut_short_by_redis_says_what_is_queued() {
         tokio::time::sleep(std::time::Duration::from_millis(5)).await;
     }
     let mut stall = redis.connection().await.unwrap();
-    let awake_at = tokio::time::Instant::now() + std::time::Duration::from_millis(5_500);
+    // Longer than the producer's connection waits in all (3 s per try, three tries).
+    let awake_at = tokio::time::Instant::now() + std::time::Duration::from_millis(12_500);
     // The reply comes after the sleep, past this connection's own timeout: not awaited.
     let _: redis::RedisResult<()> = redis::cmd("DEBUG")
         .arg("SLEEP")
-        .arg(5)
+        .arg(12)
         .query_async(&mut stall)
         .await;
     let out = submitting.join().unwrap();
