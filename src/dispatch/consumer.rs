@@ -327,12 +327,7 @@ async fn admit(ctx: &QueueCtx, mut env: Envelope) -> Option<(Envelope, Admission
             },
         )),
         Verdict::Wait | Verdict::Refuse => {
-            let reason = decision.refusal_reason();
-            Decision::release_all(decision.releases).await;
-            ctx.metrics
-                .gate_decisions
-                .get_or_create(&ctx.labels.with_reason(reason))
-                .inc();
+            ctx.turn_away(decision, &ctx.labels, true).await;
             None
         }
     }

@@ -62,6 +62,20 @@ pub struct QueueCtx {
 }
 
 impl QueueCtx {
+    /// A gate turned a request away (refused it, or told it to wait): its reservations are
+    /// undone and, when `count`, the decision is counted under `labels` (a queue's, or a pool
+    /// gate's).
+    pub async fn turn_away(&self, decision: Decision, labels: &QueueLabels, count: bool) {
+        let reason = decision.refusal_reason();
+        Decision::release_all(decision.releases).await;
+        if count {
+            self.metrics
+                .gate_decisions
+                .get_or_create(&labels.with_reason(reason))
+                .inc();
+        }
+    }
+
     /// Where a result goes: the queue's result list, else the message's, else the default.
     pub fn result_list(&self, routing: &Routing) -> String {
         if let Some(list) = self

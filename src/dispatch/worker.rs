@@ -137,25 +137,14 @@ async fn pass_pool_gate(
             Verdict::Refuse => {
                 // As Go: counted once per refusal, and the request goes back to the queue,
                 // freeing the worker for requests the gate would let through (another tenant's).
-                let reason = decision.refusal_reason();
-                Decision::release_all(decision.releases).await;
-                ctx.metrics
-                    .gate_decisions
-                    .get_or_create(&ctx.pool_labels.with_reason(reason))
-                    .inc();
+                ctx.turn_away(decision, &ctx.pool_labels, true).await;
                 job.put_back(POOL_GATE_REFUSED);
                 return None;
             }
             Verdict::Wait => {
-                let reason = decision.refusal_reason();
-                Decision::release_all(decision.releases).await;
-                if !counted {
-                    counted = true;
-                    ctx.metrics
-                        .gate_decisions
-                        .get_or_create(&ctx.pool_labels.with_reason(reason))
-                        .inc();
-                }
+                // Counted once per message, as Go records a wait.
+                ctx.turn_away(decision, &ctx.pool_labels, !counted).await;
+                counted = true;
                 let next = tokio::select! {
                     biased;
                     reason = job.ticket.aborted() => AtGate::Aborted(reason),
