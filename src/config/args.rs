@@ -397,105 +397,45 @@ impl RunArgs {
 
     /// The legacy flags of the sorted-set transport (and the shared ones) that were given.
     pub(crate) fn sorted_set_legacy_flags_set(&self) -> Vec<&'static str> {
-        names_given([
-            ("--message-queue-impl", self.message_queue_impl.is_some()),
-            ("--redis-tracing", self.redis_tracing.is_some()),
-            ("--redis.url", self.redis_url.is_some()),
-            (
-                "--redis.ss.igw-base-url",
-                self.redis_ss_igw_base_url.is_some(),
-            ),
-            (
-                "--redis.ss.request-path-url",
-                self.redis_ss_request_path_url.is_some(),
-            ),
-            (
-                "--redis.ss.inference-objective",
-                self.redis_ss_inference_objective.is_some(),
-            ),
-            (
-                "--redis.ss.request-queue-name",
-                self.redis_ss_request_queue_name.is_some(),
-            ),
-            (
-                "--redis.ss.result-queue-name",
-                self.redis_ss_result_queue_name.is_some(),
-            ),
-            (
-                "--redis.ss.poll-interval-ms",
-                self.redis_ss_poll_interval_ms.is_some(),
-            ),
-            ("--redis.ss.batch-size", self.redis_ss_batch_size.is_some()),
-            ("--redis.ss.gate-type", self.redis_ss_gate_type.is_some()),
-            (
-                "--redis.ss.gate-params",
-                self.redis_ss_gate_params.is_some(),
-            ),
-            (
-                "--redis.ss.queues-config",
-                self.redis_ss_queues_config.is_some(),
-            ),
-            (
-                "--redis.ss.queues-config-file",
-                self.redis_ss_queues_config_file.is_some(),
-            ),
-        ])
+        given!(self,
+            "--message-queue-impl" => message_queue_impl,
+            "--redis-tracing" => redis_tracing,
+            "--redis.url" => redis_url,
+            "--redis.ss.igw-base-url" => redis_ss_igw_base_url,
+            "--redis.ss.request-path-url" => redis_ss_request_path_url,
+            "--redis.ss.inference-objective" => redis_ss_inference_objective,
+            "--redis.ss.request-queue-name" => redis_ss_request_queue_name,
+            "--redis.ss.result-queue-name" => redis_ss_result_queue_name,
+            "--redis.ss.poll-interval-ms" => redis_ss_poll_interval_ms,
+            "--redis.ss.batch-size" => redis_ss_batch_size,
+            "--redis.ss.gate-type" => redis_ss_gate_type,
+            "--redis.ss.gate-params" => redis_ss_gate_params,
+            "--redis.ss.queues-config" => redis_ss_queues_config,
+            "--redis.ss.queues-config-file" => redis_ss_queues_config_file,
+        )
     }
 
     /// The given flags of the redis-pubsub and gcp-pubsub transports, which inferq does not
     /// implement.
     pub(crate) fn other_transport_flags_set(&self) -> Vec<&'static str> {
-        names_given([
-            ("--redis.igw-base-url", self.redis_igw_base_url.is_some()),
-            (
-                "--redis.request-path-url",
-                self.redis_request_path_url.is_some(),
-            ),
-            (
-                "--redis.inference-objective",
-                self.redis_inference_objective.is_some(),
-            ),
-            (
-                "--redis.request-queue-name",
-                self.redis_request_queue_name.is_some(),
-            ),
-            (
-                "--redis.retry-queue-name",
-                self.redis_retry_queue_name.is_some(),
-            ),
-            (
-                "--redis.result-queue-name",
-                self.redis_result_queue_name.is_some(),
-            ),
-            ("--redis.queues-config", self.redis_queues_config.is_some()),
-            (
-                "--redis.queues-config-file",
-                self.redis_queues_config_file.is_some(),
-            ),
-            ("--pubsub.igw-base-url", self.pubsub_igw_base_url.is_some()),
-            ("--pubsub.project-id", self.pubsub_project_id.is_some()),
-            (
-                "--pubsub.request-path-url",
-                self.pubsub_request_path_url.is_some(),
-            ),
-            (
-                "--pubsub.inference-objective",
-                self.pubsub_inference_objective.is_some(),
-            ),
-            (
-                "--pubsub.request-subscriber-id",
-                self.pubsub_request_subscriber_id.is_some(),
-            ),
-            (
-                "--pubsub.result-topic-id",
-                self.pubsub_result_topic_id.is_some(),
-            ),
-            (
-                "--pubsub.topics-config-file",
-                self.pubsub_topics_config_file.is_some(),
-            ),
-            ("--pubsub.batch-size", self.pubsub_batch_size.is_some()),
-        ])
+        given!(self,
+            "--redis.igw-base-url" => redis_igw_base_url,
+            "--redis.request-path-url" => redis_request_path_url,
+            "--redis.inference-objective" => redis_inference_objective,
+            "--redis.request-queue-name" => redis_request_queue_name,
+            "--redis.retry-queue-name" => redis_retry_queue_name,
+            "--redis.result-queue-name" => redis_result_queue_name,
+            "--redis.queues-config" => redis_queues_config,
+            "--redis.queues-config-file" => redis_queues_config_file,
+            "--pubsub.igw-base-url" => pubsub_igw_base_url,
+            "--pubsub.project-id" => pubsub_project_id,
+            "--pubsub.request-path-url" => pubsub_request_path_url,
+            "--pubsub.inference-objective" => pubsub_inference_objective,
+            "--pubsub.request-subscriber-id" => pubsub_request_subscriber_id,
+            "--pubsub.result-topic-id" => pubsub_result_topic_id,
+            "--pubsub.topics-config-file" => pubsub_topics_config_file,
+            "--pubsub.batch-size" => pubsub_batch_size,
+        )
     }
 
     /// Whether any flag of the new transport surface was given.
@@ -506,14 +446,17 @@ impl RunArgs {
     }
 }
 
-/// The names whose flag was given, in order.
-fn names_given<const N: usize>(flags: [(&'static str, bool); N]) -> Vec<&'static str> {
-    flags
-        .into_iter()
-        .filter(|&(_, set)| set)
-        .map(|(name, _)| name)
-        .collect()
+/// The names, in order, of the flags whose field is set (`Some`): `given!(self, "--flag" =>
+/// field, ...)`.
+macro_rules! given {
+    ($args:ident, $($name:literal => $field:ident,)*) => {
+        [$(($name, $args.$field.is_some())),*]
+            .into_iter()
+            .filter_map(|(name, set)| set.then_some(name))
+            .collect()
+    };
 }
+use given;
 
 /// A boolean flag value as Go's flag packages read it (`strconv.ParseBool`): `1`, `t`, `T`,
 /// `TRUE`, `true`, `True` and `0`, `f`, `F`, `FALSE`, `false`, `False`. A bare flag means true.
