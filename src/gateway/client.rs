@@ -834,17 +834,23 @@ mod tests {
         location: String,
     ) -> (SocketAddr, Arc<Mutex<Vec<SocketAddr>>>) {
         let hits = Arc::new(Mutex::new(Vec::new()));
-        let (counted, paged) = (hits.clone(), hits.clone());
+        // Notes the client address of a request to either redirecting route.
+        let note = {
+            let hits = hits.clone();
+            move |peer: SocketAddr| {
+                hits.lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .push(peer);
+            }
+        };
+        let (counted, paged) = (note.clone(), note);
         let page_location = location.clone();
         let app =
             Router::new()
                 .route(
                     "/moved",
                     any(move |ConnectInfo(peer): ConnectInfo<SocketAddr>| {
-                        counted
-                            .lock()
-                            .unwrap_or_else(std::sync::PoisonError::into_inner)
-                            .push(peer);
+                        counted(peer);
                         let location = location.clone();
                         async move { (status, [("location", location)]) }
                     }),
@@ -852,10 +858,7 @@ mod tests {
                 .route(
                     "/moved-with-a-page",
                     any(move |ConnectInfo(peer): ConnectInfo<SocketAddr>| {
-                        paged
-                            .lock()
-                            .unwrap_or_else(std::sync::PoisonError::into_inner)
-                            .push(peer);
+                        paged(peer);
                         let location = page_location.clone();
                         let page = format!("<a href=\"{location}\">Temporary Redirect</a>.\n");
                         async move { (status, [("location", location)], page) }
