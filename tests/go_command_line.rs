@@ -82,6 +82,70 @@ async fn a_go_legacy_command_line_serves_the_queues_of_its_queues_file() {
     );
 }
 
+/// A Go production command line (`--zap-devel=false`) gets zap's JSON log lines: every line the
+/// processor writes from start to shutdown is one object with zap's keys, `ts` in the encoding
+/// `--zap-time-encoding` names, warnings at level `warn`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_production_zap_command_line_writes_json_log_lines() {
+    let redis = RedisServer::start().unwrap();
+    let gw = Gateway::start().await;
+    let opts = ProcessorOpts {
+        extra_args: [
+            "--zap-devel=false",
+            "--zap-time-encoding=epoch",
+            "--zap-log-level=info",
+        ]
+        .map(str::to_owned)
+        .to_vec(),
+        ..ProcessorOpts::default()
+    };
+    let mut p = Processor::start(&redis, &gw, &opts).await;
+    producer(&redis, &opts.queue)
+        .await
+        .submit(request("j-1", 60, r#"{"prompt":"a"}"#))
+        .await
+        .unwrap();
+    let mut con = con(&redis).await;
+    assert_eq!(
+        wait_results(&mut con, 1, Duration::from_secs(10))
+            .await
+            .len(),
+        1
+    );
+    p.signal("TERM");
+    assert_eq!(p.wait_exit(Duration::from_secs(20)).await, Some(0));
+
+    let log = p.log();
+    let lines: Vec<serde_json::Value> = log
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
+        .collect();
+    assert!(lines.len() >= 3, "{log}");
+    let started = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64();
+    for line in &lines {
+        for key in ["level", "logger", "msg"] {
+            assert!(line[key].is_string(), "{key} in {line}");
+        }
+        let ts = line["ts"]
+            .as_f64()
+            .unwrap_or_else(|| panic!("ts in {line}"));
+        assert!(
+            (started - ts).abs() < 120.0,
+            "ts {ts} is not epoch seconds: {line}"
+        );
+    }
+    assert!(
+        lines.iter().any(|l| l["level"] == "warn"
+            && l["msg"]
+                .as_str()
+                .is_some_and(|m| m.contains("--zap-log-level=info is ignored"))),
+        "{log}"
+    );
+}
+
 /// What Go refuses is refused with exit code 2 naming the flag, and a Go command line for the
 /// redis-pubsub transport is refused for that transport, not for its flags.
 #[test]
@@ -103,11 +167,15 @@ fn go_values_and_transports_inferq_refuses_exit_2_naming_why() {
         "--zap-devel=false",
     ]);
     assert_eq!(code, Some(2), "{err}");
-    assert!(
-        err.contains(
-            "invalid config: --message-queue-impl: \"redis-pubsub\" is not supported; inferq \
-             supports only redis-sortedset"
-        ),
+    // --zap-devel=false: the error is Go's production log line, one JSON object.
+    let line: serde_json::Value = serde_json::from_str(err.trim()).unwrap_or_else(|e| {
+        panic!("not one JSON line ({e}): {err}");
+    });
+    assert_eq!(line["level"], "error", "{err}");
+    assert_eq!(
+        line["msg"],
+        "invalid config: --message-queue-impl: \"redis-pubsub\" is not supported; inferq \
+         supports only redis-sortedset",
         "{err}"
     );
     for (arg, flag) in [

@@ -7,6 +7,7 @@ mod chaos;
 mod dead_letter;
 mod demo;
 mod input;
+mod logs;
 mod results;
 mod run;
 mod submit;
@@ -143,16 +144,6 @@ impl<E: Into<anyhow::Error>> From<E> for Failure {
     }
 }
 
-fn init_tracing(default_level: &str) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level));
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_writer(std::io::stderr)
-        .try_init();
-}
-
 /// Tokio's own setting for its worker threads (default: one per core). Tokio would panic on a
 /// value it cannot use; inferq reads it first and refuses such a value as bad input.
 const WORKER_THREADS_ENV: &str = "TOKIO_WORKER_THREADS";
@@ -188,7 +179,15 @@ pub fn main() -> ExitCode {
         Command::Run(args) if args.v <= 0 => "warn",
         _ => "info",
     };
-    init_tracing(level);
+    let format = match &cli.command {
+        Command::Run(args) => logs::LogFormat::from_zap_flags(
+            args.zap_devel,
+            args.zap_encoder.as_deref(),
+            args.zap_time_encoding.as_deref(),
+        ),
+        _ => logs::LogFormat::Text,
+    };
+    logs::init(level, format);
     let mut builder = tokio::runtime::Builder::new_multi_thread();
     match worker_threads(std::env::var_os(WORKER_THREADS_ENV)) {
         Ok(Some(n)) => {
@@ -196,14 +195,17 @@ pub fn main() -> ExitCode {
         }
         Ok(None) => {}
         Err(reason) => {
-            eprintln!("inferq: {WORKER_THREADS_ENV}: {reason}");
+            logs::fatal(format, &anyhow::anyhow!("{WORKER_THREADS_ENV}: {reason}"));
             return ExitCode::from(EXIT_BAD_INPUT);
         }
     }
     let runtime = match builder.enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
-            eprintln!("inferq: cannot start the async runtime: {e}");
+            logs::fatal(
+                format,
+                &anyhow::anyhow!("cannot start the async runtime: {e}"),
+            );
             return ExitCode::from(1);
         }
     };
@@ -230,7 +232,7 @@ pub fn main() -> ExitCode {
     match outcome {
         Ok(()) => ExitCode::SUCCESS,
         Err(f) => {
-            eprintln!("inferq: {:#}", f.error);
+            logs::fatal(format, &f.error);
             ExitCode::from(f.code)
         }
     }

@@ -170,8 +170,8 @@ pub struct RunArgs {
     )]
     pub v: i32,
 
-    /// Go's zap development mode [Go default: true]; accepted for compatibility. inferq's log
-    /// format does not change with it (false would make Go write JSON logs: a warning says so).
+    /// Go's zap development mode [Go default: true]. As in Go, false writes JSON log lines
+    /// (zap's production keys) unless --zap-encoder=console is given.
     #[arg(
         long = "zap-devel",
         action = ArgAction::Set,
@@ -183,8 +183,8 @@ pub struct RunArgs {
     )]
     pub zap_devel: Option<bool>,
 
-    /// Go's zap log encoder, json or console; accepted for compatibility. inferq writes text
-    /// logs either way (json gets a warning).
+    /// Go's zap log encoder: json (one object per line with zap's keys level, ts, logger,
+    /// caller, msg) or console (text lines) [default: console, json with --zap-devel=false].
     #[arg(long = "zap-encoder", value_parser = zap_encoder, value_name = "ENCODER")]
     pub zap_encoder: Option<String>,
 
@@ -201,8 +201,8 @@ pub struct RunArgs {
     )]
     pub zap_stacktrace_level: Option<String>,
 
-    /// Go's zap time encoding, epoch, millis, nanos, iso8601, rfc3339 or rfc3339nano; accepted
-    /// for compatibility and ignored (inferq's log lines carry RFC 3339 times).
+    /// Go's zap time encoding of JSON lines' ts, in UTC: epoch, millis, nanos, iso8601, rfc3339
+    /// or rfc3339nano [default: rfc3339, as controller-runtime's]. Text lines keep their own.
     #[arg(
         long = "zap-time-encoding",
         value_parser = zap_time_encoding,

@@ -364,25 +364,13 @@ fn select_transport(
 }
 
 /// Warnings for Go's zap flags where inferq's logs differ from what they ask of Go's: the level
-/// (set by `-v` alone, as in Go) and JSON output (inferq writes text).
+/// is set by `-v` alone, as in Go. (The format flags are honoured: see `cli::logs`.)
 fn logging_warnings(args: &RunArgs) -> Vec<String> {
     let mut warnings = Vec::new();
     if let Some(level) = &args.zap_log_level {
         warnings.push(format!(
             "--zap-log-level={level} is ignored: -v sets the log level (in the Go processor too, \
              -v always wins)"
-        ));
-    }
-    let encoder = args.zap_encoder.as_deref().map(str::to_ascii_lowercase);
-    let json = match encoder.as_deref() {
-        Some("json") => Some("--zap-encoder=json"),
-        // Zap's production mode (development off) writes JSON unless told otherwise.
-        None if args.zap_devel == Some(false) => Some("--zap-devel=false"),
-        _ => None,
-    };
-    if let Some(flag) = json {
-        warnings.push(format!(
-            "{flag} asks for JSON logs, which inferq does not write: its logs stay text lines"
         ));
     }
     warnings
