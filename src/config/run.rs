@@ -50,6 +50,8 @@ pub struct RunConfig {
     pub redis_tls: RedisTls,
     /// Prometheus access for the `prometheus-*` gates.
     pub prometheus: PrometheusSettings,
+    /// OpenTelemetry tracing; `None` unless `OTEL_EXPORTER_OTLP_ENDPOINT` is set.
+    pub otel: Option<super::otel::OtelSettings>,
     /// Log verbosity (`-v`): 2 default, 3 verbose, 4 debug, 5 trace.
     pub verbosity: i32,
     /// Deprecations and ignored settings, for the caller to log once logging is up.
@@ -201,10 +203,8 @@ where
         None => e,
     };
     let (transport, claim_fields) = resolve(raw, env, &mut warnings).map_err(rename)?;
-    warnings.extend(tracing_warning(
-        transport.enable_tracing,
-        env("OTEL_EXPORTER_OTLP_ENDPOINT"),
-    ));
+    let otel = super::otel::from_env(env)?;
+    warnings.extend(tracing_warning(transport.enable_tracing));
 
     let pools = match non_empty(&args.pool_config_file) {
         Some(_) if legacy.is_some() && !legacy::has_queues_config(args) => {
@@ -283,6 +283,7 @@ where
             url: prometheus_url,
             cache_ttl,
         },
+        otel,
         verbosity: args.v,
         warnings,
     })
@@ -514,17 +515,12 @@ fn optional_duration(flag: &str, text: &Option<String>) -> Result<Option<Duratio
     non_empty(text).map(|t| flag_duration(flag, t)).transpose()
 }
 
-/// The warning that OpenTelemetry tracing is asked for (Go's `enable_tracing`, or the standard
-/// `OTEL_EXPORTER_OTLP_ENDPOINT` that switches Go's tracing on) but not supported yet: no
-/// spans are exported and no `traceparent` is sent to the gateway.
-fn tracing_warning(enable_tracing: bool, otlp_endpoint: Option<String>) -> Option<String> {
-    let asked = match (enable_tracing, otlp_endpoint.filter(|e| !e.is_empty())) {
-        (_, Some(_)) => "OTEL_EXPORTER_OTLP_ENDPOINT is set",
-        (true, None) => "enable_tracing is true",
-        (false, None) => return None,
-    };
-    Some(format!(
-        "{asked}, but inferq does not support OpenTelemetry tracing yet: no spans are exported \
-         and no traceparent header is sent to the gateway"
-    ))
+/// The warning for Go's `enable_tracing`: it asks for a span per Redis command, which inferq
+/// does not export (its request spans follow `OTEL_EXPORTER_OTLP_ENDPOINT`, as Go's do).
+fn tracing_warning(enable_tracing: bool) -> Option<String> {
+    enable_tracing.then(|| {
+        "enable_tracing is true, but inferq exports no spans of Redis commands; its request \
+         spans follow OTEL_EXPORTER_OTLP_ENDPOINT"
+            .to_owned()
+    })
 }

@@ -1127,30 +1127,43 @@ mod props {
     }
 }
 
-/// OpenTelemetry tracing is not supported yet: asking for it (Go's `enable_tracing`, or the
-/// OTLP endpoint variable that switches Go's tracing on) loads, with a warning that says so;
-/// not asking gives no such warning.
+/// `OTEL_EXPORTER_OTLP_ENDPOINT` switches request tracing on without a warning (the exporter's
+/// settings are in the config); Go's `enable_tracing`, which asks for spans of Redis commands,
+/// loads with a warning that inferq does not export those.
 #[test]
-fn asking_for_tracing_warns_that_it_is_not_supported() {
-    let traced = |w: &[String]| w.iter().any(|w| w.contains("OpenTelemetry"));
-    assert!(!traced(&load_ok(&[SS, &inline(MINIMAL)]).warnings));
+fn tracing_follows_the_otlp_endpoint_and_enable_tracing_warns() {
+    let c = load_ok(&[SS, &inline(MINIMAL)]);
+    assert_eq!(c.otel, None);
+    assert!(
+        !c.warnings.iter().any(|w| w.contains("spans")),
+        "{:?}",
+        c.warnings
+    );
     let with_field = MINIMAL.replacen('{', r#"{"enable_tracing":true,"#, 1);
     let c = load_ok(&[SS, &inline(&with_field)]);
     assert!(
         c.warnings
             .iter()
-            .any(|w| w.starts_with("enable_tracing is true") && w.contains("OpenTelemetry")),
+            .any(|w| w.starts_with("enable_tracing is true") && w.contains("Redis commands")),
         "{:?}",
         c.warnings
     );
     let args = parse(&[SS, &inline(MINIMAL)]).unwrap();
     let env = |k: &str| (k == "OTEL_EXPORTER_OTLP_ENDPOINT").then(|| "http://otel:4317".to_owned());
     let c = load_with_env(&args, env).unwrap();
+    assert_eq!(
+        c.otel.map(|o| (o.endpoint, o.service_name)),
+        Some(("http://otel:4317".to_owned(), "llm-d-async".to_owned()))
+    );
     assert!(
-        c.warnings
-            .iter()
-            .any(|w| w.starts_with("OTEL_EXPORTER_OTLP_ENDPOINT is set")),
+        !c.warnings.iter().any(|w| w.contains("spans")),
         "{:?}",
         c.warnings
     );
+    let env = |k: &str| (k == "OTEL_EXPORTER_OTLP_ENDPOINT").then(|| "otel:x".to_owned());
+    let e = load_with_env(&args, env)
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
+    assert!(e.contains("OTEL_EXPORTER_OTLP_ENDPOINT"), "{e}");
 }

@@ -79,8 +79,8 @@ pub struct SortedSetConfig {
     pub poll_interval: Duration,
     /// Most requests taken from one queue per poll.
     pub batch_size: u32,
-    /// Go's switch for OpenTelemetry tracing: accepted, with a warning that inferq does not
-    /// support tracing yet.
+    /// Go's switch for spans of Redis commands: accepted, with a warning that inferq does not
+    /// export those (request spans follow `OTEL_EXPORTER_OTLP_ENDPOINT`).
     pub enable_tracing: bool,
     /// The request queues, in config order (the first is Go's retry fallback queue).
     pub queues: Vec<QueueConfig>,

@@ -16,6 +16,7 @@
 //! - [`consumer`]: peek → triage → claim → hand to the pool.
 //! - [`merge`]: random-robin across a pool's queues.
 //! - [`worker`]: one request → one HTTP attempt → its next move.
+//! - [`trace`]: the request's OpenTelemetry spans and the trace headers sent to the gateway.
 //! - [`outbox`]: batched, outage-tolerant writing of outcomes.
 //! - [`doorbell`]: wake-ups by pub/sub when work arrives; polling is the fallback.
 //! - [`upkeep`]: renewals, cancel checks, reclaim, promotion, backlog.
@@ -34,6 +35,7 @@ pub mod last_chance;
 pub mod merge;
 pub mod outbox;
 pub mod processor;
+pub mod trace;
 pub mod upkeep;
 pub mod worker;
 

@@ -18,12 +18,13 @@ use super::gates::{self, Gate, GateEnv, GateOwner};
 use super::holdings::{Abort, Holdings};
 use super::merge::RandomRobin;
 use super::outbox::run_outbox;
+use super::trace::RequestTracer;
 use super::upkeep;
 use super::worker::{work, WorkerEnv};
 use crate::config::{RunConfig, TlsFiles};
 use crate::gateway::{self, GatewayClient, GatewayTls};
 use crate::ops::{
-    metrics::PoolLabels, serve_health, serve_metrics, Metrics, QueueLabels, Readiness,
+    metrics::PoolLabels, otel::Otel, serve_health, serve_metrics, Metrics, QueueLabels, Readiness,
 };
 use crate::queue::{connect, scripts::SCRIPTS, Queue};
 
@@ -40,6 +41,8 @@ pub enum DispatchError {
     Config(String),
     #[error("gateway client: {0}")]
     Gateway(#[from] gateway::GatewayError),
+    #[error(transparent)]
+    Otel(#[from] crate::ops::otel::OtelError),
 }
 
 /// How often in-flight requests' cancel markers are checked.
@@ -189,12 +192,25 @@ pub async fn run(config: RunConfig, shutdown: CancellationToken) -> Result<(), D
             "fault injection armed: a request whose payload carries the marker aborts this process"
         );
     }
+    let otel = match &config.otel {
+        Some(settings) => {
+            let otel = Otel::start(settings)?;
+            tracing::info!(
+                endpoint = %crate::config::redact_url(&settings.endpoint),
+                service = %settings.service_name,
+                "exporting request spans over OTLP"
+            );
+            Some(otel)
+        }
+        None => None,
+    };
     let stop_claiming = CancellationToken::new();
     let env = Arc::new(WorkerEnv {
         client: gateway_client,
         request_timeout: config.request_timeout,
         fairness: config.merge_policy.fairness.clone(),
         stop_claiming: stop_claiming.clone(),
+        tracer: otel.as_ref().map(|o| RequestTracer::new(o.tracer())),
     });
     let flush = CancellationToken::new();
     let stop_upkeep = CancellationToken::new();
@@ -352,6 +368,9 @@ pub async fn run(config: RunConfig, shutdown: CancellationToken) -> Result<(), D
     stop_upkeep.cancel();
     upkeep_tasks.close();
     upkeep_tasks.wait().await;
+    if let Some(otel) = otel {
+        otel.shutdown().await;
+    }
     servers.cancel();
     let _ = health.await;
     let _ = metrics_server.await;

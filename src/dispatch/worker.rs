@@ -18,6 +18,7 @@ use super::consumer::dropped_result;
 use super::context::Job;
 use super::gates::{Decision, Gate, GateError, GateInput, Verdict};
 use super::holdings::Abort;
+use super::trace::{RequestFacts, RequestTracer};
 use crate::config::Fairness;
 use crate::gateway::{self, ClientError, ErrorCategory, GatewayClient, Outcome, RetryDecision};
 use crate::queue::producer::unix_ms;
@@ -32,6 +33,8 @@ pub struct WorkerEnv {
     /// pool gate has not started, so it is released to pending at once rather than after the
     /// drain time.
     pub stop_claiming: CancellationToken,
+    /// Makes each request's spans when OpenTelemetry tracing is on.
+    pub tracer: Option<RequestTracer>,
 }
 
 /// How often a request waiting at its pool gate asks again.
@@ -172,6 +175,16 @@ pub async fn work(job: Job, env: Arc<WorkerEnv>) {
     if job.held.envelope.internal.retry_count == 0 {
         ctx.series.requests.get().inc();
     }
+    // Ends (is exported) when this function returns, however it returns.
+    let span = env.tracer.as_ref().map(|tracer| {
+        tracer.start(&RequestFacts {
+            id: &job.held.envelope.request.id,
+            retry_count: job.held.envelope.internal.retry_count,
+            queue_id: &ctx.labels.queue_id,
+            queue_name: &ctx.labels.queue_name,
+            metadata: &job.held.envelope.request.metadata,
+        })
+    });
     let mut job = match ctx.pool_gate.clone() {
         Some(gate) => match pass_pool_gate(job, gate, &env.stop_claiming).await {
             Some(job) => job,
@@ -208,9 +221,12 @@ pub async fn work(job: Job, env: Arc<WorkerEnv>) {
         Err(e) => {
             ctx.series.failed.get().inc();
             let id = request.id.clone();
-            let msg = ClientError::new(ErrorCategory::InvalidReq, "failed to create request")
-                .with_cause(e)
-                .inference_error_message();
+            let error = ClientError::new(ErrorCategory::InvalidReq, "failed to create request")
+                .with_cause(e);
+            if let Some(span) = &span {
+                span.fatal(&error);
+            }
+            let msg = error.inference_error_message();
             return job.publish(ResultMessage::error(&id, ErrorCode::InferenceError, &msg));
         }
     };
@@ -229,13 +245,18 @@ pub async fn work(job: Job, env: Arc<WorkerEnv>) {
             .map(|value| (header, value.as_str()))
     });
     let objective = ctx.spec.inference_objective.as_deref().unwrap_or("");
-    // Made as the request is sent (and again only if a gateway redirects it).
+    let http_span = span.as_ref().map(|span| span.attempt(target.url()));
+    let trace_headers = http_span.as_ref().map_or(&[][..], |s| &s.headers[..]);
+    // Made as the request is sent (and again only if a gateway redirects it). The trace
+    // context comes after the message's headers and wins over them, as Go's otelhttp injects
+    // it last.
     let headers = || {
         gateway::build_headers(
             objective,
             request
                 .headers
                 .iter()
+                .chain(trace_headers.iter().map(|(k, v)| (k, v)))
                 .map(|(k, v)| (k.as_str(), v.as_str())),
             fairness,
             &request.id,
@@ -257,6 +278,12 @@ pub async fn work(job: Job, env: Arc<WorkerEnv>) {
         Ok(a) => a,
         Err(reason) => return aborted(job, reason),
     };
+    if let Some(http_span) = http_span {
+        http_span.end(attempt.outcome.status());
+    }
+    if let Some(span) = &span {
+        span.outcome(&attempt.outcome);
+    }
     ctx.series
         .inference_latency
         .get()

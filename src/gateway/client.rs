@@ -429,6 +429,13 @@ pub struct Target {
     direct: Option<Direct>,
 }
 
+impl Target {
+    /// The parsed URL.
+    pub fn url(&self) -> &Url {
+        &self.parsed
+    }
+}
+
 /// Runs `future` until `deadline`; `None` if the deadline came first.
 async fn within<F: std::future::Future>(deadline: Option<Instant>, future: F) -> Option<F::Output> {
     match deadline {

@@ -1,9 +1,11 @@
 //! Operations surface of a running processor: Prometheus metrics under the Go processor's names
-//! (plus inferq's own), and the `/healthz` + `/readyz` server with Go's semantics.
+//! (plus inferq's own), the `/healthz` + `/readyz` server with Go's semantics, and the
+//! OpenTelemetry trace export (`otel`).
 
 pub mod health;
 pub mod listen;
 pub mod metrics;
+pub mod otel;
 
 pub use health::{serve_health, serve_metrics, Readiness};
 pub use metrics::{Metrics, QueueLabels};

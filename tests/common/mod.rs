@@ -240,6 +240,8 @@ pub struct ProcessorOpts {
     /// Flags that name the transport instead of `--transport`/`--transport-config` with the
     /// JSON above (a Go deployment's legacy flags).
     pub transport_args: Option<Vec<String>>,
+    /// Environment variables for the processor.
+    pub env: Vec<(String, String)>,
 }
 
 impl Default for ProcessorOpts {
@@ -257,6 +259,7 @@ impl Default for ProcessorOpts {
             redis_url: None,
             poll_interval_ms: 50,
             transport_args: None,
+            env: Vec::new(),
         }
     }
 }
@@ -314,6 +317,7 @@ impl Processor {
                 opts.request_timeout,
             ])
             .env("RUST_LOG", "info")
+            .envs(opts.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(log.reopen().unwrap())
             .stderr(log.reopen().unwrap())

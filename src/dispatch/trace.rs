@@ -1,0 +1,202 @@
+//! A request's OpenTelemetry spans, as the Go processor makes them (go-compat §9.3): a
+//! `process-request` span per worker run, its parent taken from the message's `metadata`
+//! (`traceparent`, `tracestate`, `baggage`), and a client span `http-request` per attempt whose
+//! context travels to the gateway in W3C `traceparent`/`tracestate`/`baggage` headers.
+//!
+//! In: the tracer `ops::otel` started (none when tracing is off: then nothing here runs). Out:
+//! spans to the exporter, and the header pairs the worker adds to its gateway request.
+
+use std::borrow::Cow;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use opentelemetry::propagation::{
+    Extractor, Injector, TextMapCompositePropagator, TextMapPropagator,
+};
+use opentelemetry::trace::{SpanKind, Status, TraceContextExt, Tracer as _};
+use opentelemetry::{Context, KeyValue};
+use opentelemetry_sdk::propagation::{BaggagePropagator, TraceContextPropagator};
+use opentelemetry_sdk::trace::SdkTracer;
+
+use crate::gateway::{ClientError, Outcome};
+
+/// Makes the spans of requests; cheap to clone.
+#[derive(Clone)]
+pub struct RequestTracer {
+    tracer: SdkTracer,
+    propagator: Arc<TextMapCompositePropagator>,
+}
+
+/// What a span says of the request it covers.
+pub struct RequestFacts<'a> {
+    pub id: &'a str,
+    pub retry_count: u32,
+    pub queue_id: &'a str,
+    pub queue_name: &'a str,
+    pub metadata: &'a BTreeMap<String, String>,
+}
+
+impl RequestTracer {
+    pub fn new(tracer: SdkTracer) -> RequestTracer {
+        let propagator = TextMapCompositePropagator::new(vec![
+            Box::new(TraceContextPropagator::new()),
+            Box::new(BaggagePropagator::new()),
+        ]);
+        RequestTracer {
+            tracer,
+            propagator: Arc::new(propagator),
+        }
+    }
+
+    /// Starts the `process-request` span of one worker run, a child of the trace the message
+    /// carries (a new trace when it carries none). It ends when the returned span is dropped.
+    pub fn start(&self, facts: &RequestFacts<'_>) -> RequestSpan {
+        let parent = self.propagator.extract(&Metadata(facts.metadata));
+        let mut attributes = vec![
+            KeyValue::new("request.id", facts.id.to_owned()),
+            KeyValue::new("retry.count", i64::from(facts.retry_count)),
+        ];
+        for (key, value) in [
+            ("queue.id", facts.queue_id),
+            ("queue.name", facts.queue_name),
+        ] {
+            if !value.is_empty() {
+                attributes.push(KeyValue::new(key, value.to_owned()));
+            }
+        }
+        let span = self
+            .tracer
+            .span_builder("process-request")
+            .with_attributes(attributes)
+            .start_with_context(&self.tracer, &parent);
+        RequestSpan {
+            cx: parent.with_span(span),
+            tracer: self.clone(),
+        }
+    }
+}
+
+/// The `process-request` span of one worker run.
+pub struct RequestSpan {
+    cx: Context,
+    tracer: RequestTracer,
+}
+
+impl RequestSpan {
+    /// Starts the `http-request` client span of one attempt at `url` (credentials already left
+    /// out by the caller) and returns it with the headers that carry its context.
+    pub fn attempt(&self, url: &url::Url) -> AttemptSpan {
+        let mut attributes = vec![
+            KeyValue::new("http.request.method", "POST"),
+            KeyValue::new("url.full", without_credentials(url).into_owned()),
+        ];
+        if let Some(host) = url.host_str() {
+            attributes.push(KeyValue::new("server.address", host.to_owned()));
+        }
+        if let Some(port) = url.port_or_known_default() {
+            attributes.push(KeyValue::new("server.port", i64::from(port)));
+        }
+        let tracer = &self.tracer.tracer;
+        let span = tracer
+            .span_builder("http-request")
+            .with_kind(SpanKind::Client)
+            .with_attributes(attributes)
+            .start_with_context(tracer, &self.cx);
+        let cx = self.cx.with_span(span);
+        let mut headers = Headers(Vec::new());
+        self.tracer.propagator.inject_context(&cx, &mut headers);
+        AttemptSpan {
+            cx,
+            headers: headers.0,
+        }
+    }
+
+    /// Records how the attempt ended: `error.category` on a failure, and an error status when
+    /// it is final (a retry is not a failure of the request yet).
+    pub fn outcome(&self, outcome: &Outcome) {
+        let Some(error) = outcome.client_error() else {
+            return;
+        };
+        let span = self.cx.span();
+        span.set_attribute(KeyValue::new("error.category", error.category.as_str()));
+        if !matches!(outcome, Outcome::Retry { .. }) {
+            span.set_status(Status::error(error_text(error)));
+        }
+    }
+
+    /// Records a request that failed before an attempt (its URL cannot be made).
+    pub fn fatal(&self, error: &ClientError) {
+        let span = self.cx.span();
+        span.set_attribute(KeyValue::new("error.category", error.category.as_str()));
+        span.set_status(Status::error(error_text(error)));
+    }
+}
+
+impl Drop for RequestSpan {
+    fn drop(&mut self) {
+        self.cx.span().end();
+    }
+}
+
+/// The `http-request` span of one attempt.
+pub struct AttemptSpan {
+    cx: Context,
+    /// `traceparent` (and `tracestate`, `baggage` when there are any) for the gateway request.
+    pub headers: Vec<(String, String)>,
+}
+
+impl AttemptSpan {
+    /// Ends the span with the response's status code, if one came (an error status from 500 on
+    /// or without a response, as client spans are marked).
+    pub fn end(self, status: Option<u16>) {
+        let span = self.cx.span();
+        match status {
+            Some(code) => {
+                span.set_attribute(KeyValue::new("http.response.status_code", i64::from(code)));
+                if code >= 500 {
+                    span.set_status(Status::error(format!("HTTP {code}")));
+                }
+            }
+            None => span.set_status(Status::error("no response")),
+        }
+        span.end();
+    }
+}
+
+fn error_text(error: &ClientError) -> String {
+    format!("{}: {}", error.category.as_str(), error.message)
+}
+
+/// A URL as a span may show it: without user name and password.
+fn without_credentials(url: &url::Url) -> Cow<'_, str> {
+    if url.username().is_empty() && url.password().is_none() {
+        return Cow::Borrowed(url.as_str());
+    }
+    let mut clean = url.clone();
+    let _ = clean.set_username("");
+    let _ = clean.set_password(None);
+    Cow::Owned(clean.to_string())
+}
+
+/// The message's metadata as the propagators read it (keys are case-sensitive, as Go's
+/// `MapCarrier`).
+struct Metadata<'a>(&'a BTreeMap<String, String>);
+
+impl Extractor for Metadata<'_> {
+    fn get(&self, key: &str) -> Option<&str> {
+        self.0.get(key).map(String::as_str)
+    }
+
+    fn keys(&self) -> Vec<&str> {
+        self.0.keys().map(String::as_str).collect()
+    }
+}
+
+/// The header pairs the propagators write.
+struct Headers(Vec<(String, String)>);
+
+impl Injector for Headers {
+    fn set(&mut self, key: &str, value: String) {
+        self.0.push((key.to_owned(), value));
+    }
+}

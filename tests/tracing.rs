@@ -1,0 +1,222 @@
+//! End-to-end tests of OpenTelemetry tracing: `inferq run` with `OTEL_EXPORTER_OTLP_ENDPOINT`
+//! pointing at a real OTLP gRPC receiver (tonic, the collector's own protocol) exports Go's spans
+//! and carries the trace to the gateway in a `traceparent` header.
+
+mod common;
+
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use common::*;
+use inferq::testkit::RedisServer;
+use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{
+    TraceService, TraceServiceServer,
+};
+use opentelemetry_proto::tonic::collector::trace::v1::{
+    ExportTraceServiceRequest, ExportTraceServiceResponse,
+};
+use opentelemetry_proto::tonic::common::v1::any_value::Value;
+use opentelemetry_proto::tonic::common::v1::KeyValue;
+use opentelemetry_proto::tonic::trace::v1::span::SpanKind;
+use opentelemetry_proto::tonic::trace::v1::status::StatusCode;
+
+/// One exported span with what the tests look at.
+#[derive(Debug, Clone)]
+struct Got {
+    service: String,
+    scope: String,
+    name: String,
+    kind: i32,
+    trace_id: String,
+    span_id: String,
+    parent_span_id: String,
+    attributes: Vec<(String, String)>,
+    status: i32,
+}
+
+impl Got {
+    fn attr(&self, key: &str) -> Option<&str> {
+        self.attributes
+            .iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+fn text(kv: &KeyValue) -> String {
+    match kv.value.as_ref().and_then(|v| v.value.as_ref()) {
+        Some(Value::StringValue(s)) => s.clone(),
+        Some(Value::IntValue(i)) => i.to_string(),
+        Some(Value::BoolValue(b)) => b.to_string(),
+        Some(Value::DoubleValue(d)) => d.to_string(),
+        other => format!("{other:?}"),
+    }
+}
+
+/// An OTLP trace receiver keeping every span it is sent.
+#[derive(Clone, Default)]
+struct Receiver {
+    spans: Arc<Mutex<Vec<Got>>>,
+}
+
+#[tonic::async_trait]
+impl TraceService for Receiver {
+    async fn export(
+        &self,
+        request: tonic::Request<ExportTraceServiceRequest>,
+    ) -> Result<tonic::Response<ExportTraceServiceResponse>, tonic::Status> {
+        let hex = |bytes: &[u8]| bytes.iter().map(|b| format!("{b:02x}")).collect::<String>();
+        let mut spans = self.spans.lock().unwrap();
+        for resource_spans in request.into_inner().resource_spans {
+            let service = resource_spans
+                .resource
+                .iter()
+                .flat_map(|r| r.attributes.iter())
+                .find(|kv| kv.key == "service.name")
+                .map(text)
+                .unwrap_or_default();
+            for scope_spans in resource_spans.scope_spans {
+                let scope = scope_spans.scope.map(|s| s.name).unwrap_or_default();
+                for span in scope_spans.spans {
+                    spans.push(Got {
+                        service: service.clone(),
+                        scope: scope.clone(),
+                        name: span.name,
+                        kind: span.kind,
+                        trace_id: hex(&span.trace_id),
+                        span_id: hex(&span.span_id),
+                        parent_span_id: hex(&span.parent_span_id),
+                        attributes: span
+                            .attributes
+                            .iter()
+                            .map(|kv| (kv.key.clone(), text(kv)))
+                            .collect(),
+                        status: span.status.map(|s| s.code).unwrap_or_default(),
+                    });
+                }
+            }
+        }
+        Ok(tonic::Response::new(ExportTraceServiceResponse::default()))
+    }
+}
+
+async fn start_receiver() -> (Receiver, SocketAddr) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let receiver = Receiver::default();
+    let service = TraceServiceServer::new(receiver.clone());
+    tokio::spawn(async move {
+        let incoming = tokio_stream_of(listener);
+        let _ = tonic::transport::Server::builder()
+            .add_service(service)
+            .serve_with_incoming(incoming)
+            .await;
+    });
+    (receiver, addr)
+}
+
+/// The listener's connections as the stream tonic's server takes.
+fn tokio_stream_of(
+    listener: tokio::net::TcpListener,
+) -> impl futures::Stream<Item = std::io::Result<tokio::net::TcpStream>> {
+    futures::stream::unfold(listener, |listener| async move {
+        let next = listener.accept().await.map(|(stream, _)| stream);
+        Some((next, listener))
+    })
+}
+
+/// A message carrying a W3C trace context in its metadata gets a `process-request` span in that
+/// trace, an `http-request` client span under it, and the gateway sees the client span's
+/// context in `traceparent`; a request the gateway refuses gets `error.category` and an error
+/// status; every span reaches the collector by the time the processor has stopped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn request_spans_reach_the_collector_and_the_trace_reaches_the_gateway() {
+    let (receiver, addr) = start_receiver().await;
+    let redis = RedisServer::start().unwrap();
+    let gw = Gateway::start().await;
+    gw.script("bad", vec![Reply::status(400, r#"{"error":"no"}"#)]);
+    let opts = ProcessorOpts {
+        env: vec![(
+            "OTEL_EXPORTER_OTLP_ENDPOINT".to_owned(),
+            format!("http://{addr}"),
+        )],
+        ..ProcessorOpts::default()
+    };
+    let mut p = Processor::start(&redis, &gw, &opts).await;
+
+    let parent_trace = "4bf92f3577b34da6a3ce929d0e0e4736";
+    let parent_span = "00f067aa0ba902b7";
+    let mut traced = request("traced", 60, r#"{"prompt":"a"}"#);
+    traced.metadata.insert(
+        "traceparent".to_owned(),
+        format!("00-{parent_trace}-{parent_span}-01"),
+    );
+    traced.headers.insert(
+        "traceparent".to_owned(),
+        "00-ffffffffffffffffffffffffffffffff-ffffffffffffffff-01".to_owned(),
+    );
+    let producer = producer(&redis, &opts.queue).await;
+    producer.submit(traced).await.unwrap();
+    producer
+        .submit(request("bad", 60, r#"{"prompt":"b"}"#))
+        .await
+        .unwrap();
+    let mut con = con(&redis).await;
+    assert_eq!(
+        wait_results(&mut con, 2, Duration::from_secs(10))
+            .await
+            .len(),
+        2
+    );
+    p.signal("TERM");
+    assert_eq!(p.wait_exit(Duration::from_secs(20)).await, Some(0));
+
+    let spans = receiver.spans.lock().unwrap().clone();
+    let find = |name: &str, id: &str| {
+        spans
+            .iter()
+            .find(|s| s.name == name && (s.attr("request.id") == Some(id) || s.trace_id == id))
+            .cloned()
+            .unwrap_or_else(|| panic!("no {name} span for {id} in {spans:#?}"))
+    };
+    let process = find("process-request", "traced");
+    assert_eq!(process.service, "llm-d-async");
+    assert_eq!(process.scope, "llm-d-async");
+    assert_eq!(
+        process.trace_id, parent_trace,
+        "the message's trace is continued"
+    );
+    assert_eq!(process.parent_span_id, parent_span);
+    assert_eq!(process.attr("retry.count"), Some("0"));
+    assert_eq!(process.attr("queue.name"), Some(opts.queue.as_str()));
+    assert_eq!(process.attr("error.category"), None);
+    assert_ne!(process.status, StatusCode::Error as i32);
+
+    let http = spans
+        .iter()
+        .find(|s| s.name == "http-request" && s.parent_span_id == process.span_id)
+        .unwrap_or_else(|| panic!("no http-request under process-request: {spans:#?}"));
+    assert_eq!(http.kind, SpanKind::Client as i32);
+    assert_eq!(http.trace_id, parent_trace);
+    assert_eq!(http.attr("http.response.status_code"), Some("200"));
+    assert_eq!(http.attr("http.request.method"), Some("POST"));
+
+    // The gateway saw the client span's context, not the message's own traceparent header.
+    let seen = gw.seen("traced");
+    let traceparent = seen[0].headers["traceparent"].to_str().unwrap().to_owned();
+    assert_eq!(
+        traceparent,
+        format!("00-{parent_trace}-{}-01", http.span_id),
+        "{seen:?}"
+    );
+
+    let refused = find("process-request", "bad");
+    assert_ne!(
+        refused.trace_id, parent_trace,
+        "no parent: a trace of its own"
+    );
+    assert_eq!(refused.parent_span_id, "");
+    assert!(refused.attr("error.category").is_some(), "{refused:?}");
+    assert_eq!(refused.status, StatusCode::Error as i32, "{refused:?}");
+}
