@@ -3,6 +3,8 @@
 //! and carries the trace to the gateway in a `traceparent` header.
 
 mod common;
+#[path = "security/harness.rs"]
+mod harness;
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -101,14 +103,22 @@ impl TraceService for Receiver {
     }
 }
 
-async fn start_receiver() -> (Receiver, SocketAddr) {
+/// A receiver on a free port; with `tls`, serving that certificate and key (PEM).
+async fn start_receiver(tls: Option<(Vec<u8>, Vec<u8>)>) -> (Receiver, SocketAddr) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let receiver = Receiver::default();
     let service = TraceServiceServer::new(receiver.clone());
+    let mut server = tonic::transport::Server::builder();
+    if let Some((cert, key)) = tls {
+        let identity = tonic::transport::Identity::from_pem(cert, key);
+        server = server
+            .tls_config(tonic::transport::ServerTlsConfig::new().identity(identity))
+            .unwrap();
+    }
     tokio::spawn(async move {
         let incoming = tokio_stream_of(listener);
-        let _ = tonic::transport::Server::builder()
+        let _ = server
             .add_service(service)
             .serve_with_incoming(incoming)
             .await;
@@ -132,7 +142,7 @@ fn tokio_stream_of(
 /// status; every span reaches the collector by the time the processor has stopped.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn request_spans_reach_the_collector_and_the_trace_reaches_the_gateway() {
-    let (receiver, addr) = start_receiver().await;
+    let (receiver, addr) = start_receiver(None).await;
     let redis = RedisServer::start().unwrap();
     let gw = Gateway::start().await;
     gw.script("bad", vec![Reply::status(400, r#"{"error":"no"}"#)]);
@@ -219,4 +229,66 @@ async fn request_spans_reach_the_collector_and_the_trace_reaches_the_gateway() {
     assert_eq!(refused.parent_span_id, "");
     assert!(refused.attr("error.category").is_some(), "{refused:?}");
     assert_eq!(refused.status, StatusCode::Error as i32, "{refused:?}");
+}
+
+/// One request through a processor with these OTLP variables; the spans the receiver got once
+/// the processor has stopped, and the processor's log.
+async fn spans_of_one_request(receiver: &Receiver, env: &[(&str, String)]) -> (Vec<Got>, String) {
+    let redis = RedisServer::start().unwrap();
+    let gw = Gateway::start().await;
+    let opts = ProcessorOpts {
+        env: env
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.clone()))
+            .collect(),
+        ..ProcessorOpts::default()
+    };
+    let mut p = Processor::start(&redis, &gw, &opts).await;
+    producer(&redis, &opts.queue)
+        .await
+        .submit(request("one", 60, r#"{"prompt":"a"}"#))
+        .await
+        .unwrap();
+    let mut con = con(&redis).await;
+    assert_eq!(
+        wait_results(&mut con, 1, Duration::from_secs(10))
+            .await
+            .len(),
+        1
+    );
+    p.signal("TERM");
+    assert_eq!(p.wait_exit(Duration::from_secs(20)).await, Some(0));
+    let spans = receiver.spans.lock().unwrap().clone();
+    (spans, p.log())
+}
+
+/// An `https://` collector with a private CA: trusted through `OTEL_EXPORTER_OTLP_CERTIFICATE`,
+/// and refused without it (the public roots do not know the CA): the export failure is logged and
+/// the request is served all the same.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_https_collector_is_trusted_through_the_certificate_variable() {
+    let certs = harness::Certs::new();
+    let pem = |name: &str| std::fs::read(certs.path(name)).unwrap();
+    let (receiver, addr) = start_receiver(Some((pem("server.crt"), pem("server.key")))).await;
+    let endpoint = format!("https://localhost:{}", addr.port());
+
+    let (spans, log) = spans_of_one_request(
+        &receiver,
+        &[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.clone()),
+            ("OTEL_EXPORTER_OTLP_CERTIFICATE", certs.arg("ca.crt")),
+        ],
+    )
+    .await;
+    let names: Vec<&str> = spans.iter().map(|s| s.name.as_str()).collect();
+    assert!(
+        names.contains(&"process-request") && names.contains(&"http-request"),
+        "{names:?}\n{log}"
+    );
+
+    receiver.spans.lock().unwrap().clear();
+    let (spans, log) =
+        spans_of_one_request(&receiver, &[("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint)]).await;
+    assert!(spans.is_empty(), "{spans:?}");
+    assert!(log.contains("ExportError"), "{log}");
 }
