@@ -821,3 +821,84 @@ async fn every_pool_reports_its_worker_limit() {
         assert!(metrics.contains(series), "{series} missing:\n{metrics}");
     }
 }
+
+/// The `tier-priority` merge policy: with one worker and both queues backed up, the interactive
+/// queue's requests go first and carry `x-gateway-priority: 3`, the batch queue's follow with
+/// `5` (Go's buckets: unclassified, tier interactive = 3; batch = 5).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tier_priority_sends_the_interactive_queue_first_and_stamps_its_bucket() {
+    let redis = RedisServer::start().unwrap();
+    let gateway = Gateway::start().await;
+    let batch: Vec<String> = (0..6).map(|i| format!("batch-{i}")).collect();
+    let live: Vec<String> = (0..4).map(|i| format!("live-{i}")).collect();
+    for id in batch.iter().chain(&live) {
+        gateway.script(id, vec![Reply::ok("{}").after(Duration::from_millis(60))]);
+    }
+    // Both queues are backed up before the processor starts.
+    for (queue, ids) in [("batch-q", &batch), ("live-q", &live)] {
+        let producer = producer(&redis, queue).await;
+        for id in ids {
+            producer.submit(request(id, 60, "{}")).await.unwrap();
+        }
+    }
+    let policy = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(policy.path(), r#"{"type":"tier-priority"}"#).unwrap();
+    let config = format!(
+        r#"{{"url":"{}","poll_interval_ms":50,"batch_size":10,"queues":[
+            {{"queue_name":"batch-q","igw_base_url":"{gw}","labels":{{"tier":"batch"}}}},
+            {{"queue_name":"live-q","igw_base_url":"{gw}","labels":{{"tier":"interactive"}}}}]}}"#,
+        redis.url(),
+        gw = gateway.url()
+    );
+    let opts = ProcessorOpts {
+        concurrency: 1,
+        transport_args: Some(vec![
+            "--transport".to_owned(),
+            "redis-sortedset".to_owned(),
+            "--transport-config".to_owned(),
+            config,
+            format!(
+                "--request-merge-policy-config-file={}",
+                policy.path().display()
+            ),
+        ]),
+        ..ProcessorOpts::default()
+    };
+    let _p = Processor::start(&redis, &gateway, &opts).await;
+    let mut con = con(&redis).await;
+    assert_eq!(
+        wait_results(&mut con, 10, Duration::from_secs(20))
+            .await
+            .len(),
+        10
+    );
+
+    let mut order: Vec<(Instant, String, String)> = batch
+        .iter()
+        .chain(&live)
+        .map(|id| {
+            let seen = gateway.seen(id);
+            let priority = seen[0].headers["x-gateway-priority"]
+                .to_str()
+                .unwrap()
+                .to_owned();
+            (seen[0].at, id.clone(), priority)
+        })
+        .collect();
+    order.sort();
+    for (_, id, priority) in &order {
+        let want = if id.starts_with("live") { "3" } else { "5" };
+        assert_eq!(priority, want, "{id}");
+    }
+    // Only what was sent before the interactive queue's first poll landed (one request, two on
+    // a loaded machine) goes ahead of an interactive one; random-robin puts them all over.
+    let last_live = order
+        .iter()
+        .rposition(|(_, id, _)| id.starts_with("live"))
+        .unwrap();
+    let ids: Vec<&str> = order.iter().map(|(_, id, _)| id.as_str()).collect();
+    assert!(
+        last_live <= 5,
+        "interactive requests waited behind batch ones: {ids:?}"
+    );
+}

@@ -1,7 +1,7 @@
 //! The request merge policy (go-compat §7.1–7.4): the `--request-merge-policy-config-file` JSON
 //! `{"type": ..., "parameters": {...}}`, or `random-robin` with default parameters without the
-//! file. inferq implements `random-robin`; `tier-priority` is refused as not supported yet. Out
-//! comes a [`MergePolicy`]; errors name `merge_policy.<path>`.
+//! file: `random-robin` or `tier-priority`. Out comes a [`MergePolicy`]; errors name
+//! `merge_policy.<path>`.
 
 use serde::Deserialize;
 use serde_json::Value;
@@ -15,11 +15,27 @@ pub const DEFAULT_FAIRNESS_HEADER: &str = "x-llm-d-inference-fairness-id";
 /// Metadata key whose value becomes the fairness id by default.
 pub const DEFAULT_FAIRNESS_ATTRIBUTE: &str = "userid";
 
+/// Header stamped with the tier-priority bucket when the policy does not name another.
+pub const DEFAULT_PRIORITY_HEADER: &str = "x-gateway-priority";
+/// Queue label naming a queue's tier when the policy does not name another.
+pub const DEFAULT_TIER_LABEL: &str = "tier";
+
 /// Which policy merges a pool's queues into its workers.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum MergePolicyKind {
     /// Uniformly random among the queues that have a request ready.
     RandomRobin,
+    /// Strictly by priority bucket, most urgent first (go-compat §7.4).
+    TierPriority(TierPriority),
+}
+
+/// The `tier-priority` parameters.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TierPriority {
+    /// The header the bucket (`"0"`, most urgent, to `"5"`) is stamped into.
+    pub priority_header: String,
+    /// The request label (copied from the queue's `labels`) that names its tier.
+    pub tier_label: String,
 }
 
 /// Fairness stamping: copy `metadata[attribute]` into the `header` request header.
@@ -73,23 +89,26 @@ struct RawRandomRobin {
     fairness_attribute: Option<String>,
 }
 
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawTierPriority {
+    fairness_header: Option<String>,
+    fairness_attribute: Option<String>,
+    priority_header: Option<String>,
+    tier_label: Option<String>,
+}
+
 /// Decodes and validates the merge-policy file's text.
 pub(crate) fn parse_merge_policy(text: &str) -> Result<MergePolicy, ConfigError> {
     let raw: RawPolicy = decode(text, "merge_policy", "--request-merge-policy-config-file")?;
     let kind = raw.kind.unwrap_or_default();
-    match kind.as_str() {
-        "random-robin" => {}
-        "tier-priority" => {
-            return Err(ConfigError::unsupported(
-                "merge_policy.type",
-                "\"tier-priority\" is not supported by inferq yet; use \"random-robin\" (or leave \
-                 out --request-merge-policy-config-file)",
-            ))
-        }
+    let tiered = match kind.as_str() {
+        "random-robin" => false,
+        "tier-priority" => true,
         "" => {
             return Err(ConfigError::invalid(
                 "merge_policy.type",
-                "required (\"random-robin\")",
+                "required (\"random-robin\" or \"tier-priority\")",
             ))
         }
         other => {
@@ -98,7 +117,7 @@ pub(crate) fn parse_merge_policy(text: &str) -> Result<MergePolicy, ConfigError>
                 format!("unknown merge policy {other:?} (known: random-robin, tier-priority)"),
             ))
         }
-    }
+    };
     let params = match raw.parameters {
         None | Some(Value::Null) => Value::Object(Default::default()),
         Some(v @ Value::Object(_)) => v,
@@ -109,8 +128,36 @@ pub(crate) fn parse_merge_policy(text: &str) -> Result<MergePolicy, ConfigError>
             ))
         }
     };
-    let params: RawRandomRobin = decode_value(params, "merge_policy.parameters")?;
-    let header = match params.fairness_header {
+    let (fairness_header, fairness_attribute, kind) = if tiered {
+        let p: RawTierPriority = decode_value(params, "merge_policy.parameters")?;
+        let priority_header = match p.priority_header {
+            None => DEFAULT_PRIORITY_HEADER.to_owned(),
+            Some(h) if is_header_name(&h) => h,
+            Some(h) => {
+                return Err(ConfigError::invalid(
+                    "merge_policy.parameters.priority_header",
+                    format!("invalid HTTP header name {h:?}"),
+                ))
+            }
+        };
+        let tier_label = p
+            .tier_label
+            .filter(|l| !l.is_empty())
+            .unwrap_or_else(|| DEFAULT_TIER_LABEL.to_owned());
+        let kind = MergePolicyKind::TierPriority(TierPriority {
+            priority_header,
+            tier_label,
+        });
+        (p.fairness_header, p.fairness_attribute, kind)
+    } else {
+        let p: RawRandomRobin = decode_value(params, "merge_policy.parameters")?;
+        (
+            p.fairness_header,
+            p.fairness_attribute,
+            MergePolicyKind::RandomRobin,
+        )
+    };
+    let header = match fairness_header {
         None => Some(DEFAULT_FAIRNESS_HEADER.to_owned()),
         Some(h) if h.is_empty() => None,
         Some(h) if is_header_name(&h) => Some(h),
@@ -121,12 +168,11 @@ pub(crate) fn parse_merge_policy(text: &str) -> Result<MergePolicy, ConfigError>
             ))
         }
     };
-    let attribute = params
-        .fairness_attribute
+    let attribute = fairness_attribute
         .filter(|a| !a.is_empty())
         .unwrap_or_else(|| DEFAULT_FAIRNESS_ATTRIBUTE.to_owned());
     Ok(MergePolicy {
-        kind: MergePolicyKind::RandomRobin,
+        kind,
         fairness: Fairness { header, attribute },
     })
 }
@@ -177,11 +223,41 @@ mod tests {
     }
 
     #[test]
+    fn tier_priority_with_defaults_and_overrides() {
+        let p = parse_merge_policy(r#"{"type":"tier-priority"}"#).unwrap();
+        assert_eq!(
+            p.kind,
+            MergePolicyKind::TierPriority(TierPriority {
+                priority_header: "x-gateway-priority".to_owned(),
+                tier_label: "tier".to_owned(),
+            })
+        );
+        assert_eq!(p.fairness, Fairness::default());
+        let p = parse_merge_policy(
+            r#"{"type":"tier-priority","parameters":{"priority_header":"X-Prio",
+                "tier_label":"class","fairness_header":""}}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            p.kind,
+            MergePolicyKind::TierPriority(TierPriority {
+                priority_header: "X-Prio".to_owned(),
+                tier_label: "class".to_owned(),
+            })
+        );
+        assert_eq!(p.fairness.header, None);
+    }
+
+    #[test]
     fn rules_name_their_field() {
         assert_eq!(
-            err(r#"{"type":"tier-priority","parameters":{}}"#),
-            "invalid config: merge_policy.type: \"tier-priority\" is not supported by inferq yet; \
-             use \"random-robin\" (or leave out --request-merge-policy-config-file)"
+            err(r#"{"type":"tier-priority","parameters":{"priority_header":"x y"}}"#),
+            "invalid config: merge_policy.parameters.priority_header: invalid HTTP header name \
+             \"x y\""
+        );
+        assert!(
+            err(r#"{"type":"tier-priority","parameters":{"priority":"x"}}"#)
+                .starts_with("invalid config: merge_policy.parameters.priority: unknown field"),
         );
         assert_eq!(
             err(r#"{"type":"round-robin"}"#),
@@ -190,7 +266,7 @@ mod tests {
         );
         assert_eq!(
             err(r#"{}"#),
-            "invalid config: merge_policy.type: required (\"random-robin\")"
+            "invalid config: merge_policy.type: required (\"random-robin\" or \"tier-priority\")"
         );
         assert!(err(r#"{"type":"random-robin","params":{}}"#)
             .starts_with("invalid config: merge_policy.params: unknown field"));

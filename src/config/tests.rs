@@ -743,18 +743,18 @@ fn merge_policy_file_rules() {
         .iter()
         .any(|w| w.starts_with("--request-merge-policy-config is deprecated")));
 
+    // Both flags: the canonical one's file is the policy.
     let tier = file(r#"{"type":"tier-priority"}"#);
-    let err = load_err(&[
+    let c = load_ok(&[
         SS,
         &inline(MINIMAL),
         &format!("--request-merge-policy-config-file={}", path(&tier)),
         &format!("--request-merge-policy-config={}", path(&rr)),
     ]);
     assert!(
-        err.starts_with(
-            "invalid config: merge_policy.type: \"tier-priority\" is not supported by inferq yet"
-        ),
-        "{err}"
+        matches!(c.merge_policy.kind, MergePolicyKind::TierPriority(_)),
+        "{:?}",
+        c.merge_policy
     );
     let extra = file(r#"{"type":"random-robin","name":"x"}"#);
     assert!(load_err(&[

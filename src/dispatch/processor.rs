@@ -16,12 +16,12 @@ use super::consumer::{run_consumer, Polling};
 use super::context::{Job, QueueCtx};
 use super::gates::{self, Gate, GateEnv, GateOwner};
 use super::holdings::{Abort, Holdings};
-use super::merge::RandomRobin;
+use super::merge::{tier_bucket, Merge, RandomRobin, TierPriority};
 use super::outbox::run_outbox;
 use super::trace::RequestTracer;
 use super::upkeep;
 use super::worker::{work, WorkerEnv};
-use crate::config::{RunConfig, TlsFiles};
+use crate::config::{MergePolicyKind, RunConfig, TlsFiles};
 use crate::gateway::{self, GatewayClient, GatewayTls};
 use crate::ops::{
     metrics::PoolLabels, otel::Otel, serve_health, serve_metrics, Metrics, QueueLabels, Readiness,
@@ -211,6 +211,10 @@ pub async fn run(config: RunConfig, shutdown: CancellationToken) -> Result<(), D
         fairness: config.merge_policy.fairness.clone(),
         stop_claiming: stop_claiming.clone(),
         tracer: otel.as_ref().map(|o| RequestTracer::new(o.tracer())),
+        priority: match &config.merge_policy.kind {
+            MergePolicyKind::TierPriority(tier) => Some(tier.clone()),
+            MergePolicyKind::RandomRobin => None,
+        },
     });
     let flush = CancellationToken::new();
     let stop_upkeep = CancellationToken::new();
@@ -320,9 +324,21 @@ pub async fn run(config: RunConfig, shutdown: CancellationToken) -> Result<(), D
         if inputs.is_empty() {
             continue;
         }
+        let merge = match &config.merge_policy.kind {
+            MergePolicyKind::RandomRobin => Merge::Random(RandomRobin::new(inputs)),
+            MergePolicyKind::TierPriority(tier) => {
+                let label = tier.tier_label.clone();
+                Merge::Tier(TierPriority::new(
+                    inputs,
+                    Box::new(move |job: &Job| {
+                        tier_bucket(&job.held.envelope.internal.labels, &label)
+                    }),
+                ))
+            }
+        };
         pools.spawn(run_pool(
             usize::try_from(pool.workers).unwrap_or(1).max(1),
-            RandomRobin::new(inputs),
+            merge,
             env.clone(),
             workers.clone(),
             stop_claiming.clone(),
@@ -381,7 +397,7 @@ pub async fn run(config: RunConfig, shutdown: CancellationToken) -> Result<(), D
 /// One pool: takes the next request from its queues (random-robin) whenever a worker is free.
 async fn run_pool(
     workers: usize,
-    mut merge: RandomRobin<Job>,
+    mut merge: Merge<Job>,
     env: Arc<WorkerEnv>,
     tracker: TaskTracker,
     stop: CancellationToken,

@@ -18,7 +18,9 @@ use super::consumer::dropped_result;
 use super::context::Job;
 use super::gates::{Decision, Gate, GateError, GateInput, Verdict};
 use super::holdings::Abort;
+use super::merge::tier_bucket;
 use super::trace::{RequestFacts, RequestTracer};
+use crate::config::merge::TierPriority;
 use crate::config::Fairness;
 use crate::gateway::{self, ClientError, ErrorCategory, GatewayClient, Outcome, RetryDecision};
 use crate::queue::producer::unix_ms;
@@ -35,6 +37,8 @@ pub struct WorkerEnv {
     pub stop_claiming: CancellationToken,
     /// Makes each request's spans when OpenTelemetry tracing is on.
     pub tracer: Option<RequestTracer>,
+    /// The `tier-priority` merge policy's header and tier label, when it is the policy.
+    pub priority: Option<TierPriority>,
 }
 
 /// How often a request waiting at its pool gate asks again.
@@ -185,6 +189,12 @@ pub async fn work(job: Job, env: Arc<WorkerEnv>) {
             metadata: &job.held.envelope.request.metadata,
         })
     });
+    // The bucket the merge took the request by, stamped as Go's policy stamps it: before the
+    // pool gate (whose classification does not change it).
+    let priority = env.priority.as_ref().map(|tier| {
+        let bucket = tier_bucket(&job.held.envelope.internal.labels, &tier.tier_label);
+        (tier.priority_header.as_str(), bucket.to_string())
+    });
     let mut job = match ctx.pool_gate.clone() {
         Some(gate) => match pass_pool_gate(job, gate, &env.stop_claiming).await {
             Some(job) => job,
@@ -251,7 +261,7 @@ pub async fn work(job: Job, env: Arc<WorkerEnv>) {
     // context comes after the message's headers and wins over them, as Go's otelhttp injects
     // it last.
     let headers = || {
-        gateway::build_headers(
+        let mut headers = gateway::build_headers(
             objective,
             request
                 .headers
@@ -260,7 +270,11 @@ pub async fn work(job: Job, env: Arc<WorkerEnv>) {
                 .map(|(k, v)| (k.as_str(), v.as_str())),
             fairness,
             &request.id,
-        )
+        );
+        if let Some((name, value)) = &priority {
+            gateway::stamp_header(&mut headers, name, value);
+        }
+        headers
     };
     super::fault::before_dispatch(&request.id, &body);
     let timeout = env
