@@ -902,3 +902,80 @@ async fn tier_priority_sends_the_interactive_queue_first_and_stamps_its_bucket()
         "interactive requests waited behind batch ones: {ids:?}"
     );
 }
+
+/// `--transform-config-file` with a `gcs_uri_multipart` transform: a request of its provider
+/// naming a signed GCS URL reaches the gateway as multipart/form-data (field `url` first), a
+/// request of another provider is sent as it is, and one whose URL expires before its deadline
+/// ends with Go's `INVALID_REQUEST` text without reaching the gateway.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gcs_uri_multipart_transform_rewrites_only_its_providers_requests() {
+    let redis = RedisServer::start().unwrap();
+    let gateway = Gateway::start().await;
+    let transforms = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(
+        transforms.path(),
+        r#"{"requestTransforms":[{"name":"audio","type":"gcs_uri_multipart",
+            "parameters":{"providers":["openai"]}}]}"#,
+    )
+    .unwrap();
+    let opts = ProcessorOpts {
+        extra_args: vec![format!(
+            "--transform-config-file={}",
+            transforms.path().display()
+        )],
+        ..ProcessorOpts::default()
+    };
+    let _p = Processor::start(&redis, &gateway, &opts).await;
+    let signed = |expires: i64| format!("https://storage.googleapis.com/b/a.wav?Expires={expires}");
+    let far = inferq::queue::producer::unix_ms() / 1000 + 3600;
+    let with = |id: &str, provider: &str, uri: &str| {
+        let payload = serde_json::json!({"model": "whisper", "gcs_uri": uri}).to_string();
+        let mut r = request(id, 60, &payload);
+        r.metadata
+            .insert("provider".to_owned(), provider.to_owned());
+        r
+    };
+    let producer = producer(&redis, &opts.queue).await;
+    for r in [
+        with("mp", "openai", &signed(far)),
+        with("plain", "other", &signed(far)),
+        with("stale", "openai", &signed(far - 3600)),
+    ] {
+        producer.submit(r).await.unwrap();
+    }
+    let mut con = con(&redis).await;
+    let got = wait_results(&mut con, 3, Duration::from_secs(10)).await;
+    let result = |id: &str| got.iter().find(|r| r.id == id).unwrap().clone();
+
+    assert_eq!(result("mp").status_code, 200);
+    let seen = gateway.seen("mp");
+    let content_type = seen[0].headers["content-type"].to_str().unwrap().to_owned();
+    let boundary = content_type
+        .strip_prefix("multipart/form-data; boundary=")
+        .unwrap_or_else(|| panic!("{content_type}"));
+    let body = String::from_utf8(seen[0].body.to_vec()).unwrap();
+    assert!(
+        body.starts_with(&format!(
+            "--{boundary}\r\nContent-Disposition: form-data; name=\"url\"\r\n\r\n{}\r\n",
+            signed(far)
+        )),
+        "{body}"
+    );
+    assert!(body.contains("name=\"model\"\r\n\r\nwhisper\r\n"), "{body}");
+    assert!(!body.contains("gcs_uri"), "{body}");
+
+    let plain = gateway.seen("plain");
+    assert_eq!(plain[0].headers["content-type"], "application/json");
+    assert!(String::from_utf8_lossy(&plain[0].body).contains("\"gcs_uri\""));
+
+    let stale = result("stale");
+    assert_eq!(stale.error_code, "INVALID_REQUEST");
+    assert!(
+        stale.error_message.starts_with(
+            "Failed to validate request for transform: transform audio/gcs_uri_multipart: the \
+             signed gcs_uri expires at"
+        ),
+        "{stale:?}"
+    );
+    assert!(gateway.seen("stale").is_empty());
+}

@@ -222,7 +222,7 @@ pub struct RunArgs {
     )]
     pub prometheus_cache_ttl: String,
 
-    /// Request body transforms: not supported by inferq yet; setting it is an error.
+    /// Request body transforms (JSON: {"requestTransforms":[{"name","type","parameters"}]}).
     #[arg(long = "transform-config-file", value_name = "PATH")]
     pub transform_config_file: Option<String>,
 

@@ -15,6 +15,7 @@
 //! - `claim`: lease, reclaim interval and delivery limit from the JSON or the claim flags.
 //! - [`pools`], [`merge`], [`gate`]: worker pools, merge policy, gate type names.
 //! - [`cluster`]: Redis Cluster hash slots, to refuse queues whose keys cannot share a slot.
+//! - [`transform`]: the request-transform file.
 //! - [`otel`]: OpenTelemetry settings from the standard `OTEL_*` variables.
 //! - [`duration`]: Go duration syntax. `json`: strict decoding with JSON paths in errors.
 //! - [`error`]: [`ConfigError`], exit code, password redaction.
@@ -31,6 +32,7 @@ pub mod merge;
 pub mod otel;
 pub mod pools;
 pub mod run;
+pub mod transform;
 pub mod transport;
 
 pub use args::{Redacted, RunArgs};

@@ -50,6 +50,8 @@ pub struct RunConfig {
     pub redis_tls: RedisTls,
     /// Prometheus access for the `prometheus-*` gates.
     pub prometheus: PrometheusSettings,
+    /// Request body transforms, in the order they are tried (`--transform-config-file`).
+    pub transforms: Vec<super::transform::TransformSpec>,
     /// OpenTelemetry tracing; `None` unless `OTEL_EXPORTER_OTLP_ENDPOINT` is set.
     pub otel: Option<super::otel::OtelSettings>,
     /// Log verbosity (`-v`): 2 default, 3 verbose, 4 debug, 5 trace.
@@ -153,13 +155,10 @@ where
             ),
         ));
     }
-    if non_empty(&args.transform_config_file).is_some() {
-        return Err(ConfigError::unsupported(
-            "--transform-config-file",
-            "request body transforms are not supported by inferq yet; remove the flag (requests \
-             are sent with their payload unchanged)",
-        ));
-    }
+    let transforms = match non_empty(&args.transform_config_file) {
+        Some(path) => super::transform::parse_transforms(&read("--transform-config-file", path)?)?,
+        None => Vec::new(),
+    };
     let tls = tls_files(args)?;
     let redis_tls = redis_tls(args)?;
     let prometheus_url = match args.prometheus_url.as_ref().map(|u| u.expose()) {
@@ -283,6 +282,7 @@ where
             url: prometheus_url,
             cache_ttl,
         },
+        transforms,
         otel,
         verbosity: args.v,
         warnings,

@@ -215,6 +215,7 @@ pub async fn run(config: RunConfig, shutdown: CancellationToken) -> Result<(), D
             MergePolicyKind::TierPriority(tier) => Some(tier.clone()),
             MergePolicyKind::RandomRobin => None,
         },
+        transforms: gateway::transform::Transforms::new(&config.transforms),
     });
     let flush = CancellationToken::new();
     let stop_upkeep = CancellationToken::new();

@@ -22,6 +22,7 @@ use super::merge::tier_bucket;
 use super::trace::{RequestFacts, RequestTracer};
 use crate::config::merge::TierPriority;
 use crate::config::Fairness;
+use crate::gateway::transform::Transforms;
 use crate::gateway::{self, ClientError, ErrorCategory, GatewayClient, Outcome, RetryDecision};
 use crate::queue::producer::unix_ms;
 use crate::wire::{ErrorCode, ResultMessage};
@@ -39,6 +40,8 @@ pub struct WorkerEnv {
     pub tracer: Option<RequestTracer>,
     /// The `tier-priority` merge policy's header and tier label, when it is the policy.
     pub priority: Option<TierPriority>,
+    /// Request body transforms (empty without `--transform-config-file`).
+    pub transforms: Transforms,
 }
 
 /// How often a request waiting at its pool gate asks again.
@@ -189,6 +192,19 @@ pub async fn work(job: Job, env: Arc<WorkerEnv>) {
             metadata: &job.held.envelope.request.metadata,
         })
     });
+    // Go validates the transforms before the pool gate: a request they refuse takes no slot.
+    if !env.transforms.is_empty() {
+        let request = &job.held.envelope.request;
+        let checked =
+            env.transforms
+                .validate(&request.payload, &request.metadata, request.deadline);
+        if let Err(e) = checked {
+            ctx.series.failed.get().inc();
+            let id = request.id.clone();
+            let msg = format!("Failed to validate request for transform: {e}");
+            return job.publish(ResultMessage::error(&id, ErrorCode::InvalidRequest, &msg));
+        }
+    }
     // The bucket the merge took the request by, stamped as Go's policy stamps it: before the
     // pool gate (whose classification does not change it).
     let priority = env.priority.as_ref().map(|tier| {
@@ -240,13 +256,28 @@ pub async fn work(job: Job, env: Arc<WorkerEnv>) {
             return job.publish(ResultMessage::error(&id, ErrorCode::InferenceError, &msg));
         }
     };
+    // A transform that handles the request gives the body and its content type.
+    let transformed = match env.transforms.apply(&request.payload, &request.metadata) {
+        Ok(t) => t,
+        Err(e) => {
+            ctx.series.failed.get().inc();
+            let id = request.id.clone();
+            let msg = format!("Failed to transform request body: {e}");
+            return job.publish(ResultMessage::error(&id, ErrorCode::InvalidRequest, &msg));
+        }
+    };
     // One claim, one attempt: the payload's bytes become the HTTP body as they are, without a
     // copy (a retry is a new claim that decodes the member again).
-    let payload = std::mem::replace(
-        &mut job.held.envelope.request.payload,
-        RawValue::NULL.to_owned(),
-    );
-    let body = Bytes::from(String::from(Box::<str>::from(payload)));
+    let (body, content_type) = match transformed {
+        Some(t) => (t.body, Some(t.content_type)),
+        None => {
+            let payload = std::mem::replace(
+                &mut job.held.envelope.request.payload,
+                RawValue::NULL.to_owned(),
+            );
+            (Bytes::from(String::from(Box::<str>::from(payload))), None)
+        }
+    };
     let request = &job.held.envelope.request;
     let fairness = env.fairness.header.as_deref().and_then(|header| {
         request
@@ -273,6 +304,9 @@ pub async fn work(job: Job, env: Arc<WorkerEnv>) {
         );
         if let Some((name, value)) = &priority {
             gateway::stamp_header(&mut headers, name, value);
+        }
+        if let Some(value) = &content_type {
+            gateway::stamp_header(&mut headers, "content-type", value);
         }
         headers
     };

@@ -37,6 +37,7 @@
 //! - [`redirect`]: the first hop of a redirect a gateway answers inferq's own connections with.
 //! - [`outcome`]: the outcome enum, Go's `ClientError` text, and the classification rules.
 //! - [`backoff`]: equal-jitter exponential backoff, `Retry-After`, the retry decision.
+//! - [`transform`]: request body transforms (`--transform-config-file`).
 
 pub mod backoff;
 pub mod client;
@@ -46,6 +47,7 @@ mod leaf;
 pub mod outcome;
 pub mod redirect;
 pub mod tls;
+pub mod transform;
 mod trust;
 pub mod url;
 
