@@ -239,6 +239,11 @@ async fn results_writes_jsonl_and_reliable_mode_survives_a_dead_consumer() {
         .unwrap();
     assert_eq!(taken.result.unwrap().id, "a");
     drop(dying);
+    // Its name's lease lapses as a dead consumer's does (shortened here from 15 s).
+    let _: () = con
+        .pexpire("result-list:taken:w1:lease", 300)
+        .await
+        .unwrap();
     let out = inferq(
         &redis,
         &["results", "-n", "3", "--timeout", "5s", "--consumer", "w1"],

@@ -1,7 +1,8 @@
 //! `inferq results`: writes results as JSONL until N results or a timeout. By default it pops
 //! destructively (Go's BRPOP); `--consumer NAME` takes results reliably into an in-progress
-//! list, acknowledges each once written and flushed, and at start hands back what a previous
-//! consumer of that name took but never acknowledged.
+//! list under a leased name (a second live consumer of the name is refused), acknowledges each
+//! once written and flushed, and at start hands back what a previous consumer of that name took
+//! but never acknowledged.
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -88,6 +89,13 @@ pub async fn results(args: ResultsArgs) -> Result<(), Failure> {
         written += 1;
     }
     out.flush()?;
+    if let Some(c) = reliable {
+        // Give the name up so the next consumer under it starts at once; if this fails the
+        // lease lapses by itself.
+        if let Err(e) = c.close().await {
+            tracing::warn!(error = %e, "could not give the consumer name up");
+        }
+    }
     if args.count > 0 && written < args.count {
         eprintln!(
             "inferq results: timed out after {written} of {} results",

@@ -17,6 +17,7 @@ pub mod dead_letters;
 pub mod keys;
 pub mod moves;
 pub mod producer;
+pub mod reliable;
 pub mod scripts;
 pub mod settings;
 

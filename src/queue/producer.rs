@@ -1,8 +1,8 @@
 //! The producer side, as the Go producer does it: `submit` (one MULTI of DEL cancel marker /
 //! SET active token PX / ZADD deadline member, then a PUBLISH on the queue's doorbell channel
 //! per batch so idle processors wake at once), `cancel` (copy the active token to the cancel
-//! marker), and results — Go's destructive `BRPOP`, plus a reliable mode in which a consumer
-//! takes results into its own in-progress list and acknowledges them once stored.
+//! marker), and results — Go's destructive `BRPOP`, plus the reliable mode of
+//! [`super::reliable`].
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -15,6 +15,8 @@ use super::connect;
 use super::keys::{active_key, cancel_key, doorbell_channel, fresh_token};
 use super::scripts::SCRIPTS;
 use crate::wire::{MemberError, NewRequest, ResultMessage, Routing};
+
+pub use super::reliable::ReliableConsumer;
 
 /// How long a cancel marker lives (Go: seven days).
 pub const CANCEL_MARKER_TTL_SECS: u64 = 604_800;
@@ -40,6 +42,16 @@ pub enum ProducerError {
     ResultWithoutId,
     #[error("ResultQueueName is required")]
     NoResultQueue,
+    #[error(
+        "consumer name {name:?} is in use by another live consumer (its lease was renewed for \
+         {waited:?}); give this one another name"
+    )]
+    NameInUse { name: String, waited: Duration },
+    #[error(
+        "consumer name {name:?} was taken over by another process (this one could not renew its \
+         lease in time): stopped without acknowledging"
+    )]
+    NameLost { name: String },
 }
 
 /// Submits to one request queue and reads one result list.
@@ -278,14 +290,28 @@ impl Producer {
         })
     }
 
-    /// A reliable consumer named `consumer` on this producer's result list.
+    /// A reliable consumer named `consumer` on this producer's result list, holding the name's
+    /// lease: waits for a lease a stopped consumer left to lapse, and fails with
+    /// [`ProducerError::NameInUse`] while a live consumer keeps it.
     pub async fn reliable(&self, consumer: &str) -> Result<ReliableConsumer, ProducerError> {
-        Ok(ReliableConsumer {
-            con: self.con.clone(),
-            blocking: self.blocking().await?,
-            results: self.result_queue.clone(),
-            taken: format!("{}:taken:{consumer}", self.result_queue),
-        })
+        self.reliable_waiting(consumer, super::reliable::NAME_PATIENCE)
+            .await
+    }
+
+    /// [`Producer::reliable`], waiting at most `patience` for the name.
+    pub async fn reliable_waiting(
+        &self,
+        consumer: &str,
+        patience: Duration,
+    ) -> Result<ReliableConsumer, ProducerError> {
+        ReliableConsumer::open(
+            self.con.clone(),
+            self.blocking().await?,
+            &self.result_queue,
+            consumer,
+            patience,
+        )
+        .await
     }
 }
 
@@ -322,57 +348,8 @@ impl Popper {
 }
 
 impl TakenResult {
-    fn of(raw: Vec<u8>) -> TakenResult {
+    pub(super) fn of(raw: Vec<u8>) -> TakenResult {
         let result = parse_result(&raw).map_err(|e| e.to_string());
         TakenResult { raw, result }
-    }
-}
-
-/// Takes results into `<result list>:taken:<consumer>` (BLMOVE) so that a consumer that dies
-/// after taking a result does not lose it: [`ReliableConsumer::ack`] removes it once stored,
-/// and [`ReliableConsumer::hand_back`] returns everything unacknowledged to the result list.
-pub struct ReliableConsumer {
-    con: ConnectionManager,
-    blocking: MultiplexedConnection,
-    results: String,
-    taken: String,
-}
-
-impl ReliableConsumer {
-    /// Takes the oldest result, waiting up to `timeout`.
-    pub async fn take(&mut self, timeout: Duration) -> Result<Option<TakenResult>, ProducerError> {
-        let raw: Option<Vec<u8>> = redis::cmd("BLMOVE")
-            .arg(&self.results)
-            .arg(&self.taken)
-            .arg("RIGHT")
-            .arg("LEFT")
-            .arg(timeout.as_secs_f64())
-            .query_async(&mut self.blocking)
-            .await?;
-        Ok(raw.map(TakenResult::of))
-    }
-
-    /// The result is stored: forget it.
-    pub async fn ack(&mut self, taken: &TakenResult) -> Result<(), ProducerError> {
-        let _: i64 = redis::cmd("LREM")
-            .arg(&self.taken)
-            .arg(1)
-            .arg(&taken.raw)
-            .query_async(&mut self.con)
-            .await?;
-        Ok(())
-    }
-
-    /// Returns every taken-but-unacknowledged result to the result list (oldest popped first).
-    /// Run at start-up by a consumer that restarts under the same name, or by an operator for a
-    /// consumer that is gone.
-    pub async fn hand_back(&mut self) -> Result<u64, ProducerError> {
-        let cmd = SCRIPTS
-            .hand_back
-            .cmd(&[&self.taken, &self.results], &[] as &[&str]);
-        match SCRIPTS.hand_back.run(&mut self.con, &cmd).await? {
-            redis::Value::Int(n) => Ok(u64::try_from(n).unwrap_or(0)),
-            _ => Ok(0),
-        }
     }
 }

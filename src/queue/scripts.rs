@@ -93,6 +93,8 @@ pub struct Scripts {
     pub cancel: Script,
     pub hand_back: Script,
     pub requeue: Script,
+    pub hold_name: Script,
+    pub drop_name: Script,
 }
 
 /// The scripts, built once.
@@ -115,10 +117,12 @@ pub static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
     cancel: Script::new("cancel", &[], lua!("cancel-2")),
     hand_back: Script::new("handBack", &[], lua!("handBack-2")),
     requeue: Script::new("requeue", &[], lua!("requeue-4")),
+    hold_name: Script::new("holdName", &[], lua!("holdName-1")),
+    drop_name: Script::new("dropName", &[], lua!("dropName-1")),
 });
 
 impl Scripts {
-    pub fn all(&self) -> [&Script; 10] {
+    pub fn all(&self) -> [&Script; 12] {
         [
             &self.take,
             &self.renew,
@@ -130,6 +134,8 @@ impl Scripts {
             &self.cancel,
             &self.hand_back,
             &self.requeue,
+            &self.hold_name,
+            &self.drop_name,
         ]
     }
 

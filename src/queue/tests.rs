@@ -854,6 +854,8 @@ async fn reliable_consumer_hands_back_what_it_did_not_ack() {
     let b = first.take(Duration::from_secs(1)).await.unwrap().unwrap();
     assert_eq!(b.result.as_ref().unwrap().id, "r2");
     drop(first); // dies before storing r2
+                 // Its name's lease lapses as a dead consumer's does (shortened here from 15 s).
+    let _: () = r.con.pexpire("results:taken:c1:lease", 300).await.unwrap();
     let mut again = r.producer.reliable("c1").await.unwrap();
     assert_eq!(again.hand_back().await.unwrap(), 1);
     let ids: Vec<String> = {
