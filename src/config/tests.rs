@@ -672,6 +672,33 @@ fn claim_flags_apply_only_when_json_lacks_the_field() {
         .any(|w| w.starts_with("--result-dedup-ttl is ignored")));
 }
 
+/// Values beyond Go's longest duration (about 292 years): a lease that long made the consumer
+/// panic on its first claim (a claim's deadline overflowed), and Go's poll ticker overflows.
+#[test]
+fn durations_in_the_json_stop_at_gos_longest() {
+    let with = |field: &str| MINIMAL.replace(r#""queues""#, &format!("{field},\"queues\""));
+    assert_eq!(
+        load_err(&[SS, &inline(&with(r#""claim_lease_ttl_seconds":1.8e19"#))]),
+        "invalid config: claim_lease_ttl_seconds: must be at most 9223372036 seconds (about 292 \
+         years), got 18000000000000000000"
+    );
+    let c = load_ok(&[
+        SS,
+        &inline(&with(r#""claim_lease_ttl_seconds":9223372036"#)),
+    ]);
+    assert_eq!(c.claim.lease, Duration::from_secs(9_223_372_036));
+    assert_eq!(
+        load_err(&[SS, &inline(&with(r#""poll_interval_ms":9223372036855"#))]),
+        "invalid config: poll_interval_ms: must be at most 9223372036854 (about 292 years), got \
+         9223372036855"
+    );
+    let c = load_ok(&[SS, &inline(&with(r#""poll_interval_ms":9223372036854"#))]);
+    assert_eq!(
+        c.transport.poll_interval,
+        Duration::from_millis(9_223_372_036_854)
+    );
+}
+
 #[test]
 fn pool_file_rules() {
     let json = MINIMAL.replace(

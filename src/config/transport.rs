@@ -21,6 +21,9 @@ pub const DEFAULT_RETRY_QUEUE: &str = "retry-sortedset";
 pub const DEFAULT_RESULT_QUEUE: &str = "result-list";
 /// Default poll interval in milliseconds.
 pub const DEFAULT_POLL_INTERVAL_MS: u64 = 1000;
+/// Longest accepted `poll_interval_ms`: Go's longest duration (about 292 years) in milliseconds;
+/// Go's `poll_interval_ms × time.Millisecond` overflows beyond it.
+pub const MAX_POLL_INTERVAL_MS: u64 = i64::MAX as u64 / 1_000_000;
 /// Default number of requests taken per poll.
 pub const DEFAULT_BATCH_SIZE: u32 = 10;
 /// Largest accepted `batch_size`.
@@ -193,6 +196,12 @@ pub(crate) fn resolve(
             return Err(ConfigError::invalid(
                 "poll_interval_ms",
                 format!("must be at least 1, got {n}"),
+            ))
+        }
+        n if n.unsigned_abs() > MAX_POLL_INTERVAL_MS => {
+            return Err(ConfigError::invalid(
+                "poll_interval_ms",
+                format!("must be at most {MAX_POLL_INTERVAL_MS} (about 292 years), got {n}"),
             ))
         }
         n => n.unsigned_abs(),
