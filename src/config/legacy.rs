@@ -40,19 +40,29 @@ impl Legacy {
     /// The same error, naming the legacy flag behind the field of the synthesised config (a
     /// queue of a queues config is named by its flag and its index in the array).
     pub(crate) fn rename(&self, e: ConfigError) -> ConfigError {
-        let field = e.field().to_owned();
-        if let Some(flag) = self.queues_flag {
-            if field == "queues" {
-                return e.with_field(flag);
-            }
-            if let Some(rest) = field.strip_prefix("queues[") {
-                return e.with_field(&format!("{flag}: [{rest}"));
-            }
-        }
-        match flag_for(&field, self.queues_flag.is_none()) {
-            Some(flag) => e.with_field(flag),
+        match self.flag_of(e.field()) {
+            Some(name) => e.with_field(&name),
             None => e,
         }
+    }
+
+    /// How the user wrote `field` of the synthesised config (`queues[0].gate_params` →
+    /// `--redis.ss.gate-params`); `field` itself when no flag stands behind it.
+    pub(crate) fn name(&self, field: &str) -> String {
+        self.flag_of(field).unwrap_or_else(|| field.to_owned())
+    }
+
+    /// The legacy flag (with the index into a queues config) behind `field`, if any.
+    fn flag_of(&self, field: &str) -> Option<String> {
+        if let Some(flag) = self.queues_flag {
+            if field == "queues" {
+                return Some(flag.to_owned());
+            }
+            if let Some(rest) = field.strip_prefix("queues[") {
+                return Some(format!("{flag}: [{rest}"));
+            }
+        }
+        flag_for(field, self.queues_flag.is_none()).map(str::to_owned)
     }
 }
 

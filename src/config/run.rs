@@ -200,7 +200,12 @@ where
         Some(legacy) => legacy.rename(e),
         None => e,
     };
-    let (transport, claim_fields) = resolve(raw, env, &mut warnings).map_err(rename)?;
+    let (mut transport, claim_fields) = resolve(raw, env, &mut warnings).map_err(rename)?;
+    if let Some(legacy) = &legacy {
+        for q in &mut transport.queues {
+            q.gate_params_field = legacy.name(&q.gate_params_field);
+        }
+    }
     warnings.extend(tracing_warning(
         transport.enable_tracing,
         env("OTEL_EXPORTER_OTLP_ENDPOINT"),

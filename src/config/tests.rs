@@ -292,6 +292,52 @@ fn legacy_errors_name_the_legacy_flag() {
     );
 }
 
+/// The gate factory reads gate parameters after loading; the name it reports them under is the
+/// one the user wrote (before: `queues[0].gate_params`, a path in a JSON the legacy user never
+/// saw).
+#[test]
+fn gate_parameters_are_named_as_the_user_wrote_them() {
+    let json = MINIMAL.replace(
+        r#""igw_base_url""#,
+        r#""gate_type":"redis","gate_params":{},"igw_base_url""#,
+    );
+    let c = load_ok(&[SS, &inline(&json)]);
+    assert_eq!(
+        c.transport.queues[0].gate_params_field,
+        "queues[0].gate_params"
+    );
+
+    let legacy = [
+        "--message-queue-impl=redis-sortedset",
+        "--redis.url=redis://r",
+        "--redis.ss.igw-base-url=http://gw",
+        "--redis.ss.gate-type=redis",
+        "--redis.ss.gate-params={}",
+    ];
+    let c = load_ok(&legacy);
+    assert_eq!(
+        c.transport.queues[0].gate_params_field,
+        "--redis.ss.gate-params"
+    );
+
+    let queues = r#"--redis.ss.queues-config=[{"queue_name":"a","igw_base_url":"http://gw"},
+        {"queue_name":"b","igw_base_url":"http://gw","gate_type":"redis"}]"#;
+    let c = load_ok(&[legacy[0], legacy[1], queues]);
+    let fields: Vec<&str> = c
+        .transport
+        .queues
+        .iter()
+        .map(|q| q.gate_params_field.as_str())
+        .collect();
+    assert_eq!(
+        fields,
+        [
+            "--redis.ss.queues-config: [0].gate_params",
+            "--redis.ss.queues-config: [1].gate_params"
+        ]
+    );
+}
+
 #[test]
 fn legacy_flags_are_ignored_with_a_warning_under_the_new_surface() {
     let c = load_ok(&[

@@ -108,6 +108,10 @@ pub struct QueueConfig {
     pub igw_base_url: String,
     /// Queue-level gate, if any.
     pub gate: Option<GateSpec>,
+    /// How errors about the gate's parameters name them: `queues[0].gate_params`, or the legacy
+    /// flag they came from (`--redis.ss.gate-params`). The gate factory reads the parameters
+    /// after loading, so its errors need the name the user wrote.
+    pub gate_params_field: String,
     /// Copied into each request's `internal.labels` (queue labels win), e.g. `tier`.
     pub labels: BTreeMap<String, String>,
 }
@@ -285,6 +289,7 @@ fn resolve_queue(
             .unwrap_or_else(|| DEFAULT_REQUEST_PATH.to_owned()),
         igw_base_url,
         gate,
+        gate_params_field: at("gate_params"),
         labels: q.labels.unwrap_or_default(),
         queue_name,
     })
