@@ -14,6 +14,7 @@
 //!   config (one queue, or the queues of `--redis.ss.queues-config[-file]`).
 //! - `claim`: lease, reclaim interval and delivery limit from the JSON or the claim flags.
 //! - [`pools`], [`merge`], [`gate`]: worker pools, merge policy, gate type names.
+//! - `redis_url`: the Redis URL as go-redis reads it (`?db=N`, its options).
 //! - [`cluster`]: Redis Cluster hash slots, to refuse queues whose keys cannot share a slot.
 //! - [`duration`]: Go duration syntax. `json`: strict decoding with JSON paths in errors.
 //! - [`error`]: [`ConfigError`], exit code, password redaction.
@@ -28,6 +29,7 @@ mod json;
 mod legacy;
 pub mod merge;
 pub mod pools;
+mod redis_url;
 pub mod run;
 pub mod transport;
 

@@ -745,6 +745,43 @@ fn durations_in_the_json_stop_at_gos_longest() {
     );
 }
 
+/// go-redis reads `?db=N` as the database and refuses options it does not know; redis-rs ignored
+/// both on TCP (before: `redis://r?db=3` ran against database 0, and `?dbb=3` was accepted).
+#[test]
+fn redis_url_options_are_read_as_go_redis_reads_them() {
+    let with_url = |url: &str| MINIMAL.replace("redis://r:6379", url);
+    let c = load_ok(&[SS, &inline(&with_url("redis://:pw@r:6379?db=3"))]);
+    assert_eq!(c.transport.url.expose(), "redis://:pw@r:6379/3");
+    let env = |k: &str| (k == "REDIS_URL").then(|| "redis://e?db=2".to_owned());
+    let args = parse(&[SS, &inline(&with_url(""))]).unwrap();
+    let c = load_with_env(&args, env).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(c.transport.url.expose(), "redis://e/2");
+    assert_eq!(
+        load_err(&[SS, &inline(&with_url("redis://:pw@r?dbb=3"))]),
+        "invalid config: url: \"redis://:***@r?dbb=3\": unexpected option dbb (go-redis refuses \
+         it too; the options are db, protocol and go-redis's connection settings)"
+    );
+    assert!(load_err(&[
+        "--message-queue-impl=redis-sortedset",
+        "--redis.url=redis://r?db=x",
+        "--redis.ss.igw-base-url=http://gw",
+    ])
+    .starts_with("invalid config: --redis.url: \"redis://r?db=x\": db must be a database number"));
+    let c = load_ok(&[SS, &inline(&with_url("redis://r?pool_size=9"))]);
+    assert_eq!(c.transport.url.expose(), "redis://r");
+    assert!(
+        c.warnings
+            .iter()
+            .any(|w| w.contains("ignoring the go-redis connection option pool_size")),
+        "{:?}",
+        c.warnings
+    );
+    assert_eq!(
+        load_err(&[SS, &inline(&with_url("redis://"))]),
+        "invalid config: url: \"redis://\" names no host"
+    );
+}
+
 #[test]
 fn pool_file_rules() {
     let json = MINIMAL.replace(

@@ -13,6 +13,7 @@ use serde_json::Value;
 
 use super::claim::ClaimFields;
 use super::gate::{parse_gate, GateSpec};
+use super::redis_url::check_redis_url;
 use super::{redact_url, ConfigError};
 
 /// Default retry sorted set, shared by all queues of a transport.
@@ -188,7 +189,8 @@ pub(crate) fn resolve(
                 "required (or set the REDIS_URL environment variable)",
             )
         })?;
-    check_redis_url(&url).map_err(|reason| ConfigError::invalid("url", reason))?;
+    let url =
+        check_redis_url(&url, warnings).map_err(|reason| ConfigError::invalid("url", reason))?;
 
     let retry_queue_name =
         non_empty(raw.retry_queue_name).unwrap_or_else(|| DEFAULT_RETRY_QUEUE.to_owned());
@@ -359,43 +361,6 @@ fn check_key_kinds(
                 format!("{name:?} is also retry_queue_name; a result list must be its own key"),
             ));
         }
-    }
-    Ok(())
-}
-
-/// `redis://` / `rediss://` (host, port, database) or `unix://` (socket path), as go-redis parses.
-fn check_redis_url(url: &str) -> Result<(), String> {
-    let shown = redact_url(url);
-    let Some(sep) = url.find("://") else {
-        return Err(format!(
-            "{shown:?} is not a URL; use redis://host:port, rediss://host:port or unix:///path/to/socket"
-        ));
-    };
-    let scheme = url[..sep].to_ascii_lowercase();
-    if !matches!(scheme.as_str(), "redis" | "rediss" | "unix") {
-        return Err(format!(
-            "scheme must be redis://, rediss://, or unix://, got {scheme}:// in {shown:?}"
-        ));
-    }
-    let parsed = reqwest::Url::parse(url).map_err(|e| format!("cannot parse {shown:?}: {e}"))?;
-    if scheme == "unix" {
-        if parsed.path().trim_matches('/').is_empty() {
-            return Err(format!("{shown:?} names no socket path"));
-        }
-        return Ok(());
-    }
-    if scheme == "rediss" && parsed.fragment() == Some("insecure") {
-        return Err(format!(
-            "{shown:?}: #insecure (accept any server certificate) is not supported; trust the \
-             server's CA with --redis-tls-ca-cert instead"
-        ));
-    }
-    let db = parsed.path().trim_matches('/');
-    if !db.is_empty() && db.parse::<u32>().is_err() {
-        return Err(format!(
-            "{shown:?}: the path must be a database number, got {:?}",
-            parsed.path()
-        ));
     }
     Ok(())
 }
