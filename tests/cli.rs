@@ -328,3 +328,48 @@ fn an_unusable_worker_thread_count_is_bad_input() {
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert!(err.contains("cannot connect to Redis"), "{err}");
 }
+
+/// A config file that cannot be read (or a certificate that cannot be used) is reported with its
+/// cause once (before: "cannot read \"/no/such\": No such file or directory (os error 2): No
+/// such file or directory (os error 2)").
+#[test]
+fn a_config_error_states_its_cause_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let not_a_cert = dir.path().join("transport.json");
+    std::fs::write(
+        &not_a_cert,
+        r#"{"url":"redis://127.0.0.1:1","queues":[{"queue_name":"q","igw_base_url":"http://gw"}]}"#,
+    )
+    .unwrap();
+    let transport = format!("--transport-config-file={}", not_a_cert.display());
+    let base = [
+        "run",
+        "--metrics-endpoint-auth=false",
+        "--health-port=0",
+        "--metrics-port=0",
+        "--transport=redis-sortedset",
+    ];
+    let dir_flag = format!("--pool-config-file={}", dir.path().display());
+    let ca_flag = format!("--tls-ca-cert={}", not_a_cert.display());
+    let cases = [
+        (
+            vec!["--transport-config-file=/no/such/transport.json"],
+            "No such file or directory",
+        ),
+        (
+            vec![transport.as_str(), dir_flag.as_str()],
+            "Is a directory",
+        ),
+        (
+            vec![transport.as_str(), ca_flag.as_str()],
+            "no PEM certificates",
+        ),
+    ];
+    for (flags, cause) in cases {
+        let args: Vec<&str> = base.iter().copied().chain(flags).collect();
+        let out = common::cli(&args, &[], "");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{err}");
+        assert_eq!(err.matches(cause).count(), 1, "{err}");
+    }
+}

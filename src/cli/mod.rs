@@ -230,7 +230,8 @@ pub fn main() -> ExitCode {
     match outcome {
         Ok(()) => ExitCode::SUCCESS,
         Err(f) => {
-            eprintln!("inferq: {:#}", f.error);
+            // Each cause once: many errors show their source in their own text as well.
+            eprintln!("inferq: {}", crate::gateway::error_chain(f.error.as_ref()));
             ExitCode::from(f.code)
         }
     }
