@@ -185,7 +185,7 @@ fn queues_config(
             moot.join(", ")
         ));
     }
-    let queues: Vec<RawQueue> = decode(&text, "", flag).map_err(|e| {
+    let queues: Vec<RawQueue> = decode(&text, "", flag, &["[]"]).map_err(|e| {
         let field = e.field().to_owned();
         if field.starts_with('[') {
             e.with_field(&format!("{flag}: {field}"))

@@ -15,7 +15,9 @@ use super::duration::{parse_duration, DurationError};
 use super::json::decode;
 use super::merge::{parse_merge_policy, MergePolicy};
 use super::pools::{default_pools, parse_pools, PoolConfig};
-use super::transport::{check_http_url, resolve, RawSortedSet, SortedSetConfig};
+use super::transport::{
+    check_http_url, resolve, RawSortedSet, SortedSetConfig, RAW_SORTED_SET_OBJECTS,
+};
 use super::{legacy, ConfigError};
 
 /// The one transport inferq implements.
@@ -364,7 +366,7 @@ fn select_transport(
             ignored.join(", ")
         ));
     }
-    let raw = decode(&text, "", name)?;
+    let raw = decode(&text, "", name, &RAW_SORTED_SET_OBJECTS)?;
     Ok((source, raw, None))
 }
 

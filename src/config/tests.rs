@@ -782,6 +782,62 @@ fn redis_url_options_are_read_as_go_redis_reads_them() {
     );
 }
 
+/// A JSON array (or null) where a config has an object is refused as such (before: serde read an
+/// array of field values as the object, so `[["default",4,null,null]]` was a pool, and a pool
+/// file given as the transport config failed with "[0]: invalid type: map, expected a string").
+#[test]
+fn arrays_are_not_objects() {
+    let pools = file(r#"[{"id":"default","workers":4}]"#);
+    assert_eq!(
+        load_err(&[SS, &format!("--transport-config-file={}", path(&pools))]),
+        "invalid config: --transport-config-file: must be a JSON object, got an array"
+    );
+    assert_eq!(
+        load_err(&[SS, &inline("null")]),
+        "invalid config: --transport-config: must be a JSON object, got null"
+    );
+    assert_eq!(
+        load_err(&[
+            SS,
+            &inline(
+                r#"{"url":"redis://r","queues":[{"queue_name":"q","igw_base_url":"http://gw"},null]}"#
+            )
+        ]),
+        "invalid config: queues[1]: must be a JSON object, got null"
+    );
+    let as_array = r#"["redis://r",null,null,null,null,null,[["q",null,null,null,null,null,"http://gw",null,null,null]],null,null,null]"#;
+    assert_eq!(
+        load_err(&[SS, &inline(as_array)]),
+        "invalid config: --transport-config: must be a JSON object, got an array"
+    );
+    let array_pool = file(r#"[["default",4,null,null]]"#);
+    assert_eq!(
+        load_err(&[
+            SS,
+            &inline(MINIMAL),
+            &format!("--pool-config-file={}", path(&array_pool))
+        ]),
+        "invalid config: pools[0]: must be a JSON object, got an array"
+    );
+    let merge = file(r#"["random-robin",null]"#);
+    assert_eq!(
+        load_err(&[
+            SS,
+            &inline(MINIMAL),
+            &format!("--request-merge-policy-config-file={}", path(&merge))
+        ]),
+        "invalid config: merge_policy: must be a JSON object, got an array"
+    );
+    assert_eq!(
+        load_err(&[
+            "--message-queue-impl=redis-sortedset",
+            "--redis.url=redis://r",
+            r#"--redis.ss.queues-config=[["q",null,null,null,null,null,"http://gw",null,null,null]]"#,
+        ]),
+        "invalid config: --redis.ss.queues-config: [0]: must be a JSON object, got an array"
+    );
+}
+
 #[test]
 fn pool_file_rules() {
     let json = MINIMAL.replace(

@@ -143,6 +143,9 @@ pub(crate) struct RawSortedSet {
     pub max_deliveries: Option<i64>,
 }
 
+/// Where [`RawSortedSet`]'s JSON must hold objects (see `json::decode`): the root and each queue.
+pub(crate) const RAW_SORTED_SET_OBJECTS: [&str; 2] = ["", "queues[]"];
+
 /// One queue exactly as written.
 #[derive(Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
@@ -396,7 +399,7 @@ mod tests {
     }
 
     fn load_text(text: &str) -> Result<SortedSetConfig, ConfigError> {
-        let raw: RawSortedSet = decode(text, "", "--transport-config")?;
+        let raw: RawSortedSet = decode(text, "", "--transport-config", &RAW_SORTED_SET_OBJECTS)?;
         resolve(raw, &no_env, &mut Vec::new()).map(|(c, _)| c)
     }
 
@@ -479,21 +482,21 @@ mod tests {
     #[test]
     fn redis_url_falls_back_to_env_only_when_empty() {
         let env = |k: &str| (k == "REDIS_URL").then(|| "redis://from-env:6379".to_owned());
-        let with_url: RawSortedSet = decode(&cfg("", ""), "", "x").unwrap_or_default();
+        let with_url: RawSortedSet = decode(&cfg("", ""), "", "x", &[]).unwrap_or_default();
         let (c, _) = resolve(with_url, &env, &mut Vec::new())
             .map_err(|e| e.to_string())
             .unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(c.url.expose(), "redis://r:6379");
 
         let empty = cfg("", "").replace("redis://r:6379", "");
-        let raw: RawSortedSet = decode(&empty, "", "x").unwrap_or_default();
+        let raw: RawSortedSet = decode(&empty, "", "x", &[]).unwrap_or_default();
         let (c, _) = resolve(raw, &env, &mut Vec::new())
             .map_err(|e| e.to_string())
             .unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(c.url.expose(), "redis://from-env:6379");
 
         let absent = r#"{"queues":[{"queue_name":"q","igw_base_url":"http://gw"}]}"#;
-        let raw: RawSortedSet = decode(absent, "", "x").unwrap_or_default();
+        let raw: RawSortedSet = decode(absent, "", "x", &[]).unwrap_or_default();
         let (c, _) = resolve(raw, &env, &mut Vec::new())
             .map_err(|e| e.to_string())
             .unwrap_or_else(|e| panic!("{e}"));
