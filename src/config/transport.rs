@@ -11,6 +11,8 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use crate::queue::QueueKeys;
+
 use super::claim::ClaimFields;
 use super::gate::{parse_gate, GateSpec};
 use super::redis_url::check_redis_url;
@@ -330,12 +332,14 @@ fn check_unique(queues: &[QueueConfig]) -> Result<(), ConfigError> {
 }
 
 /// Request queues are sorted sets, result queues lists: one key cannot be both, and the retry set
-/// cannot double as a request queue.
+/// cannot double as a request queue. None of them may be one of the keys inferq derives from a
+/// queue's name (`<queue>:dead`, `<queue>:parked`, ...).
 fn check_key_kinds(
     queues: &[QueueConfig],
     retry: &str,
     default_result: &str,
 ) -> Result<(), ConfigError> {
+    check_derived_keys(queues, retry, default_result)?;
     let queue_with = |name: &str| queues.iter().position(|q| q.queue_name == name);
     if let Some(j) = queue_with(retry) {
         return Err(ConfigError::invalid(
@@ -363,6 +367,42 @@ fn check_key_kinds(
                 field,
                 format!("{name:?} is also retry_queue_name; a result list must be its own key"),
             ));
+        }
+    }
+    Ok(())
+}
+
+/// No configured key is a key derived from a queue's name: results pushed onto `q:dead` would
+/// mix with its dead letters, a queue named `q:parked` would be q's retry set.
+fn check_derived_keys(
+    queues: &[QueueConfig],
+    retry: &str,
+    default_result: &str,
+) -> Result<(), ConfigError> {
+    let mut configured: Vec<(String, &str)> = vec![
+        ("retry_queue_name".to_owned(), retry),
+        ("result_queue_name".to_owned(), default_result),
+    ];
+    for (i, q) in queues.iter().enumerate() {
+        configured.push((format!("queues[{i}].queue_name"), &q.queue_name));
+        if let Some(name) = &q.result_queue_name {
+            configured.push((format!("queues[{i}].result_queue_name"), name));
+        }
+    }
+    for (j, q) in queues.iter().enumerate() {
+        let keys = QueueKeys::new(&q.queue_name);
+        let derived = keys.all();
+        for (field, name) in &configured {
+            if derived[1..].contains(name) {
+                return Err(ConfigError::invalid(
+                    field.as_str(),
+                    format!(
+                        "{name:?} is a key inferq keeps for queues[{j}] ({:?}); give it another \
+                         name",
+                        q.queue_name
+                    ),
+                ));
+            }
         }
     }
     Ok(())
@@ -608,6 +648,36 @@ mod tests {
             err(&cfg("", r#","labels":{"tier":1}"#)),
             "invalid config: queues[0].labels.tier: invalid type: integer `1`, expected a string"
         );
+    }
+
+    /// Before: accepted, and results went onto q's dead-letter list, or a queue was another
+    /// queue's retry set.
+    #[test]
+    fn keys_derived_from_a_queue_name_are_not_configured_names() {
+        assert_eq!(
+            err(&cfg(r#","result_queue_name":"q:dead""#, "")),
+            "invalid config: result_queue_name: \"q:dead\" is a key inferq keeps for queues[0] \
+             (\"q\"); give it another name"
+        );
+        assert_eq!(
+            err(&cfg(r#","retry_queue_name":"q:parked""#, "")),
+            "invalid config: retry_queue_name: \"q:parked\" is a key inferq keeps for queues[0] \
+             (\"q\"); give it another name"
+        );
+        assert_eq!(
+            err(&cfg("", r#","result_queue_name":"q:claimed""#)),
+            "invalid config: queues[0].result_queue_name: \"q:claimed\" is a key inferq keeps \
+             for queues[0] (\"q\"); give it another name"
+        );
+        assert_eq!(
+            err(
+                r#"{"url":"redis://r","queues":[{"queue_name":"a","igw_base_url":"http://gw"},{"queue_name":"a:dead","igw_base_url":"http://gw"}]}"#
+            ),
+            "invalid config: queues[1].queue_name: \"a:dead\" is a key inferq keeps for \
+             queues[0] (\"a\"); give it another name"
+        );
+        // Names that merely start with a queue's name are fine.
+        assert!(err(&cfg(r#","result_queue_name":"q:results""#, "")).starts_with("loaded"));
     }
 
     #[test]
