@@ -373,3 +373,53 @@ fn a_config_error_states_its_cause_once() {
         assert_eq!(err.matches(cause).count(), 1, "{err}");
     }
 }
+
+/// `--redis-url` is read as `inferq run` reads its `url`: `?db=N` selects the database, as in
+/// go-redis (before: `submit` wrote to database 0 while the processor, given the same URL,
+/// served database 3), and a URL that cannot work is bad input naming the flag (before: exit 1,
+/// "cannot connect to Redis: url http://x: Redis URL did not parse").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_url_flag_is_read_as_the_processor_reads_it() {
+    let redis = RedisServer::start().unwrap();
+    let url = format!("redis://127.0.0.1:{}?db=3", redis.port());
+    let line = "{\"id\":\"a\",\"timeout_s\":60,\"payload\":{}}\n";
+    let out = common::cli(&["submit", "--redis-url", &url], &[], line);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut con = common::con(&redis).await;
+    let (in_3, in_0): (u64, u64) = redis::pipe()
+        .cmd("SELECT")
+        .arg(3)
+        .ignore()
+        .zcard("request-sortedset")
+        .cmd("SELECT")
+        .arg(0)
+        .ignore()
+        .zcard("request-sortedset")
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    assert_eq!((in_3, in_0), (1, 0));
+
+    for (bad, reason) in [
+        ("http://127.0.0.1:1", "scheme must be"),
+        ("redis://127.0.0.1:1?dbb=3", "unexpected option dbb"),
+    ] {
+        for args in [
+            vec!["submit", "--redis-url", bad],
+            vec!["dead-letter", "list", "--redis-url", bad],
+        ] {
+            let out = common::cli(&args, &[], "");
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+            assert!(
+                err.contains("--redis-url: ") && err.contains(reason),
+                "{args:?}: {err}"
+            );
+        }
+    }
+}

@@ -103,12 +103,13 @@ impl RedisArgs {
     /// A producer on these queues.
     pub async fn producer(&self) -> Result<crate::queue::producer::Producer, Failure> {
         use anyhow::Context;
+        let url = checked_redis_url(&self.redis_url)?;
         let tls = crate::queue::connect::RedisTls {
             ca_cert: self.redis_tls_ca_cert.clone(),
             client: self.redis_tls_cert.clone().zip(self.redis_tls_key.clone()),
         };
         Ok(crate::queue::producer::Producer::connect_tls(
-            &self.redis_url,
+            &url,
             &tls,
             &self.queue,
             &self.result_queue,
@@ -116,6 +117,18 @@ impl RedisArgs {
         .await
         .context("cannot connect to Redis")?)
     }
+}
+
+/// `--redis-url` read as `inferq run` reads its `url` (go-redis's `?db=N` and options), so a
+/// producer-side command reaches the database the processor serves; a bad URL is bad input.
+pub fn checked_redis_url(url: &str) -> Result<String, Failure> {
+    let mut warnings = Vec::new();
+    let url = crate::config::check_redis_url(url, "--redis-url", &mut warnings)
+        .map_err(|reason| Failure::bad_input(anyhow::anyhow!("--redis-url: {reason}")))?;
+    for warning in warnings {
+        tracing::warn!("{warning}");
+    }
+    Ok(url)
 }
 
 /// A failure with its exit code.

@@ -40,6 +40,7 @@ pub use error::{redact_in_text, redact_url, ConfigError, EXIT_CODE};
 pub use gate::{GateSpec, GateType};
 pub use merge::{Fairness, MergePolicy, MergePolicyKind};
 pub use pools::PoolConfig;
+pub use redis_url::check_redis_url;
 pub use run::{
     load, load_with_env, ClientCert, PrometheusSettings, RunConfig, TlsFiles, TransportSource,
 };

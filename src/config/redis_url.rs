@@ -45,9 +45,13 @@ const GO_TUNING_OPTIONS: [&str; 29] = [
 ];
 
 /// Checks a Redis URL and returns it as inferq will use it (`?db=N` moved into the path), with
-/// warnings for the go-redis options it ignores. The error is the reason, for the caller to
-/// attach to the field it read the URL from.
-pub(crate) fn check_redis_url(url: &str, warnings: &mut Vec<String>) -> Result<String, String> {
+/// warnings (naming `field`, the setting the URL came from) for the go-redis options it
+/// ignores. The error is the reason, for the caller to attach to `field`.
+pub fn check_redis_url(
+    url: &str,
+    field: &str,
+    warnings: &mut Vec<String>,
+) -> Result<String, String> {
     let shown = redact_url(url);
     let Some(sep) = url.find("://") else {
         return Err(format!(
@@ -120,7 +124,7 @@ pub(crate) fn check_redis_url(url: &str, warnings: &mut Vec<String>) -> Result<S
     }
     if !ignored.is_empty() {
         warnings.push(format!(
-            "url: ignoring the go-redis connection option {} of {shown}: inferq has its own \
+            "{field}: ignoring the go-redis connection option {} of {shown}: inferq has its own \
              connection settings",
             ignored.join(", ")
         ));
@@ -145,7 +149,7 @@ mod tests {
 
     fn check(url: &str) -> (Result<String, String>, Vec<String>) {
         let mut warnings = Vec::new();
-        (check_redis_url(url, &mut warnings), warnings)
+        (check_redis_url(url, "url", &mut warnings), warnings)
     }
 
     #[test]

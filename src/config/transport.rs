@@ -194,8 +194,8 @@ pub(crate) fn resolve(
                 "required (or set the REDIS_URL environment variable)",
             )
         })?;
-    let url =
-        check_redis_url(&url, warnings).map_err(|reason| ConfigError::invalid("url", reason))?;
+    let url = check_redis_url(&url, "url", warnings)
+        .map_err(|reason| ConfigError::invalid("url", reason))?;
 
     let retry_queue_name =
         non_empty(raw.retry_queue_name).unwrap_or_else(|| DEFAULT_RETRY_QUEUE.to_owned());
