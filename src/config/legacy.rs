@@ -109,24 +109,25 @@ pub(crate) fn synthesise(
             other.join(", ")
         ));
     }
+    // Left unset when only REDIS_URL gives it: the loader falls back to the variable and names
+    // it in errors.
     let url = args
         .redis_url
         .as_ref()
         .map(|u| u.expose().to_owned())
-        .filter(|u| !u.is_empty())
-        .or_else(|| env("REDIS_URL").filter(|u| !u.is_empty()))
-        .ok_or_else(|| {
-            ConfigError::invalid(
-                "--redis.url",
-                "required (or the REDIS_URL environment variable) when using redis-sortedset",
-            )
-        })?;
+        .filter(|u| !u.is_empty());
+    if url.is_none() && env("REDIS_URL").is_none_or(|u| u.is_empty()) {
+        return Err(ConfigError::invalid(
+            "--redis.url",
+            "required (or the REDIS_URL environment variable) when using redis-sortedset",
+        ));
+    }
     let (queues, queues_flag) = match queues_config(args, warnings)? {
         Some((flag, queues)) => (queues, Some(flag)),
         None => (vec![single_queue(args)?], None),
     };
     let raw = RawSortedSet {
-        url: Some(url),
+        url,
         result_queue_name: args.redis_ss_result_queue_name.clone(),
         poll_interval_ms: args.redis_ss_poll_interval_ms,
         batch_size: args.redis_ss_batch_size,

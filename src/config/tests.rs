@@ -838,6 +838,29 @@ fn arrays_are_not_objects() {
     );
 }
 
+/// A bad `REDIS_URL` is named as such (before: as `url` of a JSON that has no url, or as
+/// `--redis.url`, a flag that was not given).
+#[test]
+fn a_bad_redis_url_variable_is_named_as_the_variable() {
+    let env = |k: &str| (k == "REDIS_URL").then(|| "http://u:pw@x".to_owned());
+    let no_url = r#"{"queues":[{"queue_name":"q","igw_base_url":"http://gw"}]}"#;
+    assert_eq!(
+        load_err_env(&[SS, &inline(no_url)], &env),
+        "invalid config: REDIS_URL: scheme must be redis://, rediss://, or unix://, got http:// \
+         in \"http://u:***@x\""
+    );
+    let legacy = [
+        "--message-queue-impl=redis-sortedset",
+        "--redis.ss.igw-base-url=http://gw",
+    ];
+    assert!(load_err_env(&legacy, &env).starts_with("invalid config: REDIS_URL: scheme must be"));
+    // The flag, when given, is what is named (and wins over the variable).
+    assert!(
+        load_err_env(&[legacy[0], legacy[1], "--redis.url=redis://r?x=1"], &env)
+            .starts_with("invalid config: --redis.url: \"redis://r?x=1\": unexpected option x")
+    );
+}
+
 #[test]
 fn pool_file_rules() {
     let json = MINIMAL.replace(

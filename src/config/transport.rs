@@ -186,16 +186,21 @@ pub(crate) fn resolve(
     env: &dyn Fn(&str) -> Option<String>,
     warnings: &mut Vec<String>,
 ) -> Result<(SortedSetConfig, ClaimFields), ConfigError> {
-    let url = non_empty(raw.url)
-        .or_else(|| non_empty(env("REDIS_URL")))
-        .ok_or_else(|| {
-            ConfigError::invalid(
-                "url",
-                "required (or set the REDIS_URL environment variable)",
-            )
-        })?;
-    let url = check_redis_url(&url, "url", warnings)
-        .map_err(|reason| ConfigError::invalid("url", reason))?;
+    // Errors about the URL name where it came from: the field, or the environment variable.
+    let (url, url_field) = match non_empty(raw.url) {
+        Some(url) => (url, "url"),
+        None => match non_empty(env("REDIS_URL")) {
+            Some(url) => (url, "REDIS_URL"),
+            None => {
+                return Err(ConfigError::invalid(
+                    "url",
+                    "required (or set the REDIS_URL environment variable)",
+                ))
+            }
+        },
+    };
+    let url = check_redis_url(&url, url_field, warnings)
+        .map_err(|reason| ConfigError::invalid(url_field, reason))?;
 
     let retry_queue_name =
         non_empty(raw.retry_queue_name).unwrap_or_else(|| DEFAULT_RETRY_QUEUE.to_owned());
