@@ -423,3 +423,19 @@ async fn redis_url_flag_is_read_as_the_processor_reads_it() {
         }
     }
 }
+
+/// `submit -f` naming a directory is bad input (before: exit 1, "cannot read input: Is a
+/// directory (os error 21)").
+#[test]
+fn submit_refuses_a_directory_as_its_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().display().to_string();
+    let out = common::cli(
+        &["submit", "--redis-url", "redis://127.0.0.1:1/", "-f", &path],
+        &[],
+        "",
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("is a directory, not a JSONL file"), "{err}");
+}
