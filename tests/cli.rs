@@ -333,3 +333,114 @@ fn an_unusable_worker_thread_count_is_bad_input() {
     assert_eq!(out.status.code(), Some(1), "{err}");
     assert!(err.contains("cannot connect to Redis"), "{err}");
 }
+
+/// A config file that cannot be read (or a certificate that cannot be used) is reported with its
+/// cause once (before: "cannot read \"/no/such\": No such file or directory (os error 2): No
+/// such file or directory (os error 2)").
+#[test]
+fn a_config_error_states_its_cause_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let not_a_cert = dir.path().join("transport.json");
+    std::fs::write(
+        &not_a_cert,
+        r#"{"url":"redis://127.0.0.1:1","queues":[{"queue_name":"q","igw_base_url":"http://gw"}]}"#,
+    )
+    .unwrap();
+    let transport = format!("--transport-config-file={}", not_a_cert.display());
+    let base = [
+        "run",
+        "--metrics-endpoint-auth=false",
+        "--health-port=0",
+        "--metrics-port=0",
+        "--transport=redis-sortedset",
+    ];
+    let dir_flag = format!("--pool-config-file={}", dir.path().display());
+    let ca_flag = format!("--tls-ca-cert={}", not_a_cert.display());
+    let cases = [
+        (
+            vec!["--transport-config-file=/no/such/transport.json"],
+            "No such file or directory",
+        ),
+        (
+            vec![transport.as_str(), dir_flag.as_str()],
+            "Is a directory",
+        ),
+        (
+            vec![transport.as_str(), ca_flag.as_str()],
+            "no PEM certificates",
+        ),
+    ];
+    for (flags, cause) in cases {
+        let args: Vec<&str> = base.iter().copied().chain(flags).collect();
+        let out = common::cli(&args, &[], "");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{err}");
+        assert_eq!(err.matches(cause).count(), 1, "{err}");
+    }
+}
+
+/// `--redis-url` is read as `inferq run` reads its `url`: `?db=N` selects the database, as in
+/// go-redis (before: `submit` wrote to database 0 while the processor, given the same URL,
+/// served database 3), and a URL that cannot work is bad input naming the flag (before: exit 1,
+/// "cannot connect to Redis: url http://x: Redis URL did not parse").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_url_flag_is_read_as_the_processor_reads_it() {
+    let redis = RedisServer::start().unwrap();
+    let url = format!("redis://127.0.0.1:{}?db=3", redis.port());
+    let line = "{\"id\":\"a\",\"timeout_s\":60,\"payload\":{}}\n";
+    let out = common::cli(&["submit", "--redis-url", &url], &[], line);
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut con = common::con(&redis).await;
+    let (in_3, in_0): (u64, u64) = redis::pipe()
+        .cmd("SELECT")
+        .arg(3)
+        .ignore()
+        .zcard("request-sortedset")
+        .cmd("SELECT")
+        .arg(0)
+        .ignore()
+        .zcard("request-sortedset")
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    assert_eq!((in_3, in_0), (1, 0));
+
+    for (bad, reason) in [
+        ("http://127.0.0.1:1", "scheme must be"),
+        ("redis://127.0.0.1:1?dbb=3", "unexpected option dbb"),
+    ] {
+        for args in [
+            vec!["submit", "--redis-url", bad],
+            vec!["dead-letter", "list", "--redis-url", bad],
+        ] {
+            let out = common::cli(&args, &[], "");
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
+            assert!(
+                err.contains("--redis-url: ") && err.contains(reason),
+                "{args:?}: {err}"
+            );
+        }
+    }
+}
+
+/// `submit -f` naming a directory is bad input (before: exit 1, "cannot read input: Is a
+/// directory (os error 21)").
+#[test]
+fn submit_refuses_a_directory_as_its_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().display().to_string();
+    let out = common::cli(
+        &["submit", "--redis-url", "redis://127.0.0.1:1/", "-f", &path],
+        &[],
+        "",
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("is a directory, not a JSONL file"), "{err}");
+}

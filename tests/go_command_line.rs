@@ -192,3 +192,49 @@ fn go_values_and_transports_inferq_refuses_exit_2_naming_why() {
         );
     }
 }
+
+/// A gate whose parameters are wrong, given with the legacy flags, is refused naming the flag the
+/// user wrote, and before anything listens: with the health port taken, the answer is still the
+/// gate (before: exit 1 "cannot listen for health", and with the port free the message named
+/// `queues[0].gate_params`, a field of a JSON the user never wrote).
+#[test]
+fn a_bad_legacy_gate_is_named_by_its_flag_before_anything_listens() {
+    let taken = std::net::TcpListener::bind("[::]:0")
+        .or_else(|_| std::net::TcpListener::bind("0.0.0.0:0"))
+        .unwrap();
+    let health_port = format!("--health-port={}", taken.local_addr().unwrap().port());
+    let legacy = [
+        "run",
+        "--metrics-endpoint-auth=false",
+        &health_port,
+        "--metrics-port=0",
+        "--message-queue-impl=redis-sortedset",
+        "--redis.url=redis://127.0.0.1:1",
+    ];
+    let single = [
+        "--redis.ss.igw-base-url=http://gw",
+        "--redis.ss.gate-type=local-max-concurrency",
+        r#"--redis.ss.gate-params={"limit":0}"#,
+    ];
+    let queues = r#"--redis.ss.queues-config=[{"queue_name":"a","igw_base_url":"http://gw"},
+        {"queue_name":"b","igw_base_url":"http://gw","gate_type":"redis"}]"#;
+    let cases: [(Vec<&str>, &str); 2] = [
+        (
+            single.to_vec(),
+            "invalid config: --redis.ss.gate-params: gate local-max-concurrency: parameter limit: \
+             must be > 0, got 0",
+        ),
+        (
+            vec![queues],
+            "invalid config: --redis.ss.queues-config: [1].gate_params: gate redis: parameter \
+             address: required",
+        ),
+    ];
+    for (flags, expected) in cases {
+        let args: Vec<&str> = legacy.iter().copied().chain(flags).collect();
+        let out = cli(&args, &[], "");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{err}");
+        assert!(err.contains(expected), "{expected}\n{err}");
+    }
+}

@@ -81,7 +81,8 @@ pub enum Action {
 }
 
 async fn open(target: &Target) -> Result<DeadLetters, Failure> {
-    let client = redis::Client::open(target.redis_url.as_str())
+    let url = super::checked_redis_url(&target.redis_url)?;
+    let client = redis::Client::open(url.as_str())
         .map_err(|e| Failure::bad_input(anyhow::anyhow!("--redis-url: {e}")))?;
     let con = crate::queue::connect::manager(&client)
         .await

@@ -87,19 +87,13 @@ pub fn init(default_level: &str, format: LogFormat) {
     };
 }
 
-/// Writes an error that ends the process as a log line of `format` (`inferq: …` for text).
-pub fn fatal(format: LogFormat, error: &anyhow::Error) {
+/// Writes the error that ends the process as a log line of `format` (`inferq: …` for text).
+pub fn fatal(format: LogFormat, error: &str) {
     match format {
-        LogFormat::Text => eprintln!("inferq: {error:#}"),
+        LogFormat::Text => eprintln!("inferq: {error}"),
         LogFormat::Json(time) => {
-            let line = ZapJson { time }.line(
-                &Level::ERROR,
-                "inferq",
-                None,
-                &format!("{error:#}"),
-                &[],
-                SystemTime::now(),
-            );
+            let line =
+                ZapJson { time }.line(&Level::ERROR, "inferq", None, error, &[], SystemTime::now());
             eprintln!("{line}");
         }
     }

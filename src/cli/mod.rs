@@ -104,12 +104,13 @@ impl RedisArgs {
     /// A producer on these queues.
     pub async fn producer(&self) -> Result<crate::queue::producer::Producer, Failure> {
         use anyhow::Context;
+        let url = checked_redis_url(&self.redis_url)?;
         let tls = crate::queue::connect::RedisTls {
             ca_cert: self.redis_tls_ca_cert.clone(),
             client: self.redis_tls_cert.clone().zip(self.redis_tls_key.clone()),
         };
         Ok(crate::queue::producer::Producer::connect_tls(
-            &self.redis_url,
+            &url,
             &tls,
             &self.queue,
             &self.result_queue,
@@ -117,6 +118,18 @@ impl RedisArgs {
         .await
         .context("cannot connect to Redis")?)
     }
+}
+
+/// `--redis-url` read as `inferq run` reads its `url` (go-redis's `?db=N` and options), so a
+/// producer-side command reaches the database the processor serves; a bad URL is bad input.
+pub fn checked_redis_url(url: &str) -> Result<String, Failure> {
+    let mut warnings = Vec::new();
+    let url = crate::config::check_redis_url(url, "--redis-url", &mut warnings)
+        .map_err(|reason| Failure::bad_input(anyhow::anyhow!("--redis-url: {reason}")))?;
+    for warning in warnings {
+        tracing::warn!("{warning}");
+    }
+    Ok(url)
 }
 
 /// A failure with its exit code.
@@ -195,17 +208,14 @@ pub fn main() -> ExitCode {
         }
         Ok(None) => {}
         Err(reason) => {
-            logs::fatal(format, &anyhow::anyhow!("{WORKER_THREADS_ENV}: {reason}"));
+            logs::fatal(format, &format!("{WORKER_THREADS_ENV}: {reason}"));
             return ExitCode::from(EXIT_BAD_INPUT);
         }
     }
     let runtime = match builder.enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
-            logs::fatal(
-                format,
-                &anyhow::anyhow!("cannot start the async runtime: {e}"),
-            );
+            logs::fatal(format, &format!("cannot start the async runtime: {e}"));
             return ExitCode::from(1);
         }
     };
@@ -232,7 +242,8 @@ pub fn main() -> ExitCode {
     match outcome {
         Ok(()) => ExitCode::SUCCESS,
         Err(f) => {
-            logs::fatal(format, &f.error);
+            // Each cause once: many errors show their source in their own text as well.
+            logs::fatal(format, &crate::gateway::error_chain(f.error.as_ref()));
             ExitCode::from(f.code)
         }
     }

@@ -46,6 +46,13 @@ type Input = (Vec<(usize, NewRequest)>, Vec<LineError>);
 
 fn read_input(args: &SubmitArgs) -> Result<Input, Failure> {
     let mut reader: Box<dyn BufRead> = match &args.file {
+        // A directory opens, then fails at the first read: refuse it as the bad input it is.
+        Some(p) if p.is_dir() => {
+            return Err(Failure::bad_input(anyhow::anyhow!(
+                "--file {}: is a directory, not a JSONL file",
+                p.display()
+            )))
+        }
         Some(p) if p.as_os_str() != "-" => Box::new(std::io::BufReader::new(
             std::fs::File::open(p)
                 .with_context(|| format!("cannot open {}", p.display()))

@@ -27,6 +27,9 @@ pub(crate) struct ClaimFlags {
 
 /// Shortest lease accepted.
 const MIN_LEASE: Duration = Duration::from_secs(1);
+/// Longest lease accepted: Go's longest duration (about 292 years), as for `--claim-lease-ttl`.
+/// Beyond it a claim's deadline cannot be represented and the consumer would crash.
+const MAX_LEASE: Duration = Duration::from_nanos(i64::MAX as u64);
 
 /// Combines the JSON fields, the flags and the defaults, and validates the result.
 pub(crate) fn resolve_claim(
@@ -40,12 +43,15 @@ pub(crate) fn resolve_claim(
             let field = "claim_lease_ttl_seconds";
             let lease = Duration::try_from_secs_f64(secs)
                 .ok()
-                .filter(|d| *d >= MIN_LEASE)
+                .filter(|d| (MIN_LEASE..=MAX_LEASE).contains(d))
                 .ok_or_else(|| {
                     let reason = if secs < 1.0 {
                         format!("must be at least 1 second, got {secs}")
                     } else {
-                        format!("too large: {secs}")
+                        format!(
+                            "must be at most {} seconds (about 292 years), got {secs}",
+                            MAX_LEASE.as_secs()
+                        )
                     };
                     ConfigError::invalid(field, reason)
                 })?;

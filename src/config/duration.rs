@@ -20,9 +20,12 @@ pub enum DurationError {
 pub fn parse_duration(text: &str) -> Result<Duration, DurationError> {
     match parse_go(text) {
         Ok(d) => Ok(d),
-        Err(DurationError::Syntax) => {
-            humantime::parse_duration(text).map_err(|_| DurationError::Syntax)
-        }
+        Err(DurationError::Syntax) => match humantime::parse_duration(text) {
+            // The same limit as Go's syntax: humantime reaches far beyond it ("1000years").
+            Ok(d) if d > Duration::from_nanos(i64::MAX as u64) => Err(DurationError::TooLarge),
+            Ok(d) => Ok(d),
+            Err(_) => Err(DurationError::Syntax),
+        },
         Err(other) => Err(other),
     }
 }
@@ -151,5 +154,11 @@ mod tests {
         assert_eq!(parse_duration("3000000h"), Err(DurationError::TooLarge));
         let huge = format!("{}h", "9".repeat(45));
         assert_eq!(parse_duration(&huge), Err(DurationError::TooLarge));
+        // Go's limit holds for humantime's spellings too.
+        assert_eq!(parse_duration("1000years"), Err(DurationError::TooLarge));
+        assert_eq!(
+            parse_duration("292years"),
+            Ok(Duration::from_secs(292 * 31_557_600))
+        );
     }
 }

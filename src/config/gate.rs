@@ -63,6 +63,50 @@ impl GateType {
         Self::ALL.iter().find(|(n, _)| *n == name).map(|&(_, t)| t)
     }
 
+    /// The parameters this gate type reads (go-compat §6.2). Go ignores any other; inferq refuses
+    /// it, so a misspelt optional parameter cannot silently fall back to its default.
+    pub fn params(self) -> &'static [&'static str] {
+        match self {
+            GateType::Constant => &[],
+            GateType::Redis => &["address", "budget_key"],
+            GateType::RedisQuota => &[
+                "address",
+                "attribute",
+                "mode",
+                "limit",
+                "window",
+                "prefix",
+                "gating_mode",
+            ],
+            GateType::LocalMaxConcurrency => &["limit", "gating_mode"],
+            GateType::Composite => &["gates"],
+            GateType::WaitOnRefuse => &["gate"],
+            GateType::TierPriorityAdmission => {
+                &["saturation_gate", "saturation_gate_params", "tier_label"]
+            }
+            GateType::PrometheusSaturation => &["pool", "namespace", "threshold", "fallback"],
+            GateType::PrometheusBudget => &[
+                "pool",
+                "namespace",
+                "max_concurrency",
+                "baseline",
+                "fallback",
+            ],
+            GateType::PrometheusQuery => &["query", "fallback", "pool"],
+            GateType::EndpointScrape => &[
+                "url",
+                "metric",
+                "labels",
+                "max_count_per_pod",
+                "baseline",
+                "fallback",
+                "pods_url",
+                "pods_metric",
+                "pods_labels",
+            ],
+        }
+    }
+
     /// Whether creating this gate needs `--prometheus-url`.
     pub fn needs_prometheus(self) -> bool {
         matches!(

@@ -3,17 +3,31 @@
 //! Unlike Go's `encoding/json`, unknown fields are errors (the raw structs deny them).
 
 use serde::de::DeserializeOwned;
+use serde_json::Value;
 use serde_path_to_error::Segment;
 
+use super::gate::json_kind;
 use super::ConfigError;
 
 /// Decodes `text` as `T`. `root` prefixes every path (`""` for the transport config, whose
-/// fields are named bare; `"pools"` for the pool file) and names syntax errors (`source`).
+/// fields are named bare; `"pools"` for the pool file) and `source` names syntax errors.
+///
+/// `objects` says where `T` has structs, which must be JSON objects: `""` the root, `"[]"` each
+/// item of a root array, `"queues[]"` each item of the root's `queues`. serde alone would also
+/// read a struct from an array of its field values, which Go refuses, and its errors would then
+/// name fields that do not exist (`[0]: invalid type: map, expected a string` for a pool file
+/// given as the transport config).
 pub(crate) fn decode<T: DeserializeOwned>(
     text: &str,
     root: &str,
     source: &str,
+    objects: &[&str],
 ) -> Result<T, ConfigError> {
+    if !objects.is_empty() {
+        let value: Value =
+            serde_json::from_str(text).map_err(|e| describe(e, String::new(), source))?;
+        check_objects(&value, root, source, objects)?;
+    }
     let mut de = serde_json::Deserializer::from_str(text);
     let decoded: Result<T, _> = serde_path_to_error::deserialize(&mut de);
     let value = match decoded {
@@ -39,6 +53,53 @@ pub(crate) fn decode_value<T: DeserializeOwned>(
         let path = render_path(root, err.path());
         describe(err.into_inner(), path, root)
     })
+}
+
+/// Checks that `value` holds JSON objects where `objects` (see [`decode`]) says it must.
+fn check_objects(
+    value: &Value,
+    root: &str,
+    source: &str,
+    objects: &[&str],
+) -> Result<(), ConfigError> {
+    let not_object = |field: String, got: &Value| {
+        ConfigError::invalid(
+            field,
+            format!("must be a JSON object, got {}", json_kind(got)),
+        )
+    };
+    for pattern in objects {
+        let (container, items) = match pattern.strip_suffix("[]") {
+            Some(key) => (key, true),
+            None => (*pattern, false),
+        };
+        let (at, found) = if container.is_empty() {
+            (root.to_owned(), Some(value))
+        } else {
+            let at = if root.is_empty() {
+                container.to_owned()
+            } else {
+                format!("{root}.{container}")
+            };
+            (at, value.get(container))
+        };
+        match found {
+            Some(Value::Array(list)) if items => {
+                for (i, item) in list.iter().enumerate() {
+                    if !item.is_object() {
+                        return Err(not_object(format!("{at}[{i}]"), item));
+                    }
+                }
+            }
+            Some(other) if !items && !other.is_object() => {
+                let field = if at.is_empty() { source.to_owned() } else { at };
+                return Err(not_object(field, other));
+            }
+            // Anything else is left to the decoder, whose message names the type expected.
+            _ => {}
+        }
+    }
+    Ok(())
 }
 
 /// `root` followed by the path segments, e.g. `queues[0].labels.tier`.
@@ -122,7 +183,7 @@ mod tests {
     }
 
     fn err_text(text: &str, root: &str) -> String {
-        match decode::<Outer>(text, root, "--source") {
+        match decode::<Outer>(text, root, "--source", &["", "items[]"]) {
             Ok(v) => format!("decoded {v:?}"),
             Err(e) => e.to_string(),
         }

@@ -40,19 +40,29 @@ impl Legacy {
     /// The same error, naming the legacy flag behind the field of the synthesised config (a
     /// queue of a queues config is named by its flag and its index in the array).
     pub(crate) fn rename(&self, e: ConfigError) -> ConfigError {
-        let field = e.field().to_owned();
-        if let Some(flag) = self.queues_flag {
-            if field == "queues" {
-                return e.with_field(flag);
-            }
-            if let Some(rest) = field.strip_prefix("queues[") {
-                return e.with_field(&format!("{flag}: [{rest}"));
-            }
-        }
-        match flag_for(&field, self.queues_flag.is_none()) {
-            Some(flag) => e.with_field(flag),
+        match self.flag_of(e.field()) {
+            Some(name) => e.with_field(&name),
             None => e,
         }
+    }
+
+    /// How the user wrote `field` of the synthesised config (`queues[0].gate_params` →
+    /// `--redis.ss.gate-params`); `field` itself when no flag stands behind it.
+    pub(crate) fn name(&self, field: &str) -> String {
+        self.flag_of(field).unwrap_or_else(|| field.to_owned())
+    }
+
+    /// The legacy flag (with the index into a queues config) behind `field`, if any.
+    fn flag_of(&self, field: &str) -> Option<String> {
+        if let Some(flag) = self.queues_flag {
+            if field == "queues" {
+                return Some(flag.to_owned());
+            }
+            if let Some(rest) = field.strip_prefix("queues[") {
+                return Some(format!("{flag}: [{rest}"));
+            }
+        }
+        flag_for(field, self.queues_flag.is_none()).map(str::to_owned)
     }
 }
 
@@ -99,24 +109,25 @@ pub(crate) fn synthesise(
             other.join(", ")
         ));
     }
+    // Left unset when only REDIS_URL gives it: the loader falls back to the variable and names
+    // it in errors.
     let url = args
         .redis_url
         .as_ref()
         .map(|u| u.expose().to_owned())
-        .filter(|u| !u.is_empty())
-        .or_else(|| env("REDIS_URL").filter(|u| !u.is_empty()))
-        .ok_or_else(|| {
-            ConfigError::invalid(
-                "--redis.url",
-                "required (or the REDIS_URL environment variable) when using redis-sortedset",
-            )
-        })?;
+        .filter(|u| !u.is_empty());
+    if url.is_none() && env("REDIS_URL").is_none_or(|u| u.is_empty()) {
+        return Err(ConfigError::invalid(
+            "--redis.url",
+            "required (or the REDIS_URL environment variable) when using redis-sortedset",
+        ));
+    }
     let (queues, queues_flag) = match queues_config(args, warnings)? {
         Some((flag, queues)) => (queues, Some(flag)),
         None => (vec![single_queue(args)?], None),
     };
     let raw = RawSortedSet {
-        url: Some(url),
+        url,
         result_queue_name: args.redis_ss_result_queue_name.clone(),
         poll_interval_ms: args.redis_ss_poll_interval_ms,
         batch_size: args.redis_ss_batch_size,
@@ -175,7 +186,7 @@ fn queues_config(
             moot.join(", ")
         ));
     }
-    let queues: Vec<RawQueue> = decode(&text, "", flag).map_err(|e| {
+    let queues: Vec<RawQueue> = decode(&text, "", flag, &["[]"]).map_err(|e| {
         let field = e.field().to_owned();
         if field.starts_with('[') {
             e.with_field(&format!("{flag}: {field}"))

@@ -100,7 +100,12 @@ struct RawTierPriority {
 
 /// Decodes and validates the merge-policy file's text.
 pub(crate) fn parse_merge_policy(text: &str) -> Result<MergePolicy, ConfigError> {
-    let raw: RawPolicy = decode(text, "merge_policy", "--request-merge-policy-config-file")?;
+    let raw: RawPolicy = decode(
+        text,
+        "merge_policy",
+        "--request-merge-policy-config-file",
+        &[""],
+    )?;
     let kind = raw.kind.unwrap_or_default();
     let tiered = match kind.as_str() {
         "random-robin" => false,

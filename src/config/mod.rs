@@ -14,6 +14,7 @@
 //!   config (one queue, or the queues of `--redis.ss.queues-config[-file]`).
 //! - `claim`: lease, reclaim interval and delivery limit from the JSON or the claim flags.
 //! - [`pools`], [`merge`], [`gate`]: worker pools, merge policy, gate type names.
+//! - `redis_url`: the Redis URL as go-redis reads it (`?db=N`, its options).
 //! - [`cluster`]: Redis Cluster hash slots, to refuse queues whose keys cannot share a slot.
 //! - [`transform`]: the request-transform file.
 //! - [`otel`]: OpenTelemetry settings from the standard `OTEL_*` variables.
@@ -31,6 +32,7 @@ mod legacy;
 pub mod merge;
 pub mod otel;
 pub mod pools;
+mod redis_url;
 pub mod run;
 pub mod transform;
 pub mod transport;
@@ -42,6 +44,7 @@ pub use error::{redact_in_text, redact_url, ConfigError, EXIT_CODE};
 pub use gate::{GateSpec, GateType};
 pub use merge::{Fairness, MergePolicy, MergePolicyKind};
 pub use pools::PoolConfig;
+pub use redis_url::check_redis_url;
 pub use run::{
     load, load_with_env, ClientCert, PrometheusSettings, RunConfig, TlsFiles, TransportSource,
 };

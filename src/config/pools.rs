@@ -45,7 +45,7 @@ pub(crate) fn parse_pools(
     text: &str,
     warnings: &mut Vec<String>,
 ) -> Result<Vec<PoolConfig>, ConfigError> {
-    let raw: Vec<RawPool> = decode(text, "pools", "--pool-config-file")?;
+    let raw: Vec<RawPool> = decode(text, "pools", "--pool-config-file", &["[]"])?;
     if raw.is_empty() {
         return Err(ConfigError::invalid(
             "pools",

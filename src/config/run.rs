@@ -15,7 +15,9 @@ use super::duration::{parse_duration, DurationError};
 use super::json::decode;
 use super::merge::{parse_merge_policy, MergePolicy};
 use super::pools::{default_pools, parse_pools, PoolConfig};
-use super::transport::{check_http_url, resolve, RawSortedSet, SortedSetConfig};
+use super::transport::{
+    check_http_url, resolve, RawSortedSet, SortedSetConfig, RAW_SORTED_SET_OBJECTS,
+};
 use super::{legacy, ConfigError};
 
 /// The one transport inferq implements.
@@ -201,7 +203,12 @@ where
         Some(legacy) => legacy.rename(e),
         None => e,
     };
-    let (transport, claim_fields) = resolve(raw, env, &mut warnings).map_err(rename)?;
+    let (mut transport, claim_fields) = resolve(raw, env, &mut warnings).map_err(rename)?;
+    if let Some(legacy) = &legacy {
+        for q in &mut transport.queues {
+            q.gate_params_field = legacy.name(&q.gate_params_field);
+        }
+    }
     let otel = super::otel::from_env(env)?;
     warnings.extend(tracing_warning(transport.enable_tracing));
 
@@ -360,7 +367,7 @@ fn select_transport(
             ignored.join(", ")
         ));
     }
-    let raw = decode(&text, "", name)?;
+    let raw = decode(&text, "", name, &RAW_SORTED_SET_OBJECTS)?;
     Ok((source, raw, None))
 }
 

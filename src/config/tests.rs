@@ -292,6 +292,52 @@ fn legacy_errors_name_the_legacy_flag() {
     );
 }
 
+/// The gate factory reads gate parameters after loading; the name it reports them under is the
+/// one the user wrote (before: `queues[0].gate_params`, a path in a JSON the legacy user never
+/// saw).
+#[test]
+fn gate_parameters_are_named_as_the_user_wrote_them() {
+    let json = MINIMAL.replace(
+        r#""igw_base_url""#,
+        r#""gate_type":"redis","gate_params":{},"igw_base_url""#,
+    );
+    let c = load_ok(&[SS, &inline(&json)]);
+    assert_eq!(
+        c.transport.queues[0].gate_params_field,
+        "queues[0].gate_params"
+    );
+
+    let legacy = [
+        "--message-queue-impl=redis-sortedset",
+        "--redis.url=redis://r",
+        "--redis.ss.igw-base-url=http://gw",
+        "--redis.ss.gate-type=redis",
+        "--redis.ss.gate-params={}",
+    ];
+    let c = load_ok(&legacy);
+    assert_eq!(
+        c.transport.queues[0].gate_params_field,
+        "--redis.ss.gate-params"
+    );
+
+    let queues = r#"--redis.ss.queues-config=[{"queue_name":"a","igw_base_url":"http://gw"},
+        {"queue_name":"b","igw_base_url":"http://gw","gate_type":"redis"}]"#;
+    let c = load_ok(&[legacy[0], legacy[1], queues]);
+    let fields: Vec<&str> = c
+        .transport
+        .queues
+        .iter()
+        .map(|q| q.gate_params_field.as_str())
+        .collect();
+    assert_eq!(
+        fields,
+        [
+            "--redis.ss.queues-config: [0].gate_params",
+            "--redis.ss.queues-config: [1].gate_params"
+        ]
+    );
+}
+
 #[test]
 fn legacy_flags_are_ignored_with_a_warning_under_the_new_surface() {
     let c = load_ok(&[
@@ -669,6 +715,149 @@ fn claim_flags_apply_only_when_json_lacks_the_field() {
         .warnings
         .iter()
         .any(|w| w.starts_with("--result-dedup-ttl is ignored")));
+}
+
+/// Values beyond Go's longest duration (about 292 years): a lease that long made the consumer
+/// panic on its first claim (a claim's deadline overflowed), and Go's poll ticker overflows.
+#[test]
+fn durations_in_the_json_stop_at_gos_longest() {
+    let with = |field: &str| MINIMAL.replace(r#""queues""#, &format!("{field},\"queues\""));
+    assert_eq!(
+        load_err(&[SS, &inline(&with(r#""claim_lease_ttl_seconds":1.8e19"#))]),
+        "invalid config: claim_lease_ttl_seconds: must be at most 9223372036 seconds (about 292 \
+         years), got 18000000000000000000"
+    );
+    let c = load_ok(&[
+        SS,
+        &inline(&with(r#""claim_lease_ttl_seconds":9223372036"#)),
+    ]);
+    assert_eq!(c.claim.lease, Duration::from_secs(9_223_372_036));
+    assert_eq!(
+        load_err(&[SS, &inline(&with(r#""poll_interval_ms":9223372036855"#))]),
+        "invalid config: poll_interval_ms: must be at most 9223372036854 (about 292 years), got \
+         9223372036855"
+    );
+    let c = load_ok(&[SS, &inline(&with(r#""poll_interval_ms":9223372036854"#))]);
+    assert_eq!(
+        c.transport.poll_interval,
+        Duration::from_millis(9_223_372_036_854)
+    );
+}
+
+/// go-redis reads `?db=N` as the database and refuses options it does not know; redis-rs ignored
+/// both on TCP (before: `redis://r?db=3` ran against database 0, and `?dbb=3` was accepted).
+#[test]
+fn redis_url_options_are_read_as_go_redis_reads_them() {
+    let with_url = |url: &str| MINIMAL.replace("redis://r:6379", url);
+    let c = load_ok(&[SS, &inline(&with_url("redis://:pw@r:6379?db=3"))]);
+    assert_eq!(c.transport.url.expose(), "redis://:pw@r:6379/3");
+    let env = |k: &str| (k == "REDIS_URL").then(|| "redis://e?db=2".to_owned());
+    let args = parse(&[SS, &inline(&with_url(""))]).unwrap();
+    let c = load_with_env(&args, env).unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(c.transport.url.expose(), "redis://e/2");
+    assert_eq!(
+        load_err(&[SS, &inline(&with_url("redis://:pw@r?dbb=3"))]),
+        "invalid config: url: \"redis://:***@r?dbb=3\": unexpected option dbb (go-redis refuses \
+         it too; the options are db, protocol and go-redis's connection settings)"
+    );
+    assert!(load_err(&[
+        "--message-queue-impl=redis-sortedset",
+        "--redis.url=redis://r?db=x",
+        "--redis.ss.igw-base-url=http://gw",
+    ])
+    .starts_with("invalid config: --redis.url: \"redis://r?db=x\": db must be a database number"));
+    let c = load_ok(&[SS, &inline(&with_url("redis://r?pool_size=9"))]);
+    assert_eq!(c.transport.url.expose(), "redis://r");
+    assert!(
+        c.warnings
+            .iter()
+            .any(|w| w.contains("ignoring the go-redis connection option pool_size")),
+        "{:?}",
+        c.warnings
+    );
+    assert_eq!(
+        load_err(&[SS, &inline(&with_url("redis://"))]),
+        "invalid config: url: \"redis://\" names no host"
+    );
+}
+
+/// A JSON array (or null) where a config has an object is refused as such (before: serde read an
+/// array of field values as the object, so `[["default",4,null,null]]` was a pool, and a pool
+/// file given as the transport config failed with "[0]: invalid type: map, expected a string").
+#[test]
+fn arrays_are_not_objects() {
+    let pools = file(r#"[{"id":"default","workers":4}]"#);
+    assert_eq!(
+        load_err(&[SS, &format!("--transport-config-file={}", path(&pools))]),
+        "invalid config: --transport-config-file: must be a JSON object, got an array"
+    );
+    assert_eq!(
+        load_err(&[SS, &inline("null")]),
+        "invalid config: --transport-config: must be a JSON object, got null"
+    );
+    assert_eq!(
+        load_err(&[
+            SS,
+            &inline(
+                r#"{"url":"redis://r","queues":[{"queue_name":"q","igw_base_url":"http://gw"},null]}"#
+            )
+        ]),
+        "invalid config: queues[1]: must be a JSON object, got null"
+    );
+    let as_array = r#"["redis://r",null,null,null,null,null,[["q",null,null,null,null,null,"http://gw",null,null,null]],null,null,null]"#;
+    assert_eq!(
+        load_err(&[SS, &inline(as_array)]),
+        "invalid config: --transport-config: must be a JSON object, got an array"
+    );
+    let array_pool = file(r#"[["default",4,null,null]]"#);
+    assert_eq!(
+        load_err(&[
+            SS,
+            &inline(MINIMAL),
+            &format!("--pool-config-file={}", path(&array_pool))
+        ]),
+        "invalid config: pools[0]: must be a JSON object, got an array"
+    );
+    let merge = file(r#"["random-robin",null]"#);
+    assert_eq!(
+        load_err(&[
+            SS,
+            &inline(MINIMAL),
+            &format!("--request-merge-policy-config-file={}", path(&merge))
+        ]),
+        "invalid config: merge_policy: must be a JSON object, got an array"
+    );
+    assert_eq!(
+        load_err(&[
+            "--message-queue-impl=redis-sortedset",
+            "--redis.url=redis://r",
+            r#"--redis.ss.queues-config=[["q",null,null,null,null,null,"http://gw",null,null,null]]"#,
+        ]),
+        "invalid config: --redis.ss.queues-config: [0]: must be a JSON object, got an array"
+    );
+}
+
+/// A bad `REDIS_URL` is named as such (before: as `url` of a JSON that has no url, or as
+/// `--redis.url`, a flag that was not given).
+#[test]
+fn a_bad_redis_url_variable_is_named_as_the_variable() {
+    let env = |k: &str| (k == "REDIS_URL").then(|| "http://u:pw@x".to_owned());
+    let no_url = r#"{"queues":[{"queue_name":"q","igw_base_url":"http://gw"}]}"#;
+    assert_eq!(
+        load_err_env(&[SS, &inline(no_url)], &env),
+        "invalid config: REDIS_URL: scheme must be redis://, rediss://, or unix://, got http:// \
+         in \"http://u:***@x\""
+    );
+    let legacy = [
+        "--message-queue-impl=redis-sortedset",
+        "--redis.ss.igw-base-url=http://gw",
+    ];
+    assert!(load_err_env(&legacy, &env).starts_with("invalid config: REDIS_URL: scheme must be"));
+    // The flag, when given, is what is named (and wins over the variable).
+    assert!(
+        load_err_env(&[legacy[0], legacy[1], "--redis.url=redis://r?x=1"], &env)
+            .starts_with("invalid config: --redis.url: \"redis://r?x=1\": unexpected option x")
+    );
 }
 
 #[test]

@@ -61,7 +61,12 @@ struct RawGcsParams {
 
 /// Decodes and checks the transform file's text.
 pub(crate) fn parse_transforms(text: &str) -> Result<Vec<TransformSpec>, ConfigError> {
-    let raw: RawFile = decode(text, "transforms", "--transform-config-file")?;
+    let raw: RawFile = decode(
+        text,
+        "transforms",
+        "--transform-config-file",
+        &["", "requestTransforms[]"],
+    )?;
     let mut specs: Vec<TransformSpec> = Vec::new();
     for (i, t) in raw
         .request_transforms

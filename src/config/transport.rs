@@ -11,8 +11,11 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use crate::queue::QueueKeys;
+
 use super::claim::ClaimFields;
 use super::gate::{parse_gate, GateSpec};
+use super::redis_url::check_redis_url;
 use super::{redact_url, ConfigError};
 
 /// Default retry sorted set, shared by all queues of a transport.
@@ -21,6 +24,9 @@ pub const DEFAULT_RETRY_QUEUE: &str = "retry-sortedset";
 pub const DEFAULT_RESULT_QUEUE: &str = "result-list";
 /// Default poll interval in milliseconds.
 pub const DEFAULT_POLL_INTERVAL_MS: u64 = 1000;
+/// Longest accepted `poll_interval_ms`: Go's longest duration (about 292 years) in milliseconds;
+/// Go's `poll_interval_ms × time.Millisecond` overflows beyond it.
+pub const MAX_POLL_INTERVAL_MS: u64 = i64::MAX as u64 / 1_000_000;
 /// Default number of requests taken per poll.
 pub const DEFAULT_BATCH_SIZE: u32 = 10;
 /// Largest accepted `batch_size`.
@@ -105,6 +111,10 @@ pub struct QueueConfig {
     pub igw_base_url: String,
     /// Queue-level gate, if any.
     pub gate: Option<GateSpec>,
+    /// How errors about the gate's parameters name them: `queues[0].gate_params`, or the legacy
+    /// flag they came from (`--redis.ss.gate-params`). The gate factory reads the parameters
+    /// after loading, so its errors need the name the user wrote.
+    pub gate_params_field: String,
     /// Copied into each request's `internal.labels` (queue labels win), e.g. `tier`.
     pub labels: BTreeMap<String, String>,
 }
@@ -134,6 +144,9 @@ pub(crate) struct RawSortedSet {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub max_deliveries: Option<i64>,
 }
+
+/// Where [`RawSortedSet`]'s JSON must hold objects (see `json::decode`): the root and each queue.
+pub(crate) const RAW_SORTED_SET_OBJECTS: [&str; 2] = ["", "queues[]"];
 
 /// One queue exactly as written.
 #[derive(Default, Deserialize, Serialize)]
@@ -173,15 +186,21 @@ pub(crate) fn resolve(
     env: &dyn Fn(&str) -> Option<String>,
     warnings: &mut Vec<String>,
 ) -> Result<(SortedSetConfig, ClaimFields), ConfigError> {
-    let url = non_empty(raw.url)
-        .or_else(|| non_empty(env("REDIS_URL")))
-        .ok_or_else(|| {
-            ConfigError::invalid(
-                "url",
-                "required (or set the REDIS_URL environment variable)",
-            )
-        })?;
-    check_redis_url(&url).map_err(|reason| ConfigError::invalid("url", reason))?;
+    // Errors about the URL name where it came from: the field, or the environment variable.
+    let (url, url_field) = match non_empty(raw.url) {
+        Some(url) => (url, "url"),
+        None => match non_empty(env("REDIS_URL")) {
+            Some(url) => (url, "REDIS_URL"),
+            None => {
+                return Err(ConfigError::invalid(
+                    "url",
+                    "required (or set the REDIS_URL environment variable)",
+                ))
+            }
+        },
+    };
+    let url = check_redis_url(&url, url_field, warnings)
+        .map_err(|reason| ConfigError::invalid(url_field, reason))?;
 
     let retry_queue_name =
         non_empty(raw.retry_queue_name).unwrap_or_else(|| DEFAULT_RETRY_QUEUE.to_owned());
@@ -193,6 +212,12 @@ pub(crate) fn resolve(
             return Err(ConfigError::invalid(
                 "poll_interval_ms",
                 format!("must be at least 1, got {n}"),
+            ))
+        }
+        n if n.unsigned_abs() > MAX_POLL_INTERVAL_MS => {
+            return Err(ConfigError::invalid(
+                "poll_interval_ms",
+                format!("must be at most {MAX_POLL_INTERVAL_MS} (about 292 years), got {n}"),
             ))
         }
         n => n.unsigned_abs(),
@@ -276,6 +301,7 @@ fn resolve_queue(
             .unwrap_or_else(|| DEFAULT_REQUEST_PATH.to_owned()),
         igw_base_url,
         gate,
+        gate_params_field: at("gate_params"),
         labels: q.labels.unwrap_or_default(),
         queue_name,
     })
@@ -311,12 +337,14 @@ fn check_unique(queues: &[QueueConfig]) -> Result<(), ConfigError> {
 }
 
 /// Request queues are sorted sets, result queues lists: one key cannot be both, and the retry set
-/// cannot double as a request queue.
+/// cannot double as a request queue. None of them may be one of the keys inferq derives from a
+/// queue's name (`<queue>:dead`, `<queue>:parked`, ...).
 fn check_key_kinds(
     queues: &[QueueConfig],
     retry: &str,
     default_result: &str,
 ) -> Result<(), ConfigError> {
+    check_derived_keys(queues, retry, default_result)?;
     let queue_with = |name: &str| queues.iter().position(|q| q.queue_name == name);
     if let Some(j) = queue_with(retry) {
         return Err(ConfigError::invalid(
@@ -349,39 +377,38 @@ fn check_key_kinds(
     Ok(())
 }
 
-/// `redis://` / `rediss://` (host, port, database) or `unix://` (socket path), as go-redis parses.
-fn check_redis_url(url: &str) -> Result<(), String> {
-    let shown = redact_url(url);
-    let Some(sep) = url.find("://") else {
-        return Err(format!(
-            "{shown:?} is not a URL; use redis://host:port, rediss://host:port or unix:///path/to/socket"
-        ));
-    };
-    let scheme = url[..sep].to_ascii_lowercase();
-    if !matches!(scheme.as_str(), "redis" | "rediss" | "unix") {
-        return Err(format!(
-            "scheme must be redis://, rediss://, or unix://, got {scheme}:// in {shown:?}"
-        ));
-    }
-    let parsed = reqwest::Url::parse(url).map_err(|e| format!("cannot parse {shown:?}: {e}"))?;
-    if scheme == "unix" {
-        if parsed.path().trim_matches('/').is_empty() {
-            return Err(format!("{shown:?} names no socket path"));
+/// No configured key is a key derived from a queue's name: results pushed onto `q:dead` would
+/// mix with its dead letters, a queue named `q:parked` would be q's retry set.
+fn check_derived_keys(
+    queues: &[QueueConfig],
+    retry: &str,
+    default_result: &str,
+) -> Result<(), ConfigError> {
+    let mut configured: Vec<(String, &str)> = vec![
+        ("retry_queue_name".to_owned(), retry),
+        ("result_queue_name".to_owned(), default_result),
+    ];
+    for (i, q) in queues.iter().enumerate() {
+        configured.push((format!("queues[{i}].queue_name"), &q.queue_name));
+        if let Some(name) = &q.result_queue_name {
+            configured.push((format!("queues[{i}].result_queue_name"), name));
         }
-        return Ok(());
     }
-    if scheme == "rediss" && parsed.fragment() == Some("insecure") {
-        return Err(format!(
-            "{shown:?}: #insecure (accept any server certificate) is not supported; trust the \
-             server's CA with --redis-tls-ca-cert instead"
-        ));
-    }
-    let db = parsed.path().trim_matches('/');
-    if !db.is_empty() && db.parse::<u32>().is_err() {
-        return Err(format!(
-            "{shown:?}: the path must be a database number, got {:?}",
-            parsed.path()
-        ));
+    for (j, q) in queues.iter().enumerate() {
+        let keys = QueueKeys::new(&q.queue_name);
+        let derived = keys.all();
+        for (field, name) in &configured {
+            if derived[1..].contains(name) {
+                return Err(ConfigError::invalid(
+                    field.as_str(),
+                    format!(
+                        "{name:?} is a key inferq keeps for queues[{j}] ({:?}); give it another \
+                         name",
+                        q.queue_name
+                    ),
+                ));
+            }
+        }
     }
     Ok(())
 }
@@ -417,7 +444,7 @@ mod tests {
     }
 
     fn load_text(text: &str) -> Result<SortedSetConfig, ConfigError> {
-        let raw: RawSortedSet = decode(text, "", "--transport-config")?;
+        let raw: RawSortedSet = decode(text, "", "--transport-config", &RAW_SORTED_SET_OBJECTS)?;
         resolve(raw, &no_env, &mut Vec::new()).map(|(c, _)| c)
     }
 
@@ -500,21 +527,21 @@ mod tests {
     #[test]
     fn redis_url_falls_back_to_env_only_when_empty() {
         let env = |k: &str| (k == "REDIS_URL").then(|| "redis://from-env:6379".to_owned());
-        let with_url: RawSortedSet = decode(&cfg("", ""), "", "x").unwrap_or_default();
+        let with_url: RawSortedSet = decode(&cfg("", ""), "", "x", &[]).unwrap_or_default();
         let (c, _) = resolve(with_url, &env, &mut Vec::new())
             .map_err(|e| e.to_string())
             .unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(c.url.expose(), "redis://r:6379");
 
         let empty = cfg("", "").replace("redis://r:6379", "");
-        let raw: RawSortedSet = decode(&empty, "", "x").unwrap_or_default();
+        let raw: RawSortedSet = decode(&empty, "", "x", &[]).unwrap_or_default();
         let (c, _) = resolve(raw, &env, &mut Vec::new())
             .map_err(|e| e.to_string())
             .unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(c.url.expose(), "redis://from-env:6379");
 
         let absent = r#"{"queues":[{"queue_name":"q","igw_base_url":"http://gw"}]}"#;
-        let raw: RawSortedSet = decode(absent, "", "x").unwrap_or_default();
+        let raw: RawSortedSet = decode(absent, "", "x", &[]).unwrap_or_default();
         let (c, _) = resolve(raw, &env, &mut Vec::new())
             .map_err(|e| e.to_string())
             .unwrap_or_else(|e| panic!("{e}"));
@@ -626,6 +653,36 @@ mod tests {
             err(&cfg("", r#","labels":{"tier":1}"#)),
             "invalid config: queues[0].labels.tier: invalid type: integer `1`, expected a string"
         );
+    }
+
+    /// Before: accepted, and results went onto q's dead-letter list, or a queue was another
+    /// queue's retry set.
+    #[test]
+    fn keys_derived_from_a_queue_name_are_not_configured_names() {
+        assert_eq!(
+            err(&cfg(r#","result_queue_name":"q:dead""#, "")),
+            "invalid config: result_queue_name: \"q:dead\" is a key inferq keeps for queues[0] \
+             (\"q\"); give it another name"
+        );
+        assert_eq!(
+            err(&cfg(r#","retry_queue_name":"q:parked""#, "")),
+            "invalid config: retry_queue_name: \"q:parked\" is a key inferq keeps for queues[0] \
+             (\"q\"); give it another name"
+        );
+        assert_eq!(
+            err(&cfg("", r#","result_queue_name":"q:claimed""#)),
+            "invalid config: queues[0].result_queue_name: \"q:claimed\" is a key inferq keeps \
+             for queues[0] (\"q\"); give it another name"
+        );
+        assert_eq!(
+            err(
+                r#"{"url":"redis://r","queues":[{"queue_name":"a","igw_base_url":"http://gw"},{"queue_name":"a:dead","igw_base_url":"http://gw"}]}"#
+            ),
+            "invalid config: queues[1].queue_name: \"a:dead\" is a key inferq keeps for \
+             queues[0] (\"a\"); give it another name"
+        );
+        // Names that merely start with a queue's name are fine.
+        assert!(err(&cfg(r#","result_queue_name":"q:results""#, "")).starts_with("loaded"));
     }
 
     #[test]

@@ -110,29 +110,15 @@ async fn refuse_cluster(con: &mut redis::aio::ConnectionManager) -> Result<(), D
     Ok(())
 }
 
+/// A queue gate that cannot be built, named as the user wrote it (`queues[0].gate_params`, or
+/// the legacy flag it came from).
+fn queue_gate_error(q: &crate::config::QueueConfig, e: gates::GateError) -> DispatchError {
+    DispatchError::Config(format!("{}: {e}", q.gate_params_field))
+}
+
 /// Runs the processor until `shutdown` is cancelled, then shuts down gracefully.
 pub async fn run(config: RunConfig, shutdown: CancellationToken) -> Result<(), DispatchError> {
     let metrics = Arc::new(Metrics::new());
-    let readiness = Readiness::new();
-    let servers = CancellationToken::new();
-    // Every address, IPv6 and IPv4, as Go's `:port` (see `ops::listen`).
-    let health_addr = SocketAddr::from((Ipv6Addr::UNSPECIFIED, config.health_port));
-    let metrics_addr = SocketAddr::from((Ipv6Addr::UNSPECIFIED, config.metrics_port));
-    let health = serve_health(health_addr, readiness.clone(), servers.clone())
-        .await
-        .map_err(|source| DispatchError::Bind {
-            what: "health",
-            addr: health_addr,
-            source,
-        })?;
-    let metrics_server = serve_metrics(metrics_addr, metrics.clone(), servers.clone())
-        .await
-        .map_err(|source| DispatchError::Bind {
-            what: "metrics",
-            addr: metrics_addr,
-            source,
-        })?;
-
     let transport = &config.transport;
     let client = connect::client(transport.url.expose(), &config.redis_tls)
         .map_err(|e| DispatchError::Config(e.to_string()))?;
@@ -168,16 +154,34 @@ pub async fn run(config: RunConfig, shutdown: CancellationToken) -> Result<(), D
             pool_gates.insert(pool.id.clone(), gate);
         }
     }
-    let mut queue_gates: Vec<Option<Arc<dyn Gate>>> = Vec::new();
-    for (i, q) in transport.queues.iter().enumerate() {
-        queue_gates.push(match &q.gate {
-            Some(spec) => Some(
-                gates::build(spec, &gate_env)
-                    .map_err(|e| DispatchError::Config(format!("queues[{i}].gate_params: {e}")))?,
-            ),
-            None => None,
-        });
+    // Every queue gate is built once here, so a bad one is reported before anything listens or
+    // connects; each is built again below with its queue as owner.
+    for q in &transport.queues {
+        if let Some(spec) = &q.gate {
+            gates::build(spec, &gate_env).map_err(|e| queue_gate_error(q, e))?;
+        }
     }
+
+    let readiness = Readiness::new();
+    let servers = CancellationToken::new();
+    // Every address, IPv6 and IPv4, as Go's `:port` (see `ops::listen`).
+    let health_addr = SocketAddr::from((Ipv6Addr::UNSPECIFIED, config.health_port));
+    let metrics_addr = SocketAddr::from((Ipv6Addr::UNSPECIFIED, config.metrics_port));
+    let health = serve_health(health_addr, readiness.clone(), servers.clone())
+        .await
+        .map_err(|source| DispatchError::Bind {
+            what: "health",
+            addr: health_addr,
+            source,
+        })?;
+    let metrics_server = serve_metrics(metrics_addr, metrics.clone(), servers.clone())
+        .await
+        .map_err(|source| DispatchError::Bind {
+            what: "metrics",
+            addr: metrics_addr,
+            source,
+        })?;
+
     tracing::info!(redis = %transport.url.redacted(), queues = transport.queues.len(), "inferq starting");
     let Some(mut con) = connect_until_up(&client, &readiness, &shutdown).await else {
         servers.cancel();
@@ -241,8 +245,8 @@ pub async fn run(config: RunConfig, shutdown: CancellationToken) -> Result<(), D
         };
         let gate = match &q.gate {
             Some(spec) => {
-                let gate = gates::build(spec, &owned(&labels))
-                    .map_err(|e| DispatchError::Config(format!("queues[{i}].gate_params: {e}")))?;
+                let gate =
+                    gates::build(spec, &owned(&labels)).map_err(|e| queue_gate_error(q, e))?;
                 metrics.precreate_gate_series(&labels);
                 Some(gate)
             }

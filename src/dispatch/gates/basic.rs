@@ -75,7 +75,7 @@ pub(super) mod testing {
     use super::*;
     use crate::dispatch::gates::Verdict;
 
-    /// Builds a gate from a type name and a JSON parameter object.
+    /// Builds a gate from a type name and a JSON parameter object, as the processor does.
     pub fn gate(kind: &str, params: Value) -> Result<Arc<dyn Gate>, GateError> {
         let kind = GateType::from_name(kind).ok_or_else(|| GateError::Failed {
             gate: "test",
@@ -85,7 +85,7 @@ pub(super) mod testing {
             Value::Object(map) => map,
             _ => serde_json::Map::new(),
         };
-        super::build(&GateSpec { kind, params }, &GateEnv::default())
+        crate::dispatch::gates::build(&GateSpec { kind, params }, &GateEnv::default())
     }
 
     /// The error text of a build that must fail.
@@ -136,6 +136,29 @@ mod tests {
     use serde_json::json;
 
     use super::testing::*;
+
+    /// Every gate type refuses a parameter it does not read, naming it and the ones it reads
+    /// (before: ignored, so a misspelt `windw` left a quota window at its default).
+    #[test]
+    fn unknown_parameters_are_refused() {
+        assert_eq!(
+            build_error(
+                "redis-quota",
+                json!({"address": "h:1", "limit": 1, "windw": "10s"})
+            ),
+            "gate redis-quota: parameter windw: unknown parameter (known: address, attribute, \
+             mode, limit, window, prefix, gating_mode)"
+        );
+        for (kind, _) in crate::config::GateType::ALL {
+            let e = build_error(kind, json!({"no_such_parameter": 1}));
+            assert!(
+                e.starts_with(&format!(
+                    "gate {kind}: parameter no_such_parameter: unknown parameter"
+                )),
+                "{kind}: {e}"
+            );
+        }
+    }
 
     #[tokio::test]
     async fn constant_is_open() {

@@ -165,8 +165,22 @@ impl std::fmt::Debug for GateOwner {
     }
 }
 
-/// Builds the gate a config names.
+/// Builds the gate a config names. A parameter the gate type does not read is refused (Go
+/// ignored it, so a misspelt `windw` silently left the window at its default).
 pub fn build(spec: &GateSpec, env: &GateEnv) -> Result<Arc<dyn Gate>, GateError> {
+    let known = spec.kind.params();
+    if let Some(unknown) = spec.params.keys().find(|k| !known.contains(&k.as_str())) {
+        let reason = if known.is_empty() {
+            "unknown parameter (this gate takes none)".to_owned()
+        } else {
+            format!("unknown parameter (known: {})", known.join(", "))
+        };
+        return Err(GateError::Param {
+            gate: spec.kind.as_str(),
+            param: unknown.clone(),
+            reason,
+        });
+    }
     match spec.kind {
         GateType::PrometheusSaturation
         | GateType::PrometheusBudget

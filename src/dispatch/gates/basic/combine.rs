@@ -104,6 +104,16 @@ fn inner(
         },
         other => return Err(param_error(gate, at, format!("not a JSON object: {other}"))),
     };
+    if let Some(unknown) = entry
+        .keys()
+        .find(|k| !matches!(k.as_str(), "gate_type" | "gate_params"))
+    {
+        return Err(param_error(
+            gate,
+            &format!("{at}.{unknown}"),
+            "unknown field (known: gate_type, gate_params)".to_owned(),
+        ));
+    }
     // The entry's own fields, read with the same coercion as top-level parameters; errors are
     // renamed to their place in the outer gate's parameters.
     let fields = Params::new(gate, &entry);
@@ -401,6 +411,36 @@ mod tests {
         .await;
         assert_eq!(name(&d.verdict), "refuse");
         drop(hold);
+    }
+
+    /// A misspelt field of an inner gate entry, or of its parameters, is refused (before: it
+    /// was ignored, so `gate_parms` built an always-open inner gate).
+    #[test]
+    fn unknown_inner_fields_and_parameters_are_refused() {
+        assert_eq!(
+            build_error(
+                "composite",
+                json!({"gates": [{"gate_type": "local-max-concurrency", "gate_parms": {"limit": 1}}]})
+            ),
+            "gate composite: parameter gates[0].gate_parms: unknown field (known: gate_type, \
+             gate_params)"
+        );
+        assert_eq!(
+            build_error(
+                "wait-on-refuse",
+                json!({"gate": {"gate_type": "local-max-concurrency", "gate_params": {"limit": 1, "limt": 2}}})
+            ),
+            "gate wait-on-refuse: parameter gate: gate local-max-concurrency: parameter limt: \
+             unknown parameter (known: limit, gating_mode)"
+        );
+        assert_eq!(
+            build_error(
+                "tier-priority-admission",
+                json!({"saturation_gate": "constant", "saturation_gate_params": "{\"x\":1}"})
+            ),
+            "gate tier-priority-admission: parameter saturation_gate: gate constant: parameter x: \
+             unknown parameter (this gate takes none)"
+        );
     }
 
     #[test]

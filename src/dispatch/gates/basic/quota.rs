@@ -9,11 +9,13 @@
 //! - `mode: rate-limit` (default): at most `limit` admissions per sliding `window` (default
 //!   `1m`), one Lua step reckoned by Redis's clock (`lua/rateAdmit-1.lua`), scored in Unix
 //!   nanoseconds as Go scores them, so both share a window. Nothing to give back.
-//! - any other mode: every request continues.
+//! - any other mode is refused at start-up (Go let every request through, so a misspelt mode
+//!   switched the quota off).
 //!
 //! A request gets classification `reserved` (it got a unit) or `overflow`. `gating_mode: blocking`
-//! (default) refuses overflow; any other gating mode (`classifying`) lets it continue, labelled,
-//! for a later gate (e.g. `tier-priority-admission`) to judge. A request without the attribute
+//! (default) refuses overflow; `classifying` lets it continue, labelled, for a later gate (e.g.
+//! `tier-priority-admission`) to judge. Go read any other gating mode as `classifying`; inferq
+//! refuses it. A request without the attribute
 //! continues unclassified. A Redis failure is a gate error. Budget is always 1.0.
 
 use std::sync::{Arc, LazyLock};
@@ -58,19 +60,18 @@ pub fn build(p: Params<'_>) -> Result<Arc<dyn Gate>, GateError> {
         "rate-limit" => Mode::RateLimit,
         "concurrency" => Mode::Concurrency,
         other => {
-            tracing::warn!(
-                mode = other,
-                "redis-quota gate: unknown mode, every request continues"
-            );
-            Mode::Open
+            return Err(param_error(
+                "mode",
+                format!("must be rate-limit or concurrency, got {other:?}"),
+            ))
         }
     };
     let gating_mode = p.string_or("gating_mode", "blocking");
     if gating_mode != "blocking" && gating_mode != "classifying" {
-        tracing::warn!(
-            gating_mode,
-            "redis-quota gate: unknown gating_mode, treated as classifying"
-        );
+        return Err(param_error(
+            "gating_mode",
+            format!("must be blocking or classifying, got {gating_mode:?}"),
+        ));
     }
     Ok(Arc::new(Quota {
         link,
@@ -95,8 +96,6 @@ fn param_error(param: &str, reason: impl Into<String>) -> GateError {
 enum Mode {
     RateLimit,
     Concurrency,
-    /// An unknown mode: Go lets everything through.
-    Open,
 }
 
 /// What a take got.
@@ -131,7 +130,6 @@ impl Quota {
     /// Tries to take a unit of the quota under `key`; an error is a Redis failure.
     async fn take(&self, key: &str) -> Result<Taken, String> {
         match self.mode {
-            Mode::Open => Ok(Taken::Reserved(None)),
             Mode::Concurrency => {
                 let ttl = self.slot_ttl_secs();
                 let call = async {
@@ -199,9 +197,6 @@ impl Gate for Quota {
                 Some(v) if !v.is_empty() => v,
                 _ => return Ok(Decision::go()),
             };
-            if self.mode == Mode::Open {
-                return Ok(Decision::go());
-            }
             let key = format!("{}{}:{}", self.prefix, self.attribute, value);
             let (classification, releases) = match self.take(&key).await {
                 Ok(Taken::Reserved(release)) => (RESERVED, release.into_iter().collect()),
@@ -364,14 +359,6 @@ mod tests {
         let none = apply(g.as_ref(), &[("userid", "acme")], &[]).await;
         assert_eq!(name(&none.verdict), "continue");
         assert!(none.classification.is_none() && none.releases.is_empty());
-
-        let open = params(&server, json!({"mode": "bucket", "limit": 1}));
-        let g = gate("redis-quota", open).unwrap();
-        for _ in 0..3 {
-            let d = apply(g.as_ref(), &[("userid", "x")], &[]).await;
-            assert_eq!(name(&d.verdict), "continue", "unknown mode is open");
-            assert!(d.classification.is_none());
-        }
     }
 
     #[tokio::test]
@@ -504,5 +491,14 @@ mod tests {
         assert!(with(json!({"limit": "many"})).starts_with("gate redis-quota: parameter limit: "));
         assert!(with(json!({"limit": 1, "window": "soon"}))
             .starts_with("gate redis-quota: parameter window: "));
+        // Before: a misspelt mode let every request through (as in Go), with a log line.
+        assert_eq!(
+            with(json!({"limit": 1, "mode": "ratelimit"})),
+            "gate redis-quota: parameter mode: must be rate-limit or concurrency, got \"ratelimit\""
+        );
+        assert_eq!(
+            with(json!({"limit": 1, "gating_mode": "block"})),
+            "gate redis-quota: parameter gating_mode: must be blocking or classifying, got \"block\""
+        );
     }
 }

@@ -209,7 +209,14 @@ struct Parts {
 fn saturation(p: &Params, prometheus: Prometheus) -> Result<Parts, GateError> {
     let pool = p.required_string("pool")?;
     let namespace = p.string("namespace");
-    let threshold = number(p, "threshold", 0.8, |_| true, "")?;
+    // A saturation fraction: outside [0, 1] (say 80, meant as percent) the gate never closes.
+    let threshold = number(
+        p,
+        "threshold",
+        0.8,
+        |v| (0.0..=1.0).contains(&v),
+        "in [0, 1]",
+    )?;
     // Go takes the fallback in saturation space: the default 0 means "not saturated", budget 1.
     let fallback = 1.0 - number(p, "fallback", 0.0, |_| true, "")?;
     let query = promql::saturation(&pool, namespace.as_deref());
@@ -284,7 +291,9 @@ fn scrape(p: &Params, client: reqwest::Client) -> Result<Parts, GateError> {
         labels: sorted(p.string_map("labels")?),
     };
     let max_count_per_pod = number(p, "max_count_per_pod", 0.0, |v| v >= 0.0, ">= 0")?;
-    let baseline = number(p, "baseline", 0.0, |_| true, "")?;
+    // Compared with 1 − saturation, which is in [0, 1]: from 1 up the gate never opens, below
+    // 0 it never closes (as prometheus-budget's baseline).
+    let baseline = number(p, "baseline", 0.0, |v| (0.0..1.0).contains(&v), "in [0, 1)")?;
     let fallback = number(p, "fallback", 0.0, |_| true, "")?;
     let pods_url = http_url(p, "pods_url")?;
     let pods_metric = p.string("pods_metric");

@@ -441,6 +441,22 @@ fn build_errors_name_the_parameter() {
             json!({"pool": "p", "threshold": "high"}),
             "parameter threshold: not a number",
         ),
+        // Before: accepted, and a gate that could never close (80 meant as percent) or open.
+        (
+            PrometheusSaturation,
+            json!({"pool": "p", "threshold": 80}),
+            "parameter threshold: must be in [0, 1], got 80",
+        ),
+        (
+            PrometheusSaturation,
+            json!({"pool": "p", "threshold": -0.2}),
+            "parameter threshold: must be in [0, 1], got -0.2",
+        ),
+        (
+            EndpointScrape,
+            json!({"url": "http://s/metrics", "metric": "m", "baseline": 5}),
+            "parameter baseline: must be in [0, 1), got 5",
+        ),
         (
             PrometheusBudget,
             json!({"pool": ""}),
