@@ -199,10 +199,10 @@ pub async fn work(job: Job, env: Arc<WorkerEnv>) {
             env.transforms
                 .validate(&request.payload, &request.metadata, request.deadline);
         if let Err(e) = checked {
-            ctx.series.failed.get().inc();
-            let id = request.id.clone();
-            let msg = format!("Failed to validate request for transform: {e}");
-            return job.publish(ResultMessage::error(&id, ErrorCode::InvalidRequest, &msg));
+            return invalid(
+                job,
+                &format!("Failed to validate request for transform: {e}"),
+            );
         }
     }
     // The bucket the merge took the request by, stamped as Go's policy stamps it: before the
@@ -259,12 +259,7 @@ pub async fn work(job: Job, env: Arc<WorkerEnv>) {
     // A transform that handles the request gives the body and its content type.
     let transformed = match env.transforms.apply(&request.payload, &request.metadata) {
         Ok(t) => t,
-        Err(e) => {
-            ctx.series.failed.get().inc();
-            let id = request.id.clone();
-            let msg = format!("Failed to transform request body: {e}");
-            return job.publish(ResultMessage::error(&id, ErrorCode::InvalidRequest, &msg));
-        }
+        Err(e) => return invalid(job, &format!("Failed to transform request body: {e}")),
     };
     // One claim, one attempt: the payload's bytes become the HTTP body as they are, without a
     // copy (a retry is a new claim that decodes the member again).
@@ -385,6 +380,13 @@ pub async fn work(job: Job, env: Arc<WorkerEnv>) {
             }
         }
     }
+}
+
+/// Ends a request the transforms refused: Go's `INVALID_REQUEST` result, counted as failed.
+fn invalid(job: Job, msg: &str) {
+    job.ctx.series.failed.get().inc();
+    let id = job.held.envelope.request.id.clone();
+    job.publish(ResultMessage::error(&id, ErrorCode::InvalidRequest, msg));
 }
 
 fn aborted(job: Job, reason: Abort) {
