@@ -979,3 +979,33 @@ async fn a_gcs_uri_multipart_transform_rewrites_only_its_providers_requests() {
     );
     assert!(gateway.seen("stale").is_empty());
 }
+
+/// The standard process metrics a Go dashboard reads beside the processor's own (Go's
+/// controller-runtime registry serves them): CPU seconds, resident memory, file descriptors and
+/// the start time, with this process's values.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_standard_process_metrics_are_served() {
+    let redis = RedisServer::start().unwrap();
+    let gateway = Gateway::start().await;
+    let p = Processor::start(&redis, &gateway, &ProcessorOpts::default()).await;
+    let metrics = p.metrics().await;
+    let value = |name: &str| -> f64 {
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("{name} ")))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or_else(|| panic!("{name} missing:\n{metrics}"))
+    };
+    assert!(metrics.contains("# TYPE process_cpu_seconds counter"), "{metrics}");
+    assert!(value("process_cpu_seconds_total") >= 0.0);
+    let rss = value("process_resident_memory_bytes");
+    assert!((1e6..1e9).contains(&rss), "{rss}");
+    assert!(value("process_open_fds") >= 5.0);
+    assert!(value("process_max_fds") >= value("process_open_fds"));
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64();
+    let started = value("process_start_time_seconds");
+    assert!((0.0..120.0).contains(&(now - started)), "started {started}, now {now}");
+}

@@ -382,6 +382,7 @@ impl Metrics {
             "Wake-ups received (work arrived), by source",
             m.wakeups.clone(),
         );
+        r.register_collector(Box::new(super::process::ProcessCollector));
         Metrics { registry, ..m }
     }
 

@@ -1,11 +1,12 @@
 //! Operations surface of a running processor: Prometheus metrics under the Go processor's names
 //! (plus inferq's own), the `/healthz` + `/readyz` server with Go's semantics, and the
-//! OpenTelemetry trace export (`otel`).
+//! OpenTelemetry trace export (`otel`), and the standard process metrics (`process`).
 
 pub mod health;
 pub mod listen;
 pub mod metrics;
 pub mod otel;
+pub mod process;
 
 pub use health::{serve_health, serve_metrics, Readiness};
 pub use metrics::{Metrics, QueueLabels};
