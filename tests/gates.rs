@@ -333,8 +333,8 @@ fn bad_gate_params_exit_2() {
 }
 
 /// A `prometheus-query` queue gate reads its budget from Prometheus (`--prometheus-url`): a
-/// reading at or below the threshold closes the queue, a higher one opens it, and the reading is
-/// exported under Go's gauge names.
+/// reading at or below the threshold closes the queue, a higher one opens it, the reading is
+/// exported under Go's gauge names, and the start-up log names the query once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn prometheus_gate_follows_the_metric() {
     let (prom, value) = fake_prometheus("0").await;
@@ -366,6 +366,13 @@ async fn prometheus_gate_follows_the_metric() {
     assert_eq!(got.len(), 3);
     let metrics = p.metrics().await;
     assert!(metrics.contains(r#"llm_d_async_async_gate_metric_value{queue_id="request-sortedset",queue_name="request-sortedset",pool_name="default",inference_pool="pool-a"} 0.8"#), "{metrics}");
+    // The gate is built once: its start-up line says its query once.
+    assert_eq!(
+        p.log().matches("metric gate query").count(),
+        1,
+        "{}",
+        p.log()
+    );
 }
 
 /// A fake Prometheus whose every instant query answers one sample of the value in the returned

@@ -996,7 +996,10 @@ async fn the_standard_process_metrics_are_served() {
             .and_then(|v| v.trim().parse().ok())
             .unwrap_or_else(|| panic!("{name} missing:\n{metrics}"))
     };
-    assert!(metrics.contains("# TYPE process_cpu_seconds counter"), "{metrics}");
+    assert!(
+        metrics.contains("# TYPE process_cpu_seconds counter"),
+        "{metrics}"
+    );
     assert!(value("process_cpu_seconds_total") >= 0.0);
     let rss = value("process_resident_memory_bytes");
     assert!((1e6..1e9).contains(&rss), "{rss}");
@@ -1007,5 +1010,8 @@ async fn the_standard_process_metrics_are_served() {
         .unwrap()
         .as_secs_f64();
     let started = value("process_start_time_seconds");
-    assert!((0.0..120.0).contains(&(now - started)), "started {started}, now {now}");
+    assert!(
+        (0.0..120.0).contains(&(now - started)),
+        "started {started}, now {now}"
+    );
 }

@@ -45,6 +45,15 @@ pub enum DispatchError {
     Otel(#[from] crate::ops::otel::OtelError),
 }
 
+/// A queue's metric labels.
+fn queue_labels(q: &crate::config::transport::QueueConfig) -> QueueLabels {
+    QueueLabels {
+        queue_id: q.id.clone(),
+        queue_name: q.queue_name.clone(),
+        pool_name: q.worker_pool_id.clone(),
+    }
+}
+
 /// How often in-flight requests' cancel markers are checked.
 const CANCEL_CHECK_EVERY: Duration = Duration::from_millis(500);
 
@@ -154,12 +163,16 @@ pub async fn run(config: RunConfig, shutdown: CancellationToken) -> Result<(), D
             pool_gates.insert(pool.id.clone(), gate);
         }
     }
-    // Every queue gate is built once here, so a bad one is reported before anything listens or
-    // connects; each is built again below with its queue as owner.
+    // Every queue gate is built here, with its queue as owner, so a bad one is reported before
+    // anything listens or connects (and a metric gate logs its start-up lines once).
+    let mut queue_gates = Vec::new();
     for q in &transport.queues {
-        if let Some(spec) = &q.gate {
-            gates::build(spec, &gate_env).map_err(|e| queue_gate_error(q, e))?;
-        }
+        queue_gates.push(match &q.gate {
+            Some(spec) => Some(
+                gates::build(spec, &owned(&queue_labels(q))).map_err(|e| queue_gate_error(q, e))?,
+            ),
+            None => None,
+        });
     }
 
     let readiness = Readiness::new();
@@ -236,22 +249,12 @@ pub async fn run(config: RunConfig, shutdown: CancellationToken) -> Result<(), D
 
     let mut ctxs = Vec::new();
     let mut pool_inputs: HashMap<String, Vec<mpsc::Receiver<Job>>> = HashMap::new();
-    for (i, q) in transport.queues.iter().enumerate() {
+    for ((i, q), gate) in transport.queues.iter().enumerate().zip(queue_gates) {
         let (outbox_tx, outbox_rx) = mpsc::unbounded_channel();
-        let labels = QueueLabels {
-            queue_id: q.id.clone(),
-            queue_name: q.queue_name.clone(),
-            pool_name: q.worker_pool_id.clone(),
-        };
-        let gate = match &q.gate {
-            Some(spec) => {
-                let gate =
-                    gates::build(spec, &owned(&labels)).map_err(|e| queue_gate_error(q, e))?;
-                metrics.precreate_gate_series(&labels);
-                Some(gate)
-            }
-            None => None,
-        };
+        let labels = queue_labels(q);
+        if gate.is_some() {
+            metrics.precreate_gate_series(&labels);
+        }
         let pool_labels = QueueLabels {
             queue_id: String::new(),
             queue_name: String::new(),
