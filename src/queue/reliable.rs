@@ -230,12 +230,11 @@ mod tests {
             .await
             .unwrap();
         first.close().await.unwrap();
-        let started = Instant::now();
+        // Well before the 15 s lease could lapse.
         producer
-            .reliable_waiting("c1", Duration::from_millis(600))
+            .reliable_waiting("c1", Duration::from_secs(5))
             .await
             .unwrap();
-        assert!(started.elapsed() < Duration::from_millis(500));
     }
 
     #[tokio::test]
