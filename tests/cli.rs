@@ -267,6 +267,79 @@ async fn results_writes_jsonl_and_reliable_mode_survives_a_dead_consumer() {
     assert_eq!(out.status.code(), Some(1));
 }
 
+/// A Redis that stops answering mid-run (frozen here with SIGSTOP; `DEBUG SLEEP` or a path
+/// that drops packets do the same): `results --timeout 2s`, plain or reliable, exits 1 saying
+/// Redis does not answer, a few seconds past its timeout (before, it waited for ever).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn results_gives_up_on_a_redis_that_stops_answering() {
+    use std::process::{Command, Stdio};
+    use std::time::{Duration, Instant};
+    for (mode, args, waiting_in) in [
+        ("plain", &["results", "--timeout", "2s"][..], "cmd=brpop"),
+        (
+            "reliable",
+            &["results", "--timeout", "2s", "--consumer", "w1"][..],
+            "cmd=blmove",
+        ),
+    ] {
+        let redis = RedisServer::start().unwrap();
+        let mut child = Command::new(env!("CARGO_BIN_EXE_inferq"))
+            .args(args)
+            .env("REDIS_URL", redis.url())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        // Frozen only once the consumer waits in its blocking pop.
+        let mut con = common::con(&redis).await;
+        let started = Instant::now();
+        loop {
+            let clients: String = redis::cmd("CLIENT")
+                .arg("LIST")
+                .query_async(&mut con)
+                .await
+                .unwrap();
+            if clients.contains(waiting_in) {
+                break;
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(20),
+                "{mode}: {clients}"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let pid = redis.pid().unwrap().to_string();
+        let signal = |sig: &str| {
+            assert!(Command::new("kill")
+                .args([sig, pid.as_str()])
+                .status()
+                .unwrap()
+                .success());
+        };
+        signal("-STOP");
+        let frozen = Instant::now();
+        let status = loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                break Some(status);
+            }
+            if frozen.elapsed() > Duration::from_secs(30) {
+                break None;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        signal("-CONT");
+        let Some(status) = status else {
+            let _ = child.kill();
+            panic!("{mode}: results still waits 30 s after its 2 s timeout");
+        };
+        let mut err = String::new();
+        std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
+        assert_eq!(status.code(), Some(1), "{mode}: {err}");
+        assert!(err.contains("no answer within"), "{mode}: {err}");
+    }
+}
+
 /// Plain `results` (Go's destructive pop) writes each result as it was stored, fields inferq
 /// does not know included, and writes an entry that does not parse too, with a warning, and
 /// goes on (before: the popped entry was lost, the run stopped with exit 1, and known results

@@ -52,6 +52,29 @@ pub enum ProducerError {
          lease in time): stopped without acknowledging"
     )]
     NameLost { name: String },
+    /// A blocking pop got no answer by its own timeout plus [`BLOCKING_GRACE`]: Redis stopped
+    /// answering (frozen, `DEBUG SLEEP`, a network path that drops packets). The connection is
+    /// given up: a reply arriving later would be one nobody reads.
+    #[error("redis: no answer within {waited:?} (Redis is not answering); gave up the connection")]
+    NoAnswer { waited: Duration },
+}
+
+/// How long past a blocking pop's own timeout Redis may take to answer before the pop fails. The
+/// blocking connection has no response timeout of its own (the pop's timeout rules), so without
+/// this bound a Redis that stops answering held `inferq results --timeout 5s` for ever.
+pub const BLOCKING_GRACE: Duration = connect::RESPONSE_TIMEOUT;
+
+/// Runs one blocking pop that waits up to `timeout` in Redis, failing with
+/// [`ProducerError::NoAnswer`] when Redis has not answered [`BLOCKING_GRACE`] after that.
+pub(super) async fn blocking_pop<T>(
+    timeout: Duration,
+    pop: impl std::future::Future<Output = redis::RedisResult<T>>,
+) -> Result<T, ProducerError> {
+    let waited = timeout.saturating_add(BLOCKING_GRACE);
+    match tokio::time::timeout(waited, pop).await {
+        Ok(answer) => Ok(answer?),
+        Err(_) => Err(ProducerError::NoAnswer { waited }),
+    }
 }
 
 /// Submits to one request queue and reads one result list.
@@ -287,6 +310,7 @@ impl Producer {
         Ok(Popper {
             con: self.blocking().await?,
             results: self.result_queue.clone(),
+            given_up: None,
         })
     }
 
@@ -319,17 +343,18 @@ impl Producer {
 pub struct Popper {
     con: MultiplexedConnection,
     results: String,
+    /// Set once a pop got no answer: a later reply on this connection could carry a result
+    /// Redis already popped, which nobody would read, so the popper refuses to go on.
+    given_up: Option<Duration>,
 }
 
 impl Popper {
     /// One result, or `None` after `timeout` without one.
     pub async fn pop(&mut self, timeout: Duration) -> Result<Option<ResultMessage>, ProducerError> {
-        let got: Option<(String, Vec<u8>)> = redis::cmd("BRPOP")
-            .arg(&self.results)
-            .arg(timeout.as_secs_f64())
-            .query_async(&mut self.con)
-            .await?;
-        got.map(|(_, raw)| parse_result(&raw)).transpose()
+        self.brpop(timeout)
+            .await?
+            .map(|raw| parse_result(&raw))
+            .transpose()
     }
 
     /// One result as it was stored, with its parse (or why it does not parse), or `None` after
@@ -338,12 +363,24 @@ impl Popper {
         &mut self,
         timeout: Duration,
     ) -> Result<Option<TakenResult>, ProducerError> {
-        let got: Option<(String, Vec<u8>)> = redis::cmd("BRPOP")
-            .arg(&self.results)
-            .arg(timeout.as_secs_f64())
-            .query_async(&mut self.con)
-            .await?;
-        Ok(got.map(|(_, raw)| TakenResult::of(raw)))
+        Ok(self.brpop(timeout).await?.map(TakenResult::of))
+    }
+
+    async fn brpop(&mut self, timeout: Duration) -> Result<Option<Vec<u8>>, ProducerError> {
+        if let Some(waited) = self.given_up {
+            return Err(ProducerError::NoAnswer { waited });
+        }
+        let mut brpop = redis::cmd("BRPOP");
+        brpop.arg(&self.results).arg(timeout.as_secs_f64());
+        let pop = brpop.query_async::<Option<(String, Vec<u8>)>>(&mut self.con);
+        match blocking_pop(timeout, pop).await {
+            Ok(got) => Ok(got.map(|(_, raw)| raw)),
+            Err(ProducerError::NoAnswer { waited }) => {
+                self.given_up = Some(waited);
+                Err(ProducerError::NoAnswer { waited })
+            }
+            Err(e) => Err(e),
+        }
     }
 }
 

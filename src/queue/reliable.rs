@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use redis::aio::{ConnectionManager, MultiplexedConnection};
 
 use super::keys::fresh_token;
-use super::producer::{ProducerError, TakenResult};
+use super::producer::{blocking_pop, ProducerError, TakenResult};
 use super::scripts::SCRIPTS;
 
 /// How long a name's lease lasts without renewal: how long a successor waits after a consumer
@@ -107,14 +107,17 @@ impl ReliableConsumer {
     /// Takes the oldest result, waiting up to `timeout`.
     pub async fn take(&mut self, timeout: Duration) -> Result<Option<TakenResult>, ProducerError> {
         self.still_held()?;
-        let raw: Option<Vec<u8>> = redis::cmd("BLMOVE")
+        // A result Redis moves after this gives up is not lost: it waits in the taken list
+        // and is handed back at the next start under this name.
+        let mut blmove = redis::cmd("BLMOVE");
+        blmove
             .arg(&self.results)
             .arg(&self.taken)
             .arg("RIGHT")
             .arg("LEFT")
-            .arg(timeout.as_secs_f64())
-            .query_async(&mut self.blocking)
-            .await?;
+            .arg(timeout.as_secs_f64());
+        let take = blmove.query_async::<Option<Vec<u8>>>(&mut self.blocking);
+        let raw = blocking_pop(timeout, take).await?;
         Ok(raw.map(TakenResult::of))
     }
 

@@ -289,6 +289,39 @@ async fn renew_extends_every_held_lease_by_redis_time() {
     );
 }
 
+/// Rule 3 out of memory: Redis at `maxmemory` with noeviction refuses a script's first write
+/// when that write may grow memory. A renewal grows nothing, so it still keeps every held lease
+/// (before, its ZADD was refused with `OOM`: every lease ran out under its live owner, whose work
+/// in flight was aborted and stranded in claimed until Redis had memory again).
+#[tokio::test]
+async fn renew_keeps_leases_while_redis_is_out_of_memory() {
+    let mut r = rig(30_000, 5).await;
+    for id in ["a", "b"] {
+        r.producer.submit(request(id, 60)).await.unwrap();
+    }
+    let held = claim_head(&r.queue, 10).await;
+    let fences: Vec<Fence> = held.iter().map(|h| h.fence.clone()).collect();
+    let before: f64 = r.con.zscore("q:claims-idx", &fences[0].key).await.unwrap();
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxmemory")
+        .arg(1)
+        .query_async(&mut r.con)
+        .await
+        .unwrap();
+    let refused: redis::RedisResult<()> = r.con.set("grow", "x").await;
+    let e = refused.expect_err("Redis is out of memory");
+    assert_eq!(e.code(), Some("OOM"), "{e}");
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    assert_eq!(r.queue.renew(&fences).await.unwrap(), vec![true; 2]);
+    let after: f64 = r.con.zscore("q:claims-idx", &fences[0].key).await.unwrap();
+    assert!(
+        after > before,
+        "the lease was extended: {before} -> {after}"
+    );
+    assert_eq!(r.con.zcard::<_, u64>("q:claims-idx").await.unwrap(), 2);
+}
+
 /// ID reuse: two live generations of one id never touch each other, and cancel and cleanup
 /// only ever affect the generation whose token they carry.
 #[tokio::test]

@@ -12,7 +12,13 @@
     ARGV[2..] pairs: claim key, owner token
 
   Output: { now_ms, status per claim }: 1 renewed until now + lease; 0 not yours
-  Two variadic commands (HMGET, ZADD) per call, however many claims it renews.
+  Three variadic commands (HMGET, ZREM, ZADD) per call, however many claims it renews.
+
+  Out of memory (maxmemory reached with noeviction): Redis refuses a script's first write when
+  that write may grow memory (ZADD may), and lets every later write through, since a script
+  cannot be stopped half done. A renewal only moves expiries of entries that exist, so it must
+  work then, or every lease runs out under its live owner and its work is aborted: the renewed
+  entries are removed (ZREM, never refused) and added back with their new expiry, in one step.
 ]]
 local now = nowMs()
 local expiry = (now + tonumber(ARGV[1])) / 1000
@@ -36,6 +42,11 @@ for j, ck in ipairs(cks) do
   end
 end
 if #renewed > 0 then
+  local members = {}
+  for k = 2, #renewed, 2 do
+    members[#members + 1] = renewed[k]
+  end
+  redis.call('ZREM', KEYS[2], unpack(members))
   redis.call('ZADD', KEYS[2], unpack(renewed))
 end
 return out
