@@ -783,6 +783,67 @@ async fn readyz_is_not_ready_while_redis_is_a_read_only_replica() {
     assert!(of("in-flight") <= 1, "{got:?}");
 }
 
+/// While Redis takes no writes (`CLIENT PAUSE … WRITE`) `/readyz` stays 503 (PING queued
+/// behind the paused writes, or, once it answers, the results the outbox cannot write); once
+/// writes resume it is ready again and the in-flight request's result is published once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readyz_is_not_ready_while_redis_takes_no_writes() {
+    let redis = RedisServer::start().unwrap();
+    let gw = Gateway::start().await;
+    gw.script(
+        "paused",
+        vec![Reply::ok("{}").after(Duration::from_secs(1))],
+    );
+    let p = Processor::start(&redis, &gw, &ProcessorOpts::default()).await;
+    producer(&redis, "request-sortedset")
+        .await
+        .submit(request("paused", 120, "{}"))
+        .await
+        .unwrap();
+    gw.wait_seen("paused", Duration::from_secs(10)).await;
+    let mut admin = con(&redis).await;
+    let paused: String = redis::cmd("CLIENT")
+        .arg("PAUSE")
+        .arg(24_000)
+        .arg("WRITE")
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    assert_eq!(paused, "OK");
+    let pause_began = Instant::now();
+    let readyz = format!("http://127.0.0.1:{}/readyz", p.health_port);
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_secs(5))
+        .build()
+        .unwrap();
+    // From 8 s into the pause (after the first write has timed out) until 20 s: never ready.
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    while pause_began.elapsed() < Duration::from_secs(20) {
+        let answer = client.get(&readyz).send().await.unwrap();
+        let status = answer.status().as_u16();
+        let body = answer.text().await.unwrap_or_default();
+        assert_eq!(
+            status,
+            503,
+            "ready {:?} into a write pause: {body}; log:\n{}",
+            pause_began.elapsed(),
+            p.log()
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    p.wait_ready().await;
+    let started = Instant::now();
+    let got = loop {
+        let got = results(&mut admin).await;
+        if !got.is_empty() || started.elapsed() > Duration::from_secs(20) {
+            break got;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let ids: Vec<&str> = got.iter().map(|r| r.id.as_str()).collect();
+    assert_eq!(ids, ["paused"], "{got:?}");
+}
+
 /// The health and metrics ports answer on IPv6 as on IPv4, as Go's `:8081` does: probes and
 /// scrapes on an IPv6-only cluster reach them (before, only 0.0.0.0 was bound).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

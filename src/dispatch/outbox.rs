@@ -58,7 +58,7 @@ pub async fn run_outbox(
     let mut waiting: VecDeque<Outgoing> = VecDeque::new();
     let mut backoff = Duration::from_millis(50);
     let mut refused_in_a_row = 0u32;
-    // Whether /readyz was told that Redis refuses this queue's results.
+    // Whether /readyz was told that Redis refuses (or does not take) this queue's results.
     let mut reported = false;
     let depth = ctx.metrics.outbox_depth.get_or_create(&ctx.labels).clone();
     loop {
@@ -86,7 +86,13 @@ pub async fn run_outbox(
         });
         depth.set(i64::try_from(waiting.len()).unwrap_or(i64::MAX));
         if waiting.is_empty() {
+            // Nothing left to write (what was kept lost its lease): nothing is refused or
+            // stalled now; the next outcome tells again.
             ctx.outbox_stalled.store(false, Ordering::SeqCst);
+            if std::mem::take(&mut reported) {
+                ctx.readiness.set_refusal(&results_of(&ctx), None);
+                ctx.readiness.set_stall(&results_of(&ctx), None);
+            }
             continue;
         }
         let n = waiting.len().min(MAX_BATCH);
@@ -130,6 +136,7 @@ pub async fn run_outbox(
                         ctx.outbox_stalled.store(false, Ordering::SeqCst);
                         if std::mem::take(&mut reported) {
                             ctx.readiness.set_refusal(&results_of(&ctx), None);
+                            ctx.readiness.set_stall(&results_of(&ctx), None);
                         }
                     }
                     Some((list, e)) => {
@@ -151,11 +158,17 @@ pub async fn run_outbox(
                 ctx.outbox_stalled.store(true, Ordering::SeqCst);
                 ctx.note_failure(&e);
                 // The consumer claims nothing meanwhile, so its polls cannot report this.
-                if let Some(refused) = e.redis_refusal() {
-                    ctx.readiness
-                        .set_refusal(&results_of(&ctx), Some(refused.to_string()));
-                    reported = true;
+                // Either way `/readyz` says so: a write that times out while PING still
+                // answers (writes paused, a stalled script) is no more ready than a refusal.
+                match e.redis_refusal() {
+                    Some(refused) => ctx
+                        .readiness
+                        .set_refusal(&results_of(&ctx), Some(refused.to_string())),
+                    None => ctx
+                        .readiness
+                        .set_stall(&results_of(&ctx), Some(e.to_string())),
                 }
+                reported = true;
                 tracing::warn!(queue = %ctx.queue.name(), error = %e, outcomes = batch.len(), "cannot write outcomes yet; keeping them while their leases last");
                 hold_back(&mut waiting, batch, &mut backoff).await;
             }

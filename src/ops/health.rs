@@ -33,6 +33,10 @@ pub struct Readiness {
     /// What Redis refuses (`the polls of queue "q"`) and why; `/readyz` is 503 while there is
     /// any.
     refusals: Arc<Mutex<BTreeMap<String, String>>>,
+    /// What Redis does not take for now without refusing it (`the results of queue "q"`: its
+    /// writes time out, say, while PING still answers) and why; `/readyz` is 503 while there is
+    /// any.
+    stalls: Arc<Mutex<BTreeMap<String, String>>>,
 }
 
 impl Readiness {
@@ -64,11 +68,26 @@ impl Readiness {
         }
     }
 
+    /// Records that Redis does not take `what` for now (its writes fail without a refusal) with
+    /// `reason`, or (`None`) that it takes it again.
+    pub fn set_stall(&self, what: &str, reason: Option<String>) {
+        let mut stalls = self.stalls.lock().unwrap_or_else(PoisonError::into_inner);
+        match reason {
+            Some(reason) => {
+                stalls.insert(what.to_owned(), reason);
+            }
+            None => {
+                stalls.remove(what);
+            }
+        }
+    }
+
     pub fn set(&self, ready: bool) {
         self.started.store(ready, Ordering::SeqCst);
     }
 
-    /// `Ok` when started, Redis answers PING within 3 s, and refuses no queue's polls or results.
+    /// `Ok` when started, Redis answers PING within 3 s, refuses no queue's polls or results, and
+    /// takes every queue's results.
     pub async fn check(&self) -> Result<(), String> {
         if !self.started.load(Ordering::SeqCst) {
             let problem = self
@@ -87,8 +106,12 @@ impl Readiness {
         match tokio::time::timeout(Duration::from_secs(3), ping).await {
             Ok(Ok(_)) => {
                 let refusals = self.refusals.lock().unwrap_or_else(PoisonError::into_inner);
-                match refusals.iter().next() {
-                    Some((what, reason)) => Err(format!("redis refuses {what}: {reason}")),
+                if let Some((what, reason)) = refusals.iter().next() {
+                    return Err(format!("redis refuses {what}: {reason}"));
+                }
+                let stalls = self.stalls.lock().unwrap_or_else(PoisonError::into_inner);
+                match stalls.iter().next() {
+                    Some((what, reason)) => Err(format!("redis does not take {what}: {reason}")),
                     None => Ok(()),
                 }
             }
@@ -169,4 +192,39 @@ pub async fn serve_metrics(
             .with_graceful_shutdown(stop.cancelled_owned())
             .await;
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testkit::RedisServer;
+
+    /// With PING answering, a refusal or a stall of a queue's results keeps the processor not
+    /// ready, naming what Redis does not take; clearing it makes it ready again.
+    #[tokio::test]
+    async fn refusals_and_stalls_keep_readyz_honest_while_ping_answers() {
+        let server = RedisServer::start().expect("redis-server");
+        let client = redis::Client::open(server.url()).expect("client");
+        let con = crate::queue::connect::manager(&client)
+            .await
+            .expect("connect");
+        let ready = Readiness::new();
+        ready.set_connection(con);
+        ready.set(true);
+        assert_eq!(ready.check().await, Ok(()));
+        let what = "the results of queue \"q\"";
+        ready.set_stall(what, Some("timed out".to_owned()));
+        assert_eq!(
+            ready.check().await,
+            Err("redis does not take the results of queue \"q\": timed out".to_owned())
+        );
+        ready.set_refusal(what, Some("NOPERM".to_owned()));
+        assert_eq!(
+            ready.check().await,
+            Err("redis refuses the results of queue \"q\": NOPERM".to_owned())
+        );
+        ready.set_refusal(what, None);
+        ready.set_stall(what, None);
+        assert_eq!(ready.check().await, Ok(()));
+    }
 }
