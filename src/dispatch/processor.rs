@@ -84,7 +84,9 @@ async fn connect_until_up(
                 }
                 Err(e) => {
                     readiness.set_problem(Some(format!("redis: cannot load scripts: {e}")));
-                    tracing::warn!(error = %e, "cannot load scripts into Redis; retrying");
+                    if attempt % 10 == 0 {
+                        tracing::warn!(error = %e, "cannot load scripts into Redis; retrying (not ready meanwhile)");
+                    }
                 }
             },
             Err(e) => {
