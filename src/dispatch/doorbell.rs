@@ -54,7 +54,14 @@ pub async fn listen(client: redis::Client, queues: Vec<Arc<QueueCtx>>, stop: Can
                 bell("keyspace"),
             );
         }
-        match subscribe(&client, &channels).await {
+        // Against a Redis that has stopped answering, subscribing waits as long as it does: a
+        // shutdown must not wait with it.
+        let subscribed = tokio::select! {
+            biased;
+            _ = stop.cancelled() => return,
+            s = subscribe(&client, &channels) => s,
+        };
+        match subscribed {
             Ok(mut pubsub) => {
                 if warned {
                     tracing::info!("wake-ups available again");
