@@ -52,7 +52,7 @@ pub async fn heartbeat(ctx: Arc<QueueCtx>, stop: CancellationToken) {
                     if lost > 0 {
                         m.get_or_create(&ctx.labels.with_outcome("lost"))
                             .inc_by(lost as u64);
-                        tracing::warn!(queue = %ctx.queue.name(), lost, "claims taken over by another instance; their work is aborted");
+                        tracing::warn!(queue = %ctx.queue.name(), lost, "claims no longer ours (another instance reclaimed them after their lease, or Redis lost them: restarted without its data); their work is aborted");
                     }
                 }
                 Err(e) => {
