@@ -1,5 +1,5 @@
 //! Redelivery after a crash: processor A (short lease) takes M requests to a simulator that
-//! answers only after a minute, so it holds them all in flight; processor B runs beside it;
+//! answers only after two minutes, so it holds them all in flight; processor B runs beside it;
 //! A is killed with SIGKILL; the phase measures, per request, the time from the kill to the
 //! request's second arrival at the gateway (B running it). In: M, the lease and the reclaim
 //! interval; out: a [`Redelivery`] with p50 and max.

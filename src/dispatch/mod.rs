@@ -3,7 +3,7 @@
 //!
 //! ```text
 //!  Redis pending ──peek/claim──▶ consumer (per queue) ──▶ channel ─┐
-//!                                   │ dead-letter, CANCELLED,       │ random-robin
+//!                                   │ dead-letter, CANCELLED,       │ merge policy
 //!                                   │ DEADLINE_EXCEEDED             ▼
 //!                                   │                        pool (N workers) ──▶ gateway
 //!                                   ▼                               │
@@ -13,8 +13,10 @@
 //! ```
 //!
 //! - [`holdings`]: what this instance holds, with local lease validity and abort handles.
-//! - [`consumer`]: peek → triage → claim → hand to the pool.
-//! - [`merge`]: random-robin across a pool's queues.
+//! - [`context`]: what one queue's tasks share.
+//! - [`consumer`]: peek → triage (queue gate, last chance) → claim → hand to the pool.
+//! - [`gates`]: the queue and pool gates.
+//! - [`merge`]: random-robin or tier-priority across a pool's queues.
 //! - [`worker`]: one request → one HTTP attempt → its next move.
 //! - [`trace`]: the request's OpenTelemetry spans and the trace headers sent to the gateway.
 //! - [`outbox`]: batched, outage-tolerant writing of outcomes.
