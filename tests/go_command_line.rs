@@ -99,21 +99,7 @@ async fn a_production_zap_command_line_writes_json_log_lines() {
         .to_vec(),
         ..ProcessorOpts::default()
     };
-    let mut p = Processor::start(&redis, &gw, &opts).await;
-    producer(&redis, &opts.queue)
-        .await
-        .submit(request("j-1", 60, r#"{"prompt":"a"}"#))
-        .await
-        .unwrap();
-    let mut con = con(&redis).await;
-    assert_eq!(
-        wait_results(&mut con, 1, Duration::from_secs(10))
-            .await
-            .len(),
-        1
-    );
-    p.signal("TERM");
-    assert_eq!(p.wait_exit(Duration::from_secs(20)).await, Some(0));
+    let p = one_request_then_stop(&redis, &gw, &opts, "j-1").await;
 
     let log = p.log();
     let lines: Vec<serde_json::Value> = log

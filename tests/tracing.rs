@@ -243,21 +243,7 @@ async fn spans_of_one_request(receiver: &Receiver, env: &[(&str, String)]) -> (V
             .collect(),
         ..ProcessorOpts::default()
     };
-    let mut p = Processor::start(&redis, &gw, &opts).await;
-    producer(&redis, &opts.queue)
-        .await
-        .submit(request("one", 60, r#"{"prompt":"a"}"#))
-        .await
-        .unwrap();
-    let mut con = con(&redis).await;
-    assert_eq!(
-        wait_results(&mut con, 1, Duration::from_secs(10))
-            .await
-            .len(),
-        1
-    );
-    p.signal("TERM");
-    assert_eq!(p.wait_exit(Duration::from_secs(20)).await, Some(0));
+    let p = one_request_then_stop(&redis, &gw, &opts, "one").await;
     let spans = receiver.spans.lock().unwrap().clone();
     (spans, p.log())
 }

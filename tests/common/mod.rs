@@ -449,6 +449,28 @@ pub async fn results(con: &mut redis::aio::ConnectionManager) -> Vec<ResultMessa
         .collect()
 }
 
+/// Starts a processor with `opts`, has it serve the request `id` to its result, and stops it
+/// with SIGTERM (it must exit 0): the stopped processor, for its log.
+pub async fn one_request_then_stop(
+    redis: &RedisServer,
+    gateway: &Gateway,
+    opts: &ProcessorOpts,
+    id: &str,
+) -> Processor {
+    let mut p = Processor::start(redis, gateway, opts).await;
+    producer(redis, &opts.queue)
+        .await
+        .submit(request(id, 60, r#"{"prompt":"a"}"#))
+        .await
+        .unwrap();
+    let mut con = con(redis).await;
+    let got = wait_results(&mut con, 1, Duration::from_secs(10)).await;
+    assert_eq!(got.len(), 1, "no result for {id}; log:\n{}", p.log());
+    p.signal("TERM");
+    assert_eq!(p.wait_exit(Duration::from_secs(20)).await, Some(0));
+    p
+}
+
 /// Waits until `n` results are on the default result list (or panics after `limit`).
 pub async fn wait_results(
     con: &mut redis::aio::ConnectionManager,
