@@ -477,6 +477,9 @@ async fn rediss_with_a_private_ca_and_client_certificate() {
     assert_eq!(got.len(), 2);
     assert!(got.iter().all(|r| r.status_code == 200), "{got:?}");
     assert!(!p.log().contains(PW));
+    // The operator's dead-letter commands take the same TLS settings.
+    let out = cli(&["dead-letter", "list", "--json"], &env, "");
+    assert!(out.status.success(), "{}", text(&out));
 
     // The wrong CA: not ready, with the reason; no password anywhere.
     let other = certs.arg("other-ca.crt");

@@ -24,9 +24,8 @@ pub struct DeadLetterArgs {
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct Target {
-    /// Redis URL (redis://, rediss://, unix://; user and password allowed).
-    #[arg(long, env = "REDIS_URL", default_value = "redis://127.0.0.1:6379/")]
-    pub redis_url: String,
+    #[command(flatten)]
+    pub redis: super::RedisConn,
     /// The request sorted set whose dead list (`<queue>:dead`) to use.
     #[arg(long, default_value = "request-sortedset")]
     pub queue: String,
@@ -81,9 +80,9 @@ pub enum Action {
 }
 
 async fn open(target: &Target) -> Result<DeadLetters, Failure> {
-    let url = super::checked_redis_url(&target.redis_url)?;
-    let client = redis::Client::open(url.as_str())
-        .map_err(|e| Failure::bad_input(anyhow::anyhow!("--redis-url: {e}")))?;
+    let (url, tls) = target.redis.url_and_tls()?;
+    // The error names the URL or the TLS flag at fault.
+    let client = crate::queue::connect::client(&url, &tls).map_err(Failure::bad_input)?;
     let con = crate::queue::connect::manager(&client)
         .await
         .context("cannot connect to Redis")?;

@@ -67,18 +67,12 @@ struct SimArgs {
     tls: crate::sim::SimTls,
 }
 
-/// Where Redis is, shared by the producer-side subcommands.
+/// Where Redis is and how to trust it, shared by the producer-side and dead-letter subcommands.
 #[derive(Debug, Clone, clap::Args)]
-pub struct RedisArgs {
+pub struct RedisConn {
     /// Redis URL (redis://, rediss://, unix://; user and password allowed).
     #[arg(long, env = "REDIS_URL", default_value = "redis://127.0.0.1:6379/")]
     pub redis_url: String,
-    /// The request sorted set.
-    #[arg(long, default_value = "request-sortedset")]
-    pub queue: String,
-    /// The result list.
-    #[arg(long, default_value = "result-list")]
-    pub result_queue: String,
     /// CA bundle (PEM) trusted for a rediss:// URL instead of the public roots.
     #[arg(long, env = "REDIS_TLS_CA_CERT", value_name = "PATH")]
     pub redis_tls_ca_cert: Option<std::path::PathBuf>,
@@ -100,15 +94,36 @@ pub struct RedisArgs {
     pub redis_tls_key: Option<std::path::PathBuf>,
 }
 
-impl RedisArgs {
-    /// A producer on these queues.
-    pub async fn producer(&self) -> Result<crate::queue::producer::Producer, Failure> {
-        use anyhow::Context;
+impl RedisConn {
+    /// The URL as `inferq run` reads it, and the TLS files for a `rediss://` one.
+    pub fn url_and_tls(&self) -> Result<(String, crate::queue::connect::RedisTls), Failure> {
         let url = checked_redis_url(&self.redis_url)?;
         let tls = crate::queue::connect::RedisTls {
             ca_cert: self.redis_tls_ca_cert.clone(),
             client: self.redis_tls_cert.clone().zip(self.redis_tls_key.clone()),
         };
+        Ok((url, tls))
+    }
+}
+
+/// Where the producer-side commands find Redis and the queues.
+#[derive(Debug, clap::Args)]
+pub struct RedisArgs {
+    #[command(flatten)]
+    pub conn: RedisConn,
+    /// The request sorted set.
+    #[arg(long, default_value = "request-sortedset")]
+    pub queue: String,
+    /// The result list.
+    #[arg(long, default_value = "result-list")]
+    pub result_queue: String,
+}
+
+impl RedisArgs {
+    /// A producer on these queues.
+    pub async fn producer(&self) -> Result<crate::queue::producer::Producer, Failure> {
+        use anyhow::Context;
+        let (url, tls) = self.conn.url_and_tls()?;
         Ok(crate::queue::producer::Producer::connect_tls(
             &url,
             &tls,
