@@ -95,7 +95,7 @@ pub async fn listen(client: redis::Client, queues: Vec<Arc<QueueCtx>>, stop: Can
             Err(e) => {
                 if !warned {
                     warned = true;
-                    tracing::warn!(error = %e, "cannot subscribe for wake-ups; consumers poll every poll_interval instead");
+                    tracing::warn!(error = %e, "cannot subscribe for wake-ups; consumers find new work by polling alone (at most poll_interval apart)");
                 }
             }
         }
