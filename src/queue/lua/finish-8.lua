@@ -62,10 +62,9 @@ end
 if used.release then kinds[6] = 'zset' end
 if used.park then kinds[7] = 'zset' end
 if used.bury then kinds[8] = 'list' end
-for k = 1, 8 do
-  if kinds[k] and not writable(KEYS[k], kinds[k]) then
-    return wrongType(KEYS[k], kinds[k])
-  end
+local refused = wrongTypeOf(kinds, 8)
+if refused then
+  return refused
 end
 local unwritable = {}
 for i = 1, n do

@@ -37,11 +37,9 @@ local out = { 0, -1 }
 local nextToken = 4
 -- Before the first write, every key written must take its write (see writable).
 if #expired > 0 then
-  local kinds = { 'hash', 'hash', 'zset', 'hash', 'hash', 'zset' }
-  for k = 1, 6 do
-    if not writable(KEYS[k], kinds[k]) then
-      return wrongType(KEYS[k], kinds[k])
-    end
+  local refused = wrongTypeOf({ 'hash', 'hash', 'zset', 'hash', 'hash', 'zset' }, 6)
+  if refused then
+    return refused
   end
 end
 for _, ck in ipairs(expired) do

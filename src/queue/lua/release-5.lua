@@ -16,11 +16,9 @@
 ]]
 local out = {}
 -- Before the first write, every key written must take its write (see writable).
-local kinds = { 'hash', 'hash', 'zset', 'hash', 'zset' }
-for k = 1, 5 do
-  if not writable(KEYS[k], kinds[k]) then
-    return wrongType(KEYS[k], kinds[k])
-  end
+local refused = wrongTypeOf({ 'hash', 'hash', 'zset', 'hash', 'zset' }, 5)
+if refused then
+  return refused
 end
 for i = 1, #ARGV, 2 do
   local ck, token = ARGV[i], ARGV[i + 1]

@@ -87,11 +87,9 @@ end
 -- Before the first write: the claim bookkeeping must take its writes (see writable); pending
 -- and claimed were read above, so they hold their types.
 if #claimed > 0 then
-  local kinds = { [3] = 'hash', [4] = 'zset', [5] = 'hash' }
-  for k = 3, 5 do
-    if not writable(KEYS[k], kinds[k]) then
-      return wrongType(KEYS[k], kinds[k])
-    end
+  local refused = wrongTypeOf({ false, false, 'hash', 'zset', 'hash' }, 5)
+  if refused then
+    return refused
   end
 end
 if #removed > 0 then

@@ -17,3 +17,15 @@ local function wrongType(key, kind)
   return redis.error_reply('WRONGTYPE ' .. key .. ' must be a ' .. kind .. ' (or absent) for '
     .. 'inferq to move requests through it; nothing was moved')
 end
+
+-- wrongTypeOf(kinds, last): for KEYS[1..last], where kinds[k] is the kind KEYS[k] is written as
+-- (false or nil: not written), the wrongType error of the first that cannot take its write, or
+-- nil when all can. A move returns the error before its first write.
+local function wrongTypeOf(kinds, last)
+  for k = 1, last do
+    if kinds[k] and not writable(KEYS[k], kinds[k]) then
+      return wrongType(KEYS[k], kinds[k])
+    end
+  end
+  return nil
+end
