@@ -22,6 +22,7 @@ use tokio_util::sync::CancellationToken;
 use super::context::{Job, QueueCtx};
 use super::gates::{Decision, GateInput, Release, Verdict};
 use super::last_chance::{LastChance, Slot};
+use crate::ops::Trouble;
 use crate::queue::dead::DeadRecord;
 use crate::queue::keys::claim_key;
 use crate::queue::{Claimed, Peeked, QueueError, SetAside};
@@ -99,7 +100,7 @@ pub async fn run_consumer(
                 window,
             }) => {
                 if failures > 0 {
-                    ctx.readiness.set_refusal(&polls_of(&ctx), None);
+                    ctx.readiness.note(&polls_of(&ctx), None);
                 }
                 failures = 0;
                 if seen >= window && admitted > 0 {
@@ -128,7 +129,7 @@ pub async fn run_consumer(
                 // shows by itself in /readyz's PING).
                 if let Some(refused) = e.redis_refusal() {
                     ctx.readiness
-                        .set_refusal(&polls_of(&ctx), Some(refused.to_string()));
+                        .note(&polls_of(&ctx), Some(Trouble::Refused(refused.to_string())));
                 }
                 if failures == 1 || failures % 50 == 0 {
                     tracing::warn!(queue = %ctx.queue.name(), error = %e, "cannot poll the queue; retrying");

@@ -31,6 +31,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::context::QueueCtx;
 use super::last_chance::Slot;
+use crate::ops::Trouble;
 use crate::queue::{Finish, Finished};
 
 /// Most outcomes written per round trip.
@@ -88,11 +89,7 @@ pub async fn run_outbox(
         if waiting.is_empty() {
             // Nothing left to write (what was kept lost its lease): nothing is refused or
             // stalled now; the next outcome tells again.
-            ctx.outbox_stalled.store(false, Ordering::SeqCst);
-            if std::mem::take(&mut reported) {
-                ctx.readiness.set_refusal(&results_of(&ctx), None);
-                ctx.readiness.set_stall(&results_of(&ctx), None);
-            }
+            report(&ctx, &mut reported, None);
             continue;
         }
         let n = waiting.len().min(MAX_BATCH);
@@ -133,19 +130,11 @@ pub async fn run_outbox(
                     None => {
                         refused_in_a_row = 0;
                         backoff = Duration::from_millis(50);
-                        ctx.outbox_stalled.store(false, Ordering::SeqCst);
-                        if std::mem::take(&mut reported) {
-                            ctx.readiness.set_refusal(&results_of(&ctx), None);
-                            ctx.readiness.set_stall(&results_of(&ctx), None);
-                        }
+                        report(&ctx, &mut reported, None);
                     }
                     Some((list, e)) => {
-                        ctx.outbox_stalled.store(true, Ordering::SeqCst);
-                        ctx.readiness.set_refusal(
-                            &results_of(&ctx),
-                            Some(format!("{e} (result list {list:?})")),
-                        );
-                        reported = true;
+                        let why = format!("{e} (result list {list:?})");
+                        report(&ctx, &mut reported, Some(Trouble::Refused(why)));
                         if refused_in_a_row % 50 == 0 {
                             tracing::error!(queue = %ctx.queue.name(), result_list = %list, error = %e, outcomes = kept.len(), "Redis refuses this queue's results; keeping them, claiming no more work, and retrying");
                         }
@@ -155,20 +144,15 @@ pub async fn run_outbox(
                 }
             }
             Err(e) => {
-                ctx.outbox_stalled.store(true, Ordering::SeqCst);
                 ctx.note_failure(&e);
                 // The consumer claims nothing meanwhile, so its polls cannot report this.
                 // Either way `/readyz` says so: a write that times out while PING still
                 // answers (writes paused, a stalled script) is no more ready than a refusal.
-                match e.redis_refusal() {
-                    Some(refused) => ctx
-                        .readiness
-                        .set_refusal(&results_of(&ctx), Some(refused.to_string())),
-                    None => ctx
-                        .readiness
-                        .set_stall(&results_of(&ctx), Some(e.to_string())),
-                }
-                reported = true;
+                let trouble = match e.redis_refusal() {
+                    Some(refused) => Trouble::Refused(refused.to_string()),
+                    None => Trouble::Stalled(e.to_string()),
+                };
+                report(&ctx, &mut reported, Some(trouble));
                 tracing::warn!(queue = %ctx.queue.name(), error = %e, outcomes = batch.len(), "cannot write outcomes yet; keeping them while their leases last");
                 hold_back(&mut waiting, batch, &mut backoff).await;
             }
@@ -205,6 +189,22 @@ fn configured_list<'f>(ctx: &QueueCtx, f: &'f Finish) -> Option<&'f str> {
         _ => return None,
     };
     ctx.is_configured_result_list(list).then_some(list.as_str())
+}
+
+/// Says whether this queue's results are written (`None`) or what keeps Redis from taking
+/// them: the consumer claims no more work meanwhile (`outbox_stalled`), and `/readyz` names the
+/// trouble until it is over (`reported` remembers it was told).
+fn report(ctx: &QueueCtx, reported: &mut bool, trouble: Option<Trouble>) {
+    ctx.outbox_stalled
+        .store(trouble.is_some(), Ordering::SeqCst);
+    match trouble {
+        Some(trouble) => {
+            ctx.readiness.note(&results_of(ctx), Some(trouble));
+            *reported = true;
+        }
+        None if std::mem::take(reported) => ctx.readiness.note(&results_of(ctx), None),
+        None => {}
+    }
 }
 
 /// What `/readyz` names while Redis refuses this queue's results.

@@ -30,13 +30,18 @@ pub struct Readiness {
     /// Why the processor could not start yet (e.g. Redis refuses the TLS handshake), shown by
     /// `/readyz` while it is not started.
     problem: Arc<Mutex<Option<String>>>,
-    /// What Redis refuses (`the polls of queue "q"`) and why; `/readyz` is 503 while there is
-    /// any.
-    refusals: Arc<Mutex<BTreeMap<String, String>>>,
-    /// What Redis does not take for now without refusing it (`the results of queue "q"`: its
-    /// writes time out, say, while PING still answers) and why; `/readyz` is 503 while there is
-    /// any.
-    stalls: Arc<Mutex<BTreeMap<String, String>>>,
+    /// What Redis refuses or does not take (`the polls of queue "q"`) and why; `/readyz` is 503
+    /// while there is any.
+    troubles: Arc<Mutex<BTreeMap<String, Trouble>>>,
+}
+
+/// Why Redis does not serve one of the processor's needs, though it answers PING.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Trouble {
+    /// Redis refuses it (`NOPERM`, `READONLY`, `OOM`): the reason it gave.
+    Refused(String),
+    /// Its writes fail without a refusal (they time out while writes are paused, say).
+    Stalled(String),
 }
 
 impl Readiness {
@@ -54,30 +59,16 @@ impl Readiness {
         *self.problem.lock().unwrap_or_else(PoisonError::into_inner) = problem;
     }
 
-    /// Records that Redis refuses `what` (`the polls of queue "q"`) with `reason`, or (`None`)
-    /// that it takes it again.
-    pub fn set_refusal(&self, what: &str, reason: Option<String>) {
-        let mut refusals = self.refusals.lock().unwrap_or_else(PoisonError::into_inner);
-        match reason {
-            Some(reason) => {
-                refusals.insert(what.to_owned(), reason);
+    /// Records what keeps Redis from serving `what` (`the polls of queue "q"`), or (`None`)
+    /// that it serves it again.
+    pub fn note(&self, what: &str, trouble: Option<Trouble>) {
+        let mut troubles = self.troubles.lock().unwrap_or_else(PoisonError::into_inner);
+        match trouble {
+            Some(trouble) => {
+                troubles.insert(what.to_owned(), trouble);
             }
             None => {
-                refusals.remove(what);
-            }
-        }
-    }
-
-    /// Records that Redis does not take `what` for now (its writes fail without a refusal) with
-    /// `reason`, or (`None`) that it takes it again.
-    pub fn set_stall(&self, what: &str, reason: Option<String>) {
-        let mut stalls = self.stalls.lock().unwrap_or_else(PoisonError::into_inner);
-        match reason {
-            Some(reason) => {
-                stalls.insert(what.to_owned(), reason);
-            }
-            None => {
-                stalls.remove(what);
+                troubles.remove(what);
             }
         }
     }
@@ -105,13 +96,22 @@ impl Readiness {
         let ping = cmd.query_async::<String>(&mut con);
         match tokio::time::timeout(Duration::from_secs(3), ping).await {
             Ok(Ok(_)) => {
-                let refusals = self.refusals.lock().unwrap_or_else(PoisonError::into_inner);
-                if let Some((what, reason)) = refusals.iter().next() {
-                    return Err(format!("redis refuses {what}: {reason}"));
-                }
-                let stalls = self.stalls.lock().unwrap_or_else(PoisonError::into_inner);
-                match stalls.iter().next() {
-                    Some((what, reason)) => Err(format!("redis does not take {what}: {reason}")),
+                let troubles = self.troubles.lock().unwrap_or_else(PoisonError::into_inner);
+                // A refusal is named first: it is the one an operator can act on.
+                let refused = troubles.iter().find_map(|(what, t)| match t {
+                    Trouble::Refused(reason) => Some(format!("redis refuses {what}: {reason}")),
+                    Trouble::Stalled(_) => None,
+                });
+                let stalled = || {
+                    troubles.iter().find_map(|(what, t)| match t {
+                        Trouble::Stalled(reason) => {
+                            Some(format!("redis does not take {what}: {reason}"))
+                        }
+                        Trouble::Refused(_) => None,
+                    })
+                };
+                match refused.or_else(stalled) {
+                    Some(text) => Err(text),
                     None => Ok(()),
                 }
             }
@@ -213,18 +213,17 @@ mod tests {
         ready.set(true);
         assert_eq!(ready.check().await, Ok(()));
         let what = "the results of queue \"q\"";
-        ready.set_stall(what, Some("timed out".to_owned()));
+        ready.note(what, Some(Trouble::Stalled("timed out".to_owned())));
         assert_eq!(
             ready.check().await,
             Err("redis does not take the results of queue \"q\": timed out".to_owned())
         );
-        ready.set_refusal(what, Some("NOPERM".to_owned()));
+        ready.note(what, Some(Trouble::Refused("NOPERM".to_owned())));
         assert_eq!(
             ready.check().await,
             Err("redis refuses the results of queue \"q\": NOPERM".to_owned())
         );
-        ready.set_refusal(what, None);
-        ready.set_stall(what, None);
+        ready.note(what, None);
         assert_eq!(ready.check().await, Ok(()));
     }
 }

@@ -8,5 +8,5 @@ pub mod metrics;
 pub mod otel;
 pub mod process;
 
-pub use health::{serve_health, serve_metrics, Readiness};
+pub use health::{serve_health, serve_metrics, Readiness, Trouble};
 pub use metrics::{Metrics, QueueLabels};
