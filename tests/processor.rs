@@ -252,11 +252,8 @@ async fn cancel_before_dispatch() {
 async fn cancel_during_dispatch_aborts_the_request() {
     let redis = RedisServer::start().unwrap();
     let gw = Gateway::start().await;
-    gw.script("c2", vec![Reply::ok("{}").after(Duration::from_secs(20))]);
-    let _p = Processor::start(&redis, &gw, &ProcessorOpts::default()).await;
+    let _p = in_flight(&redis, &gw, "c2", Duration::from_secs(20)).await;
     let producer = producer(&redis, Q).await;
-    producer.submit(request("c2", 60, "{}")).await.unwrap();
-    gw.wait_seen("c2", Duration::from_secs(10)).await;
     assert_eq!(gw.seen("c2").len(), 1);
     let cancelled_at = Instant::now();
     producer.cancel(&["c2".to_owned()]).await.unwrap();
@@ -718,17 +715,7 @@ async fn readyz_is_not_ready_while_redis_is_a_read_only_replica() {
     let redis = RedisServer::start().unwrap();
     let new_primary = RedisServer::start().unwrap();
     let gw = Gateway::start().await;
-    gw.script(
-        "in-flight",
-        vec![Reply::ok("{}").after(Duration::from_secs(1))],
-    );
-    let p = Processor::start(&redis, &gw, &ProcessorOpts::default()).await;
-    producer(&redis, "request-sortedset")
-        .await
-        .submit(request("in-flight", 120, "{}"))
-        .await
-        .unwrap();
-    gw.wait_seen("in-flight", Duration::from_secs(10)).await;
+    let p = in_flight(&redis, &gw, "in-flight", Duration::from_secs(1)).await;
 
     let mut admin = con(&redis).await;
     let demoted: String = redis::cmd("REPLICAOF")
@@ -790,17 +777,7 @@ async fn readyz_is_not_ready_while_redis_is_a_read_only_replica() {
 async fn readyz_is_not_ready_while_redis_takes_no_writes() {
     let redis = RedisServer::start().unwrap();
     let gw = Gateway::start().await;
-    gw.script(
-        "paused",
-        vec![Reply::ok("{}").after(Duration::from_secs(1))],
-    );
-    let p = Processor::start(&redis, &gw, &ProcessorOpts::default()).await;
-    producer(&redis, "request-sortedset")
-        .await
-        .submit(request("paused", 120, "{}"))
-        .await
-        .unwrap();
-    gw.wait_seen("paused", Duration::from_secs(10)).await;
+    let p = in_flight(&redis, &gw, "paused", Duration::from_secs(1)).await;
     let mut admin = con(&redis).await;
     let paused: String = redis::cmd("CLIENT")
         .arg("PAUSE")
@@ -1075,4 +1052,23 @@ async fn the_standard_process_metrics_are_served() {
         (0.0..120.0).contains(&(now - started)),
         "started {started}, now {now}"
     );
+}
+
+/// A processor with the request `id` in flight: the gateway answers it after `answer_after`,
+/// and it has reached the gateway when this returns.
+async fn in_flight(
+    redis: &RedisServer,
+    gw: &Gateway,
+    id: &str,
+    answer_after: Duration,
+) -> Processor {
+    gw.script(id, vec![Reply::ok("{}").after(answer_after)]);
+    let p = Processor::start(redis, gw, &ProcessorOpts::default()).await;
+    producer(redis, Q)
+        .await
+        .submit(request(id, 120, "{}"))
+        .await
+        .unwrap();
+    gw.wait_seen(id, Duration::from_secs(10)).await;
+    p
 }
