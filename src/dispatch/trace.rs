@@ -6,7 +6,6 @@
 //! In: the tracer `ops::otel` started (none when tracing is off: then nothing here runs). Out:
 //! spans to the exporter, and the header pairs the worker adds to its gateway request.
 
-use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -83,12 +82,13 @@ pub struct RequestSpan {
 }
 
 impl RequestSpan {
-    /// Starts the `http-request` client span of one attempt at `url` (credentials already left
-    /// out by the caller) and returns it with the headers that carry its context.
+    /// Starts the `http-request` client span of one attempt at `url` and returns it with the
+    /// headers that carry its context.
     pub fn attempt(&self, url: &url::Url) -> AttemptSpan {
         let mut attributes = vec![
             KeyValue::new("http.request.method", "POST"),
-            KeyValue::new("url.full", without_credentials(url).into_owned()),
+            // Passwords stay out of spans as out of logs: the project's one URL redaction.
+            KeyValue::new("url.full", crate::config::redact_url(url.as_str())),
         ];
         if let Some(host) = url.host_str() {
             attributes.push(KeyValue::new("server.address", host.to_owned()));
@@ -165,17 +165,6 @@ impl AttemptSpan {
 
 fn error_text(error: &ClientError) -> String {
     format!("{}: {}", error.category.as_str(), error.message)
-}
-
-/// A URL as a span may show it: without user name and password.
-fn without_credentials(url: &url::Url) -> Cow<'_, str> {
-    if url.username().is_empty() && url.password().is_none() {
-        return Cow::Borrowed(url.as_str());
-    }
-    let mut clean = url.clone();
-    let _ = clean.set_username("");
-    let _ = clean.set_password(None);
-    Cow::Owned(clean.to_string())
 }
 
 /// The message's metadata as the propagators read it (keys are case-sensitive, as Go's
