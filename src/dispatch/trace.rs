@@ -120,7 +120,7 @@ impl RequestSpan {
         let span = self.cx.span();
         span.set_attribute(KeyValue::new("error.category", error.category.as_str()));
         if !matches!(outcome, Outcome::Retry { .. }) {
-            span.set_status(Status::error(error_text(error)));
+            span.set_status(Status::error(error.to_string()));
         }
     }
 
@@ -128,7 +128,7 @@ impl RequestSpan {
     pub fn fatal(&self, error: &ClientError) {
         let span = self.cx.span();
         span.set_attribute(KeyValue::new("error.category", error.category.as_str()));
-        span.set_status(Status::error(error_text(error)));
+        span.set_status(Status::error(error.to_string()));
     }
 }
 
@@ -161,10 +161,6 @@ impl AttemptSpan {
         }
         span.end();
     }
-}
-
-fn error_text(error: &ClientError) -> String {
-    format!("{}: {}", error.category.as_str(), error.message)
 }
 
 /// The message's metadata as the propagators read it (keys are case-sensitive, as Go's
