@@ -22,6 +22,12 @@ pub enum TestkitError {
     Io(#[from] std::io::Error),
     #[error("redis-server on port {port} did not answer PING within {secs} s; log: {log}")]
     NoAnswer { port: u16, secs: u64, log: String },
+    #[error("redis-server on port {port} exited ({status}) before answering PING; log: {log}")]
+    Exited {
+        port: u16,
+        status: std::process::ExitStatus,
+        log: String,
+    },
 }
 
 /// How the server persists writes.
@@ -60,10 +66,64 @@ impl DataDir {
     }
 }
 
-/// Picks a free loopback TCP port.
+/// Picks a free TCP port for a server a test, the demo or the bench starts (Redis, a processor's
+/// health and metrics listeners).
+///
+/// The port is chosen *below* the kernel's ephemeral range
+/// (`/proc/sys/net/ipv4/ip_local_port_range`), never from it: a port the kernel hands out for
+/// `bind(0)` is also one it hands out as the local end of outgoing connections, so a port picked
+/// that way and released could be taken by any client socket (a test's own Redis connection)
+/// before the server binds it — a processor then exits with "address already in use", and a
+/// restarted Redis can lose its port while it is down. Ports are handed out in turn from a
+/// per-process cursor that starts at a random offset, so two servers of one process never get the
+/// same port, and each candidate is bound once (on every address) to skip ports in use.
 pub fn free_port() -> std::io::Result<u16> {
-    let listener = TcpListener::bind("127.0.0.1:0")?;
-    Ok(listener.local_addr()?.port())
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static CURSOR: AtomicU32 = AtomicU32::new(u32::MAX);
+    let (low, high) = server_port_range();
+    let span = u32::from(high - low);
+    if CURSOR.load(Ordering::Relaxed) == u32::MAX {
+        let seed = std::process::id()
+            ^ std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.subsec_nanos())
+                .unwrap_or(0);
+        let _ =
+            CURSOR.compare_exchange(u32::MAX, seed % span, Ordering::Relaxed, Ordering::Relaxed);
+    }
+    next_free(&CURSOR, low, high).ok_or_else(|| {
+        std::io::Error::new(
+            std::io::ErrorKind::AddrInUse,
+            format!("no free port in {low}..{high}"),
+        )
+    })
+}
+
+/// The first port from `cursor` on (wrapping within `low..high`) that nothing listens on.
+fn next_free(cursor: &std::sync::atomic::AtomicU32, low: u16, high: u16) -> Option<u16> {
+    let span = u32::from(high - low);
+    for _ in 0..span {
+        let offset = cursor.fetch_add(1, std::sync::atomic::Ordering::Relaxed) % span;
+        let Ok(port) = u16::try_from(u32::from(low) + offset) else {
+            continue;
+        };
+        if TcpListener::bind(("0.0.0.0", port)).is_ok() {
+            return Some(port);
+        }
+    }
+    None
+}
+
+/// The ports [`free_port`] hands out: up to 12,000 ports just below the ephemeral range, and
+/// above the privileged ones.
+fn server_port_range() -> (u16, u16) {
+    let ephemeral_low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|s| s.split_whitespace().next()?.parse::<u16>().ok())
+        .unwrap_or(32768);
+    let high = ephemeral_low.max(2048);
+    let low = high.saturating_sub(12_000).max(1024);
+    (low, high)
 }
 
 fn redis_binary() -> PathBuf {
@@ -113,8 +173,19 @@ impl RedisServer {
             extra,
             child: None,
         };
-        server.spawn()?;
-        Ok(server)
+        // Another process may bind the port between `free_port` and the server: try new ports.
+        let mut attempts = 0;
+        loop {
+            match server.spawn() {
+                Err(TestkitError::Exited { log, .. })
+                    if attempts < 3 && log.contains("Address already in use") =>
+                {
+                    attempts += 1;
+                    server.port = free_port()?;
+                }
+                result => return result.map(|()| server),
+            }
+        }
     }
 
     fn spawn(&mut self) -> Result<(), TestkitError> {
@@ -141,12 +212,19 @@ impl RedisServer {
         self.wait_ready(&log)
     }
 
-    fn wait_ready(&self, log: &Path) -> Result<(), TestkitError> {
+    fn wait_ready(&mut self, log: &Path) -> Result<(), TestkitError> {
         let started = Instant::now();
         let limit = Duration::from_secs(10);
         while started.elapsed() < limit {
             if ping(self.port) {
                 return Ok(());
+            }
+            if let Some(status) = self.exited() {
+                return Err(TestkitError::Exited {
+                    port: self.port,
+                    status,
+                    log: std::fs::read_to_string(log).unwrap_or_default(),
+                });
             }
             std::thread::sleep(Duration::from_millis(20));
         }
@@ -217,6 +295,13 @@ impl RedisServer {
     }
 
     /// Whether the server process is running.
+    /// The exit status, once the process has exited.
+    fn exited(&mut self) -> Option<std::process::ExitStatus> {
+        self.child
+            .as_mut()
+            .and_then(|c| c.try_wait().ok().flatten())
+    }
+
     pub fn is_running(&mut self) -> bool {
         self.child
             .as_mut()
@@ -257,6 +342,37 @@ fn ping(port: u16) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Ports for servers never come from the range the kernel uses for the local end of
+    /// outgoing connections (where a released port can be taken by any client socket), and one
+    /// process never gets the same port twice while others are still free.
+    #[test]
+    fn free_ports_are_outside_the_ephemeral_range_and_distinct() {
+        let (low, high) = server_port_range();
+        let ephemeral_low: u16 = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+            .unwrap()
+            .split_whitespace()
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert!(high <= ephemeral_low && low >= 1024, "{low}..{high}");
+        let ports: Vec<u16> = (0..200).map(|_| free_port().unwrap()).collect();
+        assert!(ports.iter().all(|p| (low..high).contains(p)), "{ports:?}");
+        let distinct: std::collections::HashSet<_> = ports.iter().collect();
+        assert_eq!(distinct.len(), ports.len());
+    }
+
+    /// A port already listened on is skipped.
+    #[test]
+    fn a_port_in_use_is_not_handed_out() {
+        let taken = TcpListener::bind(("0.0.0.0", 0)).unwrap();
+        let port = taken.local_addr().unwrap().port();
+        let cursor = std::sync::atomic::AtomicU32::new(0);
+        assert_eq!(next_free(&cursor, port, port + 1), None);
+        drop(taken);
+        assert_eq!(next_free(&cursor, port, port + 1), Some(port));
+    }
 
     #[test]
     fn starts_kills_and_restarts_keeping_aof_data() {

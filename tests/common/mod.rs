@@ -264,6 +264,15 @@ impl Default for ProcessorOpts {
     }
 }
 
+/// How a started processor's first 20 s went.
+enum Start {
+    Ready,
+    /// Exited with this code.
+    Exited(Option<i32>),
+    /// Running, never ready.
+    Silent,
+}
+
 /// `inferq run` as a child process.
 pub struct Processor {
     child: Option<Child>,
@@ -275,6 +284,24 @@ pub struct Processor {
 
 impl Processor {
     pub async fn start(redis: &RedisServer, gateway: &Gateway, opts: &ProcessorOpts) -> Processor {
+        // A port found free can still be bound by another process before the processor binds
+        // it; the processor then exits saying so, and is started again on new ports.
+        for _ in 0..3 {
+            let mut p = Self::spawn(redis, gateway, opts);
+            match p.wait_ready_or_exit().await {
+                Start::Ready => return p,
+                Start::Exited(_) if p.log().contains("Address already in use") => continue,
+                Start::Exited(code) => panic!(
+                    "processor exited ({code:?}) before it was ready; log:\n{}",
+                    p.log()
+                ),
+                Start::Silent => panic!("processor not ready; log:\n{}", p.log()),
+            }
+        }
+        panic!("three processors in a row found their ports taken");
+    }
+
+    fn spawn(redis: &RedisServer, gateway: &Gateway, opts: &ProcessorOpts) -> Processor {
         let health_port = free_port().unwrap();
         let metrics_port = free_port().unwrap();
         let config = format!(
@@ -323,15 +350,31 @@ impl Processor {
             .stderr(log.reopen().unwrap())
             .spawn()
             .unwrap();
-        let p = Processor {
+        Processor {
             child: Some(child),
             health_port,
             metrics_port,
             log,
             _pools: pools,
-        };
-        p.wait_ready().await;
-        p
+        }
+    }
+
+    /// Waits until `/readyz` says ready or the process exits, for at most 20 s.
+    async fn wait_ready_or_exit(&mut self) -> Start {
+        let url = format!("http://127.0.0.1:{}/readyz", self.health_port);
+        let started = Instant::now();
+        while started.elapsed() < Duration::from_secs(20) {
+            if let Some(Ok(Some(status))) = self.child.as_mut().map(Child::try_wait) {
+                return Start::Exited(status.code());
+            }
+            if let Ok(r) = reqwest::get(&url).await {
+                if r.status().is_success() {
+                    return Start::Ready;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        Start::Silent
     }
 
     /// Waits until `/readyz` says ready (or panics after 20 s).
