@@ -133,7 +133,7 @@ async fn a_production_zap_command_line_writes_json_log_lines() {
 }
 
 /// What Go refuses is refused with exit code 2 naming the flag, and a Go command line for the
-/// redis-pubsub transport is refused for that transport, not for its flags.
+/// gcp-pubsub transport is refused for that transport, not for its flags.
 #[test]
 fn go_values_and_transports_inferq_refuses_exit_2_naming_why() {
     let refused = |args: &[&str]| {
@@ -145,11 +145,11 @@ fn go_values_and_transports_inferq_refuses_exit_2_naming_why() {
     };
     let (code, err) = refused(&[
         "run",
-        "--message-queue-impl=redis-pubsub",
-        "--redis.url=redis://127.0.0.1:1",
-        "--redis.igw-base-url=http://gw",
-        "--redis.request-queue-name=requests",
-        "--redis.result-queue-name=results",
+        "--message-queue-impl=gcp-pubsub",
+        "--pubsub.project-id=p",
+        "--pubsub.igw-base-url=http://gw",
+        "--pubsub.request-subscriber-id=requests",
+        "--pubsub.result-topic-id=results",
         "--zap-devel=false",
     ]);
     assert_eq!(code, Some(2), "{err}");
@@ -160,8 +160,8 @@ fn go_values_and_transports_inferq_refuses_exit_2_naming_why() {
     assert_eq!(line["level"], "error", "{err}");
     assert_eq!(
         line["msg"],
-        "invalid config: --message-queue-impl: \"redis-pubsub\" is not supported; inferq \
-         supports only redis-sortedset",
+        "invalid config: --message-queue-impl: \"gcp-pubsub\" is not supported; inferq \
+         supports redis-sortedset and redis-pubsub (gcp-pubsub is not supported)",
         "{err}"
     );
     for (arg, flag) in [

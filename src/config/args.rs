@@ -41,13 +41,13 @@ impl fmt::Debug for Redacted {
 /// Flags of the processor, as the Go binary spells them.
 #[derive(clap::Args, Debug, Clone)]
 pub struct RunArgs {
-    /// Transport: inferq supports only redis-sortedset (Go's default, redis-pubsub, and
-    /// gcp-pubsub are refused with an error).
+    /// Transport: redis-sortedset, or redis-pubsub (Go's default, which must be named here;
+    /// inferq admits its messages into durable queues). gcp-pubsub is refused with an error.
     #[arg(long, value_name = "NAME")]
     pub transport: Option<String>,
 
-    /// Transport config as inline JSON (the Go sorted-set config; exactly one of this and
-    /// --transport-config-file).
+    /// Transport config as inline JSON (Go's sorted-set or pub/sub config; exactly one of this
+    /// and --transport-config-file).
     #[arg(long = "transport-config", value_name = "JSON")]
     pub transport_config: Option<Redacted>,
 
@@ -241,7 +241,8 @@ pub struct RunArgs {
     #[arg(long = "result-dedup-ttl", value_name = "DURATION")]
     pub result_dedup_ttl: Option<String>,
 
-    /// Deprecated: use --transport. Only redis-sortedset is supported [Go default: redis-pubsub].
+    /// Deprecated: use --transport. redis-sortedset or redis-pubsub [Go default: redis-pubsub,
+    /// which inferq asks to be named].
     #[arg(long = "message-queue-impl", value_name = "NAME")]
     pub message_queue_impl: Option<String>,
 
@@ -315,7 +316,7 @@ pub struct RunArgs {
     #[arg(long = "redis.ss.queues-config-file", value_name = "PATH")]
     pub redis_ss_queues_config_file: Option<String>,
 
-    /// Deprecated redis-pubsub flag (a transport inferq does not support): base URL of the
+    /// Deprecated redis-pubsub flag: base URL of the
     /// inference gateway.
     #[arg(long = "redis.igw-base-url", value_name = "URL")]
     pub redis_igw_base_url: Option<String>,
@@ -388,7 +389,7 @@ pub struct RunArgs {
 
 impl RunArgs {
     /// Names of the legacy flags that were given, for the deprecation warnings: those of the
-    /// sorted-set transport first, then those of the transports inferq does not support.
+    /// sorted-set transport first, then those of the pub/sub transports.
     pub(crate) fn legacy_flags_set(&self) -> Vec<&'static str> {
         let mut given = self.sorted_set_legacy_flags_set();
         given.extend(self.other_transport_flags_set());
@@ -415,8 +416,7 @@ impl RunArgs {
         )
     }
 
-    /// The given flags of the redis-pubsub and gcp-pubsub transports, which inferq does not
-    /// implement.
+    /// The given flags of the redis-pubsub and gcp-pubsub transports.
     pub(crate) fn other_transport_flags_set(&self) -> Vec<&'static str> {
         given!(self,
             "--redis.igw-base-url" => redis_igw_base_url,

@@ -5,33 +5,126 @@
 //! transport config ([`RawSortedSet`]) that then goes through the normal loader, and
 //! [`Legacy::rename`] renames errors about that config back to the flag the user actually wrote.
 //!
-//! The flags of Go's other transports (`--redis.*` for redis-pubsub, `--pubsub.*`) parse; they
-//! are refused with the transport itself when it is selected, and ignored with a warning when
-//! it is not.
+//! `--message-queue-impl=redis-pubsub` with `--redis.url` and the `--redis.*` flags (channel,
+//! gateway, retry set, result channel, or `--redis.queues-config`) describes Go's redis-pubsub
+//! transport the same way. The flags of a transport not selected (and `--pubsub.*`, of
+//! gcp-pubsub, which inferq does not implement) parse and are ignored with a warning.
 
 use serde_json::Value;
 
 use super::args::RunArgs;
 use super::error::redact_in_text;
 use super::json::decode;
-use super::transport::{RawQueue, RawSortedSet};
+use super::transport::{RawQueue, RawSortedSet, TransportKind};
 use super::ConfigError;
 
-/// The only queue implementation inferq has.
-const SORTED_SET: &str = "redis-sortedset";
+/// The legacy flags of one transport.
+struct Flags {
+    /// `--message-queue-impl`'s value.
+    name: &'static str,
+    kind: TransportKind,
+    result_queue_name: &'static str,
+    retry_queue_name: Option<&'static str>,
+    poll_interval_ms: Option<&'static str>,
+    batch_size: Option<&'static str>,
+    queues_config: &'static str,
+    queues_config_file: &'static str,
+    /// The single-queue flags, which a queues config replaces: request queue (or channel),
+    /// gateway, path, objective, then the gate's type and parameters (sorted set only).
+    queue_name: &'static str,
+    igw_base_url: &'static str,
+    request_path_url: &'static str,
+    inference_objective: &'static str,
+    gate_type: Option<&'static str>,
+    gate_params: Option<&'static str>,
+    /// Go's default request queue (or channel) of the single-queue flags.
+    default_queue: &'static str,
+}
 
-/// The single-queue flags, which a queues config replaces.
-const SINGLE_QUEUE_FLAGS: [&str; 6] = [
-    "--redis.ss.igw-base-url",
-    "--redis.ss.request-path-url",
-    "--redis.ss.inference-objective",
-    "--redis.ss.request-queue-name",
-    "--redis.ss.gate-type",
-    "--redis.ss.gate-params",
-];
+const SORTED_SET: Flags = Flags {
+    name: "redis-sortedset",
+    kind: TransportKind::SortedSet,
+    result_queue_name: "--redis.ss.result-queue-name",
+    retry_queue_name: None,
+    poll_interval_ms: Some("--redis.ss.poll-interval-ms"),
+    batch_size: Some("--redis.ss.batch-size"),
+    queues_config: "--redis.ss.queues-config",
+    queues_config_file: "--redis.ss.queues-config-file",
+    queue_name: "--redis.ss.request-queue-name",
+    igw_base_url: "--redis.ss.igw-base-url",
+    request_path_url: "--redis.ss.request-path-url",
+    inference_objective: "--redis.ss.inference-objective",
+    gate_type: Some("--redis.ss.gate-type"),
+    gate_params: Some("--redis.ss.gate-params"),
+    default_queue: "request-sortedset",
+};
+
+const PUBSUB: Flags = Flags {
+    name: "redis-pubsub",
+    kind: TransportKind::PubSub,
+    result_queue_name: "--redis.result-queue-name",
+    retry_queue_name: Some("--redis.retry-queue-name"),
+    poll_interval_ms: None,
+    batch_size: None,
+    queues_config: "--redis.queues-config",
+    queues_config_file: "--redis.queues-config-file",
+    queue_name: "--redis.request-queue-name",
+    igw_base_url: "--redis.igw-base-url",
+    request_path_url: "--redis.request-path-url",
+    inference_objective: "--redis.inference-objective",
+    gate_type: None,
+    gate_params: None,
+    default_queue: "request-queue",
+};
+
+impl Flags {
+    /// The single-queue flags, which a queues config makes moot.
+    fn single_queue(&self) -> Vec<&'static str> {
+        let mut flags = vec![
+            self.igw_base_url,
+            self.request_path_url,
+            self.inference_objective,
+            self.queue_name,
+        ];
+        flags.extend(self.gate_type);
+        flags.extend(self.gate_params);
+        flags
+    }
+
+    /// Whether `flag` belongs to this transport (or is shared by both Redis transports).
+    fn owns(&self, flag: &str) -> bool {
+        match self.kind {
+            TransportKind::SortedSet => flag.starts_with("--redis.ss."),
+            TransportKind::PubSub => {
+                flag.starts_with("--redis.") && !flag.starts_with("--redis.ss.")
+            }
+        }
+    }
+
+    /// The legacy flag behind a field of the synthesised config; the queue's own fields only
+    /// when the single-queue flags made it.
+    fn flag_for(&self, field: &str, single_queue: bool) -> Option<&'static str> {
+        match field {
+            "url" => Some("--redis.url"),
+            "result_queue_name" => Some(self.result_queue_name),
+            "retry_queue_name" => self.retry_queue_name,
+            "poll_interval_ms" => self.poll_interval_ms,
+            "batch_size" => self.batch_size,
+            _ if !single_queue => None,
+            "queues[0].queue_name" => Some(self.queue_name),
+            "queues[0].igw_base_url" => Some(self.igw_base_url),
+            "queues[0].request_path_url" => Some(self.request_path_url),
+            "queues[0].inference_objective" => Some(self.inference_objective),
+            "queues[0].gate_type" => self.gate_type,
+            "queues[0].gate_params" => self.gate_params,
+            _ => None,
+        }
+    }
+}
 
 /// Where the queues of the synthesised config came from, to name the right flag in errors.
 pub(crate) struct Legacy {
+    flags: &'static Flags,
     /// The queues-config flag the queues were read from; `None` for the single-queue flags.
     queues_flag: Option<&'static str>,
 }
@@ -62,7 +155,9 @@ impl Legacy {
                 return Some(format!("{flag}: [{rest}"));
             }
         }
-        flag_for(field, self.queues_flag.is_none()).map(str::to_owned)
+        self.flags
+            .flag_for(field, self.queues_flag.is_none())
+            .map(str::to_owned)
     }
 }
 
@@ -83,30 +178,46 @@ pub(crate) fn synthesise(
     args: &RunArgs,
     env: &dyn Fn(&str) -> Option<String>,
     warnings: &mut Vec<String>,
-) -> Result<(RawSortedSet, Legacy), ConfigError> {
-    match args.message_queue_impl.as_deref() {
-        Some(SORTED_SET) => {}
+) -> Result<(TransportKind, RawSortedSet, Legacy), ConfigError> {
+    let flags = match args.message_queue_impl.as_deref() {
+        Some(name) if name == SORTED_SET.name => &SORTED_SET,
+        Some(name) if name == PUBSUB.name => &PUBSUB,
         Some(other) => {
             return Err(ConfigError::unsupported(
                 "--message-queue-impl",
-                format!("{other:?} is not supported; inferq supports only {SORTED_SET}"),
+                format!(
+                    "{other:?} is not supported; inferq supports redis-sortedset and \
+                     redis-pubsub (gcp-pubsub is not supported)"
+                ),
             ))
         }
         None => {
             return Err(ConfigError::invalid(
                 "--message-queue-impl",
-                "not set, so Go would use redis-pubsub, which inferq does not support; pass \
-                 --transport=redis-sortedset with --transport-config or --transport-config-file \
-                 (or the deprecated --message-queue-impl=redis-sortedset)",
+                "not set, so Go would use redis-pubsub; inferq asks for the choice to be \
+                 explicit: pass --message-queue-impl=redis-pubsub or \
+                 --message-queue-impl=redis-sortedset (or, better, --transport with \
+                 --transport-config or --transport-config-file)",
             ))
         }
-    }
-    let other = args.other_transport_flags_set();
+    };
+    let other: Vec<&str> = args
+        .legacy_flags_set()
+        .into_iter()
+        .filter(|f| {
+            !flags.owns(f)
+                && !matches!(
+                    *f,
+                    "--message-queue-impl" | "--redis-tracing" | "--redis.url"
+                )
+        })
+        .collect();
     if !other.is_empty() {
         warnings.push(format!(
-            "ignoring {}: they configure Go's redis-pubsub or gcp-pubsub transport, and \
-             --message-queue-impl=redis-sortedset is selected",
-            other.join(", ")
+            "ignoring {}: they configure another of Go's transports, and \
+             --message-queue-impl={} is selected",
+            other.join(", "),
+            flags.name
         ));
     }
     // Left unset when only REDIS_URL gives it: the loader falls back to the variable and names
@@ -119,66 +230,89 @@ pub(crate) fn synthesise(
     if url.is_none() && env("REDIS_URL").is_none_or(|u| u.is_empty()) {
         return Err(ConfigError::invalid(
             "--redis.url",
-            "required (or the REDIS_URL environment variable) when using redis-sortedset",
+            format!(
+                "required (or the REDIS_URL environment variable) when using {}",
+                flags.name
+            ),
         ));
     }
-    let (queues, queues_flag) = match queues_config(args, warnings)? {
+    let (queues, queues_flag) = match queues_config(args, flags, warnings)? {
         Some((flag, queues)) => (queues, Some(flag)),
-        None => (vec![single_queue(args)?], None),
+        None => (vec![single_queue(args, flags)?], None),
     };
-    let raw = RawSortedSet {
-        url,
-        result_queue_name: args.redis_ss_result_queue_name.clone(),
-        poll_interval_ms: args.redis_ss_poll_interval_ms,
-        batch_size: args.redis_ss_batch_size,
-        enable_tracing: args.redis_tracing,
-        queues: Some(queues),
-        ..RawSortedSet::default()
+    let raw = match flags.kind {
+        TransportKind::SortedSet => RawSortedSet {
+            url,
+            result_queue_name: args.redis_ss_result_queue_name.clone(),
+            poll_interval_ms: args.redis_ss_poll_interval_ms,
+            batch_size: args.redis_ss_batch_size,
+            enable_tracing: args.redis_tracing,
+            queues: Some(queues),
+            ..RawSortedSet::default()
+        },
+        TransportKind::PubSub => RawSortedSet {
+            url,
+            result_queue_name: args.redis_result_queue_name.clone(),
+            retry_queue_name: args.redis_retry_queue_name.clone(),
+            enable_tracing: args.redis_tracing,
+            queues: Some(queues),
+            ..RawSortedSet::default()
+        },
     };
     let equivalent = serde_json::to_string(&raw).unwrap_or_default();
+    let family = match flags.kind {
+        TransportKind::SortedSet => "--redis.ss.*",
+        TransportKind::PubSub => "--redis.*",
+    };
     warnings.push(format!(
-        "--message-queue-impl and the --redis.url/--redis.ss.* flags are deprecated; use \
-         --transport=redis-sortedset --transport-config='{}'",
+        "--message-queue-impl and the --redis.url/{family} flags are deprecated; use \
+         --transport={} --transport-config='{}'",
+        flags.name,
         redact_in_text(&equivalent)
     ));
-    Ok((raw, Legacy { queues_flag }))
+    Ok((flags.kind, raw, Legacy { flags, queues_flag }))
 }
 
-/// The queues of `--redis.ss.queues-config` (which wins) or `--redis.ss.queues-config-file`,
-/// with the flag they came from; `None` when neither is set. Flags this makes moot are named in
-/// a warning.
+/// The queues of the transport's queues-config flag (inline, which wins) or its file, with the
+/// flag they came from; `None` when neither is set. Flags this makes moot are named in a
+/// warning.
 fn queues_config(
     args: &RunArgs,
+    flags: &Flags,
     warnings: &mut Vec<String>,
 ) -> Result<Option<(&'static str, Vec<RawQueue>)>, ConfigError> {
-    let inline = args
-        .redis_ss_queues_config
-        .as_ref()
-        .map(|c| c.expose())
-        .filter(|c| !c.is_empty());
-    let path = args
-        .redis_ss_queues_config_file
-        .as_deref()
-        .filter(|p| !p.is_empty());
+    let (inline, path) = match flags.kind {
+        TransportKind::SortedSet => (
+            args.redis_ss_queues_config.as_ref(),
+            args.redis_ss_queues_config_file.as_deref(),
+        ),
+        TransportKind::PubSub => (
+            args.redis_queues_config.as_ref(),
+            args.redis_queues_config_file.as_deref(),
+        ),
+    };
+    let inline = inline.map(|c| c.expose()).filter(|c| !c.is_empty());
+    let path = path.filter(|p| !p.is_empty());
     let (flag, text) = match (inline, path) {
-        (Some(text), _) => ("--redis.ss.queues-config", text.to_owned()),
+        (Some(text), _) => (flags.queues_config, text.to_owned()),
         (None, Some(path)) => (
-            "--redis.ss.queues-config-file",
+            flags.queues_config_file,
             std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
-                flag: "--redis.ss.queues-config-file",
+                flag: flags.queues_config_file,
                 path: path.into(),
                 source,
             })?,
         ),
         (None, None) => return Ok(None),
     };
+    let single = flags.single_queue();
     let mut moot: Vec<&str> = args
-        .sorted_set_legacy_flags_set()
+        .legacy_flags_set()
         .into_iter()
-        .filter(|f| SINGLE_QUEUE_FLAGS.contains(f))
+        .filter(|f| single.contains(f))
         .collect();
     if inline.is_some() && path.is_some() {
-        moot.push("--redis.ss.queues-config-file");
+        moot.push(flags.queues_config_file);
     }
     if !moot.is_empty() {
         warnings.push(format!(
@@ -197,45 +331,42 @@ fn queues_config(
     Ok(Some((flag, queues)))
 }
 
-/// The one queue the single-queue `--redis.ss.*` flags describe, in pool `default`.
-fn single_queue(args: &RunArgs) -> Result<RawQueue, ConfigError> {
-    let gate_params = match args.redis_ss_gate_params.as_deref() {
-        None | Some("") => None,
-        Some(text) => Some(serde_json::from_str::<Value>(text).map_err(|e| {
-            ConfigError::invalid("--redis.ss.gate-params", format!("invalid JSON: {e}"))
-        })?),
+/// The one queue the single-queue flags describe, in pool `default`.
+fn single_queue(args: &RunArgs, flags: &Flags) -> Result<RawQueue, ConfigError> {
+    let queue = match flags.kind {
+        TransportKind::SortedSet => {
+            let gate_params = match args.redis_ss_gate_params.as_deref() {
+                None | Some("") => None,
+                Some(text) => Some(serde_json::from_str::<Value>(text).map_err(|e| {
+                    ConfigError::invalid("--redis.ss.gate-params", format!("invalid JSON: {e}"))
+                })?),
+            };
+            RawQueue {
+                queue_name: args.redis_ss_request_queue_name.clone(),
+                igw_base_url: args.redis_ss_igw_base_url.clone(),
+                request_path_url: args.redis_ss_request_path_url.clone(),
+                inference_objective: args.redis_ss_inference_objective.clone(),
+                gate_type: args.redis_ss_gate_type.clone(),
+                gate_params,
+                ..RawQueue::default()
+            }
+        }
+        TransportKind::PubSub => RawQueue {
+            queue_name: args.redis_request_queue_name.clone(),
+            igw_base_url: args.redis_igw_base_url.clone(),
+            request_path_url: args.redis_request_path_url.clone(),
+            inference_objective: args.redis_inference_objective.clone(),
+            ..RawQueue::default()
+        },
     };
     Ok(RawQueue {
         queue_name: Some(
-            args.redis_ss_request_queue_name
+            queue
+                .queue_name
                 .clone()
-                .unwrap_or_else(|| "request-sortedset".to_owned()),
+                .unwrap_or_else(|| flags.default_queue.to_owned()),
         ),
-        igw_base_url: args.redis_ss_igw_base_url.clone(),
-        request_path_url: args.redis_ss_request_path_url.clone(),
-        inference_objective: args.redis_ss_inference_objective.clone(),
-        gate_type: args.redis_ss_gate_type.clone(),
-        gate_params,
-        ..RawQueue::default()
-    })
-}
-
-/// The legacy flag behind a field of the synthesised config; the queue's own fields only when
-/// the single-queue flags made it.
-fn flag_for(field: &str, single_queue: bool) -> Option<&'static str> {
-    Some(match field {
-        "url" => "--redis.url",
-        "result_queue_name" => "--redis.ss.result-queue-name",
-        "poll_interval_ms" => "--redis.ss.poll-interval-ms",
-        "batch_size" => "--redis.ss.batch-size",
-        _ if !single_queue => return None,
-        "queues[0].queue_name" => "--redis.ss.request-queue-name",
-        "queues[0].igw_base_url" => "--redis.ss.igw-base-url",
-        "queues[0].request_path_url" => "--redis.ss.request-path-url",
-        "queues[0].inference_objective" => "--redis.ss.inference-objective",
-        "queues[0].gate_type" => "--redis.ss.gate-type",
-        "queues[0].gate_params" => "--redis.ss.gate-params",
-        _ => return None,
+        ..queue
     })
 }
 
@@ -261,7 +392,7 @@ mod tests {
         ])
         .unwrap();
         let mut warnings = Vec::new();
-        let (raw, _) = synthesise(&args, &no_env, &mut warnings).unwrap();
+        let (_, raw, _) = synthesise(&args, &no_env, &mut warnings).unwrap();
         assert_eq!(raw.url.as_deref(), Some("redis://:pw@r:6379"));
         assert_eq!(raw.batch_size, Some(20));
         let q = &raw.queues.as_ref().unwrap()[0];
@@ -295,7 +426,7 @@ mod tests {
         assert_eq!(
             text(&["--message-queue-impl=gcp-pubsub"], &no_env),
             "invalid config: --message-queue-impl: \"gcp-pubsub\" is not supported; inferq \
-             supports only redis-sortedset"
+             supports redis-sortedset and redis-pubsub (gcp-pubsub is not supported)"
         );
         assert_eq!(
             text(&["--message-queue-impl=redis-sortedset"], &no_env),

@@ -48,7 +48,7 @@ pub use redis_url::check_redis_url;
 pub use run::{
     load, load_with_env, ClientCert, PrometheusSettings, RunConfig, TlsFiles, TransportSource,
 };
-pub use transport::{QueueConfig, RedisUrl, SortedSetConfig};
+pub use transport::{QueueConfig, RedisUrl, SortedSetConfig, TransportKind};
 
 #[cfg(test)]
 mod tests;

@@ -16,12 +16,15 @@ use super::json::decode;
 use super::merge::{parse_merge_policy, MergePolicy};
 use super::pools::{default_pools, parse_pools, PoolConfig};
 use super::transport::{
-    check_http_url, resolve, RawSortedSet, SortedSetConfig, RAW_SORTED_SET_OBJECTS,
+    check_http_url, resolve, resolve_pubsub, RawSortedSet, SortedSetConfig, TransportKind,
+    RAW_SORTED_SET_OBJECTS,
 };
 use super::{legacy, ConfigError};
 
-/// The one transport inferq implements.
+/// Go's persisted transport.
 const SORTED_SET: &str = "redis-sortedset";
+/// Go's ephemeral transport (its default), which inferq makes durable.
+const PUBSUB: &str = "redis-pubsub";
 
 /// Everything `inferq run` needs, validated and typed.
 #[derive(Debug, Clone)]
@@ -197,13 +200,17 @@ where
     warnings.extend(logging_warnings(args));
 
     // Transport: the new JSON surface, or the legacy flags.
-    let (transport_source, raw, legacy) = select_transport(args, env, &mut warnings)?;
+    let (transport_source, kind, raw, legacy) = select_transport(args, env, &mut warnings)?;
     // Errors about the config the legacy flags made name those flags.
     let rename = |e: ConfigError| match &legacy {
         Some(legacy) => legacy.rename(e),
         None => e,
     };
-    let (mut transport, claim_fields) = resolve(raw, env, &mut warnings).map_err(rename)?;
+    let (mut transport, claim_fields) = match kind {
+        TransportKind::SortedSet => resolve(raw, env, &mut warnings),
+        TransportKind::PubSub => resolve_pubsub(raw, env, &mut warnings),
+    }
+    .map_err(rename)?;
     if let Some(legacy) = &legacy {
         for q in &mut transport.queues {
             q.gate_params_field = legacy.name(&q.gate_params_field);
@@ -302,7 +309,15 @@ fn select_transport(
     args: &RunArgs,
     env: &dyn Fn(&str) -> Option<String>,
     warnings: &mut Vec<String>,
-) -> Result<(TransportSource, RawSortedSet, Option<legacy::Legacy>), ConfigError> {
+) -> Result<
+    (
+        TransportSource,
+        TransportKind,
+        RawSortedSet,
+        Option<legacy::Legacy>,
+    ),
+    ConfigError,
+> {
     if !args.new_surface() {
         if args.legacy_flags_set().is_empty() {
             return Err(ConfigError::invalid(
@@ -311,25 +326,29 @@ fn select_transport(
                  --transport-config or --transport-config-file",
             ));
         }
-        let (raw, legacy) = legacy::synthesise(args, env, warnings)?;
-        return Ok((TransportSource::LegacyFlags, raw, Some(legacy)));
+        let (kind, raw, legacy) = legacy::synthesise(args, env, warnings)?;
+        return Ok((TransportSource::LegacyFlags, kind, raw, Some(legacy)));
     }
-    match args.transport.as_deref() {
-        Some(SORTED_SET) => {}
+    let kind = match args.transport.as_deref() {
+        Some(SORTED_SET) => TransportKind::SortedSet,
+        Some(PUBSUB) => TransportKind::PubSub,
         Some(other) => {
             return Err(ConfigError::unsupported(
                 "--transport",
-                format!("{other:?} is not supported; inferq supports only {SORTED_SET}"),
+                format!(
+                    "{other:?} is not supported; inferq supports {SORTED_SET} and {PUBSUB} \
+                     (gcp-pubsub is not supported)"
+                ),
             ))
         }
         None => {
             return Err(ConfigError::invalid(
                 "--transport",
-                "not set, so Go would use redis-pubsub, which inferq does not support; pass \
-                 --transport=redis-sortedset",
+                "not set, so Go would use redis-pubsub; inferq asks for the choice to be \
+                 explicit: pass --transport=redis-pubsub or --transport=redis-sortedset",
             ))
         }
-    }
+    };
     let inline = args
         .transport_config
         .as_ref()
@@ -368,7 +387,7 @@ fn select_transport(
         ));
     }
     let raw = decode(&text, "", name, &RAW_SORTED_SET_OBJECTS)?;
-    Ok((source, raw, None))
+    Ok((source, kind, raw, None))
 }
 
 /// Warnings for Go's zap flags where inferq's logs differ from what they ask of Go's: the level

@@ -139,13 +139,13 @@ fn inline_config_and_flag_values() {
 fn transport_surface_rules() {
     assert_eq!(
         load_err(&[&inline(MINIMAL)]),
-        "invalid config: --transport: not set, so Go would use redis-pubsub, which inferq does \
-         not support; pass --transport=redis-sortedset"
+        "invalid config: --transport: not set, so Go would use redis-pubsub; inferq asks for the \
+         choice to be explicit: pass --transport=redis-pubsub or --transport=redis-sortedset"
     );
     assert_eq!(
-        load_err(&["--transport=redis-pubsub", &inline(MINIMAL)]),
-        "invalid config: --transport: \"redis-pubsub\" is not supported; inferq supports only \
-         redis-sortedset"
+        load_err(&["--transport=gcp-pubsub", &inline(MINIMAL)]),
+        "invalid config: --transport: \"gcp-pubsub\" is not supported; inferq supports \
+         redis-sortedset and redis-pubsub (gcp-pubsub is not supported)"
     );
     assert_eq!(
         load_err(&[SS]),
@@ -602,11 +602,11 @@ fn legacy_queues_config_makes_the_queues() {
     .starts_with("invalid config: --redis.ss.queues-config-file: cannot read"));
 }
 
-/// The flags of Go's redis-pubsub and gcp-pubsub transports parse. When their transport is
-/// selected, it is refused as before; when the sorted-set transport is, they are ignored with a
-/// warning naming them.
+/// The flags of Go's redis-pubsub and gcp-pubsub transports parse. gcp-pubsub is refused when
+/// selected; when the sorted-set transport is, the others' flags are ignored with a warning
+/// naming them.
 #[test]
-fn flags_of_unsupported_transports_are_refused_only_with_their_transport() {
+fn flags_of_other_transports_are_ignored_with_a_warning() {
     let pubsub_flags = [
         "--redis.url=redis://r",
         "--redis.igw-base-url=http://gw",
@@ -633,7 +633,6 @@ fn flags_of_unsupported_transports_are_refused_only_with_their_transport() {
         argv
     }
     for (imp, shown) in [
-        ("--message-queue-impl=redis-pubsub", "redis-pubsub"),
         ("--message-queue-impl=gcp-pubsub", "gcp-pubsub"),
         ("--message-queue-impl=gcp-pubsub-gated", "gcp-pubsub-gated"),
     ] {
@@ -641,7 +640,7 @@ fn flags_of_unsupported_transports_are_refused_only_with_their_transport() {
             load_err(&with(&[imp], &pubsub_flags)),
             format!(
                 "invalid config: --message-queue-impl: \"{shown}\" is not supported; inferq \
-                 supports only redis-sortedset"
+                 supports redis-sortedset and redis-pubsub (gcp-pubsub is not supported)"
             )
         );
     }
@@ -665,8 +664,8 @@ fn flags_of_unsupported_transports_are_refused_only_with_their_transport() {
              --redis.queues-config, --redis.queues-config-file, --pubsub.igw-base-url, \
              --pubsub.project-id, --pubsub.request-path-url, --pubsub.inference-objective, \
              --pubsub.request-subscriber-id, --pubsub.result-topic-id, \
-             --pubsub.topics-config-file, --pubsub.batch-size: they configure Go's redis-pubsub \
-             or gcp-pubsub transport"
+             --pubsub.topics-config-file, --pubsub.batch-size: they configure another of Go's \
+             transports, and --message-queue-impl=redis-sortedset is selected"
         )
         }),
         "{:?}",
@@ -1355,4 +1354,105 @@ fn tracing_follows_the_otlp_endpoint_and_enable_tracing_warns() {
         .map(|e| e.to_string())
         .unwrap_or_default();
     assert!(e.contains("OTEL_EXPORTER_OTLP_ENDPOINT"), "{e}");
+}
+
+const PUBSUB: &str = "--transport=redis-pubsub";
+
+/// Go's redis-pubsub config: its defaults (result channel `result-queue`, retry set
+/// `retry-sortedset`), every queue's results on the result channel whatever a message names,
+/// and the queue fields Go ignores on this transport ignored with a warning naming them.
+#[test]
+fn redis_pubsub_config_loads_with_go_defaults() {
+    let c = load_ok(&[
+        PUBSUB,
+        &inline(
+            r#"{"url":"redis://r","queues":[
+                {"queue_name":"chan-a","igw_base_url":"http://gw","inference_objective":"o"},
+                {"queue_name":"chan-b","igw_base_url":"http://gw","id":"b","gate_type":"redis","result_queue_name":"mine"}]}"#,
+        ),
+    ]);
+    assert_eq!(c.transport.kind, TransportKind::PubSub);
+    assert_eq!(c.transport.result_queue_name, "result-queue");
+    assert_eq!(c.transport.retry_queue_name, "retry-sortedset");
+    let q = &c.transport.queues;
+    assert_eq!(
+        (q[0].queue_name.as_str(), q[0].id.as_str()),
+        ("chan-a", "chan-a")
+    );
+    assert_eq!(q[0].inference_objective.as_deref(), Some("o"));
+    assert_eq!(q[1].id, "chan-b", "Go's pub/sub queues have no id");
+    assert_eq!(q[1].gate, None);
+    for queue in q {
+        assert_eq!(queue.result_queue_name.as_deref(), Some("result-queue"));
+    }
+    assert!(
+        c.warnings.iter().any(|w| w.starts_with(
+            "ignoring queues[1].id, queues[1].gate_type, queues[1].result_queue_name: Go's \
+             redis-pubsub transport has no such queue fields"
+        )),
+        "{:?}",
+        c.warnings
+    );
+    // A field neither transport has is still refused, by name.
+    assert_eq!(
+        load_err(&[
+            PUBSUB,
+            &inline(
+                r#"{"url":"redis://r","queues":[{"queue_name":"c","igw_base_url":"http://gw","chanel":"x"}]}"#
+            )
+        ]),
+        "invalid config: queues[0].chanel: unknown field (expected one of `id`, `queue_name`, \
+         `result_queue_name`, `worker_pool_id`, `inference_objective`, `request_path_url`, \
+         `igw_base_url`, `gate_type`, `gate_params`, `labels`)"
+    );
+}
+
+/// Go's legacy redis-pubsub flags describe the same transport; errors name the flag written.
+#[test]
+fn legacy_redis_pubsub_flags() {
+    let c = load_ok(&[
+        "--message-queue-impl=redis-pubsub",
+        "--redis.url=redis://r",
+        "--redis.igw-base-url=http://gw",
+        "--redis.request-queue-name=jobs",
+        "--redis.result-queue-name=answers",
+        "--redis.retry-queue-name=later",
+        "--redis.ss.batch-size=5",
+    ]);
+    assert_eq!(c.transport.kind, TransportKind::PubSub);
+    assert_eq!(c.transport_source, TransportSource::LegacyFlags);
+    assert_eq!(c.transport.queues[0].queue_name, "jobs");
+    assert_eq!(c.transport.result_queue_name, "answers");
+    assert_eq!(c.transport.retry_queue_name, "later");
+    assert_eq!(c.transport.batch_size, 10, "a sorted-set flag is ignored");
+    assert!(
+        c.warnings.iter().any(|w| w
+            == "ignoring --redis.ss.batch-size: they configure another of Go's transports, and \
+                --message-queue-impl=redis-pubsub is selected"),
+        "{:?}",
+        c.warnings
+    );
+    assert!(c
+        .warnings
+        .iter()
+        .any(|w| w.contains("--transport=redis-pubsub --transport-config=")));
+    let defaults = load_ok(&[
+        "--message-queue-impl=redis-pubsub",
+        "--redis.url=redis://r",
+        "--redis.igw-base-url=http://gw",
+    ]);
+    assert_eq!(defaults.transport.queues[0].queue_name, "request-queue");
+    assert_eq!(defaults.transport.result_queue_name, "result-queue");
+    assert!(load_err(&[
+        "--message-queue-impl=redis-pubsub",
+        "--redis.url=redis://r",
+        "--redis.igw-base-url=ftp://gw",
+    ])
+    .starts_with("invalid config: --redis.igw-base-url: "));
+    assert!(load_err(&[
+        "--message-queue-impl=redis-pubsub",
+        "--redis.url=redis://r",
+        "--redis.queues-config=[{\"igw_base_url\":\"http://gw\"}]",
+    ])
+    .starts_with("invalid config: --redis.queues-config: [0].queue_name: required"));
 }

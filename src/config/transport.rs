@@ -72,9 +72,25 @@ impl fmt::Display for RedisUrl {
     }
 }
 
+/// Which of Go's Redis transports the config describes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TransportKind {
+    /// `redis-sortedset`: producers ZADD into each queue's pending set; results are LPUSHed.
+    SortedSet,
+    /// `redis-pubsub`: producers PUBLISH on each queue's channel; results are PUBLISHed on
+    /// `result_queue_name`. inferq admits each message into a durable queue of the channel's
+    /// name (see `admit-1.lua`), so from there on it is handled as a sorted-set request.
+    PubSub,
+}
+
+/// Go's default result channel of the redis-pubsub transport.
+pub const DEFAULT_RESULT_CHANNEL: &str = "result-queue";
+
 /// The validated sorted-set transport.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SortedSetConfig {
+    /// Which Go transport producers and consumers speak.
+    pub kind: TransportKind,
     /// Where Redis is (`redis://`, `rediss://` or `unix://`).
     pub url: RedisUrl,
     /// The Go retry sorted set; inferq moves due entries out of it so a mixed fleet loses nothing.
@@ -256,6 +272,7 @@ pub(crate) fn resolve(
     check_key_kinds(&queues, &retry_queue_name, &result_queue_name)?;
 
     let config = SortedSetConfig {
+        kind: TransportKind::SortedSet,
         url: RedisUrl(url),
         retry_queue_name,
         result_queue_name,
@@ -269,6 +286,49 @@ pub(crate) fn resolve(
         reclaim_interval_ms: raw.claim_reclaim_interval_ms,
         max_deliveries: raw.max_deliveries,
     };
+    Ok((config, claim))
+}
+
+/// [`resolve`] for Go's redis-pubsub transport. Its queues are channels; what Go's
+/// `PubSubConfig` does not have but inferq's queues use (`poll_interval_ms`, `batch_size`, the
+/// claim settings) is accepted, and what Go ignores there (a queue's `id`, `gate_type`,
+/// `gate_params` and `result_queue_name`) is ignored with a warning. Every result goes to the
+/// transport's `result_queue_name` channel (Go's default `result-queue`), whatever the message
+/// names.
+pub(crate) fn resolve_pubsub(
+    mut raw: RawSortedSet,
+    env: &dyn Fn(&str) -> Option<String>,
+    warnings: &mut Vec<String>,
+) -> Result<(SortedSetConfig, ClaimFields), ConfigError> {
+    for (i, q) in raw.queues.iter_mut().flatten().enumerate() {
+        let present = [
+            ("id", q.id.take().is_some()),
+            ("gate_type", q.gate_type.take().is_some()),
+            ("gate_params", q.gate_params.take().is_some()),
+            ("result_queue_name", q.result_queue_name.take().is_some()),
+        ];
+        let ignored: Vec<String> = present
+            .iter()
+            .filter(|(_, set)| *set)
+            .map(|(field, _)| format!("queues[{i}].{field}"))
+            .collect();
+        if !ignored.is_empty() {
+            warnings.push(format!(
+                "ignoring {}: Go's redis-pubsub transport has no such queue fields (a queue is \
+                 named by its channel, is not gated, and every result goes to the transport's \
+                 result_queue_name)",
+                ignored.join(", ")
+            ));
+        }
+    }
+    if non_empty(raw.result_queue_name.clone()).is_none() {
+        raw.result_queue_name = Some(DEFAULT_RESULT_CHANNEL.to_owned());
+    }
+    let (mut config, claim) = resolve(raw, env, warnings)?;
+    config.kind = TransportKind::PubSub;
+    for q in &mut config.queues {
+        q.result_queue_name = Some(config.result_queue_name.clone());
+    }
     Ok((config, claim))
 }
 

@@ -21,6 +21,8 @@
 //! - [`trace`]: the request's OpenTelemetry spans and the trace headers sent to the gateway.
 //! - [`outbox`]: batched, outage-tolerant writing of outcomes.
 //! - [`doorbell`]: wake-ups by pub/sub when work arrives; polling is the fallback.
+//! - [`ingress`]: Go's redis-pubsub transport: messages published on a queue's channel are
+//!   admitted into its durable pending set.
 //! - [`upkeep`]: renewals, cancel checks, reclaim, promotion, backlog.
 //! - [`processor`]: the lifecycle and graceful shutdown.
 //! - [`last_chance`]: at most one last-chance request per queue and instance, so a poison
@@ -33,6 +35,7 @@ pub mod doorbell;
 pub mod fault;
 pub mod gates;
 pub mod holdings;
+pub mod ingress;
 pub mod last_chance;
 pub mod merge;
 pub mod outbox;

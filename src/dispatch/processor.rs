@@ -21,7 +21,7 @@ use super::outbox::run_outbox;
 use super::trace::RequestTracer;
 use super::upkeep;
 use super::worker::{work, WorkerEnv};
-use crate::config::{MergePolicyKind, RunConfig, TlsFiles};
+use crate::config::{MergePolicyKind, RunConfig, TlsFiles, TransportKind};
 use crate::gateway::{self, GatewayClient, GatewayTls};
 use crate::ops::{
     metrics::PoolLabels, otel::Otel, serve_health, serve_metrics, Metrics, QueueLabels, Readiness,
@@ -267,7 +267,12 @@ pub async fn run(config: RunConfig, shutdown: CancellationToken) -> Result<(), D
             .and_then(|url| gateway::parse_target(&url));
         let ctx = Arc::new(QueueCtx {
             spec: q.clone(),
-            queue: Queue::new(con.clone(), &q.queue_name, config.claim),
+            queue: match transport.kind {
+                TransportKind::SortedSet => Queue::new(con.clone(), &q.queue_name, config.claim),
+                TransportKind::PubSub => {
+                    Queue::new(con.clone(), &q.queue_name, config.claim).publishing_results()
+                }
+            },
             holdings: Holdings::new(config.claim.lease),
             outbox: outbox_tx,
             series: metrics.queue_series(&labels),
@@ -360,6 +365,15 @@ pub async fn run(config: RunConfig, shutdown: CancellationToken) -> Result<(), D
         ctxs.clone(),
         stop_claiming.clone(),
     ));
+    // So does the redis-pubsub ingress: what it admits after that waits in pending for others.
+    if transport.kind == TransportKind::PubSub {
+        super::ingress::start(
+            &upkeep_tasks,
+            client.clone(),
+            ctxs.clone(),
+            stop_claiming.clone(),
+        );
+    }
     readiness.set(true);
     tracing::info!(health = %health_addr, metrics = %metrics_addr, "inferq ready");
 

@@ -41,6 +41,13 @@ impl QueueKeys {
         }
     }
 
+    /// The marker of a message admitted from pub/sub (see `admit-1.lua`), keyed by the digest
+    /// of its bytes: `<queue>:seen:<sha1>`.
+    pub fn seen(&self, message: &[u8]) -> String {
+        let digest = sha1_smol::Sha1::from(message).digest().to_string();
+        format!("{}:seen:{digest}", self.pending)
+    }
+
     /// Every key, for slot checks and ACL rules.
     pub fn all(&self) -> [&str; 8] {
         [

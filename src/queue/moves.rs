@@ -304,7 +304,16 @@ pub struct Queue {
     keys: QueueKeys,
     settings: ClaimSettings,
     con: ConnectionManager,
+    /// Results are PUBLISHed on a channel of the result list's name (redis-pubsub) instead of
+    /// LPUSHed; one no subscriber hears is kept in the list.
+    publish_results: bool,
 }
+
+/// Seconds an admitted message's marker outlives its deadline (see `admit-1.lua`): far longer
+/// than pub/sub takes to hand one message to every subscriber.
+const ADMIT_MARGIN_S: u64 = 600;
+/// Longest an admit marker lives, whatever the deadline.
+const ADMIT_LONGEST_S: u64 = 7 * 24 * 3600;
 
 /// Most members claimed per script call (Lua's `unpack` takes a few thousand values at most).
 pub const TAKE_CHUNK: usize = 500;
@@ -340,6 +349,38 @@ impl Queue {
             keys: QueueKeys::new(queue_name),
             settings,
             con,
+            publish_results: false,
+        }
+    }
+
+    /// This queue's results are PUBLISHed on the channel named by their result list, as Go's
+    /// redis-pubsub transport delivers them; a result no subscriber receives is LPUSHed onto the
+    /// list of that name instead, so it is not lost.
+    pub fn publishing_results(mut self) -> Queue {
+        self.publish_results = true;
+        self
+    }
+
+    /// channel -> pending: admits messages that arrived by pub/sub, each scored by its deadline.
+    /// Bytes already admitted (by this or another subscribed instance) are skipped, so a
+    /// message every instance received is still queued once. Returns how many were new.
+    pub async fn admit(&self, messages: &[Vec<u8>]) -> Result<usize, QueueError> {
+        if messages.is_empty() {
+            return Ok(0);
+        }
+        let mut keys = Vec::with_capacity(messages.len() + 1);
+        keys.push(self.keys.pending.clone());
+        keys.extend(messages.iter().map(|m| self.keys.seen(m)));
+        let margin = ADMIT_MARGIN_S.to_string();
+        let longest = ADMIT_LONGEST_S.to_string();
+        let mut args: Vec<&[u8]> = Vec::with_capacity(messages.len() + 2);
+        args.push(margin.as_bytes());
+        args.push(longest.as_bytes());
+        args.extend(messages.iter().map(Vec::as_slice));
+        let cmd = SCRIPTS.admit.cmd(&keys, &args);
+        match SCRIPTS.admit.run(&mut self.con.clone(), &cmd).await? {
+            Value::Int(n) => Ok(usize::try_from(n).unwrap_or(0)),
+            other => Err(bad_reply("admit", &other)),
         }
     }
 
@@ -575,6 +616,12 @@ impl Queue {
                             keys.push(result_list.clone());
                             keys.len()
                         }
+                    };
+                    // Negated: publish on the channel of that name (see `deliver.lua`).
+                    let list = if self.publish_results {
+                        -i64::try_from(list).unwrap_or(0)
+                    } else {
+                        i64::try_from(list).unwrap_or(0)
                     };
                     let forget = if request_token.is_empty() {
                         0
@@ -827,7 +874,12 @@ impl Queue {
             None => (self.keys.dead.clone(), String::new()),
         };
         let keys = [&self.keys.pending, &self.keys.dead, &list];
-        let args: [&[u8]; 3] = [member, record.as_bytes(), json.as_bytes()];
+        let publish: &[u8] = if self.publish_results {
+            b"publish"
+        } else {
+            b""
+        };
+        let args: [&[u8]; 4] = [member, record.as_bytes(), json.as_bytes(), publish];
         let cmd = SCRIPTS.dead_letter.cmd(&keys, &args);
         let reply = match SCRIPTS.dead_letter.run(&mut self.con.clone(), &cmd).await {
             Ok(reply) => reply,

@@ -80,6 +80,7 @@ const NOW_MS: &str = lua!("includes/nowMs");
 const DROP_CLAIM: &str = lua!("includes/dropClaim");
 const DEADLINE_OF: &str = lua!("includes/deadlineOf");
 const WRITABLE: &str = lua!("includes/writable");
+const DELIVER: &str = lua!("includes/deliver");
 
 /// Every script inferq runs.
 pub struct Scripts {
@@ -95,13 +96,18 @@ pub struct Scripts {
     pub requeue: Script,
     pub hold_name: Script,
     pub drop_name: Script,
+    pub admit: Script,
 }
 
 /// The scripts, built once.
 pub static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
     take: Script::new("take", &[NOW_MS, WRITABLE], lua!("take-5")),
     renew: Script::new("renew", &[NOW_MS], lua!("renew-2")),
-    finish: Script::new("finish", &[NOW_MS, DEADLINE_OF, WRITABLE], lua!("finish-8")),
+    finish: Script::new(
+        "finish",
+        &[NOW_MS, DEADLINE_OF, WRITABLE, DELIVER],
+        lua!("finish-8"),
+    ),
     promote: Script::new("promote", &[NOW_MS, DEADLINE_OF], lua!("promote-3")),
     release: Script::new(
         "release",
@@ -113,16 +119,17 @@ pub static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
         &[NOW_MS, DROP_CLAIM, DEADLINE_OF, WRITABLE],
         lua!("reclaim-6"),
     ),
-    dead_letter: Script::new("deadLetter", &[WRITABLE], lua!("deadLetter-3")),
+    dead_letter: Script::new("deadLetter", &[WRITABLE, DELIVER], lua!("deadLetter-3")),
     cancel: Script::new("cancel", &[], lua!("cancel-2")),
     hand_back: Script::new("handBack", &[], lua!("handBack-2")),
     requeue: Script::new("requeue", &[], lua!("requeue-4")),
     hold_name: Script::new("holdName", &[], lua!("holdName-1")),
     drop_name: Script::new("dropName", &[], lua!("dropName-1")),
+    admit: Script::new("admit", &[NOW_MS, DEADLINE_OF, WRITABLE], lua!("admit-1")),
 });
 
 impl Scripts {
-    pub fn all(&self) -> [&Script; 12] {
+    pub fn all(&self) -> [&Script; 13] {
         [
             &self.take,
             &self.renew,
@@ -136,6 +143,7 @@ impl Scripts {
             &self.requeue,
             &self.hold_name,
             &self.drop_name,
+            &self.admit,
         ]
     }
 

@@ -301,6 +301,15 @@ impl Processor {
         panic!("three processors in a row found their ports taken");
     }
 
+    /// Starts a processor without waiting for it to be ready (for tests of an unready one).
+    pub fn spawn_unready(
+        redis: &RedisServer,
+        gateway: &Gateway,
+        opts: &ProcessorOpts,
+    ) -> Processor {
+        Self::spawn(redis, gateway, opts)
+    }
+
     fn spawn(redis: &RedisServer, gateway: &Gateway, opts: &ProcessorOpts) -> Processor {
         let health_port = free_port().unwrap();
         let metrics_port = free_port().unwrap();
@@ -515,19 +524,33 @@ pub async fn one_request_then_stop(
 }
 
 /// Waits until `n` results are on the default result list (or panics after `limit`).
-pub async fn wait_results(
+/// The raw results on `list`, oldest first, once there are `n` (or `limit` has passed).
+pub async fn wait_results_in(
     con: &mut redis::aio::ConnectionManager,
+    list: &str,
     n: usize,
     limit: Duration,
-) -> Vec<ResultMessage> {
+) -> Vec<String> {
     let started = Instant::now();
     loop {
-        let r = results(con).await;
+        let r = raw_results(con, list).await;
         if r.len() >= n || started.elapsed() > limit {
             return r;
         }
         tokio::time::sleep(Duration::from_millis(25)).await;
     }
+}
+
+pub async fn wait_results(
+    con: &mut redis::aio::ConnectionManager,
+    n: usize,
+    limit: Duration,
+) -> Vec<ResultMessage> {
+    wait_results_in(con, "result-list", n, limit)
+        .await
+        .iter()
+        .map(|r| serde_json::from_str(r).unwrap())
+        .collect()
 }
 
 /// Runs an `inferq` subcommand with only the given environment for Redis.

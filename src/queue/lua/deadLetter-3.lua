@@ -9,6 +9,8 @@
     ARGV[1] the member, byte for byte
     ARGV[2] dead-letter record JSON (member, reason, time)
     ARGV[3] result JSON, or "" when no id could be read
+    ARGV[4] "publish" to PUBLISH the result on the channel named KEYS[3] (redis-pubsub; kept in
+            the list of that name when no subscriber hears it), "" to LPUSH it
 
   Output: 1 moved; 0 the member was no longer pending (another instance moved it); -1 nothing
     moved: the result list holds another type than a list (the caller sets the member aside
@@ -25,6 +27,6 @@ if redis.call('ZREM', KEYS[1], ARGV[1]) == 0 then
 end
 redis.call('LPUSH', KEYS[2], ARGV[2])
 if ARGV[3] ~= '' then
-  redis.call('LPUSH', KEYS[3], ARGV[3])
+  deliver(KEYS[3], { ARGV[3] }, ARGV[4] == 'publish')
 end
 return 1

@@ -26,8 +26,9 @@
       kind      "ack" | "bury" | "park" | "release"
       claim key
       owner token
-      ack, bury: index into KEYS of the result list; park: the member to park (same generation,
-                 retry_count bumped); release: ""
+      ack, bury: index into KEYS of the result list, negated when the result is published on
+                 the channel of that name instead (redis-pubsub; see deliver); park: the member
+                 to park (same generation, retry_count bumped); release: ""
       ack: result JSON (Go ResultMessage); bury: result JSON or "" when the member has no
            readable id; park: backoff in milliseconds; release: ""
       bury: dead-letter record JSON; otherwise ""
@@ -73,7 +74,7 @@ for i = 1, n do
   if (kind == 'ack' or kind == 'bury') and ARGV[b + 5] ~= '' then
     local listAt = tonumber(ARGV[b + 4])
     if unwritable[listAt] == nil then
-      unwritable[listAt] = not writable(KEYS[listAt], 'list')
+      unwritable[listAt] = not writable(KEYS[math.abs(listAt)], 'list')
     end
   end
 end
@@ -157,7 +158,7 @@ if #finished > 0 then
   redis.call('HDEL', KEYS[5], unpack(finished))
 end
 for _, listAt in ipairs(pushOrder) do
-  redis.call('LPUSH', KEYS[listAt], unpack(pushes[listAt]))
+  deliver(KEYS[math.abs(listAt)], pushes[listAt], listAt < 0)
 end
 if #dead > 0 then
   redis.call('LPUSH', KEYS[8], unpack(dead))
