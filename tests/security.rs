@@ -117,6 +117,102 @@ async fn acl_rules_cover_submit_processing_cancel_dead_letters_and_results() {
     );
 }
 
+/// Under README's redis-pubsub processor user: requests published on the channel are admitted,
+/// served (one after a 503, so parked and promoted), a message that is not a request is
+/// dead-lettered, results are published on the result channel, and one published while nobody
+/// listens is kept in the list of that name. Redis's ACL LOG stays empty.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acl_rule_of_the_pubsub_processor_covers_admit_serve_and_publish() {
+    use futures::StreamExt;
+    let (gw, redis, mut admin, _, _) = rig().await;
+    gw.script("ps-retry", vec![Reply::status(503, "busy"), Reply::ok(OK)]);
+    let processor_url = url("inferq-processor-pubsub", PROCESSOR_PW, redis.port());
+    let config = format!(
+        r#"{{"url":"{processor_url}","poll_interval_ms":50,"queues":[{{"queue_name":"request-queue","igw_base_url":"{}"}}]}}"#,
+        gw.url()
+    );
+    let p = Proc::spawn_as("redis-pubsub", &config, &[]);
+    p.wait_ready().await;
+    let admin_url = url("admin", ADMIN_PW, redis.port());
+    let mut sub = redis::Client::open(admin_url)
+        .unwrap()
+        .get_async_pubsub()
+        .await
+        .unwrap();
+    sub.subscribe("result-queue").await.unwrap();
+    let now = inferq::queue::producer::unix_ms() / 1000;
+    let envelope = |id: &str| {
+        format!(
+            r#"{{"internal":{{}},"request_kind":"redis","data":{{"id":"{id}","created":{now},"deadline":{},"payload":{{}}}}}}"#,
+            now + 60
+        )
+    };
+    for message in [
+        envelope("ps-ok"),
+        envelope("ps-retry"),
+        "not json".to_owned(),
+    ] {
+        let _: u64 = admin.publish("request-queue", message).await.unwrap();
+    }
+    let mut heard = BTreeMap::new();
+    {
+        let mut messages = sub.on_message();
+        while heard.len() < 2 {
+            let msg = tokio::time::timeout(Duration::from_secs(15), messages.next())
+                .await
+                .unwrap_or_else(|_| {
+                    panic!(
+                        "results not heard; log:
+{}",
+                        p.log()
+                    )
+                })
+                .unwrap();
+            let r: ResultMessage =
+                serde_json::from_str(&msg.get_payload::<String>().unwrap()).unwrap();
+            heard.insert(r.id.clone(), r);
+        }
+    }
+    assert_eq!(heard["ps-ok"].status_code, 200);
+    assert_eq!(heard["ps-retry"].status_code, 200);
+    assert_eq!(gw.seen("ps-retry").len(), 2, "503, parked, promoted, 200");
+    drop(sub);
+    let started = Instant::now();
+    loop {
+        let subscribers: Vec<(String, u64)> = redis::cmd("PUBSUB")
+            .arg(&["NUMSUB", "result-queue"])
+            .query_async(&mut admin)
+            .await
+            .unwrap();
+        if subscribers[0].1 == 0 {
+            break;
+        }
+        assert!(started.elapsed() < Duration::from_secs(5));
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let _: u64 = admin
+        .publish("request-queue", envelope("ps-unheard"))
+        .await
+        .unwrap();
+    let started = Instant::now();
+    let kept: Vec<String> = loop {
+        let kept: Vec<String> = admin.lrange("result-queue", 0, -1).await.unwrap();
+        if !kept.is_empty() || started.elapsed() > Duration::from_secs(15) {
+            break kept;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert_eq!(kept.len(), 1, "{}", p.log());
+    assert!(kept[0].contains("ps-unheard"), "{kept:?}");
+    let dead: u64 = admin.llen("request-queue:dead").await.unwrap();
+    assert_eq!(
+        dead, 1,
+        "the message that is not a request is dead-lettered"
+    );
+    assert_eq!(acl_denials(&mut admin).await, Vec::<String>::new());
+    assert!(!p.log().contains("NOPERM"), "{}", p.log());
+}
+
 /// Under the processor's ACL user: a SIGKILLed processor's claims are reclaimed and finished by
 /// the next one, a request that kills every processor is buried at the delivery limit, and a
 /// SIGTERM releases unfinished work to pending. ACL LOG stays empty.

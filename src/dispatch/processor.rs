@@ -197,7 +197,11 @@ pub async fn run(config: RunConfig, shutdown: CancellationToken) -> Result<(), D
             source,
         })?;
 
-    tracing::info!(redis = %transport.url.redacted(), queues = transport.queues.len(), "inferq starting");
+    let kind = match transport.kind {
+        TransportKind::SortedSet => "redis-sortedset",
+        TransportKind::PubSub => "redis-pubsub",
+    };
+    tracing::info!(transport = kind, redis = %transport.url.redacted(), queues = transport.queues.len(), "inferq starting");
     let Some(mut con) = connect_until_up(&client, &readiness, &shutdown).await else {
         servers.cancel();
         return Ok(());

@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use futures::StreamExt;
 use redis::AsyncCommands;
 use serde_json::value::RawValue;
 
@@ -1171,4 +1172,102 @@ async fn a_batch_costs_a_constant_number_of_commands() {
         "(claim, renew, finish) commands for 20 and for 200"
     );
     assert!(costs[2].0 + costs[2].2 < 40, "{costs:?}");
+}
+
+/// An envelope as Go's redis-pubsub producer publishes it, due in `secs`.
+fn published(id: &str, secs: i64) -> Vec<u8> {
+    let now = unix_ms() / 1000;
+    format!(
+        r#"{{"internal":{{}},"request_kind":"redis","data":{{"id":"{id}","created":{now},"deadline":{},"payload":{{}}}}}}"#,
+        now + secs
+    )
+    .into_bytes()
+}
+
+/// channel -> pending: every instance admits what it received, and each message is queued
+/// once, scored by its deadline (a message that is not a request at 0, for the consumer to
+/// dead-letter); a message admitted, executed and finished is not queued again when a late
+/// subscriber admits it. Markers outlive the deadline by the margin, no more.
+#[tokio::test]
+async fn admit_queues_each_published_message_once() {
+    let mut r = rig(30_000, 5).await;
+    let other = Queue::new(r.con.clone(), Q, *r.queue.settings());
+    let (late, soon, bad) = (published("late", 60), published("soon", 30), b"xx".to_vec());
+    let batch = vec![late.clone(), soon.clone(), bad.clone()];
+    assert_eq!(r.queue.admit(&batch).await.unwrap(), 3);
+    assert_eq!(other.admit(&batch).await.unwrap(), 0);
+    let order: Vec<Vec<u8>> = r
+        .queue
+        .peek(10)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|p| p.member)
+        .collect();
+    assert_eq!(order, [bad.clone(), soon.clone(), late.clone()]);
+    let ttl: i64 = r.con.ttl(r.queue.keys().seen(&late)).await.unwrap();
+    assert!((655..=661).contains(&ttl), "{ttl}");
+    let ttl: i64 = r.con.ttl(r.queue.keys().seen(&bad)).await.unwrap();
+    assert!((595..=600).contains(&ttl), "{ttl}");
+
+    let _: () = r.con.zrem(Q, &bad).await.unwrap();
+    let held = claim_head(&r.queue, 1).await;
+    assert_eq!(held[0].envelope.request.id, "soon");
+    let done = ResultMessage::http("soon", 200, b"{}");
+    r.queue.finish(&[ack(&held[0], &done)]).await.unwrap();
+    assert_eq!(other.admit(&[soon]).await.unwrap(), 0);
+    assert_eq!(zcard(&mut r.con, Q).await, 1, "only `late` is left");
+}
+
+/// With results published (redis-pubsub), an ack PUBLISHes its result on the channel of the
+/// result list's name; one nobody is subscribed to hear is pushed onto that list instead, so
+/// it is not lost. A dead-lettered message's result goes the same way.
+#[tokio::test]
+async fn published_results_reach_subscribers_or_are_kept() {
+    let mut r = rig(30_000, 5).await;
+    let queue = r.queue.clone().publishing_results();
+    let held = submit_and_claim(&r, &["heard", "unheard"]).await;
+    let mut sub = r.server.client().unwrap().get_async_pubsub().await.unwrap();
+    sub.subscribe(RESULTS).await.unwrap();
+    let heard = ResultMessage::http("heard", 200, b"{}");
+    let got = queue.finish(&[ack(&held[0], &heard)]).await.unwrap();
+    assert_eq!(got, [Finished::Published]);
+    let msg = tokio::time::timeout(Duration::from_secs(5), sub.on_message().next())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(msg.get_payload::<String>().unwrap(), heard.to_json());
+    assert!(results(&mut r.con).await.is_empty());
+    drop(sub);
+    // The unsubscribed connection is gone once PUBSUB NUMSUB says so.
+    let started = std::time::Instant::now();
+    loop {
+        let (_, n): (String, u64) = redis::cmd("PUBSUB")
+            .arg("NUMSUB")
+            .arg(RESULTS)
+            .query_async::<Vec<(String, u64)>>(&mut r.con)
+            .await
+            .unwrap()
+            .remove(0);
+        if n == 0 {
+            break;
+        }
+        assert!(started.elapsed() < Duration::from_secs(5));
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let unheard = ResultMessage::http("unheard", 200, b"{}");
+    queue.finish(&[ack(&held[1], &unheard)]).await.unwrap();
+    let kept = results(&mut r.con).await;
+    assert_eq!(kept.len(), 1);
+    assert_eq!(kept[0].id, "unheard");
+
+    let bad = br#"{"internal":{},"request_kind":"plain","data":{"id":"no-deadline"}}"#;
+    let _: () = r.con.zadd(Q, &bad[..], 0).await.unwrap();
+    let invalid = ResultMessage::http("no-deadline", 400, b"{}");
+    let moved = queue
+        .dead_letter(bad, "{}", Some((RESULTS, &invalid)))
+        .await
+        .unwrap();
+    assert_eq!(moved, SetAside::Moved);
+    assert_eq!(results(&mut r.con).await.len(), 2, "kept beside `unheard`");
 }

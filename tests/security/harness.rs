@@ -37,8 +37,9 @@ pub fn readme_rules() -> Vec<Vec<String>> {
         .collect();
     assert_eq!(
         rules.len(),
-        2,
-        "README.md gives the processor's and the producer's rule"
+        3,
+        "README.md gives the processor's and the producer's rule, and the redis-pubsub \
+         processor's"
     );
     rules
 }
@@ -122,17 +123,17 @@ pub struct Proc {
 
 impl Proc {
     pub fn spawn(transport: &str, extra: &[&str]) -> Proc {
+        Self::spawn_as("redis-sortedset", transport, extra)
+    }
+
+    /// [`Proc::spawn`] with another `--transport` (`redis-pubsub`).
+    pub fn spawn_as(kind: &str, transport: &str, extra: &[&str]) -> Proc {
         let health = free_port().unwrap();
         let metrics = free_port().unwrap();
         let log = tempfile::NamedTempFile::new().unwrap();
         let child = Command::new(env!("CARGO_BIN_EXE_inferq"))
             .arg("run")
-            .args([
-                "--transport",
-                "redis-sortedset",
-                "--transport-config",
-                transport,
-            ])
+            .args(["--transport", kind, "--transport-config", transport])
             .args(["--health-port", &health.to_string()])
             .args(["--metrics-port", &metrics.to_string()])
             .args(["--metrics-endpoint-auth=false", "--concurrency", "8"])
