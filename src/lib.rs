@@ -1,7 +1,7 @@
 //! inferq: durable, lease-based dispatch of latency-insensitive LLM requests.
 //!
-//! Producers put requests into Redis sorted sets (scored by deadline); inferq claims them under
-//! leases, sends them to an inference gateway, retries what fails and publishes exactly one result
+//! Producers put requests into Redis sorted sets (scored by deadline), or publish them on Redis
+//! channels that inferq admits into such sets; inferq claims them under leases, sends them to an inference gateway, retries what fails and publishes exactly one result
 //! per request generation. The durability contract lives in `../shared/design/durable-queue.md`
 //! and is summarised in the README.
 //!
@@ -12,12 +12,12 @@
 //! - [`wire`]: the Go-compatible JSON formats (envelope, public request, result message). Request
 //!   payloads are kept as the producer's exact bytes.
 //! - [`queue`]: Redis keys, the Lua scripts that make every move of the contract atomic
-//!   (claim, renew, ack, park, promote, release, reclaim, dead-letter), and the producer side
+//!   (admit, claim, renew, ack, park, promote, release, reclaim, dead-letter), and the producer side
 //!   (submit, cancel, results).
 //! - [`config`]: the Go transport-config JSON, pool and merge-policy files, and flags, validated
 //!   into settings; a bad field is a clear error that names it.
-//! - [`dispatch`]: the processor: per-queue consumers, merge into worker pools, heartbeats,
-//!   reclaim, the result outbox, graceful shutdown.
+//! - [`dispatch`]: the processor: the pub/sub ingress, per-queue consumers, merge into worker
+//!   pools, heartbeats, reclaim, the result outbox, graceful shutdown.
 //! - [`gateway`]: the HTTP client to the inference gateway and the classification of what came
 //!   back into an outcome (result, retry, terminal error).
 //! - [`ops`]: Prometheus metrics under the Go names and the health / readiness server.

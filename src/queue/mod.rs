@@ -2,13 +2,14 @@
 //! records and the producer side.
 //!
 //! ```text
-//!   producer ──ZADD──▶ pending ──claim──▶ claimed ──ack──▶ done (result list)
+//!   producer ──ZADD──▶ pending ──claim──▶ claimed ──ack──▶ done (result list, or channel)
 //!                        ▲  ▲               │ │ │
 //!                        │  └──release──────┘ │ └──bury──▶ dead (+ result)
 //!                        │  └──reclaim (lease expired)
 //!   parked ──promote─────┘      ◀──park────────┘
 //!   pending ──dead_letter (undecodable)──▶ dead
 //!   dead ──requeue (operator; a new generation)──▶ pending
+//!   channel (redis-pubsub) ──admit (once per message)──▶ pending
 //! ```
 
 pub mod connect;
