@@ -295,3 +295,58 @@ async fn a_go_legacy_pubsub_command_line_serves_requests() {
         p.log()
     );
 }
+
+/// Two instances serve a stream of published requests and one is killed (SIGKILL) in the middle
+/// of it, with requests in flight: every request published gets exactly one result. Both
+/// instances received every message, so what the dead one had received but not admitted is
+/// admitted by the other, and what it held under a lease is reclaimed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_survives_the_kill_of_one_of_two_instances() {
+    let redis = RedisServer::start().unwrap();
+    let gw = Gateway::start().await;
+    const N: usize = 200;
+    for i in 0..N {
+        let reply = Reply::ok(r#"{"ok":true}"#).after(Duration::from_millis(200));
+        gw.script(&format!("s-{i}"), vec![reply.clone(), reply]);
+    }
+    let mut a = Processor::start(&redis, &gw, &opts(&redis, &gw, 1.5)).await;
+    let b = Processor::start(&redis, &gw, &opts(&redis, &gw, 1.5)).await;
+    let mut results = subscriber(&redis).await;
+    let mut con = con(&redis).await;
+    for i in 0..N {
+        if i == N / 2 {
+            a.kill();
+        }
+        let receivers: u64 = con
+            .publish(CHANNEL, envelope(&format!("s-{i}"), 120, "redis"))
+            .await
+            .unwrap();
+        assert!(receivers >= 1, "s-{i} reached no instance");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let mut got = receive(&mut results, N, Duration::from_secs(20)).await;
+    // A second result of any request would arrive after the first: wait a little for one.
+    got.extend(receive(&mut results, 1, Duration::from_secs(2)).await);
+    let kept = raw_results(&mut con, RESULTS).await;
+    let mut count: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
+    for r in got
+        .iter()
+        .cloned()
+        .chain(kept.iter().map(|k| serde_json::from_str(k).unwrap()))
+    {
+        assert_eq!(r["status_code"], 200, "{r}");
+        *count
+            .entry(r["id"].as_str().unwrap_or_default().to_owned())
+            .or_default() += 1;
+    }
+    assert_eq!(count.len(), N, "every request has a result\n{}", b.log());
+    assert!(
+        count.values().all(|&n| n == 1),
+        "one result each: {count:?}"
+    );
+    let executions: usize = gw.executions().values().sum();
+    assert!(
+        executions > N,
+        "the kill caught requests in flight, which were sent again ({executions})"
+    );
+}
