@@ -517,3 +517,57 @@ fn submit_refuses_a_directory_as_its_file() {
     assert_eq!(out.status.code(), Some(2), "{err}");
     assert!(err.contains("is a directory, not a JSONL file"), "{err}");
 }
+
+/// A `unix://` Redis URL in go-redis's form, user and password before the socket path, reaches
+/// that Redis as that user (before, the URL was refused as having no host), and its `db` option
+/// selects the database. The default user is switched off, so nothing gets in without them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_go_redis_unix_url_with_credentials_is_used_as_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let socket = dir.path().join("redis.sock");
+    let redis =
+        RedisServer::start_with_args(vec!["--unixsocket".into(), socket.display().to_string()])
+            .unwrap();
+    let mut admin = common::con(&redis).await;
+    for rule in [
+        vec!["SETUSER", "app", "on", ">p@ss+1", "~*", "&*", "+@all"],
+        vec!["SETUSER", "admin", "on", ">adm", "~*", "&*", "+@all"],
+    ] {
+        let _: () = redis::cmd("ACL")
+            .arg(&rule)
+            .query_async(&mut admin)
+            .await
+            .unwrap();
+    }
+    let admin_url = format!("redis://admin:adm@127.0.0.1:{}/", redis.port());
+    let mut admin = inferq::queue::connect::manager(&redis::Client::open(admin_url).unwrap())
+        .await
+        .unwrap();
+    let _: () = redis::cmd("ACL")
+        .arg(&["SETUSER", "default", "off"])
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    let line = "{\"id\":\"u\",\"timeout_s\":60,\"payload\":{}}\n";
+    let url = format!("unix://app:p%40ss+1@{}?db=2", socket.display());
+    let out = common::cli(&["submit", "--redis-url", &url], &[], line);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    assert!(!err.contains("p@ss") && !err.contains("p%40ss"), "{err}");
+    let (in_2, in_0): (u64, u64) = redis::pipe()
+        .cmd("SELECT")
+        .arg(2)
+        .ignore()
+        .zcard("request-sortedset")
+        .cmd("SELECT")
+        .arg(0)
+        .ignore()
+        .zcard("request-sortedset")
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    assert_eq!((in_2, in_0), (1, 0));
+    let wrong = format!("unix://app:nope@{}", socket.display());
+    let out = common::cli(&["submit", "--redis-url", &wrong], &[], line);
+    assert_ne!(out.status.code(), Some(0), "a wrong password gets in");
+}

@@ -8,6 +8,8 @@
 //! - go-redis's connection-tuning options (`pool_size`, `dial_timeout`, ...) are accepted and
 //!   ignored with a warning: inferq has its own connection settings.
 //! - any other option is refused, as go-redis refuses it (`redis: unexpected option`).
+//! - a `unix://user:password@/path/to/socket` URL (go-redis's form) is given to redis-rs as
+//!   `unix:///path/to/socket?user=…&pass=…`, the only form it reads credentials from.
 
 use super::redact_url;
 
@@ -44,9 +46,10 @@ const GO_TUNING_OPTIONS: [&str; 29] = [
     "read_buffer_size",
 ];
 
-/// Checks a Redis URL and returns it as inferq will use it (`?db=N` moved into the path), with
-/// warnings (naming `field`, the setting the URL came from) for the go-redis options it
-/// ignores. The error is the reason, for the caller to attach to `field`.
+/// Checks a Redis URL and returns it as inferq will use it (`?db=N` moved into the path; a
+/// `unix://` URL in redis-rs's form), with warnings (naming `field`, the setting the URL came
+/// from) for the go-redis options it ignores. The error is the reason, for the caller to attach
+/// to `field`.
 pub fn check_redis_url(
     url: &str,
     field: &str,
@@ -64,14 +67,11 @@ pub fn check_redis_url(
             "scheme must be redis://, rediss://, or unix://, got {scheme}:// in {shown:?}"
         ));
     }
+    if scheme == "unix" {
+        return unix_url(&url[sep + 3..], &shown, field, warnings);
+    }
     let mut parsed =
         reqwest::Url::parse(url).map_err(|e| format!("cannot parse {shown:?}: {e}"))?;
-    if scheme == "unix" {
-        if parsed.path().trim_matches('/').is_empty() {
-            return Err(format!("{shown:?} names no socket path"));
-        }
-        return Ok(url.to_owned());
-    }
     if parsed.host_str().is_none_or(str::is_empty) {
         return Err(format!("{shown:?} names no host"));
     }
@@ -88,20 +88,61 @@ pub fn check_redis_url(
             parsed.path()
         ));
     }
+    let options = read_options(parsed.query_pairs(), &scheme, &shown, field, warnings)?;
+    if parsed.query().is_none() {
+        return Ok(url.to_owned());
+    }
+    if let Some(db) = options.db {
+        parsed.set_path(&format!("/{db}"));
+    }
+    if options.kept.is_empty() {
+        parsed.set_query(None);
+    } else {
+        parsed.query_pairs_mut().clear().extend_pairs(options.kept);
+    }
+    Ok(parsed.to_string())
+}
 
-    let mut query_db = None;
-    let mut kept: Vec<(String, String)> = Vec::new();
+/// What a URL's query asks for, once read as go-redis reads it.
+struct Options {
+    /// `db=N`.
+    db: Option<u32>,
+    /// Options passed on to redis-rs as they are (`protocol`).
+    kept: Vec<(String, String)>,
+    /// redis-rs's own spellings of a unix socket's credentials (`user=`, `pass=`).
+    user: Option<String>,
+    pass: Option<String>,
+}
+
+/// Reads the options of a URL's query: `db` and `protocol`, go-redis's connection settings
+/// (ignored with a warning), and on a unix socket redis-rs's `user` and `pass`; anything else
+/// is refused, as go-redis refuses it.
+fn read_options<'a>(
+    pairs: impl Iterator<Item = (std::borrow::Cow<'a, str>, std::borrow::Cow<'a, str>)>,
+    scheme: &str,
+    shown: &str,
+    field: &str,
+    warnings: &mut Vec<String>,
+) -> Result<Options, String> {
+    let mut options = Options {
+        db: None,
+        kept: Vec::new(),
+        user: None,
+        pass: None,
+    };
     let mut ignored: Vec<String> = Vec::new();
     let mut unexpected: Vec<String> = Vec::new();
-    for (key, value) in parsed.query_pairs() {
+    for (key, value) in pairs {
         match key.as_ref() {
             "db" => {
                 let db = value.parse::<u32>().map_err(|_| {
                     format!("{shown:?}: db must be a database number, got {value:?}")
                 })?;
-                query_db = Some(db);
+                options.db = Some(db);
             }
-            "protocol" => kept.push((key.into_owned(), value.into_owned())),
+            "protocol" => options.kept.push((key.into_owned(), value.into_owned())),
+            "user" if scheme == "unix" => options.user = Some(value.into_owned()),
+            "pass" if scheme == "unix" => options.pass = Some(value.into_owned()),
             "skip_verify" if scheme == "rediss" => {
                 if matches!(value.as_ref(), "1" | "t" | "T" | "TRUE" | "true" | "True") {
                     return Err(format!(
@@ -129,18 +170,82 @@ pub fn check_redis_url(
             ignored.join(", ")
         ));
     }
-    if parsed.query().is_none() {
-        return Ok(url.to_owned());
+    Ok(options)
+}
+
+/// A `unix://` URL as go-redis reads it, `unix://[user:password@]/path/to/socket[?db=N&…]`,
+/// rewritten as redis-rs reads one (`unix:///path?db=N&user=…&pass=…`), which takes no
+/// credentials before the path. `rest` is what follows `unix://`.
+fn unix_url(
+    rest: &str,
+    shown: &str,
+    field: &str,
+    warnings: &mut Vec<String>,
+) -> Result<String, String> {
+    let rest = rest.split_once('#').map_or(rest, |(before, _)| before);
+    let (before_query, query) = rest.split_once('?').unwrap_or((rest, ""));
+    let (userinfo, path) = match before_query.rsplit_once('@') {
+        Some((userinfo, path)) => (Some(userinfo), path),
+        None => (None, before_query),
+    };
+    if !path.starts_with('/') || path.trim_matches('/').is_empty() {
+        return Err(format!("{shown:?} names no socket path"));
     }
-    if let Some(db) = query_db {
-        parsed.set_path(&format!("/{db}"));
+    let mut options = read_options(
+        url::form_urlencoded::parse(query.as_bytes()),
+        "unix",
+        shown,
+        field,
+        warnings,
+    )?;
+    if let Some(userinfo) = userinfo {
+        let (user, pass) = match userinfo.split_once(':') {
+            Some((user, pass)) => (user, Some(pass)),
+            None => (userinfo, None),
+        };
+        let both = |what: &str| {
+            format!("{shown:?} names the {what} twice, before the path and as an option")
+        };
+        if !user.is_empty() {
+            if options.user.is_some() {
+                return Err(both("user"));
+            }
+            options.user = Some(percent_decode(user));
+        }
+        if let Some(pass) = pass {
+            if options.pass.is_some() {
+                return Err(both("password"));
+            }
+            options.pass = Some(percent_decode(pass));
+        }
     }
-    if kept.is_empty() {
-        parsed.set_query(None);
+    let mut query = url::form_urlencoded::Serializer::new(String::new());
+    if let Some(db) = options.db {
+        query.append_pair("db", &db.to_string());
+    }
+    if let Some(user) = &options.user {
+        query.append_pair("user", user);
+    }
+    if let Some(pass) = &options.pass {
+        query.append_pair("pass", pass);
+    }
+    query.extend_pairs(&options.kept);
+    let query = query.finish();
+    Ok(if query.is_empty() {
+        format!("unix://{path}")
     } else {
-        parsed.query_pairs_mut().clear().extend_pairs(kept);
-    }
-    Ok(parsed.to_string())
+        format!("unix://{path}?{query}")
+    })
+}
+
+/// `%XX` escapes of a URL's user or password decoded (a `+` stays a `+`, as in a URL's
+/// userinfo).
+fn percent_decode(text: &str) -> String {
+    let escaped = text.replace('+', "%2B").replace('&', "%26");
+    url::form_urlencoded::parse(format!("v={escaped}").as_bytes())
+        .next()
+        .map(|(_, v)| v.into_owned())
+        .unwrap_or_default()
 }
 
 #[cfg(test)]
@@ -202,5 +307,44 @@ mod tests {
         // The parser itself refuses credentials without a host.
         let (url, _) = check("redis://:pw@/0");
         assert!(url.is_err_and(|e| !e.contains(":pw@")));
+    }
+}
+
+#[cfg(test)]
+mod unix_tests {
+    use super::*;
+
+    fn check(url: &str) -> (Result<String, String>, Vec<String>) {
+        let mut warnings = Vec::new();
+        (check_redis_url(url, "url", &mut warnings), warnings)
+    }
+
+    /// go-redis's unix URL, credentials before the path, becomes redis-rs's, with them as
+    /// options; escapes are decoded once and re-encoded for the query.
+    #[test]
+    fn go_redis_unix_urls_keep_their_credentials_and_database() {
+        assert_eq!(
+            check("unix://:pw@/var/run/redis.sock").0.as_deref(),
+            Ok("unix:///var/run/redis.sock?pass=pw")
+        );
+        assert_eq!(
+            check("unix://app:p%40ss+1@/run/r.sock?db=2&pool_size=3")
+                .0
+                .as_deref(),
+            Ok("unix:///run/r.sock?db=2&user=app&pass=p%40ss%2B1")
+        );
+        assert_eq!(
+            check("unix:///run/r.sock?pass=pw&db=1").0.as_deref(),
+            Ok("unix:///run/r.sock?db=1&pass=pw")
+        );
+        assert_eq!(
+            check("unix:///run/r.sock").0.as_deref(),
+            Ok("unix:///run/r.sock")
+        );
+        let refused = |url: &str| check(url).0.unwrap_err();
+        assert!(refused("unix://:pw@").contains("names no socket path"));
+        assert!(refused("unix:///r.sock?password=pw").contains("unexpected option password"));
+        assert!(refused("unix://:a@/r.sock?pass=b").contains("password twice"));
+        assert!(!refused("unix://:secret@/r.sock?x=1").contains("secret"));
     }
 }
