@@ -350,3 +350,23 @@ async fn a_stream_survives_the_kill_of_one_of_two_instances() {
         "the kill caught requests in flight, which were sent again ({executions})"
     );
 }
+
+/// `inferq submit --queue <channel>` (here the library's producer) writes into the durable
+/// queue the channel feeds, without going through pub/sub: the request is served and its
+/// result published like a published one's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn submitting_into_the_channels_queue_needs_no_subscription() {
+    let redis = RedisServer::start().unwrap();
+    let gw = Gateway::start().await;
+    let p = Processor::start(&redis, &gw, &opts(&redis, &gw, 30.0)).await;
+    let mut results = subscriber(&redis).await;
+    let producer = producer(&redis, CHANNEL).await;
+    producer
+        .submit(request("submitted", 60, r#"{"prompt":"p"}"#))
+        .await
+        .unwrap();
+    let got = receive(&mut results, 1, Duration::from_secs(10)).await;
+    assert_eq!(got.len(), 1, "{}", p.log());
+    assert_eq!(got[0]["id"], "submitted");
+    assert_eq!(gw.seen("submitted").len(), 1);
+}
