@@ -142,6 +142,30 @@ async fn two_instances_execute_each_published_request_once() {
     let executions = gw.executions();
     assert_eq!(executions.len(), 20);
     assert!(executions.values().all(|&n| n == 1), "{executions:?}");
+    // Between them, the two instances admitted each message once and skipped its copy (the
+    // slower instance's admits may still be on their way: wait for them).
+    let started = Instant::now();
+    loop {
+        let mut counted = (0, 0);
+        for text in [a.metrics().await, b.metrics().await] {
+            for line in text
+                .lines()
+                .filter(|l| l.starts_with("inferq_pubsub_messages_total"))
+            {
+                let n: u64 = line.rsplit(' ').next().unwrap().parse().unwrap();
+                if line.contains("outcome=\"admitted\"") {
+                    counted.0 += n;
+                } else if line.contains("outcome=\"duplicate\"") {
+                    counted.1 += n;
+                }
+            }
+        }
+        if counted == (20, 20) || started.elapsed() > Duration::from_secs(5) {
+            assert_eq!(counted, (20, 20));
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
 
 /// A result published while no consumer is subscribed is kept in the list of the result

@@ -187,11 +187,15 @@ async fn admit(ctx: Arc<QueueCtx>, mut rx: mpsc::Receiver<Vec<u8>>, stop: Cancel
                     if admitted > 0 {
                         ctx.wake.notify_one();
                     }
+                    count(&ctx, "admitted", admitted);
+                    count(&ctx, "duplicate", batch.len().saturating_sub(admitted));
                     tracing::trace!(received = batch.len(), admitted, queue = %ctx.queue.name(), "admitted");
                     break;
                 }
                 Err(e) if stop.is_cancelled() => {
-                    tracing::error!(error = %e, queue = %ctx.queue.name(), messages = batch.len() + rx.len(), "shutting down with messages Redis did not take; they are lost, as in Go");
+                    let lost = batch.len() + rx.len();
+                    tracing::error!(error = %e, queue = %ctx.queue.name(), messages = lost, "shutting down with messages Redis did not take; they are lost, as in Go");
+                    count(&ctx, "lost", lost);
                     return;
                 }
                 Err(e) => {
@@ -207,5 +211,15 @@ async fn admit(ctx: Arc<QueueCtx>, mut rx: mpsc::Receiver<Vec<u8>>, stop: Cancel
             }
         }
         batch.clear();
+    }
+}
+
+/// Counts `n` received messages of `ctx`'s channel under `outcome`.
+fn count(ctx: &QueueCtx, outcome: &str, n: usize) {
+    if n > 0 {
+        ctx.metrics
+            .pubsub_messages
+            .get_or_create(&ctx.labels.with_outcome(outcome))
+            .inc_by(u64::try_from(n).unwrap_or(u64::MAX));
     }
 }

@@ -198,6 +198,9 @@ pub struct Metrics {
     pub aborted: Family<OutcomeLabels, Counter>,
     /// Wake-ups received, by source: doorbell, keyspace.
     pub wakeups: Family<SourceLabels, Counter>,
+    /// Messages received on a redis-pubsub channel, by outcome: admitted (new), duplicate
+    /// (another instance admitted them first), lost (not admitted before a shutdown).
+    pub pubsub_messages: Family<OutcomeLabels, Counter>,
 }
 
 impl Default for Metrics {
@@ -238,6 +241,7 @@ impl Metrics {
             deliveries: Counters::default(),
             aborted: Family::default(),
             wakeups: Family::default(),
+            pubsub_messages: Family::default(),
             registry: Registry::default(),
         };
         let go = |name: &str| format!("llm_d_async_async_{name}");
@@ -381,6 +385,11 @@ impl Metrics {
             "inferq_wakeups",
             "Wake-ups received (work arrived), by source",
             m.wakeups.clone(),
+        );
+        r.register(
+            "inferq_pubsub_messages",
+            "Messages received on a redis-pubsub request channel, by outcome",
+            m.pubsub_messages.clone(),
         );
         r.register_collector(Box::new(super::process::ProcessCollector));
         Metrics { registry, ..m }
