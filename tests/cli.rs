@@ -469,19 +469,7 @@ async fn redis_url_flag_is_read_as_the_processor_reads_it() {
         String::from_utf8_lossy(&out.stderr)
     );
     let mut con = common::con(&redis).await;
-    let (in_3, in_0): (u64, u64) = redis::pipe()
-        .cmd("SELECT")
-        .arg(3)
-        .ignore()
-        .zcard("request-sortedset")
-        .cmd("SELECT")
-        .arg(0)
-        .ignore()
-        .zcard("request-sortedset")
-        .query_async(&mut con)
-        .await
-        .unwrap();
-    assert_eq!((in_3, in_0), (1, 0));
+    assert_eq!(queued_in_db(&mut con, 3).await, (1, 0));
 
     for (bad, reason) in [
         ("http://127.0.0.1:1", "scheme must be"),
@@ -554,20 +542,24 @@ async fn a_go_redis_unix_url_with_credentials_is_used_as_written() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(0), "{err}");
     assert!(!err.contains("p@ss") && !err.contains("p%40ss"), "{err}");
-    let (in_2, in_0): (u64, u64) = redis::pipe()
+    assert_eq!(queued_in_db(&mut admin, 2).await, (1, 0));
+    let wrong = format!("unix://app:nope@{}", socket.display());
+    let out = common::cli(&["submit", "--redis-url", &wrong], &[], line);
+    assert_ne!(out.status.code(), Some(0), "a wrong password gets in");
+}
+
+/// How many requests `request-sortedset` holds in database `db` and in database 0.
+async fn queued_in_db(con: &mut redis::aio::ConnectionManager, db: u32) -> (u64, u64) {
+    redis::pipe()
         .cmd("SELECT")
-        .arg(2)
+        .arg(db)
         .ignore()
         .zcard("request-sortedset")
         .cmd("SELECT")
         .arg(0)
         .ignore()
         .zcard("request-sortedset")
-        .query_async(&mut admin)
+        .query_async(con)
         .await
-        .unwrap();
-    assert_eq!((in_2, in_0), (1, 0));
-    let wrong = format!("unix://app:nope@{}", socket.display());
-    let out = common::cli(&["submit", "--redis-url", &wrong], &[], line);
-    assert_ne!(out.status.code(), Some(0), "a wrong password gets in");
+        .unwrap()
 }

@@ -21,10 +21,10 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::StreamExt;
 use tokio_util::sync::CancellationToken;
 
 use super::context::QueueCtx;
+use super::subscription::{self, Next};
 use crate::queue::keys::doorbell_channel;
 
 /// Listens until `stop` is cancelled, reconnecting when the connection drops.
@@ -54,12 +54,10 @@ pub async fn listen(client: redis::Client, queues: Vec<Arc<QueueCtx>>, stop: Can
                 bell("keyspace"),
             );
         }
-        // Against a Redis that has stopped answering, subscribing waits as long as it does: a
-        // shutdown must not wait with it.
-        let subscribed = tokio::select! {
-            biased;
-            _ = stop.cancelled() => return,
-            s = subscribe(&client, &channels) => s,
+        let Some(subscribed) =
+            subscription::subscribe(&client, channels.keys().map(Vec::as_slice), &stop).await
+        else {
+            return;
         };
         match subscribed {
             Ok(mut pubsub) => {
@@ -74,12 +72,11 @@ pub async fn listen(client: redis::Client, queues: Vec<Arc<QueueCtx>>, stop: Can
                 ring_all(&queues);
                 let mut messages = pubsub.on_message();
                 loop {
-                    let msg = tokio::select! {
-                        biased;
-                        _ = stop.cancelled() => return,
-                        m = messages.next() => m,
+                    let msg = match subscription::next(&mut messages, &stop).await {
+                        Next::Message(msg) => msg,
+                        Next::Lost => break,
+                        Next::Stopped => return,
                     };
-                    let Some(msg) = msg else { break };
                     let Some(bell) = channels.get(msg.get_channel_name().as_bytes()) else {
                         continue;
                     };
@@ -114,17 +111,6 @@ struct Bell {
     /// A keyspace channel (its messages name the event) rather than the doorbell.
     keyspace: bool,
     rings: prometheus_client::metrics::counter::Counter,
-}
-
-async fn subscribe(
-    client: &redis::Client,
-    channels: &HashMap<Vec<u8>, Bell>,
-) -> redis::RedisResult<redis::aio::PubSub> {
-    let mut pubsub = client.get_async_pubsub().await?;
-    for channel in channels.keys() {
-        pubsub.subscribe(channel.as_slice()).await?;
-    }
-    Ok(pubsub)
 }
 
 fn set_listening(queues: &[Arc<QueueCtx>], on: bool) {

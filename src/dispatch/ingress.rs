@@ -24,12 +24,12 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::StreamExt;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use super::context::QueueCtx;
+use super::subscription::{self, Next};
 use crate::ops::Trouble;
 
 /// Most messages admitted by one script call.
@@ -94,12 +94,10 @@ async fn subscribe_loop(
     let what = subscription(queues);
     let mut pause = Duration::from_millis(200);
     loop {
-        // Against a Redis that has stopped answering, subscribing waits as long as it does: a
-        // shutdown must not wait with it.
-        let subscribed = tokio::select! {
-            biased;
-            _ = stop.cancelled() => break,
-            s = subscribe(client, routes) => s,
+        let Some(subscribed) =
+            subscription::subscribe(client, routes.keys().map(Vec::as_slice), stop).await
+        else {
+            break;
         };
         match subscribed {
             Ok(mut pubsub) => {
@@ -111,12 +109,11 @@ async fn subscribe_loop(
                 );
                 let mut messages = pubsub.on_message();
                 loop {
-                    let msg = tokio::select! {
-                        biased;
-                        _ = stop.cancelled() => return,
-                        m = messages.next() => m,
+                    let msg = match subscription::next(&mut messages, stop).await {
+                        Next::Message(msg) => msg,
+                        Next::Lost => break,
+                        Next::Stopped => return,
                     };
-                    let Some(msg) = msg else { break };
                     let Some(route) = routes.get(msg.get_channel_name().as_bytes()) else {
                         continue;
                     };
@@ -152,17 +149,6 @@ async fn subscribe_loop(
         }
         pause = (pause * 2).min(Duration::from_secs(10));
     }
-}
-
-async fn subscribe(
-    client: &redis::Client,
-    routes: &HashMap<Vec<u8>, mpsc::Sender<Vec<u8>>>,
-) -> redis::RedisResult<redis::aio::PubSub> {
-    let mut pubsub = client.get_async_pubsub().await?;
-    for channel in routes.keys() {
-        pubsub.subscribe(channel.as_slice()).await?;
-    }
-    Ok(pubsub)
 }
 
 /// Admits one queue's messages in batches, retrying while Redis does not take them, and wakes

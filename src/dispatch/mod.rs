@@ -23,6 +23,7 @@
 //! - [`doorbell`]: wake-ups by pub/sub when work arrives; polling is the fallback.
 //! - [`ingress`]: Go's redis-pubsub transport: messages published on a queue's channel are
 //!   admitted into its durable pending set.
+//! - [`subscription`]: the pub/sub plumbing of the two listeners above.
 //! - [`upkeep`]: renewals, cancel checks, reclaim, promotion, backlog.
 //! - [`processor`]: the lifecycle and graceful shutdown.
 //! - [`last_chance`]: at most one last-chance request per queue and instance, so a poison
@@ -40,6 +41,7 @@ pub mod last_chance;
 pub mod merge;
 pub mod outbox;
 pub mod processor;
+pub mod subscription;
 pub mod trace;
 pub mod upkeep;
 pub mod worker;

@@ -1,0 +1,49 @@
+//! The pub/sub plumbing the wake-up listener ([`super::doorbell`]) and the redis-pubsub ingress
+//! ([`super::ingress`]) share: subscribing to a set of channels, and reading messages, each
+//! without holding up a shutdown (a Redis that stops answering holds up `SUBSCRIBE` and reads
+//! for as long as it does).
+
+use futures::{Stream, StreamExt};
+use tokio_util::sync::CancellationToken;
+
+/// A pub/sub connection subscribed to every channel in `channels`; `None` once `stop` is
+/// cancelled.
+pub async fn subscribe<'a>(
+    client: &redis::Client,
+    channels: impl IntoIterator<Item = &'a [u8]>,
+    stop: &CancellationToken,
+) -> Option<redis::RedisResult<redis::aio::PubSub>> {
+    let subscribing = async {
+        let mut pubsub = client.get_async_pubsub().await?;
+        for channel in channels {
+            pubsub.subscribe(channel).await?;
+        }
+        Ok(pubsub)
+    };
+    tokio::select! {
+        biased;
+        _ = stop.cancelled() => None,
+        s = subscribing => Some(s),
+    }
+}
+
+/// What reading the next message came to.
+pub enum Next {
+    Message(redis::Msg),
+    /// The connection is gone: subscribe again.
+    Lost,
+    /// `stop` was cancelled.
+    Stopped,
+}
+
+/// The next message of `messages`, unless `stop` comes first.
+pub async fn next(
+    messages: &mut (impl Stream<Item = redis::Msg> + Unpin),
+    stop: &CancellationToken,
+) -> Next {
+    tokio::select! {
+        biased;
+        _ = stop.cancelled() => Next::Stopped,
+        m = messages.next() => m.map_or(Next::Lost, Next::Message),
+    }
+}
