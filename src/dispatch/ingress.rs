@@ -35,8 +35,9 @@ use crate::ops::Trouble;
 /// Most messages admitted by one script call.
 const ADMIT_BATCH: usize = 256;
 /// Messages received and waiting for their admit, per queue, before the subscription stops
-/// reading (and Redis buffers, then disconnects it).
-const WAITING: usize = 16 * 1024;
+/// reading (and Redis buffers, then disconnects it): four batches, so memory stays bounded
+/// while Redis refuses the admits.
+const WAITING: usize = 4 * ADMIT_BATCH;
 
 /// Starts the ingress of `queues` (those fed by a channel) on `tracker`: it subscribes to their
 /// channels until `stop`, admitting what arrives; messages already received when `stop` comes
@@ -52,7 +53,7 @@ pub fn start(
         return;
     };
     first.readiness.note(
-        &subscription(&queues),
+        &subscription_name(&queues),
         Some(Trouble::Stalled("not subscribed yet".to_owned())),
     );
     tracker.spawn(listen(client, queues, stop));
@@ -73,7 +74,7 @@ async fn listen(client: redis::Client, queues: Vec<Arc<QueueCtx>>, stop: Cancell
 }
 
 /// What `/readyz` calls the subscription.
-fn subscription(queues: &[Arc<QueueCtx>]) -> String {
+fn subscription_name(queues: &[Arc<QueueCtx>]) -> String {
     let names: Vec<String> = queues
         .iter()
         .map(|q| format!("{:?}", q.queue.name()))
@@ -91,7 +92,7 @@ async fn subscribe_loop(
     stop: &CancellationToken,
 ) {
     let readiness = &queues[0].readiness;
-    let what = subscription(queues);
+    let what = subscription_name(queues);
     let mut pause = Duration::from_millis(200);
     loop {
         let Some(subscribed) =
