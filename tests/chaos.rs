@@ -109,3 +109,44 @@ fn races_alone_and_a_bad_profile() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("medium"));
 }
+
+/// The same faults with Go's redis-pubsub producer: requests are PUBLISHed on the queue's
+/// channel and the three processors admit them. Every request an instance admitted (its admit
+/// marker exists) ends with exactly one result; one no instance admitted (all that received it
+/// were cut off or killed first, or Redis was down) may have none, as with Go, but never two;
+/// nothing is stranded. No stale-owner races here (the short profile above runs them).
+#[test]
+fn the_short_profile_over_redis_pubsub_loses_nothing_admitted() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("report.json");
+    let seed = seed();
+    let args = [
+        "--profile",
+        "short",
+        "--seed",
+        &seed,
+        "--transport",
+        "redis-pubsub",
+        "--races",
+        "0",
+    ];
+    let (out, r) = chaos(&args, &path);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    println!("{stdout}");
+    let context = format!(
+        "seed {seed} (replay: inferq chaos --profile short --transport redis-pubsub --seed \
+         {seed})\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "{context}");
+    assert_eq!(r["passed"], true, "{context}");
+    assert_eq!(r["settings"]["transport"], "redis-pubsub", "{context}");
+    let h = &r["history"];
+    assert_eq!(h["lost"], 0, "{context}");
+    assert_eq!(h["duplicate_terminal"], 0, "{context}");
+    assert_eq!(h["stranded"], serde_json::json!({}), "{context}");
+    // Most requests reach a live instance and are admitted.
+    assert!(h["accepted"].as_u64().unwrap() > 500, "{context}");
+    let redelivery = &h["redelivery"];
+    assert!(redelivery["re_executed"].as_u64().unwrap() > 0, "{context}");
+}

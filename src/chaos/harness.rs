@@ -19,7 +19,7 @@ use super::proxy::Proxy;
 use super::report::{ProcessorSummary, Report};
 use super::schedule::{self, PlanShape};
 use super::workload::Workload;
-use super::{races, ChaosError, ChaosSettings};
+use super::{races, ChaosError, ChaosSettings, ChaosTransport};
 use crate::queue::producer::Producer;
 use crate::queue::{connect, QueueKeys};
 use crate::sim::{Sim, SimConfig};
@@ -59,6 +59,7 @@ pub async fn run(settings: ChaosSettings) -> Result<Report, ChaosError> {
     }
     let spec = ProcessorSpec {
         exe: settings.exe.clone(),
+        transport: settings.transport,
         queue: QUEUE.to_owned(),
         result_list: RESULTS.to_owned(),
         gateway: sim.base_url(),
@@ -112,6 +113,7 @@ pub async fn run(settings: ChaosSettings) -> Result<Report, ChaosError> {
         requests = settings.requests,
         "workload and faults start"
     );
+    let publish = settings.transport == ChaosTransport::RedisPubsub;
     let workload = Workload {
         tag: "chaos".to_owned(),
         requests: settings.requests,
@@ -120,7 +122,9 @@ pub async fn run(settings: ChaosSettings) -> Result<Report, ChaosError> {
         max_tokens: settings.max_tokens,
         short_deadline_every: 20,
         short_deadline: Duration::from_secs(3),
-        cancel_every: 25,
+        // Pub/sub requests have no cancellation markers (Go's producer writes none).
+        cancel_every: if publish { 0 } else { 25 },
+        publish,
     };
 
     let t0 = Instant::now();
@@ -139,7 +143,7 @@ pub async fn run(settings: ChaosSettings) -> Result<Report, ChaosError> {
         }
         (log, orphans, t0.elapsed())
     };
-    let ((ledger, submit_took), (faults, orphans, faults_took)) =
+    let ((mut ledger, submit_took), (faults, orphans, faults_took)) =
         tokio::join!(submitting, injecting);
     tracing::info!(
         accepted = ledger.accepted(),
@@ -148,6 +152,16 @@ pub async fn run(settings: ChaosSettings) -> Result<Report, ChaosError> {
     );
 
     let restore_problems = rig.restore().await;
+    if publish {
+        // Messages an instance received while cut off from Redis are admitted once it is back.
+        tokio::time::sleep(rig.lease * 2).await;
+        ledger.resolve_published(&mut rig.admin).await?;
+        tracing::info!(
+            admitted = ledger.accepted(),
+            not_admitted = ledger.uncertain(),
+            "published requests settled by their admit markers"
+        );
+    }
     let quiet_from = Instant::now();
     let accepted: HashSet<String> = ledger
         .ids

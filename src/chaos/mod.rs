@@ -70,11 +70,32 @@ pub enum Profile {
     Long,
 }
 
+/// How the workload reaches the processors.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ChaosTransport {
+    /// Submitted into the queue's sorted set (`inferq submit`'s way).
+    RedisSortedset,
+    /// Published on the queue's channel (Go's redis-pubsub producer); the processors admit it.
+    RedisPubsub,
+}
+
+impl ChaosTransport {
+    /// The `--transport` value of `inferq run`.
+    pub fn flag(self) -> &'static str {
+        match self {
+            ChaosTransport::RedisSortedset => "redis-sortedset",
+            ChaosTransport::RedisPubsub => "redis-pubsub",
+        }
+    }
+}
+
 /// Everything a run needs to know.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct ChaosSettings {
     pub profile: Profile,
     pub seed: u64,
+    pub transport: ChaosTransport,
     /// The inferq executable the processors are started from.
     #[serde(skip)]
     pub exe: PathBuf,
@@ -119,6 +140,7 @@ impl ChaosSettings {
         let short = ChaosSettings {
             profile,
             seed,
+            transport: ChaosTransport::RedisSortedset,
             exe,
             dir,
             requests: 1000,

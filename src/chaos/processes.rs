@@ -41,6 +41,8 @@ pub fn send_signal(pid: u32, signal: &str) -> Result<(), ChaosError> {
 pub struct ProcessorSpec {
     /// The inferq executable (`inferq run` is started from it).
     pub exe: PathBuf,
+    /// `--transport`.
+    pub transport: super::ChaosTransport,
     pub queue: String,
     pub result_list: String,
     pub gateway: String,
@@ -124,7 +126,7 @@ impl Processor {
         let mut command = Command::new(&s.exe);
         command
             .arg("run")
-            .args(["--transport", "redis-sortedset"])
+            .args(["--transport", s.transport.flag()])
             .arg("--transport-config")
             .arg(transport.to_string())
             .args(["--health-port", &self.health_port.to_string()])

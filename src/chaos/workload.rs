@@ -1,5 +1,6 @@
 //! The workload: N requests submitted at a steady rate with the library [`Producer`],
-//! straight to Redis (not through the processors' proxies), whatever faults are going on.
+//! straight to Redis (not through the processors' proxies), whatever faults are going on; or,
+//! for the redis-pubsub transport, published on the queue's channel.
 //!
 //! Each batch is submitted by its own task, so a Redis outage delays only the batches it
 //! catches and the rate holds. What comes out is a [`Ledger`]: for every id, when it was
@@ -27,6 +28,10 @@ pub enum Fate {
     Accepted,
     /// The call failed (Redis down, connection cut): accepted or not, nobody knows.
     Uncertain(String),
+    /// Published on the channel (redis-pubsub) and received by at least one instance: accepted
+    /// once one of them has admitted it, which the marker key (`<channel>:seen:<sha1>`) tells
+    /// ([`Ledger::resolve_published`]).
+    Published(String),
 }
 
 /// Every submitted id, with when and how.
@@ -51,6 +56,40 @@ impl Ledger {
     pub fn uncertain(&self) -> usize {
         self.ids.len() - self.accepted()
     }
+
+    /// Settles every published request: accepted if an instance admitted it (its marker
+    /// exists), otherwise uncertain (every instance that received it died or was cut off
+    /// before admitting it: pub/sub keeps nothing, as for Go).
+    pub async fn resolve_published(
+        &mut self,
+        con: &mut redis::aio::ConnectionManager,
+    ) -> redis::RedisResult<()> {
+        let markers: Vec<(String, String)> = self
+            .ids
+            .iter()
+            .filter_map(|(id, (_, fate))| match fate {
+                Fate::Published(marker) => Some((id.clone(), marker.clone())),
+                _ => None,
+            })
+            .collect();
+        for chunk in markers.chunks(500) {
+            let mut pipe = redis::pipe();
+            for (_, marker) in chunk {
+                pipe.exists(marker);
+            }
+            let admitted: Vec<bool> = pipe.query_async(con).await?;
+            for ((id, _), admitted) in chunk.iter().zip(admitted) {
+                if let Some((_, fate)) = self.ids.get_mut(id) {
+                    *fate = if admitted {
+                        Fate::Accepted
+                    } else {
+                        Fate::Uncertain("published, never admitted".to_owned())
+                    };
+                }
+            }
+        }
+        Ok(())
+    }
 }
 
 /// What to submit.
@@ -72,6 +111,8 @@ pub struct Workload {
     /// Every n-th request (0: none) is cancelled by the producer within a second of its
     /// submission, so some end `CANCELLED` before or during dispatch.
     pub cancel_every: u64,
+    /// PUBLISH the requests on the queue's channel (redis-pubsub) instead of submitting them.
+    pub publish: bool,
 }
 
 impl Workload {
@@ -127,6 +168,10 @@ impl Workload {
             let producer = producer.clone();
             let ledger = Arc::clone(&ledger);
             let cancel_every = self.cancel_every;
+            if self.publish {
+                tasks.spawn(publish(producer, batch, ledger));
+                continue;
+            }
             tasks.spawn(async move {
                 let ids: Vec<String> = batch.iter().map(|r| r.id.clone()).collect();
                 let at = unix_ms();
@@ -179,6 +224,29 @@ impl Workload {
             .unwrap_or_else(PoisonError::into_inner)
             .clone();
         out
+    }
+}
+
+/// Publishes one batch (redis-pubsub) and records each request's fate.
+async fn publish(producer: Producer, batch: Vec<NewRequest>, ledger: Arc<Mutex<Ledger>>) {
+    let ids: Vec<String> = batch.iter().map(|r| r.id.clone()).collect();
+    let at = unix_ms();
+    match producer.publish_many(batch).await {
+        Ok(outcomes) => {
+            for (id, outcome) in ids.into_iter().zip(outcomes) {
+                let fate = match outcome {
+                    Ok(p) if p.receivers > 0 => Fate::Published(p.admitted_marker),
+                    Ok(_) => Fate::Uncertain("published, no instance subscribed".to_owned()),
+                    Err(e) => Fate::Uncertain(e.to_string()),
+                };
+                record(&ledger, id, at, fate);
+            }
+        }
+        Err(e) => {
+            for id in ids {
+                record(&ledger, id, at, Fate::Uncertain(format!("publish: {e}")));
+            }
+        }
     }
 }
 

@@ -9,7 +9,7 @@ use anyhow::{anyhow, Context};
 
 use super::demo::{interrupted, EXIT_INTERRUPTED};
 use super::Failure;
-use crate::chaos::{harness, ChaosSettings, Profile, Report};
+use crate::chaos::{harness, ChaosSettings, ChaosTransport, Profile, Report};
 
 #[derive(Debug, clap::Args)]
 pub struct ChaosArgs {
@@ -31,6 +31,10 @@ pub struct ChaosArgs {
     /// Stale-owner races after the run [default: 1000; 0 for none].
     #[arg(long)]
     pub races: Option<u64>,
+    /// How requests reach the processors: submitted into the queue (redis-sortedset) or
+    /// published on its channel (redis-pubsub, Go's producer; the processors admit them).
+    #[arg(long, value_enum, default_value = "redis-sortedset")]
+    pub transport: ChaosTransport,
     /// Keep the data directory (Redis AOF, processor logs) even when the run passes.
     #[arg(long, global = true)]
     pub keep_data: bool,
@@ -60,9 +64,11 @@ pub async fn chaos(args: ChaosArgs) -> Result<(), Failure> {
     if let Some(n) = args.races {
         settings.races = n;
     }
+    settings.transport = args.transport;
     println!(
-        "inferq chaos: profile {:?}, seed {seed} (replay with --seed {seed})",
-        args.profile
+        "inferq chaos: profile {:?}, transport {}, seed {seed} (replay with --seed {seed})",
+        args.profile,
+        args.transport.flag()
     );
     let (report_path, keep_data) = (args.report.clone(), args.keep_data);
     let run = async move {

@@ -96,6 +96,18 @@ pub struct Submitted {
     pub request_token: String,
 }
 
+/// What `publish_many` sent on the channel (Go's redis-pubsub producer).
+#[derive(Debug, Clone)]
+pub struct Published {
+    pub id: String,
+    /// How many subscribers received it (`PUBLISH`'s answer); 0 means no instance will ever see
+    /// it, as with Go's producer.
+    pub receivers: u64,
+    /// The key an instance sets when it admits this message (`<channel>:seen:<sha1>`): once it
+    /// exists, the request is durable and will get exactly one result.
+    pub admitted_marker: String,
+}
+
 /// A result taken by a reliable consumer: acknowledge it once stored, or it is handed back.
 #[derive(Debug, Clone)]
 pub struct TakenResult {
@@ -250,6 +262,42 @@ impl Producer {
         if outcomes.iter().any(Result::is_ok) {
             let _: () = pipe.query_async(&mut self.con.clone()).await?;
             self.ring().await;
+        }
+        Ok(outcomes)
+    }
+
+    /// Publishes requests on the request queue's name as a channel, as Go's redis-pubsub
+    /// producer does (one pipelined `PUBLISH` each): inferq instances subscribed to it admit
+    /// them into the durable queue of that name. Unlike [`Producer::submit_many`], nothing is
+    /// kept if no instance is subscribed; [`Published::receivers`] says whether one was.
+    pub async fn publish_many(
+        &self,
+        reqs: Vec<NewRequest>,
+    ) -> Result<Vec<Result<Published, ProducerError>>, ProducerError> {
+        let now = unix_ms();
+        let keys = super::QueueKeys::new(&self.request_queue);
+        let mut pipe = redis::pipe();
+        let mut outcomes = Vec::with_capacity(reqs.len());
+        for req in reqs {
+            match self.prepare(req, now) {
+                Ok((member, _, submitted)) => {
+                    let admitted_marker = keys.seen(&member);
+                    pipe.cmd("PUBLISH").arg(&self.request_queue).arg(member);
+                    outcomes.push(Ok(Published {
+                        id: submitted.id,
+                        receivers: 0,
+                        admitted_marker,
+                    }));
+                }
+                Err(e) => outcomes.push(Err(e)),
+            }
+        }
+        if outcomes.iter().any(Result::is_ok) {
+            let receivers: Vec<u64> = pipe.query_async(&mut self.con.clone()).await?;
+            let published = outcomes.iter_mut().filter_map(|o| o.as_mut().ok());
+            for (p, n) in published.zip(receivers) {
+                p.receivers = n;
+            }
         }
         Ok(outcomes)
     }
