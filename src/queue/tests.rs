@@ -1271,3 +1271,55 @@ async fn published_results_reach_subscribers_or_are_kept() {
     assert_eq!(moved, SetAside::Moved);
     assert_eq!(results(&mut r.con).await.len(), 2, "kept beside `unheard`");
 }
+
+/// Puts Redis out of memory (noeviction, `maxmemory` 1 byte): a plain write is refused `OOM`.
+async fn out_of_memory(con: &mut redis::aio::ConnectionManager) {
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxmemory")
+        .arg(1)
+        .query_async(con)
+        .await
+        .unwrap();
+    let refused: redis::RedisResult<()> = con.set("grow", "x").await;
+    assert_eq!(refused.expect_err("out of memory").code(), Some("OOM"));
+}
+
+/// With Redis out of memory, the moves that hand work back keep working, as `renew` does: a due
+/// retry is promoted and an expired claim reclaimed (each removes before it adds, and Redis lets
+/// a script's writes through once its first write was a removal), and then claimed, acked and
+/// parked. Before, promote's first write was its `ZADD` and reclaim's its `HINCRBY`, both
+/// refused, so parked retries and a dead instance's claims waited for memory.
+#[tokio::test]
+async fn promote_and_reclaim_work_while_redis_is_out_of_memory() {
+    let mut r = rig(200, 5).await;
+    let held = submit_and_claim(&r, &["parked", "expired"]).await;
+    assert!(r
+        .queue
+        .park(
+            &held[0].fence,
+            &held[0].envelope,
+            Duration::from_millis(100)
+        )
+        .await
+        .unwrap());
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    out_of_memory(&mut r.con).await;
+    assert_eq!(r.queue.promote(10, None, true).await.unwrap(), 1);
+    assert_eq!(r.queue.reclaim(10).await.unwrap().requeued, 1);
+    assert_eq!(zcard(&mut r.con, Q).await, 2, "both are pending again");
+    assert_eq!(zcard(&mut r.con, "q:parked").await, 0);
+    assert_eq!(hlen(&mut r.con, "q:claimed").await, 0);
+    // And the rest of a request's way: claimed again, one acked, one parked.
+    let again = claim_head(&r.queue, 10).await;
+    assert_eq!(again.len(), 2);
+    let done = ResultMessage::http(&again[0].envelope.request.id, 200, b"{}");
+    let finished = r
+        .queue
+        .finish(&[ack(&again[0], &done), park_of(&again[1])])
+        .await
+        .unwrap();
+    assert_eq!(finished, [Finished::Published, Finished::Published]);
+    assert_eq!(results(&mut r.con).await.len(), 1);
+    assert_eq!(zcard(&mut r.con, "q:parked").await, 1);
+}

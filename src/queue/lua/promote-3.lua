@@ -22,9 +22,12 @@ local now = nowMs() / 1000
 local limit = tonumber(ARGV[1])
 local moved = 0
 local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, limit)
+-- Each member is removed before it is added: a ZREM is never refused for memory, and once a
+-- script has written, Redis lets its later writes through, so promote works while Redis is out
+-- of memory (the move does not grow it).
 for _, member in ipairs(due) do
-  redis.call('ZADD', KEYS[2], deadlineOf(member) or 0, member)
   redis.call('ZREM', KEYS[1], member)
+  redis.call('ZADD', KEYS[2], deadlineOf(member) or 0, member)
   moved = moved + 1
 end
 if KEYS[3] then
@@ -37,8 +40,8 @@ if KEYS[3] then
       origin = env.internal.request_queue_name
     end
     if origin == ARGV[2] or (origin == '' and ARGV[3] == '1') then
-      redis.call('ZADD', KEYS[2], deadlineOf(member) or 0, member)
       redis.call('ZREM', KEYS[3], member)
+      redis.call('ZADD', KEYS[2], deadlineOf(member) or 0, member)
       moved = moved + 1
       if moved >= limit * 2 then break end
     end

@@ -49,6 +49,10 @@ for _, ck in ipairs(expired) do
     redis.call('HDEL', KEYS[2], ck)
     redis.call('HDEL', KEYS[4], ck)
   else
+    -- The lease entry goes first (re-added below on a take-over): a ZREM is never refused for
+    -- memory, and once a script has written, Redis lets its later writes through, so reclaim
+    -- works while Redis is out of memory (the move does not grow it).
+    redis.call('ZREM', KEYS[3], ck)
     local deliveries = redis.call('HINCRBY', KEYS[5], ck, 1)
     local deadline = deadlineOf(member)
     local reason = nil
