@@ -35,6 +35,8 @@ struct Got {
     parent_span_id: String,
     attributes: Vec<(String, String)>,
     status: i32,
+    /// (trace id, span id) of each linked span.
+    links: Vec<(String, String)>,
 }
 
 impl Got {
@@ -95,6 +97,11 @@ impl TraceService for Receiver {
                             .map(|kv| (kv.key.clone(), text(kv)))
                             .collect(),
                         status: span.status.map(|s| s.code).unwrap_or_default(),
+                        links: span
+                            .links
+                            .iter()
+                            .map(|l| (hex(&l.trace_id), hex(&l.span_id)))
+                            .collect(),
                     });
                 }
             }
@@ -229,6 +236,59 @@ async fn request_spans_reach_the_collector_and_the_trace_reaches_the_gateway() {
     assert_eq!(refused.parent_span_id, "");
     assert!(refused.attr("error.category").is_some(), "{refused:?}");
     assert_eq!(refused.status, StatusCode::Error as i32, "{refused:?}");
+}
+
+/// Go's `re-enqueue` span: a request still at the gateway when the drain timeout ends goes back
+/// to its queue, and a span `re-enqueue` starts a new trace linked to the request's
+/// `process-request` span.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_drain_timeout_sends_a_request_back_with_a_linked_reenqueue_span() {
+    let (receiver, addr) = start_receiver(None).await;
+    let redis = RedisServer::start().unwrap();
+    let gw = Gateway::start().await;
+    gw.script("slow", vec![Reply::ok("{}").after(Duration::from_secs(30))]);
+    let opts = ProcessorOpts {
+        env: vec![(
+            "OTEL_EXPORTER_OTLP_ENDPOINT".to_owned(),
+            format!("http://{addr}"),
+        )],
+        drain: "1s",
+        ..ProcessorOpts::default()
+    };
+    let mut p = Processor::start(&redis, &gw, &opts).await;
+    let producer = producer(&redis, &opts.queue).await;
+    producer.submit(request("slow", 60, "{}")).await.unwrap();
+    gw.wait_seen("slow", Duration::from_secs(10)).await;
+    p.signal("TERM");
+    assert_eq!(p.wait_exit(Duration::from_secs(20)).await, Some(0));
+    let mut con = con(&redis).await;
+    let pending: u64 = redis::AsyncCommands::zcard(&mut con, &opts.queue)
+        .await
+        .unwrap();
+    assert_eq!(pending, 1, "the request went back to its queue");
+
+    let spans = receiver.spans.lock().unwrap().clone();
+    let named = |name: &str| {
+        spans
+            .iter()
+            .find(|s| s.name == name && s.attr("request.id") == Some("slow"))
+            .cloned()
+            .unwrap_or_else(|| {
+                panic!(
+                    "no {name} span in {spans:#?}
+{}",
+                    p.log()
+                )
+            })
+    };
+    let process = named("process-request");
+    let reenqueue = named("re-enqueue");
+    assert_eq!(reenqueue.parent_span_id, "", "a new trace");
+    assert_ne!(reenqueue.trace_id, process.trace_id);
+    assert_eq!(
+        reenqueue.links,
+        vec![(process.trace_id.clone(), process.span_id.clone())]
+    );
 }
 
 /// One request through a processor with these OTLP variables; the spans the receiver got once

@@ -1,7 +1,9 @@
 //! A request's OpenTelemetry spans, as the Go processor makes them (go-compat §9.3): a
 //! `process-request` span per worker run, its parent taken from the message's `metadata`
-//! (`traceparent`, `tracestate`, `baggage`), and a client span `http-request` per attempt whose
-//! context travels to the gateway in W3C `traceparent`/`tracestate`/`baggage` headers.
+//! (`traceparent`, `tracestate`, `baggage`), a client span `http-request` per attempt whose
+//! context travels to the gateway in W3C `traceparent`/`tracestate`/`baggage` headers, and a
+//! `re-enqueue` span (a new trace linked to the request's) when the drain timeout sends an
+//! in-flight request back to its queue.
 //!
 //! In: the tracer `ops::otel` started (none when tracing is off: then nothing here runs). Out:
 //! spans to the exporter, and the header pairs the worker adds to its gateway request.
@@ -12,7 +14,7 @@ use std::sync::Arc;
 use opentelemetry::propagation::{
     Extractor, Injector, TextMapCompositePropagator, TextMapPropagator,
 };
-use opentelemetry::trace::{SpanKind, Status, TraceContextExt, Tracer as _};
+use opentelemetry::trace::{Span as _, SpanKind, Status, TraceContextExt, Tracer as _};
 use opentelemetry::{Context, KeyValue};
 use opentelemetry_sdk::propagation::{BaggagePropagator, TraceContextPropagator};
 use opentelemetry_sdk::trace::SdkTracer;
@@ -122,6 +124,21 @@ impl RequestSpan {
         if !matches!(outcome, Outcome::Retry { .. }) {
             span.set_status(Status::error(error.to_string()));
         }
+    }
+
+    /// Go's `re-enqueue` span: a request aborted by the drain timeout goes back to its queue
+    /// (inferq releases its claim to pending). A new trace, linked to the `process-request`
+    /// span, as Go starts it; it covers only the decision (the release is written by the
+    /// outbox).
+    pub fn reenqueue(&self, id: &str) {
+        let tracer = &self.tracer.tracer;
+        let link = opentelemetry::trace::Link::with_context(self.cx.span().span_context().clone());
+        let mut span = tracer
+            .span_builder("re-enqueue")
+            .with_attributes(vec![KeyValue::new("request.id", id.to_owned())])
+            .with_links(vec![link])
+            .start_with_context(tracer, &Context::new());
+        span.end();
     }
 
     /// Records a request that failed before an attempt (its URL cannot be made).

@@ -19,7 +19,7 @@ use super::context::Job;
 use super::gates::{Decision, Gate, GateError, GateInput, Verdict};
 use super::holdings::Abort;
 use super::merge::tier_bucket;
-use super::trace::{RequestFacts, RequestTracer};
+use super::trace::{RequestFacts, RequestSpan, RequestTracer};
 use crate::config::merge::TierPriority;
 use crate::config::Fairness;
 use crate::gateway::transform::Transforms;
@@ -97,7 +97,7 @@ async fn pass_pool_gate(
         };
         let decision = match at_gate {
             AtGate::Aborted(reason) => {
-                aborted(job, reason);
+                aborted(job, reason, None);
                 return None;
             }
             AtGate::Stopped => {
@@ -162,7 +162,7 @@ async fn pass_pool_gate(
                     _ = tokio::time::sleep(POOL_GATE_RETRY) => continue,
                 };
                 match next {
-                    AtGate::Aborted(reason) => aborted(job, reason),
+                    AtGate::Aborted(reason) => aborted(job, reason, None),
                     _ => job.release(),
                 }
                 return None;
@@ -220,7 +220,7 @@ pub async fn work(job: Job, env: Arc<WorkerEnv>) {
     };
     let request = &job.held.envelope.request;
     if let Some(reason) = job.ticket.reason() {
-        return aborted(job, reason);
+        return aborted(job, reason, span.as_ref());
     }
     let deadline_ms = request.deadline.saturating_mul(1000);
     let left_ms = deadline_ms - unix_ms();
@@ -319,7 +319,7 @@ pub async fn work(job: Job, env: Arc<WorkerEnv>) {
     inflight.dec();
     let attempt = match attempt {
         Ok(a) => a,
-        Err(reason) => return aborted(job, reason),
+        Err(reason) => return aborted(job, reason, span.as_ref()),
     };
     if let Some(http_span) = http_span {
         http_span.end(attempt.outcome.status());
@@ -389,7 +389,7 @@ fn invalid(job: Job, msg: &str) {
     job.publish(ResultMessage::error(&id, ErrorCode::InvalidRequest, msg));
 }
 
-fn aborted(job: Job, reason: Abort) {
+fn aborted(job: Job, reason: Abort, span: Option<&RequestSpan>) {
     let ctx = job.ctx.clone();
     let tag = match reason {
         Abort::Lost => "lost",
@@ -407,6 +407,11 @@ fn aborted(job: Job, reason: Abort) {
             let id = job.held.envelope.request.id.clone();
             job.publish(ResultMessage::cancelled(&id));
         }
-        Abort::Shutdown => job.release(),
+        Abort::Shutdown => {
+            if let Some(span) = span {
+                span.reenqueue(&job.held.envelope.request.id);
+            }
+            job.release();
+        }
     }
 }
