@@ -20,8 +20,7 @@ use super::ConfigError;
 
 /// The legacy flags of one transport.
 struct Flags {
-    /// `--message-queue-impl`'s value.
-    name: &'static str,
+    /// The transport (its name is `--message-queue-impl`'s value).
     kind: TransportKind,
     result_queue_name: &'static str,
     retry_queue_name: Option<&'static str>,
@@ -42,7 +41,6 @@ struct Flags {
 }
 
 const SORTED_SET: Flags = Flags {
-    name: "redis-sortedset",
     kind: TransportKind::SortedSet,
     result_queue_name: "--redis.ss.result-queue-name",
     retry_queue_name: None,
@@ -60,7 +58,6 @@ const SORTED_SET: Flags = Flags {
 };
 
 const PUBSUB: Flags = Flags {
-    name: "redis-pubsub",
     kind: TransportKind::PubSub,
     result_queue_name: "--redis.result-queue-name",
     retry_queue_name: Some("--redis.retry-queue-name"),
@@ -180,8 +177,8 @@ pub(crate) fn synthesise(
     warnings: &mut Vec<String>,
 ) -> Result<(TransportKind, RawSortedSet, Legacy), ConfigError> {
     let flags = match args.message_queue_impl.as_deref() {
-        Some(name) if name == SORTED_SET.name => &SORTED_SET,
-        Some(name) if name == PUBSUB.name => &PUBSUB,
+        Some(name) if name == SORTED_SET.kind.name() => &SORTED_SET,
+        Some(name) if name == PUBSUB.kind.name() => &PUBSUB,
         Some(other) => {
             return Err(ConfigError::unsupported(
                 "--message-queue-impl",
@@ -217,7 +214,7 @@ pub(crate) fn synthesise(
             "ignoring {}: they configure another of Go's transports, and \
              --message-queue-impl={} is selected",
             other.join(", "),
-            flags.name
+            flags.kind.name()
         ));
     }
     // Left unset when only REDIS_URL gives it: the loader falls back to the variable and names
@@ -232,7 +229,7 @@ pub(crate) fn synthesise(
             "--redis.url",
             format!(
                 "required (or the REDIS_URL environment variable) when using {}",
-                flags.name
+                flags.kind.name()
             ),
         ));
     }
@@ -267,7 +264,7 @@ pub(crate) fn synthesise(
     warnings.push(format!(
         "--message-queue-impl and the --redis.url/{family} flags are deprecated; use \
          --transport={} --transport-config='{}'",
-        flags.name,
+        flags.kind.name(),
         redact_in_text(&equivalent)
     ));
     Ok((flags.kind, raw, Legacy { flags, queues_flag }))

@@ -22,9 +22,9 @@ use super::transport::{
 use super::{legacy, ConfigError};
 
 /// Go's persisted transport.
-const SORTED_SET: &str = "redis-sortedset";
+const SORTED_SET: &str = TransportKind::SortedSet.name();
 /// Go's ephemeral transport (its default), which inferq makes durable.
-const PUBSUB: &str = "redis-pubsub";
+const PUBSUB: &str = TransportKind::PubSub.name();
 
 /// Everything `inferq run` needs, validated and typed.
 #[derive(Debug, Clone)]

@@ -83,6 +83,16 @@ pub enum TransportKind {
     PubSub,
 }
 
+impl TransportKind {
+    /// The name `--transport` takes.
+    pub const fn name(self) -> &'static str {
+        match self {
+            TransportKind::SortedSet => "redis-sortedset",
+            TransportKind::PubSub => "redis-pubsub",
+        }
+    }
+}
+
 /// Go's default result channel of the redis-pubsub transport.
 pub const DEFAULT_RESULT_CHANNEL: &str = "result-queue";
 

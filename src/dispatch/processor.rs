@@ -197,11 +197,7 @@ pub async fn run(config: RunConfig, shutdown: CancellationToken) -> Result<(), D
             source,
         })?;
 
-    let kind = match transport.kind {
-        TransportKind::SortedSet => "redis-sortedset",
-        TransportKind::PubSub => "redis-pubsub",
-    };
-    tracing::info!(transport = kind, redis = %transport.url.redacted(), queues = transport.queues.len(), "inferq starting");
+    tracing::info!(transport = transport.kind.name(), redis = %transport.url.redacted(), queues = transport.queues.len(), "inferq starting");
     let Some(mut con) = connect_until_up(&client, &readiness, &shutdown).await else {
         servers.cancel();
         return Ok(());
@@ -269,13 +265,12 @@ pub async fn run(config: RunConfig, shutdown: CancellationToken) -> Result<(), D
         let default_url = gateway::join_url(&q.igw_base_url, &q.request_path_url)
             .map_err(|e| e.to_string())
             .and_then(|url| gateway::parse_target(&url));
+        let queue = Queue::new(con.clone(), &q.queue_name, config.claim);
         let ctx = Arc::new(QueueCtx {
             spec: q.clone(),
             queue: match transport.kind {
-                TransportKind::SortedSet => Queue::new(con.clone(), &q.queue_name, config.claim),
-                TransportKind::PubSub => {
-                    Queue::new(con.clone(), &q.queue_name, config.claim).publishing_results()
-                }
+                TransportKind::SortedSet => queue,
+                TransportKind::PubSub => queue.publishing_results(),
             },
             holdings: Holdings::new(config.claim.lease),
             outbox: outbox_tx,
