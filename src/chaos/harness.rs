@@ -155,7 +155,7 @@ pub async fn run(settings: ChaosSettings) -> Result<Report, ChaosError> {
     if publish {
         // Messages an instance received while cut off from Redis are admitted once it is back.
         tokio::time::sleep(rig.lease * 2).await;
-        ledger.resolve_published(&mut rig.admin).await?;
+        settle_published(&mut ledger, &mut rig.admin).await?;
         tracing::info!(
             admitted = ledger.accepted(),
             not_admitted = ledger.uncertain(),
@@ -262,6 +262,27 @@ pub async fn races_only(settings: ChaosSettings) -> Result<Report, ChaosError> {
 }
 
 /// Waits until every accepted request has a result and every queue key is empty.
+/// Settles the published requests by their admit markers. The admin connection may find
+/// Redis's last restart only now (a broken pipe, after which it reconnects): each try settles
+/// what the last one did not, for at most about 10 s.
+async fn settle_published(
+    ledger: &mut super::workload::Ledger,
+    admin: &mut redis::aio::ConnectionManager,
+) -> Result<(), ChaosError> {
+    let mut tries = 0;
+    loop {
+        match ledger.resolve_published(admin).await {
+            Ok(()) => return Ok(()),
+            Err(e) if tries < 20 => {
+                tries += 1;
+                tracing::info!(error = %e, "settling published requests: retrying");
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
 async fn quiesce(rig: &mut Rig, accepted: &HashSet<String>, limit: Duration) -> bool {
     let started = Instant::now();
     let mut last_log = Instant::now();
