@@ -267,7 +267,7 @@ async fn readyz_names_a_subscription_redis_refuses() {
     if let Some(args) = o.transport_args.as_mut() {
         args[3] = args[3].replace(&redis.url(), &url);
     }
-    let p = Processor::spawn_unready(&redis, &gw, &o);
+    let p = Processor::spawn(&redis, &gw, &o);
     let readyz = format!("http://127.0.0.1:{}/readyz", p.health_port);
     let started = Instant::now();
     let body = loop {

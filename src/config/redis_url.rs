@@ -308,16 +308,6 @@ mod tests {
         let (url, _) = check("redis://:pw@/0");
         assert!(url.is_err_and(|e| !e.contains(":pw@")));
     }
-}
-
-#[cfg(test)]
-mod unix_tests {
-    use super::*;
-
-    fn check(url: &str) -> (Result<String, String>, Vec<String>) {
-        let mut warnings = Vec::new();
-        (check_redis_url(url, "url", &mut warnings), warnings)
-    }
 
     /// go-redis's unix URL, credentials before the path, becomes redis-rs's, with them as
     /// options; escapes are decoded once and re-encoded for the query.

@@ -301,16 +301,9 @@ impl Processor {
         panic!("three processors in a row found their ports taken");
     }
 
-    /// Starts a processor without waiting for it to be ready (for tests of an unready one).
-    pub fn spawn_unready(
-        redis: &RedisServer,
-        gateway: &Gateway,
-        opts: &ProcessorOpts,
-    ) -> Processor {
-        Self::spawn(redis, gateway, opts)
-    }
-
-    fn spawn(redis: &RedisServer, gateway: &Gateway, opts: &ProcessorOpts) -> Processor {
+    /// Starts a processor without waiting for it to be ready (tests of an unready one use it
+    /// directly).
+    pub fn spawn(redis: &RedisServer, gateway: &Gateway, opts: &ProcessorOpts) -> Processor {
         let health_port = free_port().unwrap();
         let metrics_port = free_port().unwrap();
         let config = format!(
