@@ -9,6 +9,7 @@
 //! stopped and started in `block_in_place`. Dropping a run stops everything it started.
 
 use std::collections::HashSet;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use super::history::{self, History, Orphans};
@@ -18,7 +19,7 @@ use super::processes::{Processor, ProcessorSpec};
 use super::proxy::Proxy;
 use super::report::{ProcessorSummary, Report};
 use super::schedule::{self, PlanShape};
-use super::workload::Workload;
+use super::workload::{admitted, Ledger, Workload};
 use super::{races, ChaosError, ChaosSettings, ChaosTransport};
 use crate::queue::producer::Producer;
 use crate::queue::{connect, QueueKeys};
@@ -28,6 +29,8 @@ use crate::wire::ResultMessage;
 
 const QUEUE: &str = "chaos:requests";
 const RESULTS: &str = "chaos:results";
+/// How often published requests are settled during a run (their markers outlive this by far).
+const SETTLE_EVERY: Duration = Duration::from_secs(5);
 
 fn ms(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
@@ -128,9 +131,13 @@ pub async fn run(settings: ChaosSettings) -> Result<Report, ChaosError> {
     };
 
     let t0 = Instant::now();
+    let shared = Arc::new(Mutex::new(Ledger::default()));
+    // Published requests are settled as they are admitted, while their markers live.
+    let settling =
+        publish.then(|| tokio::spawn(settle_while_running(Arc::clone(&shared), rig.admin.clone())));
     let submitting = async {
-        let ledger = workload.run(&producer).await;
-        (ledger, t0.elapsed())
+        workload.run(&producer, &shared).await;
+        t0.elapsed()
     };
     let injecting = async {
         let mut log: Vec<FaultRecord> = Vec::new();
@@ -143,8 +150,14 @@ pub async fn run(settings: ChaosSettings) -> Result<Report, ChaosError> {
         }
         (log, orphans, t0.elapsed())
     };
-    let ((mut ledger, submit_took), (faults, orphans, faults_took)) =
-        tokio::join!(submitting, injecting);
+    let (submit_took, (faults, orphans, faults_took)) = tokio::join!(submitting, injecting);
+    if let Some(task) = settling {
+        task.abort();
+    }
+    let mut ledger = shared
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .clone();
     tracing::info!(
         accepted = ledger.accepted(),
         uncertain = ledger.uncertain(),
@@ -261,12 +274,34 @@ pub async fn races_only(settings: ChaosSettings) -> Result<Report, ChaosError> {
     Ok(report)
 }
 
-/// Waits until every accepted request has a result and every queue key is empty.
+/// Every few seconds, marks accepted the published requests an instance has admitted since.
+/// A round that fails (Redis down or cut off) changes nothing; the next one tries again. Runs
+/// until aborted.
+async fn settle_while_running(
+    ledger: Arc<Mutex<Ledger>>,
+    mut admin: redis::aio::ConnectionManager,
+) {
+    loop {
+        tokio::time::sleep(SETTLE_EVERY).await;
+        let unsettled = ledger
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .unsettled();
+        let round = tokio::time::timeout(SETTLE_EVERY, admitted(&mut admin, &unsettled));
+        if let Ok(Ok(ids)) = round.await {
+            ledger
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .mark_admitted(&ids);
+        }
+    }
+}
+
 /// Settles the published requests by their admit markers. The admin connection may find
 /// Redis's last restart only now (a broken pipe, after which it reconnects): each try settles
 /// what the last one did not, for at most about 10 s.
 async fn settle_published(
-    ledger: &mut super::workload::Ledger,
+    ledger: &mut Ledger,
     admin: &mut redis::aio::ConnectionManager,
 ) -> Result<(), ChaosError> {
     let mut tries = 0;
@@ -283,6 +318,7 @@ async fn settle_published(
     }
 }
 
+/// Waits until every accepted request has a result and every queue key is empty.
 async fn quiesce(rig: &mut Rig, accepted: &HashSet<String>, limit: Duration) -> bool {
     let started = Instant::now();
     let mut last_log = Instant::now();

@@ -57,39 +57,68 @@ impl Ledger {
         self.ids.len() - self.accepted()
     }
 
-    /// Settles every published request: accepted if an instance admitted it (its marker
-    /// exists), otherwise uncertain (every instance that received it died or was cut off
-    /// before admitting it: pub/sub keeps nothing, as for Go).
-    pub async fn resolve_published(
-        &mut self,
-        con: &mut redis::aio::ConnectionManager,
-    ) -> redis::RedisResult<()> {
-        let markers: Vec<(String, String)> = self
-            .ids
+    /// The published requests not yet seen admitted, each with its marker key.
+    pub fn unsettled(&self) -> Vec<(String, String)> {
+        self.ids
             .iter()
             .filter_map(|(id, (_, fate))| match fate {
                 Fate::Published(marker) => Some((id.clone(), marker.clone())),
                 _ => None,
             })
-            .collect();
-        for chunk in markers.chunks(500) {
-            let mut pipe = redis::pipe();
-            for (_, marker) in chunk {
-                pipe.exists(marker);
+            .collect()
+    }
+
+    /// Marks these published requests accepted: an instance admitted them.
+    pub fn mark_admitted(&mut self, ids: &[String]) {
+        for id in ids {
+            if let Some((_, fate @ Fate::Published(_))) = self.ids.get_mut(id) {
+                *fate = Fate::Accepted;
             }
-            let admitted: Vec<bool> = pipe.query_async(con).await?;
-            for ((id, _), admitted) in chunk.iter().zip(admitted) {
-                if let Some((_, fate)) = self.ids.get_mut(id) {
-                    *fate = if admitted {
-                        Fate::Accepted
-                    } else {
-                        Fate::Uncertain("published, never admitted".to_owned())
-                    };
-                }
+        }
+    }
+
+    /// Settles every published request still unsettled: accepted if an instance admitted it
+    /// (its marker exists), otherwise uncertain (every instance that received it died or was
+    /// cut off before admitting it: pub/sub keeps nothing, as for Go). A marker lives until
+    /// the request's deadline plus ten minutes, so a long run also settles during the run
+    /// ([`admitted`]), before the first markers expire.
+    pub async fn resolve_published(
+        &mut self,
+        con: &mut redis::aio::ConnectionManager,
+    ) -> redis::RedisResult<()> {
+        let unsettled = self.unsettled();
+        let ids = admitted(con, &unsettled).await?;
+        self.mark_admitted(&ids);
+        for (id, _) in unsettled {
+            if let Some((_, fate @ Fate::Published(_))) = self.ids.get_mut(&id) {
+                *fate = Fate::Uncertain("published, never admitted".to_owned());
             }
         }
         Ok(())
     }
+}
+
+/// Which of these published requests (id, marker) an instance has admitted so far.
+pub async fn admitted(
+    con: &mut redis::aio::ConnectionManager,
+    published: &[(String, String)],
+) -> redis::RedisResult<Vec<String>> {
+    let mut ids = Vec::new();
+    for chunk in published.chunks(500) {
+        let mut pipe = redis::pipe();
+        for (_, marker) in chunk {
+            pipe.exists(marker);
+        }
+        let found: Vec<bool> = pipe.query_async(con).await?;
+        ids.extend(
+            chunk
+                .iter()
+                .zip(found)
+                .filter(|(_, found)| *found)
+                .map(|((id, _), _)| id.clone()),
+        );
+    }
+    Ok(ids)
 }
 
 /// What to submit.
@@ -144,9 +173,9 @@ impl Workload {
         })
     }
 
-    /// Submits every request at the configured rate; returns once every submit has an answer.
-    pub async fn run(&self, producer: &Producer) -> Ledger {
-        let ledger = Arc::new(Mutex::new(Ledger::default()));
+    /// Submits every request at the configured rate, recording each in `ledger`; returns once
+    /// every submit has an answer.
+    pub async fn run(&self, producer: &Producer, ledger: &Arc<Mutex<Ledger>>) {
         let started = tokio::time::Instant::now();
         let mut tick = tokio::time::interval(Duration::from_millis(100));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -161,12 +190,12 @@ impl Workload {
             for i in next..end {
                 match self.request(i, now / 1000) {
                     Ok(r) => batch.push(r),
-                    Err(e) => record(&ledger, self.id(i), now, Fate::Uncertain(e.to_string())),
+                    Err(e) => record(ledger, self.id(i), now, Fate::Uncertain(e.to_string())),
                 }
             }
             next = end;
             let producer = producer.clone();
-            let ledger = Arc::clone(&ledger);
+            let ledger = Arc::clone(ledger);
             let cancel_every = self.cancel_every;
             if self.publish {
                 tasks.spawn(publish(producer, batch, ledger));
@@ -219,11 +248,6 @@ impl Workload {
             });
         }
         while tasks.join_next().await.is_some() {}
-        let out = ledger
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone();
-        out
     }
 }
 
@@ -264,4 +288,58 @@ fn record(ledger: &Mutex<Ledger>, id: String, at: i64, fate: Fate) {
         .unwrap_or_else(PoisonError::into_inner)
         .ids
         .insert(id, (at, fate));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testkit::RedisServer;
+    use redis::AsyncCommands;
+
+    fn published(ids: &[&str]) -> Ledger {
+        let mut l = Ledger::default();
+        for id in ids {
+            let fate = Fate::Published(format!("q:seen:{id}"));
+            l.ids.insert((*id).to_owned(), (1_000, fate));
+        }
+        l
+    }
+
+    #[tokio::test]
+    async fn a_request_seen_admitted_during_the_run_stays_accepted_after_its_marker_expires() {
+        let redis = RedisServer::start().expect("redis-server");
+        let client = redis::Client::open(redis.url()).expect("client");
+        let mut con = crate::queue::connect::manager(&client).await.expect("con");
+        let mut ledger = published(&["a", "b", "c"]);
+        ledger
+            .ids
+            .insert("d".into(), (1_000, Fate::Uncertain("cut".into())));
+        let _: () = con.set("q:seen:a", 1).await.expect("set");
+        let _: () = con.set("q:seen:d", 1).await.expect("set");
+
+        // A round during the run: a is admitted; b and c not yet.
+        let ids = admitted(&mut con, &ledger.unsettled())
+            .await
+            .expect("admitted");
+        assert_eq!(ids, ["a"]);
+        ledger.mark_admitted(&ids);
+        // d's fate was never published: a marker of its name does not make it accepted.
+        ledger.mark_admitted(&["d".to_owned()]);
+        assert_eq!(ledger.accepted(), 1);
+
+        // a's marker expires; b is admitted late (an instance buffered it while cut off).
+        let _: () = con.del("q:seen:a").await.expect("del");
+        let _: () = con.set("q:seen:b", 1).await.expect("set");
+        ledger.resolve_published(&mut con).await.expect("resolve");
+
+        let fate = |id: &str| ledger.ids[id].1.clone();
+        assert_eq!(fate("a"), Fate::Accepted);
+        assert_eq!(fate("b"), Fate::Accepted);
+        assert_eq!(
+            fate("c"),
+            Fate::Uncertain("published, never admitted".into())
+        );
+        assert_eq!(fate("d"), Fate::Uncertain("cut".into()));
+        assert!(ledger.unsettled().is_empty());
+    }
 }
