@@ -197,6 +197,10 @@ async fn request_spans_reach_the_collector_and_the_trace_reaches_the_gateway() {
             .cloned()
             .unwrap_or_else(|| panic!("no {name} span for {id} in {spans:#?}"))
     };
+    assert!(
+        !spans.iter().any(|s| s.attr("db.system") == Some("redis")),
+        "no spans of Redis commands unless enable_tracing asks: {spans:#?}"
+    );
     let process = find("process-request", "traced");
     assert_eq!(process.service, "llm-d-async");
     assert_eq!(process.scope, "llm-d-async");
@@ -289,6 +293,94 @@ async fn the_drain_timeout_sends_a_request_back_with_a_linked_reenqueue_span() {
         reenqueue.links,
         vec![(process.trace_id.clone(), process.span_id.clone())]
     );
+}
+
+/// Go's `enable_tracing`: every Redis command the processor sends is a client span named after
+/// the command, a root span of its own; a script call names its script; the server's address is
+/// there, and no span carries a request's payload. A command Redis refuses is an error span.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn enable_tracing_exports_a_span_per_redis_command_without_the_payloads() {
+    let (receiver, addr) = start_receiver(None).await;
+    let redis = RedisServer::start().unwrap();
+    let gw = Gateway::start().await;
+    let opts = ProcessorOpts {
+        env: vec![(
+            "OTEL_EXPORTER_OTLP_ENDPOINT".to_owned(),
+            format!("http://{addr}"),
+        )],
+        extra_transport_fields: r#","enable_tracing":true"#.to_owned(),
+        ..ProcessorOpts::default()
+    };
+    let mut p = Processor::start(&redis, &gw, &opts).await;
+    let producer = producer(&redis, &opts.queue).await;
+    for id in ["r1", "r2"] {
+        producer
+            .submit(request(id, 60, r#"{"prompt":"secret-prompt-text"}"#))
+            .await
+            .unwrap();
+    }
+    let mut con = con(&redis).await;
+    assert_eq!(
+        wait_results(&mut con, 2, Duration::from_secs(10))
+            .await
+            .len(),
+        2
+    );
+    // A SCRIPT FLUSH makes the next call of each script fail with NOSCRIPT (then it is loaded
+    // and called again): the failed call is an error span.
+    let _: () = redis::cmd("SCRIPT")
+        .arg("FLUSH")
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    producer
+        .submit(request("r3", 60, r#"{"prompt":"secret-prompt-text"}"#))
+        .await
+        .unwrap();
+    assert_eq!(
+        wait_results(&mut con, 3, Duration::from_secs(10))
+            .await
+            .len(),
+        3
+    );
+    p.signal("TERM");
+    assert_eq!(p.wait_exit(Duration::from_secs(20)).await, Some(0));
+
+    let spans = receiver.spans.lock().unwrap().clone();
+    let redis_spans: Vec<&Got> = spans
+        .iter()
+        .filter(|s| s.attr("db.system") == Some("redis"))
+        .collect();
+    let script = |name: &str| {
+        redis_spans
+            .iter()
+            .filter(|s| s.name == "evalsha" && s.attr("db.stored_procedure.name") == Some(name))
+            .count()
+    };
+    assert!(script("take") >= 1, "{redis_spans:#?}");
+    assert!(script("finish") >= 1, "{redis_spans:#?}");
+    assert!(
+        redis_spans.iter().any(|s| s.name == "script load"),
+        "{redis_spans:#?}"
+    );
+    let port = redis.port().to_string();
+    for s in &redis_spans {
+        assert_eq!(s.kind, SpanKind::Client as i32, "{s:?}");
+        assert_eq!(s.parent_span_id, "", "a root span: {s:?}");
+        assert_eq!(s.attr("server.address"), Some("127.0.0.1"), "{s:?}");
+        assert_eq!(s.attr("server.port"), Some(port.as_str()), "{s:?}");
+        assert_eq!(s.service, "llm-d-async");
+    }
+    assert!(
+        redis_spans.iter().any(|s| s.name == "evalsha"
+            && s.status == StatusCode::Error as i32
+            && s.attr("error.type") == Some("NOSCRIPT")),
+        "the NOSCRIPT call is an error span: {redis_spans:#?}"
+    );
+    let all = format!("{spans:?}");
+    assert!(!all.contains("secret-prompt-text"), "{all}");
+    // The request spans are there as before.
+    assert!(spans.iter().any(|s| s.name == "process-request"));
 }
 
 /// One request through a processor with these OTLP variables; the spans the receiver got once

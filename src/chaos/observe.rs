@@ -3,13 +3,13 @@
 
 use std::collections::BTreeMap;
 
-use redis::aio::ConnectionManager;
+use redis::aio::ConnectionLike;
 
 use crate::queue::QueueKeys;
 
 /// Every entry of a list, newest first.
-pub async fn lrange(
-    con: &mut ConnectionManager,
+pub async fn lrange<C: ConnectionLike>(
+    con: &mut C,
     key: &str,
 ) -> Result<Vec<Vec<u8>>, redis::RedisError> {
     redis::cmd("LRANGE")
@@ -21,8 +21,8 @@ pub async fn lrange(
 }
 
 /// The size of every key the queue uses (ZCARD, HLEN or LLEN by type; 0 when absent).
-pub async fn key_sizes(
-    con: &mut ConnectionManager,
+pub async fn key_sizes<C: ConnectionLike>(
+    con: &mut C,
     keys: &QueueKeys,
 ) -> Result<BTreeMap<String, u64>, redis::RedisError> {
     let mut out = BTreeMap::new();

@@ -217,7 +217,7 @@ where
         }
     }
     let otel = super::otel::from_env(env)?;
-    warnings.extend(tracing_warning(transport.enable_tracing));
+    warnings.extend(tracing_warning(transport.enable_tracing, otel.is_some()));
 
     let pools = match non_empty(&args.pool_config_file) {
         Some(_) if legacy.is_some() && !legacy::has_queues_config(args) => {
@@ -541,12 +541,12 @@ fn optional_duration(flag: &str, text: &Option<String>) -> Result<Option<Duratio
     non_empty(text).map(|t| flag_duration(flag, t)).transpose()
 }
 
-/// The warning for Go's `enable_tracing`: it asks for a span per Redis command, which inferq
-/// does not export (its request spans follow `OTEL_EXPORTER_OTLP_ENDPOINT`, as Go's do).
-fn tracing_warning(enable_tracing: bool) -> Option<String> {
-    enable_tracing.then(|| {
-        "enable_tracing is true, but inferq exports no spans of Redis commands; its request \
-         spans follow OTEL_EXPORTER_OTLP_ENDPOINT"
+/// The warning for Go's `enable_tracing` without an OTLP endpoint: it asks for a span per Redis
+/// command, and spans go where `OTEL_EXPORTER_OTLP_ENDPOINT` says (Go drops them silently).
+fn tracing_warning(enable_tracing: bool, exporting: bool) -> Option<String> {
+    (enable_tracing && !exporting).then(|| {
+        "enable_tracing is true, but OTEL_EXPORTER_OTLP_ENDPOINT is unset: no spans of Redis \
+         commands (nor of requests) are exported"
             .to_owned()
     })
 }

@@ -1317,9 +1317,9 @@ mod props {
 
 /// `OTEL_EXPORTER_OTLP_ENDPOINT` switches request tracing on without a warning (the exporter's
 /// settings are in the config); Go's `enable_tracing`, which asks for spans of Redis commands,
-/// loads with a warning that inferq does not export those.
+/// loads with a warning when there is no endpoint to export them to, and silently with one.
 #[test]
-fn tracing_follows_the_otlp_endpoint_and_enable_tracing_warns() {
+fn tracing_follows_the_otlp_endpoint_and_enable_tracing_warns_without_it() {
     let c = load_ok(&[SS, &inline(MINIMAL)]);
     assert_eq!(c.otel, None);
     assert!(
@@ -1343,6 +1343,14 @@ fn tracing_follows_the_otlp_endpoint_and_enable_tracing_warns() {
         c.otel.map(|o| (o.endpoint, o.service_name)),
         Some(("http://otel:4317".to_owned(), "llm-d-async".to_owned()))
     );
+    assert!(
+        !c.warnings.iter().any(|w| w.contains("spans")),
+        "{:?}",
+        c.warnings
+    );
+    let args = parse(&[SS, &inline(&with_field)]).unwrap();
+    let c = load_with_env(&args, env).unwrap();
+    assert!(c.transport.enable_tracing);
     assert!(
         !c.warnings.iter().any(|w| w.contains("spans")),
         "{:?}",

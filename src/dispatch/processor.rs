@@ -26,7 +26,7 @@ use crate::gateway::{self, GatewayClient, GatewayTls};
 use crate::ops::{
     metrics::PoolLabels, otel::Otel, serve_health, serve_metrics, Metrics, QueueLabels, Readiness,
 };
-use crate::queue::{connect, scripts::SCRIPTS, Queue};
+use crate::queue::{connect, scripts::SCRIPTS, traced::Con, Queue};
 
 /// Why the processor could not run.
 #[derive(Debug, thiserror::Error)]
@@ -204,6 +204,26 @@ pub async fn run(config: RunConfig, shutdown: CancellationToken) -> Result<(), D
     };
     refuse_cluster(&mut con).await?;
     readiness.set_connection(con.clone());
+    let otel = match &config.otel {
+        Some(settings) => {
+            let otel = Otel::start(settings)?;
+            tracing::info!(
+                endpoint = %crate::config::redact_url(&settings.endpoint),
+                service = %settings.service_name,
+                redis_commands = transport.enable_tracing,
+                "exporting request spans over OTLP"
+            );
+            Some(otel)
+        }
+        None => None,
+    };
+    // Go's `enable_tracing`: a span per Redis command the moves send.
+    let con = match &otel {
+        Some(otel) if transport.enable_tracing => {
+            Con::traced(con, otel.tracer(), client.get_connection_info())
+        }
+        _ => Con::plain(con),
+    };
 
     if let Some(marker) = super::fault::arm_from_env() {
         tracing::warn!(
@@ -211,18 +231,6 @@ pub async fn run(config: RunConfig, shutdown: CancellationToken) -> Result<(), D
             "fault injection armed: a request whose payload carries the marker aborts this process"
         );
     }
-    let otel = match &config.otel {
-        Some(settings) => {
-            let otel = Otel::start(settings)?;
-            tracing::info!(
-                endpoint = %crate::config::redact_url(&settings.endpoint),
-                service = %settings.service_name,
-                "exporting request spans over OTLP"
-            );
-            Some(otel)
-        }
-        None => None,
-    };
     let stop_claiming = CancellationToken::new();
     let env = Arc::new(WorkerEnv {
         client: gateway_client,

@@ -21,6 +21,7 @@ pub mod producer;
 pub mod reliable;
 pub mod scripts;
 pub mod settings;
+pub mod traced;
 
 #[cfg(test)]
 mod tests;

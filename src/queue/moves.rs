@@ -9,13 +9,13 @@
 
 use std::borrow::Borrow;
 
-use redis::aio::ConnectionManager;
 use redis::{RedisError, Value};
 
 use super::dead::DeadRecord;
 use super::keys::{active_key, cancel_key, claim_key, fresh_token, QueueKeys};
 use super::scripts::SCRIPTS;
 use super::settings::ClaimSettings;
+use super::traced::Con;
 use crate::wire::{Envelope, ResultMessage};
 
 /// Errors of the queue layer.
@@ -303,7 +303,7 @@ pub enum Finished {
 pub struct Queue {
     keys: QueueKeys,
     settings: ClaimSettings,
-    con: ConnectionManager,
+    con: Con,
     /// Results are PUBLISHed on a channel of the result list's name (redis-pubsub) instead of
     /// LPUSHed; one no subscriber hears is kept in the list.
     publish_results: bool,
@@ -344,11 +344,11 @@ fn ms(d: std::time::Duration) -> u64 {
 }
 
 impl Queue {
-    pub fn new(con: ConnectionManager, queue_name: &str, settings: ClaimSettings) -> Queue {
+    pub fn new(con: impl Into<Con>, queue_name: &str, settings: ClaimSettings) -> Queue {
         Queue {
             keys: QueueKeys::new(queue_name),
             settings,
-            con,
+            con: con.into(),
             publish_results: false,
         }
     }
@@ -397,7 +397,7 @@ impl Queue {
     }
 
     /// A connection handle (cheap to clone; reconnects by itself).
-    pub fn connection(&self) -> ConnectionManager {
+    pub fn connection(&self) -> Con {
         self.con.clone()
     }
 

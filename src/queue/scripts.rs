@@ -31,6 +31,11 @@ impl Script {
         Script { name, source, sha }
     }
 
+    /// The SHA1 of the source, which `EVALSHA` names it by.
+    pub fn sha(&self) -> &str {
+        &self.sha
+    }
+
     /// An `EVALSHA` command for these keys and arguments.
     pub fn cmd<K: redis::ToRedisArgs, A: redis::ToRedisArgs>(&self, keys: &[K], args: &[A]) -> Cmd {
         let mut cmd = redis::cmd("EVALSHA");

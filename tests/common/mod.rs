@@ -229,6 +229,8 @@ pub struct ProcessorOpts {
     pub drain: &'static str,
     pub request_timeout: &'static str,
     pub extra_queue_fields: String,
+    /// More fields of the transport config (`,"enable_tracing":true`).
+    pub extra_transport_fields: String,
     /// A pool config file's JSON (`--pool-config-file`), when set.
     pub pools: Option<String>,
     /// More flags for `inferq run`.
@@ -254,6 +256,7 @@ impl Default for ProcessorOpts {
             drain: "30s",
             request_timeout: "30s",
             extra_queue_fields: String::new(),
+            extra_transport_fields: String::new(),
             pools: None,
             extra_args: Vec::new(),
             redis_url: None,
@@ -307,11 +310,12 @@ impl Processor {
         let health_port = free_port().unwrap();
         let metrics_port = free_port().unwrap();
         let config = format!(
-            r#"{{"url":"{}","poll_interval_ms":{},"batch_size":10,"claim_lease_ttl_seconds":{},"claim_reclaim_interval_ms":{},"queues":[{{"queue_name":"{}","igw_base_url":"{}","inference_objective":"batch-obj"{}}}]}}"#,
+            r#"{{"url":"{}","poll_interval_ms":{},"batch_size":10,"claim_lease_ttl_seconds":{},"claim_reclaim_interval_ms":{}{},"queues":[{{"queue_name":"{}","igw_base_url":"{}","inference_objective":"batch-obj"{}}}]}}"#,
             opts.redis_url.clone().unwrap_or_else(|| redis.url()),
             opts.poll_interval_ms,
             opts.lease_s,
             opts.reclaim_ms,
+            opts.extra_transport_fields,
             opts.queue,
             gateway.url(),
             opts.extra_queue_fields
