@@ -216,7 +216,10 @@ impl RedisServer {
         let started = Instant::now();
         let limit = Duration::from_secs(10);
         while started.elapsed() < limit {
-            if ping(self.port) {
+            // The answer must come from our child: another process's server may hold the port
+            // (ours then exits with "Address already in use", handled below).
+            let ours = self.child.as_ref().map(Child::id);
+            if ping(self.port) && ours.is_some() && server_pid(self.port) == ours {
                 return Ok(());
             }
             if let Some(status) = self.exited() {
@@ -337,6 +340,18 @@ fn ping(port: u16) -> bool {
     }
     let mut buf = [0u8; 16];
     matches!(stream.read(&mut buf), Ok(n) if buf[..n].starts_with(b"+PONG"))
+}
+
+/// The pid of the Redis server answering on `port` (`INFO server`'s `process_id`).
+fn server_pid(port: u16) -> Option<u32> {
+    let client = redis::Client::open(format!("redis://127.0.0.1:{port}/")).ok()?;
+    let mut con = client
+        .get_connection_with_timeout(Duration::from_millis(500))
+        .ok()?;
+    let info: String = redis::cmd("INFO").arg("server").query(&mut con).ok()?;
+    info.lines()
+        .find_map(|l| l.strip_prefix("process_id:"))
+        .and_then(|pid| pid.trim().parse().ok())
 }
 
 #[cfg(test)]

@@ -97,8 +97,7 @@ async fn submit_counts_timeouts_from_submission_on_a_slow_stdin() {
 /// can start at the right line (before: only "timed out", exit 1, and an unknown part queued).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn submit_cut_short_by_redis_says_what_is_queued() {
-    let redis =
-        RedisServer::start_with_args(vec!["--enable-debug-command".into(), "yes".into()]).unwrap();
+    let redis = RedisServer::start().unwrap();
     let mut input = String::new();
     for i in 0..20_000 {
         input.push_str(&format!(
@@ -116,27 +115,36 @@ async fn submit_cut_short_by_redis_says_what_is_queued() {
             "",
         )
     });
-    // Let some go in, then stall Redis for longer than the producer waits for a reply.
+    // Let some go in, then freeze Redis (SIGSTOP) until the producer has given up waiting for
+    // a reply (3 s per try, three tries), however long that takes on a loaded machine.
     let mut con = common::con(&redis).await;
+    let started = std::time::Instant::now();
     loop {
         let n: u64 = con.zcard("request-sortedset").await.unwrap();
         if n >= 100 {
             break;
         }
+        assert!(
+            !submitting.is_finished() && started.elapsed() < std::time::Duration::from_secs(30),
+            "the submit did not get going"
+        );
         tokio::time::sleep(std::time::Duration::from_millis(5)).await;
     }
-    let mut stall = redis.connection().await.unwrap();
-    // Longer than the producer's connection waits in all (3 s per try, three tries).
-    let awake_at = tokio::time::Instant::now() + std::time::Duration::from_millis(12_500);
-    // The reply comes after the sleep, past this connection's own timeout: not awaited.
-    let _: redis::RedisResult<()> = redis::cmd("DEBUG")
-        .arg("SLEEP")
-        .arg(12)
-        .query_async(&mut stall)
-        .await;
+    let pid = redis.pid().unwrap().to_string();
+    let signal = |sig: &str| {
+        assert!(std::process::Command::new("kill")
+            .args([sig, pid.as_str()])
+            .status()
+            .unwrap()
+            .success());
+    };
+    signal("-STOP");
+    let frozen = std::time::Instant::now();
+    while !submitting.is_finished() && frozen.elapsed() < std::time::Duration::from_secs(60) {
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    signal("-CONT");
     let out = submitting.join().unwrap();
-    // Redis answers nobody until its sleep is over.
-    tokio::time::sleep_until(awake_at).await;
     assert_eq!(
         out.status.code(),
         Some(1),

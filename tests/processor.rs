@@ -258,15 +258,20 @@ async fn cancel_during_dispatch_aborts_the_request() {
     let cancelled_at = Instant::now();
     producer.cancel(&["c2".to_owned()]).await.unwrap();
     let mut con = con(&redis).await;
-    let got = wait_results(&mut con, 1, Duration::from_secs(5)).await;
+    let got = wait_results(&mut con, 1, Duration::from_secs(15)).await;
     assert_eq!(got.len(), 1);
     assert_eq!(got[0].error_code, "CANCELLED");
+    // Cancellations are checked every 500 ms; the bound leaves room for a loaded machine, and
+    // is far below the gateway's 20 s answer.
     assert!(
-        cancelled_at.elapsed() < Duration::from_secs(3),
+        cancelled_at.elapsed() < Duration::from_secs(8),
         "took {:?}",
         cancelled_at.elapsed()
     );
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    let seen_abort = Instant::now();
+    while gw.aborted("c2") == 0 && seen_abort.elapsed() < Duration::from_secs(5) {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     assert_eq!(gw.aborted("c2"), 1, "the gateway saw the request abandoned");
 }
 
@@ -286,7 +291,8 @@ async fn sigterm_drains_and_releases_unstarted_work() {
         let id = format!("d{i}");
         gw.script(
             &id,
-            vec![Reply::ok("{}").after(Duration::from_millis(1500))],
+            // In flight long enough that the release below is seen before they finish.
+            vec![Reply::ok("{}").after(Duration::from_secs(6))],
         );
         let req = request(&id, 60 + i, "{}");
         deadlines.push((id, req.deadline));
@@ -299,13 +305,20 @@ async fn sigterm_drains_and_releases_unstarted_work() {
     let claimed: u64 = con.hlen(format!("{Q}:claimed")).await.unwrap();
     assert!(claimed > 2, "claimed {claimed}");
     p.signal("TERM");
-    tokio::time::sleep(Duration::from_millis(400)).await;
-    let claimed: u64 = con.hlen(format!("{Q}:claimed")).await.unwrap();
+    // The release is prompt; the two in flight end 6 s after they started.
+    let released = tokio::time::Instant::now() + Duration::from_secs(4);
+    let (claimed, pending) = loop {
+        let claimed: u64 = con.hlen(format!("{Q}:claimed")).await.unwrap();
+        let pending: Vec<(String, f64)> = con.zrange_withscores(Q, 0, -1).await.unwrap();
+        if (claimed == 2 && pending.len() == 6) || tokio::time::Instant::now() > released {
+            break (claimed, pending);
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
     assert_eq!(
         claimed, 2,
         "only the two in-flight claims remain after SIGTERM"
     );
-    let pending: Vec<(String, f64)> = con.zrange_withscores(Q, 0, -1).await.unwrap();
     assert_eq!(pending.len(), 6);
     for (member, score) in &pending {
         let env = inferq::wire::Envelope::decode(member.as_bytes()).unwrap();
@@ -352,12 +365,14 @@ async fn sigkill_mid_request_is_finished_by_a_survivor() {
     let killed_at = Instant::now();
     let _b = Processor::start(&redis, &gw, &opts).await;
     let mut con = con(&redis).await;
-    let got = wait_results(&mut con, 1, Duration::from_secs(10)).await;
+    let got = wait_results(&mut con, 1, Duration::from_secs(20)).await;
     assert_eq!(got.len(), 1);
     assert_eq!(got[0].payload, "second");
+    // The lease is 1.5 s (the bench measures redelivery precisely); this bound leaves room for
+    // the survivor's start on a loaded machine, and is far below the first answer's 30 s.
     let redelivered = killed_at.elapsed();
     assert!(
-        redelivered < Duration::from_secs(5),
+        redelivered < Duration::from_secs(10),
         "redelivered after {redelivered:?}"
     );
     assert_eq!(gw.seen("k1").len(), 2);
@@ -505,16 +520,16 @@ async fn redis_restart_loses_nothing_and_readyz_is_honest() {
     }
 }
 
-/// Redis down for longer than the lease (kill -9, AOF always; 1.5 s lease, 4 s outage) after the
+/// Redis down for longer than the lease (kill -9, AOF always; 3 s lease, 7 s outage) after the
 /// gateway has answered: the finished outcomes wait in the outbox past the lease, and once Redis
 /// is back their fenced writes land, because no instance reclaimed the claims meanwhile. Every
 /// request is executed once (before, outcomes were dropped when the local lease ran out, and the
 /// reclaim made the gateway redo all of them).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn finished_work_outlives_an_outage_longer_than_the_lease() {
-    let (mut redis, gw, _, p) = six_sent(1.5, 500, "l", Duration::from_millis(500)).await;
+    let (mut redis, gw, _, p) = six_sent(3.0, 500, "l", Duration::from_millis(500)).await;
     redis.kill();
-    tokio::time::sleep(Duration::from_secs(4)).await;
+    tokio::time::sleep(Duration::from_secs(7)).await;
     redis.restart().unwrap();
     let mut con = con(&redis).await;
     let got = wait_results(&mut con, 6, Duration::from_secs(15)).await;
@@ -534,13 +549,14 @@ async fn finished_work_outlives_an_outage_longer_than_the_lease() {
 /// The same outage with a second instance running: when Redis is back, that instance's
 /// reclaimer finds the first one's claims expired. It must give their owner time to renew them
 /// and write the finished outcomes it kept, instead of handing the work back to pending to be
-/// executed again.
+/// executed again. (The grace is one lease, 3 s here: the owner reconnects and renews within it
+/// even on a loaded machine.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn after_an_outage_a_survivor_lets_the_owner_finish_first() {
-    let (mut redis, gw, opts, owner) = six_sent(1.5, 500, "o", Duration::from_millis(500)).await;
+    let (mut redis, gw, opts, owner) = six_sent(3.0, 500, "o", Duration::from_millis(500)).await;
     let survivor = Processor::start(&redis, &gw, &opts).await;
     redis.kill();
-    tokio::time::sleep(Duration::from_secs(4)).await;
+    tokio::time::sleep(Duration::from_secs(7)).await;
     redis.restart().unwrap();
     let mut con = con(&redis).await;
     let got = wait_results(&mut con, 6, Duration::from_secs(15)).await;
@@ -583,7 +599,7 @@ async fn lost_renewal_aborts_the_in_flight_request() {
         .await
         .unwrap();
     let stolen_at = Instant::now();
-    while gw.aborted("t1") == 0 && stolen_at.elapsed() < Duration::from_secs(5) {
+    while gw.aborted("t1") == 0 && stolen_at.elapsed() < Duration::from_secs(10) {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     assert_eq!(
@@ -591,9 +607,12 @@ async fn lost_renewal_aborts_the_in_flight_request() {
         1,
         "the request was aborted at the gateway"
     );
+    // One renewal period is 0.5 s; the bound leaves room for a loaded machine, and is far
+    // below the gateway's 20 s answer.
     assert!(
-        stolen_at.elapsed() < Duration::from_secs(2),
-        "within one renewal period"
+        stolen_at.elapsed() < Duration::from_secs(5),
+        "at the next renewal, took {:?}",
+        stolen_at.elapsed()
     );
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(
@@ -869,8 +888,10 @@ async fn tier_priority_sends_the_interactive_queue_first_and_stamps_its_bucket()
     let gateway = Gateway::start().await;
     let batch: Vec<String> = (0..6).map(|i| format!("batch-{i}")).collect();
     let live: Vec<String> = (0..4).map(|i| format!("live-{i}")).collect();
+    // Long enough that the two queues' first polls, however far apart on a loaded machine,
+    // fall within the first request or two.
     for id in batch.iter().chain(&live) {
-        gateway.script(id, vec![Reply::ok("{}").after(Duration::from_millis(60))]);
+        gateway.script(id, vec![Reply::ok("{}").after(Duration::from_millis(400))]);
     }
     // Both queues are backed up before the processor starts.
     for (queue, ids) in [("batch-q", &batch), ("live-q", &live)] {

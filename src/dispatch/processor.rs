@@ -82,18 +82,19 @@ async fn connect_until_up(
                     readiness.set_problem(None);
                     return Some(con);
                 }
+                // Logged before /readyz says so, so whoever reads it finds the log line too.
                 Err(e) => {
-                    readiness.set_problem(Some(format!("redis: cannot load scripts: {e}")));
                     if attempt % 10 == 0 {
                         tracing::warn!(error = %e, "cannot load scripts into Redis; retrying (not ready meanwhile)");
                     }
+                    readiness.set_problem(Some(format!("redis: cannot load scripts: {e}")));
                 }
             },
             Err(e) => {
-                readiness.set_problem(Some(format!("redis: cannot connect: {e}")));
                 if attempt % 10 == 0 {
                     tracing::warn!(error = %e, "cannot reach Redis; retrying (not ready meanwhile)");
                 }
+                readiness.set_problem(Some(format!("redis: cannot connect: {e}")));
             }
         }
         attempt = attempt.saturating_add(1);

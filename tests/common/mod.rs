@@ -447,6 +447,21 @@ impl Processor {
             .await
             .unwrap()
     }
+
+    /// The metrics once they contain every one of `series` (at most 10 s; then as they are,
+    /// for the caller's assertion to show).
+    pub async fn metrics_with(&self, series: &[&str]) -> String {
+        let started = Instant::now();
+        loop {
+            let metrics = self.metrics().await;
+            if series.iter().all(|s| metrics.contains(s))
+                || started.elapsed() > Duration::from_secs(10)
+            {
+                return metrics;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
 }
 
 impl Drop for Processor {
