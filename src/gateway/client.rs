@@ -1053,6 +1053,9 @@ mod tests {
         let (listener, addr) = listener().await;
         let accepted = Arc::new(AtomicUsize::new(0));
         let count = accepted.clone();
+        // Each answered connection is closed when the test says so, and the test told once it is.
+        let (close_tx, mut close_rx) =
+            tokio::sync::mpsc::unbounded_channel::<oneshot::Sender<()>>();
         tokio::spawn(async move {
             while let Ok((mut stream, _)) = listener.accept().await {
                 count.fetch_add(1, Ordering::SeqCst);
@@ -1062,7 +1065,11 @@ mod tests {
                     .await;
                 // No `Connection: close`: the client learns of the close only from the socket,
                 // after the connection went back to its idle list.
-                tokio::time::sleep(Duration::from_millis(20)).await;
+                let closed = close_rx.recv().await;
+                drop(stream);
+                if let Some(closed) = closed {
+                    let _ = closed.send(());
+                }
             }
         });
         let client = client();
@@ -1076,8 +1083,26 @@ mod tests {
                 },
                 "request {n}"
             );
-            // Time for the close to reach the client before the next request.
-            tokio::time::sleep(Duration::from_millis(100)).await;
+            assert_eq!(
+                client.direct.idle_and_closed(),
+                (1, 0),
+                "request {n}: its connection is idle"
+            );
+            let (closed_tx, closed_rx) = oneshot::channel();
+            let _ = close_tx.send(closed_tx);
+            match tokio::time::timeout(GENEROUS, closed_rx).await {
+                Ok(Ok(())) => {}
+                _ => panic!("request {n}: the gateway did not close the connection"),
+            }
+            // The close reaches the client before the next request.
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while client.direct.idle_and_closed() != (1, 1) {
+                assert!(
+                    Instant::now() < deadline,
+                    "request {n}: the client never saw the close"
+                );
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
         }
         assert_eq!(accepted.load(Ordering::SeqCst), 3);
     }
@@ -1229,12 +1254,13 @@ mod tests {
             tokio::time::sleep(Duration::from_secs(60)).await;
         })
         .await;
+        // Seconds: the head and the first bytes must arrive within it on a loaded machine too.
         let attempt = client()
             .send(
                 &format!("http://{addr}/"),
                 HeaderMap::new(),
                 Bytes::new(),
-                Duration::from_millis(300),
+                Duration::from_secs(2),
             )
             .await;
         match attempt.outcome {
@@ -1507,7 +1533,8 @@ mod tests {
             Ok(config) => Arc::new(config),
             Err(e) => panic!("tls: {e}"),
         };
-        let memory = Duration::from_millis(300);
+        // Seconds, so a stall between two requests cannot outlast it where they must fall within.
+        let memory = Duration::from_secs(2);
         let connections = Connections::new(4, "test", config).with_http2_memory(memory);
         let url = format!("https://127.0.0.1:{}/v1/completions", addr.port());
         let target = match parse_target(&url) {

@@ -234,6 +234,16 @@ impl Connections {
         self
     }
 
+    /// The idle connections kept, over all origins: how many, and how many of them are known
+    /// to be closed (their hyper task saw the gateway close them). For tests.
+    #[cfg(test)]
+    pub(crate) fn idle_and_closed(&self) -> (usize, usize) {
+        let idle = self.pool.idle();
+        let kept: Vec<&Sender> = idle.values().flatten().map(|(sender, _)| sender).collect();
+        let closed = kept.iter().filter(|sender| sender.is_closed()).count();
+        (kept.len(), closed)
+    }
+
     /// POSTs `body` to `target` with `headers` (plus `Host`, `User-Agent` and `Accept` as reqwest
     /// sent them). A request that an idle connection refused unsent goes out on a new one.
     pub(crate) async fn send(

@@ -293,7 +293,8 @@ mod tests {
     async fn dead_list() -> (RedisServer, redis::aio::ConnectionManager, DeadLetters) {
         let server = RedisServer::start().expect("redis-server");
         let client = redis::Client::open(server.url()).unwrap();
-        let con = redis::aio::ConnectionManager::new(client).await.unwrap();
+        // As the CLI connects (seconds per command, not redis-rs's default 500 ms).
+        let con = crate::queue::connect::manager(&client).await.unwrap();
         let dead = DeadLetters::new(con.clone(), "q");
         (server, con, dead)
     }

@@ -246,9 +246,10 @@ mod tests {
         drop(producer.reliable("c1").await.unwrap()); // killed: the lease stays
         let ttl: i64 = con.pttl("results:taken:c1:lease").await.unwrap();
         assert!(ttl > 10_000, "{ttl}");
-        // Time passes (shortened from 15 s): the successor waits, then takes it.
-        let _: () = con.pexpire("results:taken:c1:lease", 700).await.unwrap();
+        // Time passes (shortened from 15 s): the successor waits, then takes it. Timed from
+        // before the lease is shortened, so a stall in between cannot eat into the wait.
         let started = Instant::now();
+        let _: () = con.pexpire("results:taken:c1:lease", 700).await.unwrap();
         producer
             .reliable_waiting("c1", Duration::from_secs(5))
             .await

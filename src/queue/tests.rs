@@ -1,7 +1,9 @@
 //! One or more tests for every rule of the durability contract, each against its own real
-//! `redis-server` (see [`crate::testkit`]). Leases are short (hundreds of ms) so expiry is real.
+//! `redis-server` (see [`crate::testkit`]). Leases that must run out are short (hundreds of ms)
+//! so expiry is real; a lease or backoff that a test checks has not run out yet lasts seconds, so
+//! a stalled test thread on a loaded machine cannot outlast it.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use redis::AsyncCommands;
@@ -115,6 +117,29 @@ async fn results(con: &mut redis::aio::ConnectionManager) -> Vec<ResultMessage> 
 
 async fn zcard(con: &mut redis::aio::ConnectionManager, key: &str) -> u64 {
     con.zcard(key).await.unwrap()
+}
+
+/// Redis's clock in Unix milliseconds, as the scripts' `nowMs()` reads it.
+async fn redis_now_ms(con: &mut redis::aio::ConnectionManager) -> u64 {
+    let (secs, micros): (u64, u64) = redis::cmd("TIME").query_async(con).await.unwrap();
+    secs * 1000 + micros / 1000
+}
+
+/// Calls `step` every 20 ms until it answers more than 0 (for up to 10 s): that answer.
+async fn first_nonzero<F, Fut>(what: &str, mut step: F) -> u64
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = u64>,
+{
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let n = step().await;
+        if n > 0 {
+            return n;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 async fn hlen(con: &mut redis::aio::ConnectionManager, key: &str) -> u64 {
@@ -268,26 +293,34 @@ async fn zombie_owner_cannot_publish_after_takeover() {
 /// Rule 3: renew extends the lease by Redis TIME, for all held claims in one call.
 #[tokio::test]
 async fn renew_extends_every_held_lease_by_redis_time() {
-    let mut r = rig(400, 5).await;
+    // Seconds, so a stall after the last renewal cannot outlast the renewed lease.
+    let lease_ms = 2_000;
+    let mut r = rig(lease_ms, 5).await;
     for id in ["a", "b", "c"] {
         r.producer.submit(request(id, 60)).await.unwrap();
     }
     let held = claim_head(&r.queue, 10).await;
     assert_eq!(held.len(), 3);
     let fences: Vec<Fence> = held.iter().map(|h| h.fence.clone()).collect();
-    for _ in 0..4 {
-        tokio::time::sleep(Duration::from_millis(150)).await;
+    let mut renewed = (0, 0);
+    for _ in 0..3 {
+        tokio::time::sleep(Duration::from_millis(800)).await;
+        let before = redis_now_ms(&mut r.con).await;
         assert_eq!(r.queue.renew(&fences).await.unwrap(), vec![true; 3]);
+        renewed = (before, redis_now_ms(&mut r.con).await);
     }
-    // 600 ms after claiming with a 400 ms lease: renewals kept every claim alive.
+    // 2.4 s after claiming with a 2 s lease: renewals kept every claim alive.
     assert_eq!(r.queue.reclaim(100).await.unwrap().requeued, 0);
-    let (secs, micros): (i64, i64) = redis::cmd("TIME").query_async(&mut r.con).await.unwrap();
-    let now = secs as f64 + micros as f64 / 1e6;
-    let expiry: f64 = r.con.zscore("q:claims-idx", &fences[0].key).await.unwrap();
-    assert!(
-        expiry > now && expiry <= now + 0.45,
-        "expiry {expiry} vs now {now}"
-    );
+    // Each lease runs until the last renewal's Redis TIME plus the lease.
+    let (before, after) = renewed;
+    for fence in &fences {
+        let expiry: f64 = r.con.zscore("q:claims-idx", &fence.key).await.unwrap();
+        let expiry_ms = (expiry * 1000.0).round() as u64;
+        assert!(
+            (before + lease_ms..=after + lease_ms).contains(&expiry_ms),
+            "expiry {expiry_ms} vs a renewal between {before} and {after}"
+        );
+    }
 }
 
 /// Rule 3 out of memory: Redis at `maxmemory` with noeviction refuses a script's first write
@@ -412,7 +445,8 @@ async fn lost_replies_are_retried_safely() {
 /// is not the deadline, as with hand-written members), counting a delivery.
 #[tokio::test]
 async fn reclaim_returns_expired_claims_at_their_original_score() {
-    let mut r = rig(200, 5).await;
+    // Seconds, so the lease is still valid at the first reclaim however the test is scheduled.
+    let mut r = rig(2_000, 5).await;
     let deadline = unix_ms() / 1000 + 60;
     let member = format!(
         r#"{{"request_kind":"redis","internal":{{}},"data":{{"id":"hand","deadline":{deadline},"payload":{{}}}}}}"#
@@ -425,8 +459,11 @@ async fn reclaim_returns_expired_claims_at_their_original_score() {
         0,
         "lease still valid"
     );
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    assert_eq!(r.queue.reclaim(10).await.unwrap().requeued, 1);
+    let requeued = first_nonzero("the lease to expire", || async {
+        r.queue.reclaim(10).await.unwrap().requeued
+    })
+    .await;
+    assert_eq!(requeued, 1);
     let score: f64 = r.con.zscore(Q, &member).await.unwrap();
     assert_eq!(score, 42.0);
     let deliveries: u32 = r
@@ -672,9 +709,10 @@ async fn park_then_promote_when_due() {
     let mut r = rig(30_000, 5).await;
     let sub = r.producer.submit(request("retry", 60)).await.unwrap();
     let held = claim_head(&r.queue, 1).await.remove(0);
+    // Seconds, so the retry is not due yet at the first promote however the test is scheduled.
     assert!(r
         .queue
-        .park(&held.fence, &held.envelope, Duration::from_millis(300))
+        .park(&held.fence, &held.envelope, Duration::from_secs(2))
         .await
         .unwrap());
     assert_eq!(hlen(&mut r.con, "q:claimed").await, 0);
@@ -683,8 +721,11 @@ async fn park_then_promote_when_due() {
         0,
         "not due yet"
     );
-    tokio::time::sleep(Duration::from_millis(350)).await;
-    assert_eq!(r.queue.promote(10, None, true).await.unwrap(), 1);
+    let promoted = first_nonzero("the retry to be due", || async {
+        r.queue.promote(10, None, true).await.unwrap()
+    })
+    .await;
+    assert_eq!(promoted, 1);
     let pending = r.queue.peek(10).await.unwrap();
     assert_eq!(pending.len(), 1);
     assert_eq!(pending[0].score, held.envelope.request.deadline as f64);

@@ -65,9 +65,9 @@ async fn get_text(c: &reqwest::Client, url: String) -> String {
     c.get(url).send().await.unwrap().text().await.unwrap()
 }
 
-/// Polls `cond` every 10 ms for up to 3 s.
+/// Polls `cond` every 10 ms for up to 10 s.
 async fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(3);
+    let deadline = Instant::now() + Duration::from_secs(10);
     while !cond() {
         assert!(Instant::now() < deadline, "timed out waiting for {what}");
         tokio::time::sleep(Duration::from_millis(10)).await;
@@ -232,6 +232,35 @@ async fn latency_knobs_delay_the_answer() {
     sim.stop().await;
 }
 
+/// How long a request of a [`holding`] simulator runs: far longer than a stall of a loaded
+/// machine, so it still holds its slot while the test goes on; the test ends it with [`leave`].
+const HOLD_MS: u64 = 5_000;
+
+/// A simulator whose requests run for [`HOLD_MS`]. The slow fault makes them slow, so
+/// `set_faults(FaultRates::default())` has the requests that arrive after it answer at once.
+fn holding() -> SimConfig {
+    SimConfig {
+        slow_rate: 1.0,
+        slow_ms: HOLD_MS,
+        ..SimConfig::instant()
+    }
+}
+
+/// Ends requests started by [`occupy`] that are still running, by their clients leaving (which
+/// drops their handlers and frees their slots), and checks that none had ended on its own.
+async fn leave(tasks: Vec<tokio::task::JoinHandle<u16>>) {
+    for task in &tasks {
+        task.abort();
+    }
+    for task in tasks {
+        let end = task.await;
+        assert!(
+            end.as_ref().is_err_and(|e| e.is_cancelled()),
+            "a request that was to be still running had ended: {end:?}"
+        );
+    }
+}
+
 /// Starts `n` requests that will keep running for a while, in the background.
 fn occupy(sim: &Sim, c: &reqwest::Client, n: usize) -> Vec<tokio::task::JoinHandle<u16>> {
     (0..n)
@@ -250,9 +279,7 @@ async fn capacity_turns_excess_requests_away_with_retry_after() {
     let sim = start(SimConfig {
         capacity: 2,
         retry_after_s: 3,
-        ttft_ms: 400,
-        per_token_ms: 0.0,
-        ..SimConfig::default()
+        ..holding()
     })
     .await;
     let c = client();
@@ -272,10 +299,10 @@ async fn capacity_turns_excess_requests_away_with_retry_after() {
         "rate_limit_error",
     );
 
-    for task in busy {
-        assert_eq!(task.await.unwrap(), 200);
-    }
-    // Slots are free again once the runners finish.
+    // Slots are free again once the runners end (their clients leave).
+    sim.set_faults(FaultRates::default()).unwrap();
+    leave(busy).await;
+    eventually("the runners to end", || sim.stats().running == 0).await;
     assert_eq!(post(&c, &sim, Some("later")).await.status(), 200);
     let stats = sim.stats();
     assert_eq!(stats.rejected_capacity, 1);
@@ -289,14 +316,14 @@ async fn queue_holds_requests_until_a_slot_frees() {
     let sim = start(SimConfig {
         capacity: 1,
         queue: 1,
-        ttft_ms: 300,
-        per_token_ms: 0.0,
-        ..SimConfig::default()
+        ..holding()
     })
     .await;
     let c = client();
     let first = occupy(&sim, &c, 1);
     eventually("one running", || sim.stats().running == 1).await;
+    // The queued request answers at once when it gets the slot.
+    sim.set_faults(FaultRates::default()).unwrap();
     let queued = occupy(&sim, &c, 1);
     eventually("one waiting", || sim.stats().waiting == 1).await;
 
@@ -304,11 +331,21 @@ async fn queue_holds_requests_until_a_slot_frees() {
     assert!(metrics.contains("vllm:num_requests_waiting{model_name=\"inferq-sim\"} 1"));
 
     assert_eq!(post(&c, &sim, None).await.status(), 429);
-    for task in first.into_iter().chain(queued) {
+    // The running request ends (its client leaves): the queued one takes the slot.
+    leave(first).await;
+    for task in queued {
         assert_eq!(task.await.unwrap(), 200);
     }
     let stats = sim.stats();
-    assert_eq!((stats.ok, stats.waiting, stats.max_running_seen), (2, 0, 1));
+    assert_eq!(
+        (
+            stats.executed,
+            stats.ok,
+            stats.waiting,
+            stats.max_running_seen
+        ),
+        (2, 1, 0, 1)
+    );
     sim.stop().await;
 }
 
@@ -570,9 +607,7 @@ async fn accepted_connections_are_counted_not_requests() {
 async fn metrics_expose_vllm_gauges_that_follow_running_requests() {
     let sim = start(SimConfig {
         served_model_name: "sim-7b".into(),
-        ttft_ms: 400,
-        per_token_ms: 0.0,
-        ..SimConfig::default()
+        ..holding()
     })
     .await;
     let c = client();
@@ -598,9 +633,13 @@ async fn metrics_expose_vllm_gauges_that_follow_running_requests() {
         .await
         .contains("vllm:num_requests_running{model_name=\"sim-7b\"} 3"));
 
-    for task in busy {
+    // They end (their clients leave); three more run to the end.
+    sim.set_faults(FaultRates::default()).unwrap();
+    leave(busy).await;
+    for task in occupy(&sim, &c, 3) {
         assert_eq!(task.await.unwrap(), 200);
     }
+    eventually("none running", || sim.stats().running == 0).await;
     let done = scrape().await;
     assert!(done.contains("vllm:num_requests_running{model_name=\"sim-7b\"} 0"));
     assert!(done.contains(

@@ -316,18 +316,20 @@ async fn cache_answers_within_the_ttl() {
     uncached.budget().await;
     assert_eq!(s.take_queries().len(), 2);
 
-    // Errors are cached too; a short TTL expires.
+    // Errors are cached too; a short TTL expires. Short, but seconds: a stalled test must not
+    // outlast it between the first two reads.
     s.answer("q", Answer::Status(500));
+    let ttl = Duration::from_secs(2);
     let gate = build_metric(
         &spec(GateType::PrometheusQuery, json!({"query": "q"})),
-        &s.env(Duration::from_millis(200)),
+        &s.env(ttl),
     )
     .unwrap();
     assert_eq!(gate.budget().await, 0.0);
     s.answer("q", Answer::Vector(vec!["0.3"]));
     assert_eq!(gate.budget().await, 0.0, "the error is still cached");
     assert_eq!(s.take_queries().len(), 1);
-    tokio::time::sleep(Duration::from_millis(250)).await;
+    tokio::time::sleep(ttl + Duration::from_millis(50)).await;
     assert!(close(gate.budget().await, 0.3));
     assert_eq!(s.take_queries().len(), 1);
 }
