@@ -262,9 +262,15 @@ impl RedisServer {
         redis::Client::open(self.url())
     }
 
-    /// An async connection to it, handy in tests.
+    /// An async connection to it, handy in tests. Each command may take 10 s (redis-rs's
+    /// default, 500 ms, fails a test whose process a loaded machine stalls for longer).
     pub async fn connection(&self) -> redis::RedisResult<redis::aio::MultiplexedConnection> {
-        self.client()?.get_multiplexed_async_connection().await
+        let config = redis::AsyncConnectionConfig::new()
+            .set_response_timeout(Some(Duration::from_secs(10)))
+            .set_connection_timeout(Some(Duration::from_secs(10)));
+        self.client()?
+            .get_multiplexed_async_connection_with_config(&config)
+            .await
     }
 
     /// SIGKILL: no shutdown save; what the AOF holds survives.
