@@ -188,14 +188,30 @@ pub(crate) fn synthesise(
                 ),
             ))
         }
+        // Go's default is redis-pubsub: a Go deployment of it that never named the transport
+        // runs unchanged. Sorted-set flags that Go would then silently ignore are refused.
         None => {
-            return Err(ConfigError::invalid(
-                "--message-queue-impl",
-                "not set, so Go would use redis-pubsub; inferq asks for the choice to be \
-                 explicit: pass --message-queue-impl=redis-pubsub or \
-                 --message-queue-impl=redis-sortedset (or, better, --transport with \
-                 --transport-config or --transport-config-file)",
-            ))
+            let sorted_set: Vec<&str> = args
+                .legacy_flags_set()
+                .into_iter()
+                .filter(|f| SORTED_SET.owns(f))
+                .collect();
+            if !sorted_set.is_empty() {
+                return Err(ConfigError::invalid(
+                    "--message-queue-impl",
+                    format!(
+                        "not set, so Go would use redis-pubsub and ignore {}; pass \
+                         --message-queue-impl=redis-sortedset to use them, or \
+                         --message-queue-impl=redis-pubsub (or, better, --transport with \
+                         --transport-config or --transport-config-file)",
+                        sorted_set.join(", ")
+                    ),
+                ));
+            }
+            warnings.push(
+                "--message-queue-impl is not set: running redis-pubsub, Go's default".to_owned(),
+            );
+            &PUBSUB
         }
     };
     let other: Vec<&str> = args

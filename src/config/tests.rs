@@ -604,7 +604,7 @@ fn legacy_queues_config_makes_the_queues() {
 
 /// The flags of Go's redis-pubsub and gcp-pubsub transports parse. gcp-pubsub is refused when
 /// selected; when the sorted-set transport is, the others' flags are ignored with a warning
-/// naming them.
+/// naming them; when none is, redis-pubsub runs, as in Go, unless sorted-set flags are set.
 #[test]
 fn flags_of_other_transports_are_ignored_with_a_warning() {
     let pubsub_flags = [
@@ -644,9 +644,37 @@ fn flags_of_other_transports_are_ignored_with_a_warning() {
             )
         );
     }
-    assert!(load_err(&with(&[], &pubsub_flags)).starts_with(
-        "invalid config: --message-queue-impl: not set, so Go would use redis-pubsub"
-    ));
+    // Without --message-queue-impl, Go's default: redis-pubsub, said in a warning.
+    let go_pubsub = [
+        "--redis.url=redis://r",
+        "--redis.igw-base-url=http://gw",
+        "--pubsub.project-id=p",
+    ];
+    let c = load_ok(&go_pubsub);
+    assert_eq!(c.transport.kind, TransportKind::PubSub);
+    assert_eq!(c.transport.queues[0].queue_name, "request-queue");
+    assert_eq!(c.transport.queues[0].igw_base_url, "http://gw");
+    assert!(
+        c.warnings
+            .iter()
+            .any(|w| w == "--message-queue-impl is not set: running redis-pubsub, Go's default"),
+        "{:?}",
+        c.warnings
+    );
+    // Unless sorted-set flags are set, which Go would silently ignore then.
+    assert_eq!(
+        load_err(&with(
+            &[
+                "--redis.ss.igw-base-url=http://gw-ss",
+                "--redis.ss.batch-size=5"
+            ],
+            &go_pubsub
+        )),
+        "invalid config: --message-queue-impl: not set, so Go would use redis-pubsub and \
+         ignore --redis.ss.igw-base-url, --redis.ss.batch-size; pass \
+         --message-queue-impl=redis-sortedset to use them, or --message-queue-impl=redis-pubsub \
+         (or, better, --transport with --transport-config or --transport-config-file)"
+    );
 
     let c = load_ok(&with(
         &[
