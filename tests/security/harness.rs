@@ -126,8 +126,32 @@ impl Proc {
         Self::spawn_as("redis-sortedset", transport, extra)
     }
 
-    /// [`Proc::spawn`] with another `--transport` (`redis-pubsub`).
+    /// [`Proc::spawn`] with another `--transport` (`redis-pubsub`). A processor that finds a
+    /// port of its own taken (by another test process, between `free_port` and its bind) is
+    /// started again on new ports; it binds them before it logs "inferq starting".
     pub fn spawn_as(kind: &str, transport: &str, extra: &[&str]) -> Proc {
+        for _ in 0..3 {
+            let mut p = Self::spawn_once(kind, transport, extra);
+            let started = Instant::now();
+            loop {
+                let exited = p.child.as_mut().and_then(|c| c.try_wait().unwrap());
+                let log = p.log();
+                if exited.is_some() && log.contains("Address already in use") {
+                    break;
+                }
+                if exited.is_some()
+                    || log.contains("inferq starting")
+                    || started.elapsed() > Duration::from_secs(10)
+                {
+                    return p;
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        }
+        panic!("three processors in a row found their ports taken");
+    }
+
+    fn spawn_once(kind: &str, transport: &str, extra: &[&str]) -> Proc {
         let health = free_port().unwrap();
         let metrics = free_port().unwrap();
         let log = tempfile::NamedTempFile::new().unwrap();
