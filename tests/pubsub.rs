@@ -83,7 +83,7 @@ async fn receive(
 /// gateway with its payload bytes unchanged and its result is published on `result-queue` as
 /// Go's ResultMessage, whatever result list the message names (Go ignores it on this
 /// transport). Nothing is left in Redis but the admit markers. The config's `gate_type` is
-/// ignored with a warning, as Go ignores it.
+/// ignored with a warning, as Go ignores it, and the metrics carry Go's labels.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_published_request_is_answered_on_the_result_channel() {
     let redis = RedisServer::start().unwrap();
@@ -119,6 +119,12 @@ async fn a_published_request_is_answered_on_the_result_channel() {
         "{}",
         p.log()
     );
+    // Go's series for the redis-pubsub flow: no queue id, the channel as queue name.
+    let series = format!(
+        r#"llm_d_async_async_request_total{{queue_id="",queue_name="{CHANNEL}",pool_name="default"}} 2"#
+    );
+    let metrics = p.metrics_with(&[&series]).await;
+    assert!(metrics.contains(&series), "{metrics}");
 }
 
 /// Two instances subscribed to the channel both receive every message (Go executes it twice,
