@@ -143,6 +143,21 @@ fn tokio_stream_of(
     })
 }
 
+/// Waits for `n` results, stops the processor (SIGTERM; it flushes its spans before exiting 0)
+/// and returns every span the receiver got.
+async fn spans_after_results(
+    p: &mut Processor,
+    con: &mut redis::aio::ConnectionManager,
+    n: usize,
+    receiver: &Receiver,
+) -> Vec<Got> {
+    let got = wait_results(con, n, Duration::from_secs(10)).await;
+    assert_eq!(got.len(), n, "{}", p.log());
+    p.signal("TERM");
+    assert_eq!(p.wait_exit(Duration::from_secs(20)).await, Some(0));
+    receiver.spans.lock().unwrap().clone()
+}
+
 /// A message carrying a W3C trace context in its metadata gets a `process-request` span in that
 /// trace, an `http-request` client span under it, and the gateway sees the client span's
 /// context in `traceparent`; a request the gateway refuses gets `error.category` and an error
@@ -180,16 +195,7 @@ async fn request_spans_reach_the_collector_and_the_trace_reaches_the_gateway() {
         .await
         .unwrap();
     let mut con = con(&redis).await;
-    assert_eq!(
-        wait_results(&mut con, 2, Duration::from_secs(10))
-            .await
-            .len(),
-        2
-    );
-    p.signal("TERM");
-    assert_eq!(p.wait_exit(Duration::from_secs(20)).await, Some(0));
-
-    let spans = receiver.spans.lock().unwrap().clone();
+    let spans = spans_after_results(&mut p, &mut con, 2, &receiver).await;
     let find = |name: &str, id: &str| {
         spans
             .iter()
@@ -337,16 +343,7 @@ async fn enable_tracing_exports_a_span_per_redis_command_without_the_payloads() 
         .submit(request("r3", 60, r#"{"prompt":"secret-prompt-text"}"#))
         .await
         .unwrap();
-    assert_eq!(
-        wait_results(&mut con, 3, Duration::from_secs(10))
-            .await
-            .len(),
-        3
-    );
-    p.signal("TERM");
-    assert_eq!(p.wait_exit(Duration::from_secs(20)).await, Some(0));
-
-    let spans = receiver.spans.lock().unwrap().clone();
+    let spans = spans_after_results(&mut p, &mut con, 3, &receiver).await;
     let redis_spans: Vec<&Got> = spans
         .iter()
         .filter(|s| s.attr("db.system") == Some("redis"))
