@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::Gateway;
-use inferq::testkit::{free_port, RedisServer};
+use inferq::testkit::{free_port, port_taken, RedisServer};
 use inferq::wire::ErrorCode;
 use redis::AsyncCommands;
 
@@ -71,11 +71,12 @@ async fn supervise(
     while !stop.load(Ordering::SeqCst) {
         if let Ok(Some(status)) = child.try_wait() {
             let said = written(&log);
-            let port_taken = String::from_utf8_lossy(said.get(from..).unwrap_or_default())
-                .contains("Address already in use");
+            let taken = port_taken(&String::from_utf8_lossy(
+                said.get(from..).unwrap_or_default(),
+            ));
             if status.signal() == Some(libc_sigabrt()) {
                 aborts.fetch_add(1, Ordering::SeqCst);
-            } else if !port_taken {
+            } else if !taken {
                 other_deaths.fetch_add(1, Ordering::SeqCst);
             }
             from = said.len();

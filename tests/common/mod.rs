@@ -16,7 +16,7 @@ use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use inferq::queue::producer::Producer;
-use inferq::testkit::{free_port, RedisServer};
+use inferq::testkit::{free_port, port_taken, RedisServer};
 use inferq::wire::{NewRequest, ResultMessage};
 use redis::AsyncCommands;
 use serde_json::value::RawValue;
@@ -293,7 +293,7 @@ impl Processor {
             let mut p = Self::spawn(redis, gateway, opts);
             match p.wait_ready_or_exit().await {
                 Start::Ready => return p,
-                Start::Exited(_) if p.log().contains("Address already in use") => continue,
+                Start::Exited(_) if port_taken(&p.log()) => continue,
                 Start::Exited(code) => panic!(
                     "processor exited ({code:?}) before it was ready; log:\n{}",
                     p.log()

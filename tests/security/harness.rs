@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use inferq::testkit::{free_port, RedisServer};
+use inferq::testkit::{free_port, port_taken, RedisServer};
 use inferq::wire::ResultMessage;
 use redis::aio::ConnectionManager;
 use redis::AsyncCommands;
@@ -136,7 +136,7 @@ impl Proc {
             loop {
                 let exited = p.child.as_mut().and_then(|c| c.try_wait().unwrap());
                 let log = p.log();
-                if exited.is_some() && log.contains("Address already in use") {
+                if exited.is_some() && port_taken(&log) {
                     break;
                 }
                 if exited.is_some()
