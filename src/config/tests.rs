@@ -1411,12 +1411,9 @@ fn redis_pubsub_config_loads_with_go_defaults() {
     assert_eq!(c.transport.result_queue_name, "result-queue");
     assert_eq!(c.transport.retry_queue_name, "retry-sortedset");
     let q = &c.transport.queues;
-    assert_eq!(
-        (q[0].queue_name.as_str(), q[0].id.as_str()),
-        ("chan-a", "chan-a")
-    );
+    assert_eq!((q[0].queue_name.as_str(), q[0].id.as_str()), ("chan-a", ""));
     assert_eq!(q[0].inference_objective.as_deref(), Some("o"));
-    assert_eq!(q[1].id, "chan-b", "Go's pub/sub queues have no id");
+    assert_eq!(q[1].id, "", "Go's pub/sub queues have no id");
     assert_eq!(q[1].gate, None);
     for queue in q {
         assert_eq!(queue.result_queue_name.as_deref(), Some("result-queue"));
@@ -1428,6 +1425,19 @@ fn redis_pubsub_config_loads_with_go_defaults() {
         )),
         "{:?}",
         c.warnings
+    );
+    // Two queues of one channel are refused (each message would be admitted twice).
+    let twice = load_err(&[
+        PUBSUB,
+        &inline(
+            r#"{"url":"redis://r","queues":[
+                {"queue_name":"chan-a","igw_base_url":"http://gw"},
+                {"queue_name":"chan-a","igw_base_url":"http://gw2"}]}"#,
+        ),
+    ]);
+    assert!(
+        twice.starts_with("invalid config: queues[1].queue_name: duplicate queue name \"chan-a\""),
+        "{twice}"
     );
     // A field neither transport has is still refused, by name.
     assert_eq!(

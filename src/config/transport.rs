@@ -121,7 +121,8 @@ pub struct SortedSetConfig {
 /// One request queue.
 #[derive(Debug, Clone, PartialEq)]
 pub struct QueueConfig {
-    /// Metrics label and `internal.queue_id`; defaults to `queue_name`.
+    /// Metrics label and `internal.queue_id`; defaults to `queue_name` (empty for redis-pubsub,
+    /// as in Go).
     pub id: String,
     /// The pending sorted set the producer ZADDs into.
     pub queue_name: String,
@@ -334,10 +335,14 @@ pub(crate) fn resolve_pubsub(
     if non_empty(raw.result_queue_name.clone()).is_none() {
         raw.result_queue_name = Some(DEFAULT_RESULT_CHANNEL.to_owned());
     }
+    // `resolve` refuses two queues of one channel (a duplicate queue name).
     let (mut config, claim) = resolve(raw, env, warnings)?;
     config.kind = TransportKind::PubSub;
     for q in &mut config.queues {
         q.result_queue_name = Some(config.result_queue_name.clone());
+        // Go's flow never sets a queue id: its metric series carry `queue_id=""`, and a
+        // message's `internal.queue_id` stays empty.
+        q.id.clear();
     }
     Ok((config, claim))
 }

@@ -262,11 +262,7 @@ pub async fn run(config: RunConfig, shutdown: CancellationToken) -> Result<(), D
     let mut pool_inputs: HashMap<String, Vec<mpsc::Receiver<Job>>> = HashMap::new();
     for ((i, q), gate) in transport.queues.iter().enumerate().zip(queue_gates) {
         let (outbox_tx, outbox_rx) = mpsc::unbounded_channel();
-        let mut labels = queue_labels(q);
-        if transport.kind == TransportKind::PubSub {
-            // Go's redis-pubsub flow never sets a queue id: its series carry `queue_id=""`.
-            labels.queue_id.clear();
-        }
+        let labels = queue_labels(q);
         if gate.is_some() {
             metrics.precreate_gate_series(&labels);
         }
