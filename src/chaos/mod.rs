@@ -81,12 +81,17 @@ pub enum ChaosTransport {
 }
 
 impl ChaosTransport {
+    /// The transport the processors run.
+    pub fn kind(self) -> crate::config::TransportKind {
+        match self {
+            ChaosTransport::RedisSortedset => crate::config::TransportKind::SortedSet,
+            ChaosTransport::RedisPubsub => crate::config::TransportKind::PubSub,
+        }
+    }
+
     /// The `--transport` value of `inferq run`.
     pub fn flag(self) -> &'static str {
-        match self {
-            ChaosTransport::RedisSortedset => "redis-sortedset",
-            ChaosTransport::RedisPubsub => "redis-pubsub",
-        }
+        self.kind().name()
     }
 }
 

@@ -86,11 +86,10 @@ impl Ledger {
         &mut self,
         con: &mut redis::aio::ConnectionManager,
     ) -> redis::RedisResult<()> {
-        let unsettled = self.unsettled();
-        let ids = admitted(con, &unsettled).await?;
+        let ids = admitted(con, &self.unsettled()).await?;
         self.mark_admitted(&ids);
-        for (id, _) in unsettled {
-            if let Some((_, fate @ Fate::Published(_))) = self.ids.get_mut(&id) {
+        for (_, fate) in self.ids.values_mut() {
+            if let Fate::Published(_) = fate {
                 *fate = Fate::Uncertain("published, never admitted".to_owned());
             }
         }
