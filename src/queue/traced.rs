@@ -142,7 +142,7 @@ fn end<'v>(mut span: Span, answer: Result<impl IntoIterator<Item = &'v Value>, &
 
 impl ConnectionLike for Con {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
-        let Some(spans) = self.spans.clone() else {
+        let Some(spans) = &self.spans else {
             return self.inner.req_packed_command(cmd);
         };
         let span = spans.command(cmd);
@@ -159,7 +159,7 @@ impl ConnectionLike for Con {
         offset: usize,
         count: usize,
     ) -> RedisFuture<'a, Vec<Value>> {
-        let Some(spans) = self.spans.clone() else {
+        let Some(spans) = &self.spans else {
             return self.inner.req_packed_commands(pipeline, offset, count);
         };
         let span = spans.pipeline(pipeline);
