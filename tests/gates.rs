@@ -142,6 +142,68 @@ async fn over_quota_head_does_not_block_the_queue() {
     );
 }
 
+/// A head the queue gate refuses is put to the gate once per poll interval, as Go does once
+/// per tick, not on every quick poll for the work behind it: the refusals counted (and the
+/// quota scripts run) stay near one per refused request per interval, and an admissible
+/// request that arrives meanwhile still runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refused_head_is_asked_once_per_poll_interval() {
+    let redis = RedisServer::start().unwrap();
+    let gw = Gateway::start().await;
+    // alice's first request holds her one slot for the whole test.
+    gw.script(
+        "alice-0",
+        vec![Reply::ok("{}").after(Duration::from_secs(30))],
+    );
+    let opts = ProcessorOpts {
+        extra_queue_fields: format!(
+            r#","gate_type":"redis-quota","gate_params":{{"address":"127.0.0.1:{}","mode":"concurrency","limit":1}}"#,
+            redis.port()
+        ),
+        poll_interval_ms: 250,
+        ..ProcessorOpts::default()
+    };
+    let p = Processor::start(&redis, &gw, &opts).await;
+    let producer = producer(&redis, Q).await;
+    for i in 0..6 {
+        let mut r = request(&format!("alice-{i}"), 60 + i, "{}");
+        r.metadata.insert("userid".into(), "alice".into());
+        producer.submit(r).await.unwrap();
+    }
+    gw.wait_seen("alice-0", Duration::from_secs(5)).await;
+    let series = r#"llm_d_async_async_gate_decisions_total{queue_id="request-sortedset",queue_name="request-sortedset",pool_name="default",reason="quota_exhausted"}"#;
+    let first = counter(&p.metrics_with(&[series]).await, series);
+    let started = Instant::now();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let refusals = counter(&p.metrics().await, series) - first;
+    let ticks = started.elapsed().as_secs_f64() / 0.25;
+    // Five refused requests, about eight intervals: about 40. Asked on every 10 ms poll, it
+    // was about 1,000.
+    assert!(
+        refusals > 0.0 && refusals <= 5.0 * (ticks + 3.0),
+        "{refusals} refusals of 5 requests in {ticks:.1} poll intervals"
+    );
+    let mut bob = request("bob-1", 90, "{}");
+    bob.metadata.insert("userid".into(), "bob".into());
+    producer.submit(bob).await.unwrap();
+    gw.wait_seen("bob-1", Duration::from_secs(5)).await;
+    assert_eq!(gw.seen("bob-1").len(), 1, "bob is not stuck behind alice");
+    assert!(
+        gw.seen("alice-1").is_empty(),
+        "alice still waits for her slot"
+    );
+}
+
+/// The value of the first series in `metrics` that starts with `series` (0 when absent).
+fn counter(metrics: &str, series: &str) -> f64 {
+    metrics
+        .lines()
+        .find_map(|line| line.strip_prefix(series))
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0.0)
+}
+
 /// A blocking `local-max-concurrency` pool gate of 2 with 6 workers: never more than 2 requests
 /// at the gateway at once, and no retries.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -10,8 +10,12 @@
 //! that grows from 10 ms to `poll_interval` while the queue stays empty. A wake-up always cuts
 //! the pause short. A queue gate whose budget allows less than a full batch makes the budget a
 //! rate, as in Go: one poll of `floor(batch × budget)` per `poll_interval`, wake-ups or not.
+//! A request the queue gate turns away is not put to the gate again for `poll_interval` (Go asks
+//! once per tick), and a poll that found only such requests waits like an empty one, so a
+//! refused head costs the gate, Redis and the decision counters what it costs under Go.
 //! While the queue's outbox cannot write results, it claims nothing.
 
+use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -44,6 +48,7 @@ pub async fn run_consumer(
 ) {
     let mut failures = 0u32;
     let mut idle = FIRST_IDLE_PAUSE;
+    let mut away = TurnedAway::default();
     loop {
         // While the outbox cannot write results, claiming more would only pile up finished work
         // (and, when Redis refuses the results, send it all to the gateway for nothing).
@@ -93,10 +98,12 @@ pub async fn run_consumer(
             }
             want = want.min(allowed);
         }
-        let pause = match poll_once(&ctx, &tx, want).await {
+        away.forget_before(tokio::time::Instant::now());
+        let pause = match poll_once(&ctx, &tx, want, &mut away, polling.interval).await {
             Ok(Polled {
                 seen,
                 admitted,
+                turned_away,
                 window,
             }) => {
                 if failures > 0 {
@@ -107,6 +114,10 @@ pub async fn run_consumer(
                     // A full batch: more is probably waiting.
                     idle = FIRST_IDLE_PAUSE;
                     Duration::ZERO
+                } else if admitted == 0 && turned_away > 0 {
+                    // Only requests the gate turned away: nothing changes for them before the
+                    // next tick; a wake-up (new work, perhaps admissible) cuts the wait short.
+                    polling.interval
                 } else if seen > 0 {
                     // Work is trickling in (perhaps from producers that ring no bell): look
                     // again soon.
@@ -174,6 +185,8 @@ struct Polled {
     seen: usize,
     /// Members admitted by the gate (claimed or not).
     admitted: usize,
+    /// Members the gate turned away, in this poll or lately (see [`TurnedAway`]).
+    turned_away: usize,
     /// How many were asked for.
     window: usize,
 }
@@ -182,11 +195,35 @@ struct Polled {
 /// refuses at the head do not hide the ones behind them.
 const GATED_LOOKAHEAD: usize = 4;
 
+/// Requests (by claim key) the queue gate turned away lately, each with the time until which it
+/// is not asked again: Go puts a refused request to the gate once per poll tick, and so does
+/// inferq, however often it polls for the work behind it. At most one poll window of entries.
+#[derive(Default)]
+struct TurnedAway {
+    until: HashMap<String, tokio::time::Instant>,
+}
+
+impl TurnedAway {
+    fn is_recent(&self, key: &str, now: tokio::time::Instant) -> bool {
+        self.until.get(key).is_some_and(|until| *until > now)
+    }
+
+    fn note(&mut self, key: String, until: tokio::time::Instant) {
+        self.until.insert(key, until);
+    }
+
+    fn forget_before(&mut self, now: tokio::time::Instant) {
+        self.until.retain(|_, until| *until > now);
+    }
+}
+
 /// One poll: peek, triage, gate, claim, hand over.
 async fn poll_once(
     ctx: &Arc<QueueCtx>,
     tx: &Sender<Job>,
     want: usize,
+    away: &mut TurnedAway,
+    interval: Duration,
 ) -> Result<Polled, QueueError> {
     let window = if ctx.gate.is_some() {
         (want * GATED_LOOKAHEAD).min(1000)
@@ -199,11 +236,14 @@ async fn poll_once(
         return Ok(Polled {
             seen,
             admitted: 0,
+            turned_away: 0,
             window,
         });
     }
     let mut candidates = Vec::with_capacity(seen.min(want));
     let mut admissions = Vec::with_capacity(seen.min(want));
+    let mut turned_away = 0;
+    let now = tokio::time::Instant::now();
     for Peeked { member, .. } in peeked {
         if candidates.len() >= want {
             break;
@@ -215,9 +255,25 @@ async fn poll_once(
                 continue;
             }
         };
-        if let Some((env, admission)) = admit(ctx, env).await {
-            candidates.push((member, env));
-            admissions.push(admission);
+        let key = ctx
+            .gate
+            .is_some()
+            .then(|| claim_key(&env.request.id, &env.internal.request_token, &member));
+        if key.as_deref().is_some_and(|k| away.is_recent(k, now)) {
+            turned_away += 1;
+            continue;
+        }
+        match admit(ctx, env).await {
+            Some((env, admission)) => {
+                candidates.push((member, env));
+                admissions.push(admission);
+            }
+            None => {
+                turned_away += 1;
+                if let Some(key) = key {
+                    away.note(key, now + interval);
+                }
+            }
         }
     }
     let admitted = candidates.len();
@@ -270,6 +326,7 @@ async fn poll_once(
     Ok(Polled {
         seen,
         admitted,
+        turned_away,
         window,
     })
 }
