@@ -1313,6 +1313,32 @@ async fn published_results_reach_subscribers_or_are_kept() {
     assert_eq!(results(&mut r.con).await.len(), 2, "kept beside `unheard`");
 }
 
+/// The list that keeps unheard published results holds the newest 100,000: a deployment whose
+/// consumers never read it does not grow Redis without bound (Go keeps none).
+#[tokio::test]
+async fn unheard_results_keep_the_newest_hundred_thousand() {
+    let mut r = rig(30_000, 5).await;
+    let queue = r.queue.clone().publishing_results();
+    let held = submit_and_claim(&r, &["newest"]).await;
+    for chunk in 0..100 {
+        let older: Vec<String> = (0..1000)
+            .map(|i| format!("older-{}", chunk * 1000 + i))
+            .collect();
+        let _: () = r.con.lpush(RESULTS, older).await.unwrap();
+    }
+    let unheard = ResultMessage::http("newest", 200, b"{}");
+    assert_eq!(
+        queue.finish(&[ack(&held[0], &unheard)]).await.unwrap(),
+        [Finished::Published]
+    );
+    let len: u64 = r.con.llen(RESULTS).await.unwrap();
+    assert_eq!(len, 100_000);
+    let newest: String = r.con.lindex(RESULTS, 0).await.unwrap();
+    assert_eq!(newest, unheard.to_json());
+    let oldest: String = r.con.lindex(RESULTS, -1).await.unwrap();
+    assert_eq!(oldest, "older-1", "the oldest one was dropped");
+}
+
 /// Puts Redis out of memory (noeviction, `maxmemory` 1 byte): a plain write is refused `OOM`.
 async fn out_of_memory(con: &mut redis::aio::ConnectionManager) {
     let _: () = redis::cmd("CONFIG")
