@@ -145,7 +145,8 @@ where
         })?,
     };
     let request_timeout = positive_duration("--request-timeout", &args.request_timeout)?;
-    let drain_timeout = positive_duration("--drain-timeout", &args.drain_timeout)?;
+    // Zero is Go's "do not wait": in-flight requests are aborted and released at once.
+    let drain_timeout = flag_duration("--drain-timeout", &args.drain_timeout)?;
     let backlog = flag_duration(
         "--metrics-backlog-poll-interval",
         &args.metrics_backlog_poll_interval,

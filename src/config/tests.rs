@@ -110,6 +110,12 @@ fn go_example_file_loads_with_go_defaults() {
 }
 
 #[test]
+fn zero_drain_timeout_means_do_not_wait() {
+    let c = load_ok(&[SS, &inline(MINIMAL), "--drain-timeout=0s"]);
+    assert_eq!(c.drain_timeout, Duration::ZERO);
+}
+
+#[test]
 fn inline_config_and_flag_values() {
     let c = load_ok(&[
         SS,
