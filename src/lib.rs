@@ -11,6 +11,8 @@
 //!
 //! - [`wire`]: the Go-compatible JSON formats (envelope, public request, result message). Request
 //!   payloads are kept as the producer's exact bytes.
+//! - [`roots`]: the certificate authorities trusted by default on every outgoing TLS connection
+//!   (gateway, `rediss://`, OTLP collector): the system store plus the bundled Mozilla roots.
 //! - [`queue`]: Redis keys, the Lua scripts that make every move of the contract atomic
 //!   (admit, claim, renew, ack, park, promote, release, reclaim, dead-letter), and the producer side
 //!   (submit, cancel, results).
@@ -36,6 +38,7 @@ pub mod dispatch;
 pub mod gateway;
 pub mod ops;
 pub mod queue;
+pub mod roots;
 pub mod sim;
 pub mod testkit;
 pub mod wire;

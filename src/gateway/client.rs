@@ -86,7 +86,16 @@ impl GatewayClient {
     /// Builds the client. `pool_size` is the total number of workers across all pools; twice as
     /// many idle connections are kept (see the module comment on connection reuse).
     pub fn new(tls: &GatewayTls, pool_size: usize) -> Result<Self, GatewayError> {
-        let tls_config = tls.client_config()?;
+        Self::on_roots(tls, pool_size, crate::roots::Roots::system())
+    }
+
+    /// [`GatewayClient::new`] with `roots` as the default roots instead of the process's.
+    pub(crate) fn on_roots(
+        tls: &GatewayTls,
+        pool_size: usize,
+        roots: &crate::roots::Roots,
+    ) -> Result<Self, GatewayError> {
+        let tls_config = tls.client_config_on(roots)?;
         let build = |redirects: usize| {
             let builder = reqwest::Client::builder()
                 .use_preconfigured_tls(tls_config.clone())
@@ -1521,6 +1530,62 @@ mod tests {
         assert_eq!(accepted.load(Ordering::SeqCst), 2, "no more connections");
     }
 
+    /// A gateway serving a certificate that the system store holds (here a store file, as
+    /// `SSL_CERT_FILE` names one) is trusted without `--tls-ca-cert`, on both of inferq's paths:
+    /// its own connection (which finds out the gateway chooses HTTP/2) and reqwest's HTTP/2 one.
+    /// With a store that lacks it the handshake is refused, once: a certificate problem is fatal.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_gateway_certificate_in_the_system_store_is_trusted() {
+        use crate::roots::Roots;
+        let (addr, accepted, answered) = http2_server();
+        let dir = match tempfile::tempdir() {
+            Ok(dir) => dir,
+            Err(e) => panic!("tempdir: {e}"),
+        };
+        let store = crate::gateway::tls::tests::temp_file(
+            &dir,
+            "store.pem",
+            crate::gateway::leaf::tests::SELF_SIGNED_PEM,
+        );
+        let url = format!("https://127.0.0.1:{}/v1/completions", addr.port());
+        let send = |roots: Roots| {
+            let url = url.clone();
+            async move {
+                match GatewayClient::on_roots(&GatewayTls::default(), 2, &roots) {
+                    Ok(client) => {
+                        client
+                            .send(&url, HeaderMap::new(), Bytes::from_static(b"{}"), GENEROUS)
+                            .await
+                            .outcome
+                    }
+                    Err(e) => panic!("client: {e}"),
+                }
+            }
+        };
+
+        let trusted = send(Roots::from_paths(Some(&store), None)).await;
+        assert!(
+            matches!(trusted, Outcome::Success { status: 200, .. }),
+            "{trusted:?}"
+        );
+        assert_eq!(answered.load(Ordering::SeqCst), 1);
+        assert_eq!(
+            accepted.load(Ordering::SeqCst),
+            2,
+            "inferq's own, then HTTP/2"
+        );
+
+        let refused = send(Roots::from_paths(None, None)).await;
+        match &refused {
+            Outcome::Fatal { error } => assert!(
+                error.to_string().to_lowercase().contains("certificate"),
+                "{error}"
+            ),
+            other => panic!("an untrusted gateway: {other:?}"),
+        }
+        assert_eq!(answered.load(Ordering::SeqCst), 1, "nothing more answered");
+    }
+
     /// An origin that chose HTTP/2 is remembered for a while, not for the process's life: within
     /// the memory no connection is dialled to ask again; after it, the next request asks again
     /// (here the gateway still chooses HTTP/2, so it is remembered anew).
@@ -1529,7 +1594,7 @@ mod tests {
         use super::super::h1::Connections;
         let (addr, accepted, _answered) = http2_server();
         let (_dir, trust) = self_signed_trust();
-        let config = match trust.client_config() {
+        let config = match trust.client_config_on(crate::roots::Roots::system()) {
             Ok(config) => Arc::new(config),
             Err(e) => panic!("tls: {e}"),
         };

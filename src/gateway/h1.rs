@@ -467,7 +467,9 @@ mod tests {
             let _ = closed_tx.send(Instant::now());
         });
 
-        let tls = match crate::gateway::GatewayTls::default().client_config() {
+        let tls = match crate::gateway::GatewayTls::default()
+            .client_config_on(crate::roots::Roots::system())
+        {
             Ok(config) => Arc::new(config),
             Err(e) => panic!("tls: {e}"),
         };

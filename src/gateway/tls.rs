@@ -3,11 +3,11 @@
 //!
 //! Paths enter; one `rustls::ClientConfig` leaves (every HTTPS connection to the gateway uses it),
 //! or a [`GatewayError`] naming the flag and file at fault. As in Go: the CA file is *added* to
-//! the default roots (here the bundled Mozilla roots of `webpki-roots`, inferq's "system pool")
-//! and must hold at least one certificate, and a certificate it lists is trusted when a gateway
-//! serves it as it is ([`super::trust`]); the client certificate and key come together or not at
-//! all. rustls speaks TLS 1.2 and 1.3 only, which matches Go's `MinVersion: TLS1.2`. HTTP/2 and
-//! HTTP/1.1 are offered by ALPN.
+//! the default roots (the system certificate store plus the bundled Mozilla roots, see
+//! [`crate::roots`]) and must hold at least one certificate, and a certificate it or the system
+//! store lists is trusted when a gateway serves it as it is ([`super::trust`]); the client
+//! certificate and key come together or not at all. rustls speaks TLS 1.2 and 1.3 only, which
+//! matches Go's `MinVersion: TLS1.2`. HTTP/2 and HTTP/1.1 are offered by ALPN.
 //!
 //! PEM files may carry other blocks (e.g. `EC PARAMETERS` before an EC key, as `openssl ecparam
 //! -genkey` writes them); those are ignored, as Go's `tls.X509KeyPair` ignores them.
@@ -22,6 +22,7 @@ use rustls::{ClientConfig, RootCertStore};
 
 use super::trust::GatewayVerifier;
 use super::GatewayError;
+use crate::roots::Roots;
 
 /// TLS settings for the connection to the gateway.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -45,8 +46,9 @@ impl GatewayTls {
             || self.insecure_skip_verify
     }
 
-    /// The client configuration these settings make.
-    pub(crate) fn client_config(&self) -> Result<ClientConfig, GatewayError> {
+    /// The client configuration these settings make, with `roots` as the default roots (the
+    /// process's are [`Roots::system`]).
+    pub(crate) fn client_config_on(&self, roots: &Roots) -> Result<ClientConfig, GatewayError> {
         let identity = match (&self.cert, &self.key) {
             (None, None) => None,
             (Some(cert), Some(key)) => Some((
@@ -70,13 +72,11 @@ impl GatewayTls {
         let verifier = if self.insecure_skip_verify {
             GatewayVerifier::any(algorithms)
         } else {
-            let mut roots = RootCertStore {
-                roots: webpki_roots::TLS_SERVER_ROOTS.to_vec(),
-            };
-            let listed = match listed {
+            let mut store: RootCertStore = roots.store().clone();
+            let mut listed = match listed {
                 Some((certs, path)) => {
                     for cert in &certs {
-                        roots
+                        store
                             .add(cert.clone())
                             .map_err(|e| tls_error("--tls-ca-cert", path, e))?;
                     }
@@ -84,8 +84,10 @@ impl GatewayTls {
                 }
                 None => Vec::new(),
             };
+            // Go's pool holds the system store's certificates as it holds the CA file's.
+            listed.extend_from_slice(roots.system_certs());
             let webpki =
-                WebPkiServerVerifier::builder_with_provider(Arc::new(roots), Arc::clone(&provider))
+                WebPkiServerVerifier::builder_with_provider(Arc::new(store), Arc::clone(&provider))
                     .build()
                     .map_err(|e| GatewayError::Tls(format!("trusted roots: {e}")))?;
             GatewayVerifier::go(webpki, listed, algorithms)
@@ -205,7 +207,7 @@ s32DDHLfhISpNusvgA==
 ";
 
     /// A throw-away self-signed client certificate and its key (P-256), for tests only.
-    const TEST_CLIENT_CERT_PEM: &str = "-----BEGIN CERTIFICATE-----
+    pub(crate) const TEST_CLIENT_CERT_PEM: &str = "-----BEGIN CERTIFICATE-----
 MIIBkDCCATagAwIBAgITPWYJaHMhQZLqM9irRRhFQTEKpDAKBggqhkjOPQQDAjAd
 MRswGQYDVQQDDBJpbmZlcnEtdGVzdC1jbGllbnQwIBcNMjYxMTI5MDc0ODMyWhgP
 MjEyNjExMDUwNzQ4MzJaMB0xGzAZBgNVBAMMEmluZmVycS10ZXN0LWNsaWVudDBZ
@@ -235,7 +237,7 @@ RVuxQvn69q9acMVQF3wtBeVBLGBU158IxCRjUyhDHMqa6gGeeGweaDxC
     }
 
     fn build(tls: &GatewayTls) -> Result<ClientConfig, GatewayError> {
-        tls.client_config()
+        tls.client_config_on(Roots::system())
     }
 
     fn tempdir() -> tempfile::TempDir {

@@ -1,11 +1,12 @@
 //! Whether inferq trusts a TLS gateway's certificate, decided as Go's `crypto/x509` decides it.
 //!
 //! The certificate a gateway presents enters [`GatewayVerifier`] during the handshake; a verdict
-//! leaves. By Go's rules it has webpki check the chain to the bundled Mozilla roots or the
-//! `--tls-ca-cert` certificates, as before, and adds Go's one short cut: a presented certificate
-//! that is itself one of the `--tls-ca-cert` certificates is trusted as it stands (Go's `Verify`
-//! answers with a chain of that one certificate when the root pool holds it), once its validity
-//! dates, its names and its extended key usage fit. That is the gateway started with a
+//! leaves. By Go's rules it has webpki check the chain to the trusted roots (the system store,
+//! the bundled Mozilla roots and the `--tls-ca-cert` certificates, see [`crate::roots`]), and
+//! adds Go's one short cut: a presented certificate that is itself one of the `--tls-ca-cert` or
+//! system-store certificates (Go's root pool) is trusted as it stands (Go's `Verify` answers with
+//! a chain of that one certificate when the root pool holds it), once its validity dates, its
+//! names and its extended key usage fit. That is the gateway started with a
 //! certificate from `openssl req -x509`, which is marked as a CA: webpki refuses it as an end
 //! entity (`CaUsedAsEndEntity`), so without the short cut every request failed where the Go
 //! processor given the same `--tls-ca-cert` succeeds.
@@ -37,7 +38,7 @@ enum Trust {
     /// webpki's verdict, and Go's short cut for a listed certificate served as it is.
     Go {
         webpki: Arc<WebPkiServerVerifier>,
-        /// The `--tls-ca-cert` certificates.
+        /// The `--tls-ca-cert` certificates and the system store's: Go's root pool.
         listed: Vec<CertificateDer<'static>>,
     },
     /// `--tls-insecure-skip-verify`: every certificate.
