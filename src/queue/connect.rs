@@ -7,9 +7,11 @@ use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig, MultiplexedConnection};
 use redis::{
-    AsyncConnectionConfig, Client, ClientTlsConfig, IntoConnectionInfo, RedisResult,
-    TlsCertificates,
+    AsyncConnectionConfig, Client, ClientTlsConfig, ConnectionAddr, IntoConnectionInfo,
+    RedisResult, TlsCertificates,
 };
+
+use crate::roots::Roots;
 
 /// How long one command may take before it counts as failed (the caller retries).
 pub const RESPONSE_TIMEOUT: Duration = Duration::from_secs(3);
@@ -35,12 +37,14 @@ pub async fn blocking(client: &Client) -> RedisResult<MultiplexedConnection> {
 }
 
 /// TLS material for a `rediss://` connection beyond the URL: a private CA to trust instead of the
-/// bundled public roots, and a client certificate for servers that require one
-/// (`tls-auth-clients yes`). Paths enter; [`client`] reads them when it builds the client.
+/// default roots (the system store plus the bundled Mozilla roots), and a client certificate for
+/// servers that require one (`tls-auth-clients yes`). Paths enter; [`client`] reads them when it
+/// builds the client.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct RedisTls {
     /// CA bundle (PEM) that signed the server's certificate. When set, only these roots are
-    /// trusted for Redis (a private CA usually is the only one that matters).
+    /// trusted for Redis (a private CA usually is the only one that matters); when not, the
+    /// system store and the bundled Mozilla roots are.
     pub ca_cert: Option<PathBuf>,
     /// Client certificate chain and private key (PEM), for mutual TLS.
     pub client: Option<(PathBuf, PathBuf)>,
@@ -81,26 +85,30 @@ pub enum ConnectError {
 }
 
 /// A Redis client for `url` with the TLS material in `tls`. Nothing is connected yet.
+///
+/// A TLS URL (`rediss://`, `valkeys://`) trusts the `--redis-tls-ca-cert` CA alone when one is
+/// given, as the flag promises; otherwise the process's default roots ([`Roots::system`]: the
+/// system certificate store plus the bundled Mozilla roots), as go-redis trusts the system pool.
 pub fn client(url: &str, tls: &RedisTls) -> Result<Client, ConnectError> {
     let shown = || crate::config::redact_url(url);
-    let is_tls = url
-        .get(..9)
-        .is_some_and(|s| s.eq_ignore_ascii_case("rediss://"));
-    if is_tls && url.ends_with("#insecure") {
-        return Err(ConnectError::Insecure { shown: shown() });
-    }
     let info = url.into_connection_info().map_err(|e| ConnectError::Url {
         shown: shown(),
         reason: crate::config::redact_in_text(&e.to_string()),
     })?;
-    if !tls.is_configured() {
-        return Client::open(info).map_err(|e| ConnectError::Url {
-            shown: shown(),
-            reason: crate::config::redact_in_text(&e.to_string()),
-        });
-    }
-    if !is_tls {
-        return Err(ConnectError::NotTls { shown: shown() });
+    let insecure = match info.addr() {
+        ConnectionAddr::TcpTls { insecure, .. } => *insecure,
+        _ => {
+            if tls.is_configured() {
+                return Err(ConnectError::NotTls { shown: shown() });
+            }
+            return Client::open(info).map_err(|e| ConnectError::Url {
+                shown: shown(),
+                reason: crate::config::redact_in_text(&e.to_string()),
+            });
+        }
+    };
+    if insecure {
+        return Err(ConnectError::Insecure { shown: shown() });
     }
     let read = |flag: &'static str, path: &PathBuf| {
         std::fs::read(path).map_err(|source| ConnectError::Read {
@@ -110,8 +118,8 @@ pub fn client(url: &str, tls: &RedisTls) -> Result<Client, ConnectError> {
         })
     };
     let root_cert = match &tls.ca_cert {
-        Some(path) => Some(read("--redis-tls-ca-cert", path)?),
-        None => None,
+        Some(path) => read("--redis-tls-ca-cert", path)?,
+        None => Roots::system().pem().to_vec(),
     };
     let client_tls = match &tls.client {
         Some((cert, key)) => Some(ClientTlsConfig {
@@ -124,7 +132,7 @@ pub fn client(url: &str, tls: &RedisTls) -> Result<Client, ConnectError> {
         info,
         TlsCertificates {
             client_tls,
-            root_cert,
+            root_cert: Some(root_cert),
         },
     )
     .map_err(|e| ConnectError::Tls(crate::config::redact_in_text(&e.to_string())))

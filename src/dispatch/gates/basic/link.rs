@@ -1,10 +1,12 @@
 //! Redis connections for the `redis` and `redis-quota` gates.
 //!
 //! A gate's `address` parameter is Go's `host:port`, or (beyond Go) a full `redis://` /
-//! `rediss://` URL with password and database. Gates naming the same address share one
-//! [`Link`]: a client made when the gate is built (building is synchronous) and a self-healing
-//! connection opened on first use. Every call through [`within`] is bounded by [`CALL_TIMEOUT`],
-//! so a dead Redis answers an error quickly instead of stalling the dispatch path.
+//! `rediss://` URL with password and database (a `rediss://` server is trusted as the queue's is
+//! without `--redis-tls-ca-cert`: by the system store and the bundled roots). Gates naming the
+//! same address share one [`Link`]: a client made when the gate is built (building is
+//! synchronous) and a self-healing connection opened on first use. Every call through [`within`]
+//! is bounded by [`CALL_TIMEOUT`], so a dead Redis answers an error quickly instead of stalling
+//! the dispatch path.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -57,11 +59,12 @@ pub fn link(p: &Params<'_>) -> Result<Arc<Link>, GateError> {
     if let Some(link) = links.get(&url).and_then(Weak::upgrade) {
         return Ok(link);
     }
-    let client = Client::open(url.as_str()).map_err(|e| GateError::Param {
-        gate: p.gate,
-        param: "address".to_owned(),
-        reason: format!("neither host:port nor a redis:// or rediss:// URL ({e})"),
-    })?;
+    let client =
+        connect::client(&url, &connect::RedisTls::default()).map_err(|e| GateError::Param {
+            gate: p.gate,
+            param: "address".to_owned(),
+            reason: format!("neither host:port nor a redis:// or rediss:// URL ({e})"),
+        })?;
     let link = Arc::new(Link {
         shown: client.get_connection_info().addr().to_string(),
         client,
