@@ -1,7 +1,9 @@
 //! OpenTelemetry export, started when `OTEL_EXPORTER_OTLP_ENDPOINT` is set (go-compat §9.3):
 //! an OTLP gRPC exporter behind a batch span processor, the resource from the standard
 //! variables with `service.name` as [`OtelSettings`] names it, the sampler from
-//! `OTEL_TRACES_SAMPLER`/`_ARG` (the SDK's default: parent-based, always on).
+//! `OTEL_TRACES_SAMPLER`/`_ARG` (the SDK's default: parent-based, always on). An `https://`
+//! collector is trusted by the CA of `OTEL_EXPORTER_OTLP_CERTIFICATE` alone when it is set (as Go
+//! reads it), otherwise by the system store plus the bundled Mozilla roots ([`crate::roots`]).
 //!
 //! In: the settings the config resolved. Out: an [`Otel`] handle whose tracer the workers use for
 //! request spans (`dispatch::trace`), and whose [`Otel::shutdown`] flushes what is still
@@ -16,6 +18,7 @@ use opentelemetry_sdk::trace::{SdkTracer, SdkTracerProvider};
 use opentelemetry_sdk::Resource;
 
 use crate::config::otel::OtelSettings;
+use crate::roots::Roots;
 
 /// The instrumentation scope of every span, Go's tracer name.
 pub const TRACER_NAME: &str = "llm-d-async";
@@ -48,7 +51,7 @@ impl Otel {
         if settings.endpoint.starts_with("https://") {
             let tls = match &settings.ca_pem {
                 Some(pem) => ClientTlsConfig::new().ca_certificate(Certificate::from_pem(pem)),
-                None => ClientTlsConfig::new().with_webpki_roots(),
+                None => ClientTlsConfig::new().trust_anchors(Roots::system().anchors()),
             };
             builder = builder.with_tls_config(tls);
         }

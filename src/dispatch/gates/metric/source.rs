@@ -30,8 +30,16 @@ pub(super) fn client() -> Result<reqwest::Client, String> {
     if let Some(c) = CLIENT.get() {
         return Ok(c.clone());
     }
-    let built = reqwest::Client::builder()
+    // The default roots of every TLS connection inferq makes (Go's client uses the system pool).
+    let mut builder = reqwest::Client::builder()
         .connect_timeout(PROMETHEUS_TIMEOUT)
+        .tls_built_in_root_certs(false);
+    for cert in crate::roots::Roots::system().certs() {
+        let cert = reqwest::Certificate::from_der(cert.as_ref())
+            .map_err(|e| format!("cannot build the HTTP client: a trusted root: {e}"))?;
+        builder = builder.add_root_certificate(cert);
+    }
+    let built = builder
         .build()
         .map_err(|e| format!("cannot build the HTTP client: {e}"))?;
     Ok(CLIENT.get_or_init(|| built).clone())
