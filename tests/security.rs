@@ -1,7 +1,9 @@
 //! Security end to end, with real processes: the least-privilege Redis ACL rules of README.md
 //! (every script path run under them, `ACL LOG` empty), `rediss://` with a private CA and client
-//! certificates, passwords kept out of every log line and error, and the gateway TLS flags
-//! against the simulator serving HTTPS (optionally requiring client certificates).
+//! certificates, passwords kept out of every log line and error, the gateway TLS flags
+//! against the simulator serving HTTPS (optionally requiring client certificates), and a private
+//! CA trusted for the gateway and for `rediss://` because the system certificate store holds it
+//! (`SSL_CERT_FILE`), without any TLS flag.
 //!
 //! Certificates are made per test with the `openssl` command line into a temporary directory.
 
@@ -765,12 +767,23 @@ async fn gateway_case(
     name: &str,
     flags: &[&str],
 ) -> (Proc, ResultMessage) {
+    gateway_case_with_env(redis, sim, name, flags, &[]).await
+}
+
+/// [`gateway_case`] with environment variables set (`Some`) or removed (`None`).
+async fn gateway_case_with_env(
+    redis: &RedisServer,
+    sim: &Sim,
+    name: &str,
+    flags: &[&str],
+    env: &[(&str, Option<&str>)],
+) -> (Proc, ResultMessage) {
     let config = format!(
         r#"{{"url":"{}","poll_interval_ms":50,"queues":[{{"queue_name":"{name}","result_queue_name":"{name}-results","igw_base_url":"{}"}}]}}"#,
         redis.url(),
         sim.base_url()
     );
-    let p = Proc::spawn(&config, flags);
+    let p = Proc::spawn_with_env("redis-sortedset", &config, flags, env);
     p.wait_ready().await;
     let producer = Producer::connect(&redis.url(), name, &format!("{name}-results"))
         .await
@@ -951,4 +964,128 @@ async fn sim_command_serves_https_with_client_certificates() {
     assert!(refused.is_err(), "{refused:?}");
     let _ = sim.kill();
     let _ = sim.wait();
+}
+
+// ---------------------------------------------------------------------------------------------
+// 5. The system certificate store
+
+/// The environment of a processor whose system certificate store is the file `store` alone (as
+/// Go's, `SSL_CERT_FILE` names it; `SSL_CERT_DIR` is not set).
+fn store_env(store: &str) -> [(&'static str, Option<&str>); 2] {
+    [("SSL_CERT_FILE", Some(store)), ("SSL_CERT_DIR", None)]
+}
+
+/// The environment of a processor that reads the machine's own system store (which does not
+/// hold the test's private CA).
+const MACHINE_STORE: [(&str, Option<&str>); 2] = [("SSL_CERT_FILE", None), ("SSL_CERT_DIR", None)];
+
+/// A gateway whose certificate chains to a CA of the system certificate store (here the bundle
+/// `SSL_CERT_FILE` names, as `update-ca-certificates` would make it) is trusted with no TLS flag,
+/// as Go trusts its system pool: 200. With the machine's own store, which lacks that CA:
+/// INFERENCE_ERROR naming the unknown issuer. `--tls-ca-cert` adds to the store, it does not
+/// replace it: another CA given there leaves the store's CA trusted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gateway_signed_by_a_ca_of_the_system_store_is_trusted_without_flags() {
+    let certs = Certs::new();
+    let redis = RedisServer::start().unwrap();
+    let sim = Sim::start_tls(
+        sim_config(),
+        "127.0.0.1:0".parse().unwrap(),
+        &SimTls {
+            cert: Some(certs.path("server.crt")),
+            key: Some(certs.path("server.key")),
+            client_ca: None,
+        },
+    )
+    .await
+    .unwrap();
+    let store = certs.arg("ca.crt");
+
+    let (_a, trusted) = gateway_case_with_env(&redis, &sim, "store", &[], &store_env(&store)).await;
+    assert_eq!(trusted.status_code, 200, "{trusted:?}");
+
+    let (_b, untrusted) =
+        gateway_case_with_env(&redis, &sim, "machine-store", &[], &MACHINE_STORE).await;
+    assert_eq!(untrusted.error_code, "INFERENCE_ERROR", "{untrusted:?}");
+    assert!(
+        untrusted.error_message.contains("UnknownIssuer"),
+        "{untrusted:?}"
+    );
+
+    let other = certs.arg("other-ca.crt");
+    let (_c, added) = gateway_case_with_env(
+        &redis,
+        &sim,
+        "store-and-flag",
+        &["--tls-ca-cert", &other],
+        &store_env(&store),
+    )
+    .await;
+    assert_eq!(added.status_code, 200, "{added:?}");
+}
+
+/// A `rediss://` Redis whose certificate chains to a CA of the system certificate store is
+/// trusted with no `--redis-tls-ca-cert`: the processor becomes ready and serves a request, and
+/// `inferq submit` and `results` work. With the machine's own store the processor stays not
+/// ready naming the unknown issuer, and `submit` fails saying so. `--redis-tls-ca-cert` means
+/// that CA alone: naming another CA there, the store's CA is not trusted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rediss_signed_by_a_ca_of_the_system_store_is_trusted_without_flags() {
+    let certs = Certs::new();
+    let tls_port = free_port().unwrap();
+    let _redis = RedisServer::start_with_args(vec![
+        "--tls-port".into(),
+        tls_port.to_string(),
+        "--tls-cert-file".into(),
+        certs.arg("server.crt"),
+        "--tls-key-file".into(),
+        certs.arg("server.key"),
+        "--tls-ca-cert-file".into(),
+        certs.arg("ca.crt"),
+        "--tls-auth-clients".into(),
+        "no".into(),
+    ])
+    .unwrap();
+    let rediss = format!("rediss://127.0.0.1:{tls_port}/");
+    let gw = Gateway::start().await;
+    let config = transport(&rediss, &gw.url(), 30.0, 5, "");
+    let store = certs.arg("ca.crt");
+
+    let p = Proc::spawn_with_env("redis-sortedset", &config, &[], &store_env(&store));
+    p.wait_ready().await;
+    let env = [
+        ("REDIS_URL", rediss.as_str()),
+        ("SSL_CERT_FILE", store.as_str()),
+    ];
+    let out = cli(&["submit"], &env, &submit_lines(&["store-1"]));
+    assert!(out.status.success(), "{}", text(&out));
+    let out = cli(&["results", "-n", "1", "--timeout", "30s"], &env, "");
+    assert!(out.status.success(), "{}", text(&out));
+    let got = parse_results(&out);
+    assert_eq!(got.len(), 1, "{got:?}");
+    assert_eq!(got[0].status_code, 200, "{got:?}");
+
+    let machine = Proc::spawn_with_env("redis-sortedset", &config, &[], &MACHINE_STORE);
+    let body = machine.wait_not_ready_because().await;
+    assert!(body.contains("UnknownIssuer"), "{body}");
+    let other = certs.arg("other-ca.crt");
+    let out = cli(
+        &["submit"],
+        &[
+            ("REDIS_URL", rediss.as_str()),
+            ("SSL_CERT_FILE", other.as_str()),
+        ],
+        &submit_lines(&["never"]),
+    );
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out));
+    assert!(text(&out).contains("UnknownIssuer"), "{}", text(&out));
+
+    let only = Proc::spawn_with_env(
+        "redis-sortedset",
+        &config,
+        &["--redis-tls-ca-cert", &other],
+        &store_env(&store),
+    );
+    let body = only.wait_not_ready_because().await;
+    assert!(body.contains("UnknownIssuer"), "{body}");
 }

@@ -398,8 +398,9 @@ async fn spans_of_one_request(receiver: &Receiver, env: &[(&str, String)]) -> (V
 }
 
 /// An `https://` collector with a private CA: trusted through `OTEL_EXPORTER_OTLP_CERTIFICATE`,
-/// and refused without it (the public roots do not know the CA): the export failure is logged and
-/// the request is served all the same.
+/// or because the system certificate store holds the CA (`SSL_CERT_FILE`, as Go's exporter trusts
+/// the system pool), and refused otherwise (the machine's store and the bundled public roots do
+/// not know the CA): the export failure is logged and the request is served all the same.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_https_collector_is_trusted_through_the_certificate_variable() {
     let certs = harness::Certs::new();
@@ -420,6 +421,18 @@ async fn an_https_collector_is_trusted_through_the_certificate_variable() {
         names.contains(&"process-request") && names.contains(&"http-request"),
         "{names:?}\n{log}"
     );
+
+    receiver.spans.lock().unwrap().clear();
+    let (spans, log) = spans_of_one_request(
+        &receiver,
+        &[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.clone()),
+            ("SSL_CERT_FILE", certs.arg("ca.crt")),
+        ],
+    )
+    .await;
+    let names: Vec<&str> = spans.iter().map(|s| s.name.as_str()).collect();
+    assert!(names.contains(&"process-request"), "{names:?}\n{log}");
 
     receiver.spans.lock().unwrap().clear();
     let (spans, log) =

@@ -130,8 +130,18 @@ impl Proc {
     /// port of its own taken (by another test process, between `free_port` and its bind) is
     /// started again on new ports; it binds them before it logs "inferq starting".
     pub fn spawn_as(kind: &str, transport: &str, extra: &[&str]) -> Proc {
+        Self::spawn_with_env(kind, transport, extra, &[])
+    }
+
+    /// [`Proc::spawn_as`] with these environment variables set (`Some`) or removed (`None`).
+    pub fn spawn_with_env(
+        kind: &str,
+        transport: &str,
+        extra: &[&str],
+        env: &[(&str, Option<&str>)],
+    ) -> Proc {
         for _ in 0..3 {
-            let mut p = Self::spawn_once(kind, transport, extra);
+            let mut p = Self::spawn_once(kind, transport, extra, env);
             let started = Instant::now();
             loop {
                 let exited = p.child.as_mut().and_then(|c| c.try_wait().unwrap());
@@ -151,11 +161,23 @@ impl Proc {
         panic!("three processors in a row found their ports taken");
     }
 
-    fn spawn_once(kind: &str, transport: &str, extra: &[&str]) -> Proc {
+    fn spawn_once(
+        kind: &str,
+        transport: &str,
+        extra: &[&str],
+        env: &[(&str, Option<&str>)],
+    ) -> Proc {
         let health = free_port().unwrap();
         let metrics = free_port().unwrap();
         let log = tempfile::NamedTempFile::new().unwrap();
-        let child = Command::new(env!("CARGO_BIN_EXE_inferq"))
+        let mut command = Command::new(env!("CARGO_BIN_EXE_inferq"));
+        for (name, value) in env {
+            match value {
+                Some(value) => command.env(name, value),
+                None => command.env_remove(name),
+            };
+        }
+        let child = command
             .arg("run")
             .args(["--transport", kind, "--transport-config", transport])
             .args(["--health-port", &health.to_string()])
