@@ -1,7 +1,10 @@
 //! Operations surface of a running processor: Prometheus metrics under the Go processor's names
-//! (plus inferq's own), the `/healthz` + `/readyz` server with Go's semantics, and the
-//! OpenTelemetry trace export (`otel`), and the standard process metrics (`process`).
+//! (plus inferq's own) served as Go serves them (`exposition`, with Go's float spelling in
+//! `gofloat`), the `/healthz` + `/readyz` server with Go's semantics, the OpenTelemetry trace
+//! export (`otel`), and the standard process metrics (`process`).
 
+pub mod exposition;
+pub mod gofloat;
 pub mod health;
 pub mod listen;
 pub mod metrics;
