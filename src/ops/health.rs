@@ -5,7 +5,8 @@
 //! Redis is not enough: while Redis refuses a queue's polls (say `NOPERM` for a user missing a
 //! command, or `READONLY` from a replica) or the results it writes to its configured result
 //! list, `/readyz` is 503 and names the queue and the refusal.
-//! Also the metrics server.
+//! Also the metrics server, which answers every scrape with the page and `Content-Type` Go's
+//! promhttp would ([`super::exposition`]).
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -13,7 +14,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::Duration;
 
-use axum::http::{header, StatusCode};
+use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::any;
 use axum::Router;
@@ -174,16 +175,22 @@ pub async fn serve_metrics(
     let listener = super::listen::listen(addr).await?;
     let app = Router::new().route(
         "/metrics",
-        any(move || {
+        any(move |headers: HeaderMap| {
             let metrics = metrics.clone();
             async move {
-                (
-                    [(
-                        header::CONTENT_TYPE,
-                        "application/openmetrics-text; version=1.0.0; charset=utf-8",
-                    )],
-                    metrics.encode(),
-                )
+                // Always the 0.0.4 text, as Go's promhttp without OpenMetrics serves it.
+                let accept = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok());
+                match metrics.encode() {
+                    Ok(page) => (
+                        [(
+                            header::CONTENT_TYPE,
+                            super::exposition::content_type(accept),
+                        )],
+                        page,
+                    )
+                        .into_response(),
+                    Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
+                }
             }
         }),
     );

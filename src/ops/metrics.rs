@@ -1,9 +1,10 @@
 //! Prometheus metrics. Names and labels follow the Go processor (`llm_d_async_async_*`, labels
 //! `queue_id`, `queue_name`, `pool_name`) so existing dashboards keep working; the durable-claims
 //! names (`claim_depth`, `claims_expired`) are Go's too, and the rest are inferq's own.
-//! Dispatch code records into [`Metrics`]; [`Metrics::encode`] renders the text format.
+//! Dispatch code records into [`Metrics`]; [`Metrics::encode`] renders the page Go's `/metrics`
+//! serves (see [`super::exposition`]).
 
-use prometheus_client::encoding::{text::encode, EncodeLabelSet};
+use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
@@ -447,13 +448,9 @@ impl Metrics {
         }
     }
 
-    /// The Prometheus text exposition.
-    pub fn encode(&self) -> String {
-        let mut out = String::new();
-        if encode(&mut out, &self.registry).is_err() {
-            out.clear();
-        }
-        out
+    /// The `/metrics` page: Prometheus text format 0.0.4 as the Go processor writes it.
+    pub fn encode(&self) -> Result<String, super::exposition::ExpositionError> {
+        super::exposition::encode(&self.registry)
     }
 }
 
@@ -472,14 +469,14 @@ mod tests {
             pool_name: "default".into(),
         };
         m.record_gate_reading(&l, "p", None, 0.2);
-        let text = m.encode();
-        assert!(text.contains(r#"llm_d_async_async_gate_metric_source_available{queue_id="q1",queue_name="q",pool_name="default",inference_pool="p"} 0"#), "{text}");
+        let text = m.encode().expect("encodes");
+        assert!(text.contains(r#"llm_d_async_async_gate_metric_source_available{inference_pool="p",pool_name="default",queue_id="q1",queue_name="q"} 0"#), "{text}");
         assert!(!text.contains("gate_metric_threshold{"), "{text}");
         assert!(!text.contains("gate_metric_value{"), "{text}");
         m.record_gate_reading(&l, "p", Some(0.5), 0.2);
-        let text = m.encode();
-        assert!(text.contains(r#"llm_d_async_async_gate_metric_threshold{queue_id="q1",queue_name="q",pool_name="default",inference_pool="p"} 0.2"#), "{text}");
-        assert!(text.contains(r#"llm_d_async_async_gate_metric_source_available{queue_id="q1",queue_name="q",pool_name="default",inference_pool="p"} 1"#), "{text}");
+        let text = m.encode().expect("encodes");
+        assert!(text.contains(r#"llm_d_async_async_gate_metric_threshold{inference_pool="p",pool_name="default",queue_id="q1",queue_name="q"} 0.2"#), "{text}");
+        assert!(text.contains(r#"llm_d_async_async_gate_metric_source_available{inference_pool="p",pool_name="default",queue_id="q1",queue_name="q"} 1"#), "{text}");
     }
 
     #[test]
@@ -496,19 +493,47 @@ mod tests {
         m.claim_depth.get_or_create(&l).set(3);
         m.dispatch_budget.get_or_create(&l).set(0.5);
         m.precreate_gate_series(&l);
-        let text = m.encode();
-        assert!(text.contains(r#"llm_d_async_async_dispatch_budget{queue_id="q1",queue_name="q",pool_name="default"} 0.5"#), "{text}");
+        let text = m.encode().expect("encodes");
+        assert!(text.contains(r#"llm_d_async_async_dispatch_budget{pool_name="default",queue_id="q1",queue_name="q"} 0.5"#), "{text}");
         for reason in ["gate_closed", "quota_exhausted", "dropped", "error"] {
             let series = format!(
-                r#"llm_d_async_async_gate_decisions_total{{queue_id="q1",queue_name="q",pool_name="default",reason="{reason}"}} 0"#
+                r#"llm_d_async_async_gate_decisions_total{{pool_name="default",queue_id="q1",queue_name="q",reason="{reason}"}} 0"#
             );
             assert!(text.contains(&series), "{series} missing from {text}");
         }
-        assert!(text.contains(r#"llm_d_async_async_request_total{queue_id="q1",queue_name="q",pool_name="default"} 1"#), "{text}");
+        assert!(text.contains(r#"llm_d_async_async_request_total{pool_name="default",queue_id="q1",queue_name="q"} 1"#), "{text}");
         assert!(
-            text.contains("llm_d_async_async_inference_latency_time_millis_bucket"),
+            text.contains("# TYPE llm_d_async_async_request_total counter\n"),
             "{text}"
         );
+        assert!(text.contains(r#"llm_d_async_async_inference_latency_time_millis_bucket{pool_name="default",queue_id="q1",queue_name="q",le="1000"} 1"#), "{text}");
         assert!(text.contains("llm_d_async_async_claim_depth{"), "{text}");
+        assert!(!text.contains("# EOF"), "{text}");
+    }
+
+    /// Go's residence buckets above a million milliseconds are spelled as Go spells them.
+    #[test]
+    fn residence_buckets_read_as_go_s() {
+        let m = Metrics::new();
+        let l = QueueLabels {
+            queue_id: "q1".into(),
+            queue_name: "q".into(),
+            pool_name: "default".into(),
+        };
+        m.queue_series(&l).residence.get().observe(2e6);
+        let text = m.encode().expect("encodes");
+        let bounds: Vec<&str> = text
+            .lines()
+            .filter(|l| l.starts_with("llm_d_async_async_queue_residence_time_millis_bucket{"))
+            .filter_map(|l| l.split("le=\"").nth(1)?.split('"').next())
+            .collect();
+        assert_eq!(
+            bounds,
+            [
+                "500", "1000", "2000", "5000", "10000", "30000", "60000", "120000", "300000",
+                "600000", "1.8e+06", "3.6e+06", "7.2e+06", "2.16e+07", "4.32e+07", "8.64e+07",
+                "+Inf"
+            ]
+        );
     }
 }
