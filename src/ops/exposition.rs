@@ -1,6 +1,6 @@
 //! The `/metrics` page as the Go processor serves it: Prometheus text format 0.0.4 as
-//! client_golang's `promhttp` writes it (controller-runtime does not enable OpenMetrics). The
-//! registry and the scraper's `Accept` header enter; the page and its `Content-Type` leave.
+//! client_golang's `promhttp` writes it (controller-runtime does not enable OpenMetrics; its
+//! `Content-Type` is [`super::accept`]'s). The registry enters; the page leaves.
 //!
 //! `prometheus-client` writes the 0.0.4 text (counters' HELP/TYPE under their `_total` name,
 //! info metrics as gauges, no `# EOF`, `# UNIT`, `_created` or exemplars); this module reads it
@@ -21,9 +21,6 @@ use prometheus_client::registry::Registry;
 
 use super::gofloat::write_go_float;
 
-/// Go's `expfmt.FmtText`, without the `escaping` parameter [`content_type`] adds.
-pub const TEXT_FORMAT: &str = "text/plain; version=0.0.4; charset=utf-8";
-
 /// Why the page could not be written.
 #[derive(Debug, thiserror::Error)]
 pub enum ExpositionError {
@@ -40,88 +37,8 @@ pub fn encode(registry: &Registry) -> Result<String, ExpositionError> {
     rewrite(&text)
 }
 
-/// The `Content-Type` Go answers a scrape with (client_golang 1.23, prometheus/common 0.67,
-/// `expfmt.Negotiate`): always the 0.0.4 text, whatever format is asked for, plus
-/// `; escaping=` the scheme the scraper named, in the `Accept` clauses read by falling `q` up
-/// to the first one the 0.0.4 text satisfies (`underscores` when none names a known one).
-/// Every inferq name is a legacy name, so the scheme changes nothing in the page.
-pub fn content_type(accept: Option<&str>) -> String {
-    format!("{TEXT_FORMAT}; escaping={}", escaping(accept.unwrap_or("")))
-}
-
-fn escaping(accept: &str) -> &str {
-    const KNOWN: [&str; 4] = ["allow-utf-8", "underscores", "dots", "values"];
-    let mut clauses: Vec<Clause> = accept.split(',').filter_map(Clause::parse).collect();
-    // goautoneg's order: higher q first, then a concrete type, then a concrete subtype.
-    clauses.sort_by(|a, b| {
-        b.q.total_cmp(&a.q)
-            .then((a.kind == "*").cmp(&(b.kind == "*")))
-            .then((a.sub == "*").cmp(&(b.sub == "*")))
-    });
-    let mut scheme = "underscores";
-    for clause in &clauses {
-        if let Some(asked) = clause.param("escaping").filter(|e| KNOWN.contains(e)) {
-            scheme = asked;
-        }
-        if clause.takes_text() {
-            break;
-        }
-    }
-    scheme
-}
-
-/// One `Accept` clause, parsed as goautoneg does.
-struct Clause<'a> {
-    kind: &'a str,
-    sub: &'a str,
-    q: f64,
-    params: Vec<(&'a str, &'a str)>,
-}
-
-impl<'a> Clause<'a> {
-    fn parse(part: &'a str) -> Option<Clause<'a>> {
-        let mut pieces = part.trim_matches(' ').split(';');
-        let range = pieces.next()?;
-        let (kind, sub) = match range.split_once('/') {
-            Some((kind, sub)) if !sub.contains('/') => {
-                (kind.trim_matches(' '), sub.trim_matches(' '))
-            }
-            None if range.trim_matches(' ') == "*" => ("*", "*"),
-            _ => return None,
-        };
-        let mut clause = Clause {
-            kind,
-            sub,
-            q: 1.0,
-            params: Vec::new(),
-        };
-        for (key, value) in pieces.filter_map(|p| p.split_once('=')) {
-            match key.trim_matches(' ') {
-                "q" => clause.q = value.parse().unwrap_or(0.0),
-                key => clause.params.push((key, value.trim_matches(' '))),
-            }
-        }
-        Some(clause)
-    }
-
-    fn param(&self, key: &str) -> Option<&'a str> {
-        self.params
-            .iter()
-            .rev()
-            .find(|(k, _)| *k == key)
-            .map(|(_, v)| *v)
-    }
-
-    /// Whether Go's `matchFormat` takes `FmtText` for this clause.
-    fn takes_text(&self) -> bool {
-        let plain = self.kind == "text" && self.sub == "plain";
-        let version = match self.param("version") {
-            None | Some("") if plain => "0.0.4",
-            version => version.unwrap_or(""),
-        };
-        matches!(self.kind, "*" | "text") && matches!(self.sub, "*" | "plain") && version == "0.0.4"
-    }
-}
+/// A series' labels: names and unescaped values.
+type Labels<'a> = Vec<(&'a str, String)>;
 
 /// One metric family of the page.
 struct Family<'a> {
@@ -131,13 +48,13 @@ struct Family<'a> {
     kind: &'a str,
     series: Vec<Series<'a>>,
     /// Label set → index in `series`.
-    index: HashMap<Vec<(&'a str, String)>, usize>,
+    index: HashMap<Labels<'a>, usize>,
 }
 
 /// The samples of one label set (a histogram's buckets, sum and count).
 struct Series<'a> {
     /// Sorted by name; `le` is not one of them.
-    labels: Vec<(&'a str, String)>,
+    labels: Labels<'a>,
     samples: Vec<Sample<'a>>,
 }
 
@@ -226,7 +143,7 @@ fn read(text: &str) -> Result<Vec<Family<'_>>, ExpositionError> {
 }
 
 /// `name{k="v",…} value` as its name, its labels (unescaped) and its value.
-fn sample(line: &str) -> Result<(&str, Vec<(&str, String)>, f64), &'static str> {
+fn sample(line: &str) -> Result<(&str, Labels<'_>, f64), &'static str> {
     let name_end = line.find(['{', ' ']).ok_or("a sample without a value")?;
     let (name, mut rest) = line.split_at(name_end);
     let mut labels = Vec::new();

@@ -6,7 +6,7 @@
 //! command, or `READONLY` from a replica) or the results it writes to its configured result
 //! list, `/readyz` is 503 and names the queue and the refusal.
 //! Also the metrics server, which answers every scrape with the page and `Content-Type` Go's
-//! promhttp would ([`super::exposition`]).
+//! promhttp would ([`super::exposition`], [`super::accept`]).
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -182,10 +182,7 @@ pub async fn serve_metrics(
                 let accept = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok());
                 match metrics.encode() {
                     Ok(page) => (
-                        [(
-                            header::CONTENT_TYPE,
-                            super::exposition::content_type(accept),
-                        )],
+                        [(header::CONTENT_TYPE, super::accept::content_type(accept))],
                         page,
                     )
                         .into_response(),

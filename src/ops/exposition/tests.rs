@@ -1,5 +1,5 @@
 //! The page a small registry makes, compared whole with what client_golang writes for the same
-//! metrics, and the `Content-Type` Go answers each kind of scraper with.
+//! metrics.
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -87,33 +87,4 @@ requests_total{pool_name=\"default\",queue_id=\"q2\",queue_name=\"b\"} 1.5e+06
 #[test]
 fn an_empty_registry_is_an_empty_page() {
     assert_eq!(encode(&Registry::default()).expect("encodes"), "");
-}
-
-/// Go answers every scrape with the 0.0.4 text, OpenMetrics asked for or not, and names the
-/// escaping scheme the scraper asked for up to the clause the text satisfies.
-#[test]
-fn the_content_type_is_go_s_for_each_kind_of_scraper() {
-    let underscores = "text/plain; version=0.0.4; charset=utf-8; escaping=underscores";
-    let utf8 = "text/plain; version=0.0.4; charset=utf-8; escaping=allow-utf-8";
-    // curl, and Prometheus 2's default Accept.
-    assert_eq!(content_type(None), underscores);
-    assert_eq!(content_type(Some("*/*")), underscores);
-    let prometheus2 = "application/openmetrics-text;version=1.0.0,\
-        application/openmetrics-text;version=0.0.1;q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1";
-    assert_eq!(content_type(Some(prometheus2)), underscores);
-    // Prometheus 3's default Accept, which offers UTF-8 names.
-    let prometheus3 = "application/openmetrics-text;version=1.0.0;escaping=allow-utf-8;q=0.5,\
-        application/openmetrics-text;version=0.0.1;q=0.4,\
-        text/plain;version=1.0.0;escaping=allow-utf-8;q=0.3,text/plain;version=0.0.4;q=0.2,*/*;q=0.1";
-    assert_eq!(content_type(Some(prometheus3)), utf8);
-    // A clause read after the one the text satisfies does not count; an unknown scheme neither.
-    let late = "text/plain;q=0.9,text/plain;version=1.0.0;escaping=dots;q=0.1";
-    assert_eq!(content_type(Some(late)), underscores);
-    let unknown = "text/plain;version=0.0.4;escaping=rot13";
-    assert_eq!(content_type(Some(unknown)), underscores);
-    let dots = "text/plain;version=0.0.4;escaping=dots";
-    assert_eq!(
-        content_type(Some(dots)),
-        "text/plain; version=0.0.4; charset=utf-8; escaping=dots"
-    );
 }
