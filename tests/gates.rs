@@ -37,7 +37,7 @@ async fn redis_budget_gate_closes_and_opens_the_queue() {
             .unwrap();
     }
     // Once the gate has answered a poll (its budget is published), nothing was claimed.
-    let closed = r#"llm_d_async_async_dispatch_budget{queue_id="request-sortedset",queue_name="request-sortedset",pool_name="default"} 0"#;
+    let closed = r#"llm_d_async_async_dispatch_budget{pool_name="default",queue_id="request-sortedset",queue_name="request-sortedset"} 0"#;
     let metrics = p.metrics_with(&[closed]).await;
     assert!(metrics.contains(closed), "{metrics}");
     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -309,8 +309,8 @@ async fn pool_gate_refusal_frees_the_worker_for_other_users() {
     }
     let metrics = p.metrics().await;
     assert!(
-        !metrics.contains(r#"llm_d_async_async_gate_decisions_total{queue_id="",queue_name="",pool_name="default",reason="quota_exhausted"} 0"#)
-            && metrics.contains(r#"llm_d_async_async_gate_decisions_total{queue_id="",queue_name="",pool_name="default",reason="quota_exhausted"}"#),
+        !metrics.contains(r#"llm_d_async_async_gate_decisions_total{pool_name="default",queue_id="",queue_name="",reason="quota_exhausted"} 0"#)
+            && metrics.contains(r#"llm_d_async_async_gate_decisions_total{pool_name="default",queue_id="",queue_name="",reason="quota_exhausted"}"#),
         "refusals are counted: {metrics}"
     );
     assert_no_retries(&metrics);
@@ -420,7 +420,7 @@ async fn prometheus_gate_follows_the_metric() {
             .await
             .unwrap();
     }
-    let available = r#"llm_d_async_async_gate_metric_source_available{queue_id="request-sortedset",queue_name="request-sortedset",pool_name="default",inference_pool="pool-a"} 1"#;
+    let available = r#"llm_d_async_async_gate_metric_source_available{inference_pool="pool-a",pool_name="default",queue_id="request-sortedset",queue_name="request-sortedset"} 1"#;
     let metrics = p.metrics_with(&[available]).await;
     assert!(metrics.contains(available), "{metrics}");
     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -430,7 +430,7 @@ async fn prometheus_gate_follows_the_metric() {
     let got = wait_results(&mut con, 3, Duration::from_secs(10)).await;
     assert_eq!(got.len(), 3);
     let metrics = p.metrics().await;
-    assert!(metrics.contains(r#"llm_d_async_async_gate_metric_value{queue_id="request-sortedset",queue_name="request-sortedset",pool_name="default",inference_pool="pool-a"} 0.8"#), "{metrics}");
+    assert!(metrics.contains(r#"llm_d_async_async_gate_metric_value{inference_pool="pool-a",pool_name="default",queue_id="request-sortedset",queue_name="request-sortedset"} 0.8"#), "{metrics}");
     // The gate is built once: its start-up line says its query once.
     assert_eq!(
         p.log().matches("metric gate query").count(),
@@ -493,11 +493,11 @@ async fn wrapped_and_pool_metric_gates_export_their_readings() {
     assert_eq!(got.len(), 1);
     let metrics = p.metrics().await;
     for series in [
-        r#"llm_d_async_async_gate_metric_value{queue_id="request-sortedset",queue_name="request-sortedset",pool_name="default",inference_pool="pool-a"} 0.8"#,
-        r#"llm_d_async_async_gate_metric_source_available{queue_id="request-sortedset",queue_name="request-sortedset",pool_name="default",inference_pool="pool-a"} 1"#,
-        r#"llm_d_async_async_gate_metric_value{queue_id="",queue_name="",pool_name="default",inference_pool="pool-b"} 0.8"#,
-        r#"llm_d_async_async_gate_metric_source_available{queue_id="",queue_name="",pool_name="default",inference_pool="pool-b"} 1"#,
-        r#"llm_d_async_async_gate_metric_threshold{queue_id="",queue_name="",pool_name="default",inference_pool="pool-b"}"#,
+        r#"llm_d_async_async_gate_metric_value{inference_pool="pool-a",pool_name="default",queue_id="request-sortedset",queue_name="request-sortedset"} 0.8"#,
+        r#"llm_d_async_async_gate_metric_source_available{inference_pool="pool-a",pool_name="default",queue_id="request-sortedset",queue_name="request-sortedset"} 1"#,
+        r#"llm_d_async_async_gate_metric_value{inference_pool="pool-b",pool_name="default",queue_id="",queue_name=""} 0.8"#,
+        r#"llm_d_async_async_gate_metric_source_available{inference_pool="pool-b",pool_name="default",queue_id="",queue_name=""} 1"#,
+        r#"llm_d_async_async_gate_metric_threshold{inference_pool="pool-b",pool_name="default",queue_id="",queue_name=""}"#,
     ] {
         assert!(metrics.contains(series), "{series} missing:\n{metrics}");
     }

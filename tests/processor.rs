@@ -128,7 +128,7 @@ async fn server_error_then_success() {
         gap >= Duration::from_millis(1900),
         "first retry waits [2,4) s, waited {gap:?}"
     );
-    assert!(p.metrics().await.contains("llm_d_async_async_request_retries_total{queue_id=\"request-sortedset\",queue_name=\"request-sortedset\",pool_name=\"default\"} 1"));
+    assert!(p.metrics().await.contains("llm_d_async_async_request_retries_total{pool_name=\"default\",queue_id=\"request-sortedset\",queue_name=\"request-sortedset\"} 1"));
 }
 
 /// 429 with Retry-After is honoured (and counted as shed), then the request succeeds.
@@ -159,7 +159,7 @@ async fn rate_limited_with_retry_after() {
         gap >= Duration::from_millis(4900),
         "Retry-After 5 s must be honoured, waited {gap:?}"
     );
-    assert!(p.metrics().await.contains("llm_d_async_async_shedded_requests_total{queue_id=\"request-sortedset\",queue_name=\"request-sortedset\",pool_name=\"default\"} 1"));
+    assert!(p.metrics().await.contains("llm_d_async_async_shedded_requests_total{pool_name=\"default\",queue_id=\"request-sortedset\",queue_name=\"request-sortedset\"} 1"));
 }
 
 /// A 4xx other than 429 is terminal: one attempt, the status and body as the result.
@@ -627,7 +627,7 @@ async fn lost_renewal_aborts_the_in_flight_request() {
         owner, "a-survivor's-token",
         "and leaves the new owner's claim alone"
     );
-    assert!(p.metrics().await.contains("inferq_renewals_total{queue_id=\"request-sortedset\",queue_name=\"request-sortedset\",pool_name=\"default\",outcome=\"lost\"} 1"));
+    assert!(p.metrics().await.contains("inferq_renewals_total{outcome=\"lost\",pool_name=\"default\",queue_id=\"request-sortedset\",queue_name=\"request-sortedset\"} 1"));
 }
 
 /// An endpoint that cannot be joined to the gateway URL (an invalid `%` escape) is a terminal
@@ -1056,7 +1056,7 @@ async fn the_standard_process_metrics_are_served() {
             .unwrap_or_else(|| panic!("{name} missing:\n{metrics}"))
     };
     assert!(
-        metrics.contains("# TYPE process_cpu_seconds counter"),
+        metrics.contains("# TYPE process_cpu_seconds_total counter"),
         "{metrics}"
     );
     assert!(value("process_cpu_seconds_total") >= 0.0);
@@ -1072,6 +1072,61 @@ async fn the_standard_process_metrics_are_served() {
     assert!(
         (0.0..120.0).contains(&(now - started)),
         "started {started}, now {now}"
+    );
+}
+
+/// `/metrics` is the page Go's processor serves, so a fleet mixing Go and inferq replicas, and a
+/// rule filtering on `le="1000"`, see one series per bucket even on a Prometheus 2 that keeps
+/// `le` as written: the 0.0.4 text under Go's Content-Type even when the scraper prefers
+/// OpenMetrics, labels in client_golang's (sorted) order, `le` spelled as Go spells floats.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_metrics_page_is_go_s_text_format() {
+    let redis = RedisServer::start().unwrap();
+    let gw = Gateway::start().await;
+    let p = Processor::start(&redis, &gw, &ProcessorOpts::default()).await;
+    producer(&redis, Q)
+        .await
+        .submit(request("m-1", 60, "{}"))
+        .await
+        .unwrap();
+    let labels = format!(r#"pool_name="default",queue_id="{Q}",queue_name="{Q}""#);
+    let latency_bucket = format!(
+        r#"llm_d_async_async_inference_latency_time_millis_bucket{{{labels},le="1000"}} 1"#
+    );
+    let residence_bucket = format!(
+        r#"llm_d_async_async_queue_residence_time_millis_bucket{{{labels},le="1.8e+06"}} 1"#
+    );
+    p.metrics_with(&[&latency_bucket, &residence_bucket]).await;
+    // Prometheus 2's default Accept, which prefers OpenMetrics.
+    let accept = "application/openmetrics-text;version=1.0.0,application/openmetrics-text;\
+                  version=0.0.1;q=0.75,text/plain;version=0.0.4;q=0.5,*/*;q=0.1";
+    let answer = reqwest::Client::new()
+        .get(format!("http://127.0.0.1:{}/metrics", p.metrics_port))
+        .header("accept", accept)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        answer.headers()["content-type"],
+        "text/plain; version=0.0.4; charset=utf-8; escaping=underscores"
+    );
+    let page = answer.text().await.unwrap();
+    for line in [
+        latency_bucket.as_str(),
+        &residence_bucket,
+        "# TYPE llm_d_async_async_request_total counter",
+        &format!("llm_d_async_async_request_total{{{labels}}} 1"),
+        "# TYPE llm_d_async_async_inference_latency_time_millis histogram",
+    ] {
+        assert!(page.lines().any(|l| l == line), "{line} missing:\n{page}");
+    }
+    assert!(
+        !page.contains("# EOF") && !page.contains("# UNIT"),
+        "{page}"
+    );
+    assert!(
+        !page.contains("_created") && !page.contains(".0\""),
+        "{page}"
     );
 }
 

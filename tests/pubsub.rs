@@ -121,7 +121,7 @@ async fn a_published_request_is_answered_on_the_result_channel() {
     );
     // Go's series for the redis-pubsub flow: no queue id, the channel as queue name.
     let series = format!(
-        r#"llm_d_async_async_request_total{{queue_id="",queue_name="{CHANNEL}",pool_name="default"}} 2"#
+        r#"llm_d_async_async_request_total{{pool_name="default",queue_id="",queue_name="{CHANNEL}"}} 2"#
     );
     let metrics = p.metrics_with(&[&series]).await;
     assert!(metrics.contains(&series), "{metrics}");

@@ -903,12 +903,13 @@ mod tests {
 
     #[test]
     fn counters_are_summed_across_label_sets() {
-        let text = "# HELP x y\n# TYPE llm_d_async_async_request_retries counter\n\
+        // As the processor writes them: Go's 0.0.4 text, large counts in Go's float spelling.
+        let text = "# HELP llm_d_async_async_request_retries_total y\n\
+                    # TYPE llm_d_async_async_request_retries_total counter\n\
                     llm_d_async_async_request_retries_total{queue_id=\"a\"} 3\n\
-                    llm_d_async_async_request_retries_total{queue_id=\"b\"} 4.0\n\
-                    llm_d_async_async_request_retries_created 17\n\
+                    llm_d_async_async_request_retries_total{queue_id=\"b\"} 1.5e+06\n\
                     llm_d_async_async_request_total{queue_id=\"a\"} 100\n";
-        assert_eq!(counter_sum(text, RETRIES_METRIC), 7);
+        assert_eq!(counter_sum(text, RETRIES_METRIC), 1_500_003);
         assert_eq!(counter_sum(text, SHED_METRIC), 0);
     }
 
