@@ -171,7 +171,7 @@ async fn refused_head_is_asked_once_per_poll_interval() {
         producer.submit(r).await.unwrap();
     }
     gw.wait_seen("alice-0", Duration::from_secs(5)).await;
-    let series = r#"llm_d_async_async_gate_decisions_total{queue_id="request-sortedset",queue_name="request-sortedset",pool_name="default",reason="quota_exhausted"}"#;
+    let series = r#"llm_d_async_async_gate_decisions_total{pool_name="default",queue_id="request-sortedset",queue_name="request-sortedset",reason="quota_exhausted"}"#;
     let first = counter(&p.metrics_with(&[series]).await, series);
     let started = Instant::now();
     tokio::time::sleep(Duration::from_secs(2)).await;
