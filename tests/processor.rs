@@ -30,12 +30,10 @@ async fn success_path_speaks_the_go_wire_format() {
     let got = wait_results(&mut con, 1, Duration::from_secs(10)).await;
     assert_eq!(got.len(), 1);
     let raw = raw_results(&mut con, "result-list").await;
+    // As Go's json.Marshal writes it: the body as a string, with `<` and `>` escaped.
     assert_eq!(
         raw[0],
-        format!(
-            r#"{{"id":"ok-1","status_code":201,"payload":{}}}"#,
-            serde_json::to_string(body).unwrap()
-        )
+        r#"{"id":"ok-1","status_code":201,"payload":"{\"id\":\"cmpl-7\",\"choices\":[{\"text\":\"\u003cb\u003ehi\u003c/b\u003e\"}]}"}"#
     );
     let seen = gw.seen("ok-1");
     assert_eq!(seen.len(), 1);

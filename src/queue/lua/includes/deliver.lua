@@ -20,6 +20,8 @@ local function deliver(key, values, publish)
   end
   if #unheard > 0 then
     redis.call('LPUSH', key, unpack(unheard))
-    redis.call('LTRIM', key, 0, UNHEARD_KEPT - 1)
+    -- Best effort: under an ACL rule written before this trim (no +ltrim) the list is left
+    -- untrimmed rather than failing the moves that follow in the calling script.
+    redis.pcall('LTRIM', key, 0, UNHEARD_KEPT - 1)
   end
 end
