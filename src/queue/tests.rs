@@ -1339,6 +1339,36 @@ async fn unheard_results_keep_the_newest_hundred_thousand() {
     assert_eq!(oldest, "older-1", "the oldest one was dropped");
 }
 
+/// Under an ACL rule written before the unheard-results trim (everything but `LTRIM`), a finish
+/// that keeps an unheard result still makes every other move of its batch: the trim is best
+/// effort, and a park in the same call is not lost.
+#[tokio::test]
+async fn a_rule_without_ltrim_loses_no_move() {
+    let mut r = rig(30_000, 5).await;
+    let held = submit_and_claim(&r, &["unheard", "parked"]).await;
+    let _: () = redis::cmd("ACL")
+        .arg(&[
+            "SETUSER", "old-rule", "on", ">pw", "~*", "&*", "+@all", "-ltrim",
+        ])
+        .query_async(&mut r.con)
+        .await
+        .unwrap();
+    let url = format!("redis://old-rule:pw@127.0.0.1:{}/", r.server.port());
+    let con = connect::manager(&redis::Client::open(url).unwrap())
+        .await
+        .unwrap();
+    let queue = Queue::new(con, Q, *r.queue.settings()).publishing_results();
+    let unheard = ResultMessage::http("unheard", 200, b"{}");
+    let statuses = queue
+        .finish(&[ack(&held[0], &unheard), park_of(&held[1])])
+        .await
+        .unwrap();
+    assert_eq!(statuses, [Finished::Published, Finished::Published]);
+    assert_eq!(results(&mut r.con).await, [unheard]);
+    assert_eq!(zcard(&mut r.con, "q:parked").await, 1, "the park was made");
+    assert_eq!(hlen(&mut r.con, "q:claimed").await, 0);
+}
+
 /// Puts Redis out of memory (noeviction, `maxmemory` 1 byte): a plain write is refused `OOM`.
 async fn out_of_memory(con: &mut redis::aio::ConnectionManager) {
     let _: () = redis::cmd("CONFIG")
