@@ -521,20 +521,7 @@ async fn pending_and_claimed_are_empty(admin: &mut redis::aio::ConnectionManager
 async fn rediss_with_a_private_ca_and_client_certificate() {
     const PW: &str = "tls-Pw-c0ffee";
     let certs = Certs::new();
-    let tls_port = free_port().unwrap();
-    let redis = RedisServer::start_with_args(vec![
-        "--tls-port".into(),
-        tls_port.to_string(),
-        "--tls-cert-file".into(),
-        certs.arg("server.crt"),
-        "--tls-key-file".into(),
-        certs.arg("server.key"),
-        "--tls-ca-cert-file".into(),
-        certs.arg("ca.crt"),
-        "--tls-auth-clients".into(),
-        "yes".into(),
-    ])
-    .unwrap();
+    let (redis, tls_port) = tls_redis(&certs, true);
     let mut admin = manager(&redis.url()).await;
     let rule = [
         "SETUSER",
@@ -1032,20 +1019,7 @@ async fn a_gateway_signed_by_a_ca_of_the_system_store_is_trusted_without_flags()
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rediss_signed_by_a_ca_of_the_system_store_is_trusted_without_flags() {
     let certs = Certs::new();
-    let tls_port = free_port().unwrap();
-    let _redis = RedisServer::start_with_args(vec![
-        "--tls-port".into(),
-        tls_port.to_string(),
-        "--tls-cert-file".into(),
-        certs.arg("server.crt"),
-        "--tls-key-file".into(),
-        certs.arg("server.key"),
-        "--tls-ca-cert-file".into(),
-        certs.arg("ca.crt"),
-        "--tls-auth-clients".into(),
-        "no".into(),
-    ])
-    .unwrap();
+    let (_redis, tls_port) = tls_redis(&certs, false);
     let rediss = format!("rediss://127.0.0.1:{tls_port}/");
     let gw = Gateway::start().await;
     let config = transport(&rediss, &gw.url(), 30.0, 5, "");
@@ -1088,4 +1062,24 @@ async fn rediss_signed_by_a_ca_of_the_system_store_is_trusted_without_flags() {
     );
     let body = only.wait_not_ready_because().await;
     assert!(body.contains("UnknownIssuer"), "{body}");
+}
+
+/// A Redis serving TLS on a port of its own with the private CA's server certificate, asking
+/// clients for a certificate from that CA when `client_certs`: the server and its TLS port.
+fn tls_redis(certs: &Certs, client_certs: bool) -> (RedisServer, u16) {
+    let tls_port = free_port().unwrap();
+    let redis = RedisServer::start_with_args(vec![
+        "--tls-port".into(),
+        tls_port.to_string(),
+        "--tls-cert-file".into(),
+        certs.arg("server.crt"),
+        "--tls-key-file".into(),
+        certs.arg("server.key"),
+        "--tls-ca-cert-file".into(),
+        certs.arg("ca.crt"),
+        "--tls-auth-clients".into(),
+        if client_certs { "yes" } else { "no" }.into(),
+    ])
+    .unwrap();
+    (redis, tls_port)
 }

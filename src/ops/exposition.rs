@@ -240,7 +240,9 @@ fn write_family(out: &mut String, family: &Family) {
     }
 }
 
-fn escape_label_value(out: &mut String, value: &str) {
+/// Appends `value` escaped as a label value of the text format (backslash, double quote,
+/// newline); the simulator's page uses it too.
+pub fn escape_label_value(out: &mut String, value: &str) {
     for c in value.chars() {
         match c {
             '\\' => out.push_str("\\\\"),

@@ -116,7 +116,8 @@ impl Stats {
     /// `model_name` label, so tools that watch vLLM can watch the simulator, plus a few
     /// `inferq_sim_` counters of its own.
     pub fn render_prometheus(&self, model_name: &str) -> String {
-        let model = escape_label(model_name);
+        let mut model = String::with_capacity(model_name.len());
+        crate::ops::exposition::escape_label_value(&mut model, model_name);
         let s = self.snapshot();
         let ok_length = self.ok_length.load(Relaxed);
         let mut out = String::with_capacity(2048);
@@ -193,20 +194,6 @@ impl Stats {
         );
         out
     }
-}
-
-/// Escapes a Prometheus label value.
-fn escape_label(value: &str) -> String {
-    let mut out = String::with_capacity(value.len());
-    for c in value.chars() {
-        match c {
-            '\\' => out.push_str("\\\\"),
-            '"' => out.push_str("\\\""),
-            '\n' => out.push_str("\\n"),
-            c => out.push(c),
-        }
-    }
-    out
 }
 
 #[cfg(test)]
