@@ -204,6 +204,10 @@ struct TurnedAway {
 }
 
 impl TurnedAway {
+    fn is_empty(&self) -> bool {
+        self.until.is_empty()
+    }
+
     fn is_recent(&self, key: &str, now: tokio::time::Instant) -> bool {
         self.until.get(key).is_some_and(|until| *until > now)
     }
@@ -255,24 +259,21 @@ async fn poll_once(
                 continue;
             }
         };
-        let key = ctx
-            .gate
-            .is_some()
-            .then(|| claim_key(&env.request.id, &env.internal.request_token, &member));
-        if key.as_deref().is_some_and(|k| away.is_recent(k, now)) {
+        // The claim key is made only while some request is turned away, or for a new refusal.
+        let key_of =
+            |env: &Envelope| claim_key(&env.request.id, &env.internal.request_token, &member);
+        if !away.is_empty() && away.is_recent(&key_of(&env), now) {
             turned_away += 1;
             continue;
         }
         match admit(ctx, env).await {
-            Some((env, admission)) => {
+            Ok((env, admission)) => {
                 candidates.push((member, env));
                 admissions.push(admission);
             }
-            None => {
+            Err(env) => {
                 turned_away += 1;
-                if let Some(key) = key {
-                    away.note(key, now + interval);
-                }
+                away.note(key_of(&env), now + interval);
             }
         }
     }
@@ -338,10 +339,10 @@ struct Admission {
     dropped: Option<Option<ResultMessage>>,
 }
 
-/// Asks the queue gate. `None`: leave the request pending (refused, waiting, or the gate failed).
-async fn admit(ctx: &QueueCtx, mut env: Envelope) -> Option<(Envelope, Admission)> {
+/// Asks the queue gate. `Err`: leave the request pending (refused, waiting, or the gate failed).
+async fn admit(ctx: &QueueCtx, mut env: Envelope) -> Result<(Envelope, Admission), Envelope> {
     let Some(gate) = &ctx.gate else {
-        return Some((
+        return Ok((
             env,
             Admission {
                 releases: Vec::new(),
@@ -361,7 +362,7 @@ async fn admit(ctx: &QueueCtx, mut env: Envelope) -> Option<(Envelope, Admission
                 .get_or_create(&ctx.labels.with_reason("error"))
                 .inc();
             tracing::warn!(queue = %ctx.queue.name(), error = %e, "queue gate failed; the request stays pending");
-            return None;
+            return Err(env);
         }
     };
     if let Some(class) = &decision.classification {
@@ -370,14 +371,14 @@ async fn admit(ctx: &QueueCtx, mut env: Envelope) -> Option<(Envelope, Admission
             .insert("classification".to_owned(), class.clone());
     }
     match decision.verdict {
-        Verdict::Continue => Some((
+        Verdict::Continue => Ok((
             env,
             Admission {
                 releases: decision.releases,
                 dropped: None,
             },
         )),
-        Verdict::Drop(result) => Some((
+        Verdict::Drop(result) => Ok((
             env,
             Admission {
                 releases: decision.releases,
@@ -386,7 +387,7 @@ async fn admit(ctx: &QueueCtx, mut env: Envelope) -> Option<(Envelope, Admission
         )),
         Verdict::Wait | Verdict::Refuse => {
             ctx.turn_away(decision, &ctx.labels, true).await;
-            None
+            Err(env)
         }
     }
 }
