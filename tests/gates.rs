@@ -108,10 +108,7 @@ async fn over_quota_head_does_not_block_the_queue() {
         vec![Reply::ok("{}").after(Duration::from_secs(4))],
     );
     let opts = ProcessorOpts {
-        extra_queue_fields: format!(
-            r#","gate_type":"redis-quota","gate_params":{{"address":"127.0.0.1:{}","mode":"concurrency","limit":1}}"#,
-            redis.port()
-        ),
+        extra_queue_fields: one_request_per_user(&redis),
         ..ProcessorOpts::default()
     };
     let _p = Processor::start(&redis, &gw, &opts).await;
@@ -156,10 +153,7 @@ async fn refused_head_is_asked_once_per_poll_interval() {
         vec![Reply::ok("{}").after(Duration::from_secs(30))],
     );
     let opts = ProcessorOpts {
-        extra_queue_fields: format!(
-            r#","gate_type":"redis-quota","gate_params":{{"address":"127.0.0.1:{}","mode":"concurrency","limit":1}}"#,
-            redis.port()
-        ),
+        extra_queue_fields: one_request_per_user(&redis),
         poll_interval_ms: 250,
         ..ProcessorOpts::default()
     };
@@ -192,6 +186,14 @@ async fn refused_head_is_asked_once_per_poll_interval() {
         gw.seen("alice-1").is_empty(),
         "alice still waits for her slot"
     );
+}
+
+/// The queue fields of a blocking `redis-quota` queue gate: one request per user at a time.
+fn one_request_per_user(redis: &RedisServer) -> String {
+    format!(
+        r#","gate_type":"redis-quota","gate_params":{{"address":"127.0.0.1:{}","mode":"concurrency","limit":1}}"#,
+        redis.port()
+    )
 }
 
 /// The value of the first series in `metrics` that starts with `series` (0 when absent).

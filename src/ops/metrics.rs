@@ -458,16 +458,21 @@ impl Metrics {
 mod tests {
     use super::*;
 
+    /// Queue `q1` named `q` in the default pool.
+    fn labels() -> QueueLabels {
+        QueueLabels {
+            queue_id: "q1".into(),
+            queue_name: "q".into(),
+            pool_name: "default".into(),
+        }
+    }
+
     /// Go's metric gate sets the value and threshold gauges only with a reading; a failed read
     /// sets `source_available` 0 and nothing else.
     #[test]
     fn a_failed_gate_reading_sets_only_its_availability() {
         let m = Metrics::new();
-        let l = QueueLabels {
-            queue_id: "q1".into(),
-            queue_name: "q".into(),
-            pool_name: "default".into(),
-        };
+        let l = labels();
         m.record_gate_reading(&l, "p", None, 0.2);
         let text = m.encode().expect("encodes");
         assert!(text.contains(r#"llm_d_async_async_gate_metric_source_available{inference_pool="p",pool_name="default",queue_id="q1",queue_name="q"} 0"#), "{text}");
@@ -482,11 +487,7 @@ mod tests {
     #[test]
     fn exposes_go_names() {
         let m = Metrics::new();
-        let l = QueueLabels {
-            queue_id: "q1".into(),
-            queue_name: "q".into(),
-            pool_name: "default".into(),
-        };
+        let l = labels();
         let series = m.queue_series(&l);
         series.requests.get().inc();
         series.inference_latency.get().observe(12.0);
@@ -515,11 +516,7 @@ mod tests {
     #[test]
     fn residence_buckets_read_as_go_s() {
         let m = Metrics::new();
-        let l = QueueLabels {
-            queue_id: "q1".into(),
-            queue_name: "q".into(),
-            pool_name: "default".into(),
-        };
+        let l = labels();
         m.queue_series(&l).residence.get().observe(2e6);
         let text = m.encode().expect("encodes");
         let bounds: Vec<&str> = text
