@@ -1108,6 +1108,7 @@ async fn the_metrics_page_is_go_s_text_format() {
         answer.headers()["content-type"],
         "text/plain; version=0.0.4; charset=utf-8; escaping=underscores"
     );
+    assert!(answer.headers().get("content-encoding").is_none());
     let page = answer.text().await.unwrap();
     for line in [
         latency_bucket.as_str(),
@@ -1126,6 +1127,33 @@ async fn the_metrics_page_is_go_s_text_format() {
         !page.contains("_created") && !page.contains(".0\""),
         "{page}"
     );
+    // Prometheus asks for gzip, and Go's promhttp gzips: the same page, in a tenth of the bytes.
+    let packed = reqwest::Client::new()
+        .get(format!("http://127.0.0.1:{}/metrics", p.metrics_port))
+        .header("accept", accept)
+        .header("accept-encoding", "gzip")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(packed.headers()["content-encoding"], "gzip");
+    assert_eq!(
+        packed.headers()["content-type"],
+        "text/plain; version=0.0.4; charset=utf-8; escaping=underscores"
+    );
+    let packed = packed.bytes().await.unwrap();
+    let mut unpacked = String::new();
+    std::io::Read::read_to_string(
+        &mut flate2::read::GzDecoder::new(packed.as_ref()),
+        &mut unpacked,
+    )
+    .unwrap();
+    assert!(packed.len() * 4 < unpacked.len(), "{} bytes", packed.len());
+    for line in [latency_bucket.as_str(), &residence_bucket] {
+        assert!(
+            unpacked.lines().any(|l| l == line),
+            "{line} missing:\n{unpacked}"
+        );
+    }
 }
 
 /// A processor with the request `id` in flight: the gateway answers it after `answer_after`,

@@ -6,7 +6,8 @@
 //! command, or `READONLY` from a replica) or the results it writes to its configured result
 //! list, `/readyz` is 503 and names the queue and the refusal.
 //! Also the metrics server, which answers every scrape with the page and `Content-Type` Go's
-//! promhttp would ([`super::exposition`], [`super::accept`]).
+//! promhttp would ([`super::exposition`], [`super::accept`]), gzipped when asked
+//! ([`super::encoding`]).
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -21,6 +22,7 @@ use axum::Router;
 use redis::aio::ConnectionManager;
 use tokio_util::sync::CancellationToken;
 
+use super::encoding::Coding;
 use super::metrics::Metrics;
 
 /// Whether the processor says it is ready, plus what it checks before saying so.
@@ -178,15 +180,34 @@ pub async fn serve_metrics(
         any(move |headers: HeaderMap| {
             let metrics = metrics.clone();
             async move {
-                // Always the 0.0.4 text, as Go's promhttp without OpenMetrics serves it.
-                let accept = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok());
-                match metrics.encode() {
-                    Ok(page) => (
-                        [(header::CONTENT_TYPE, super::accept::content_type(accept))],
-                        page,
-                    )
-                        .into_response(),
-                    Err(e) => (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response(),
+                // Always the 0.0.4 text, as Go's promhttp without OpenMetrics serves it, and
+                // gzipped when the scraper asks for it, as Go's does.
+                let header_of = |name| headers.get(name).and_then(|v| v.to_str().ok());
+                let content_type = super::accept::content_type(header_of(header::ACCEPT));
+                let coding = super::encoding::negotiate(header_of(header::ACCEPT_ENCODING));
+                let page = match metrics.encode() {
+                    Ok(page) => page,
+                    Err(e) => {
+                        return (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response()
+                    }
+                };
+                match coding {
+                    Coding::Identity => {
+                        ([(header::CONTENT_TYPE, content_type)], page).into_response()
+                    }
+                    Coding::Gzip => match super::encoding::gzip(page.as_bytes()) {
+                        Ok(packed) => (
+                            [
+                                (header::CONTENT_TYPE, content_type),
+                                (header::CONTENT_ENCODING, "gzip".to_owned()),
+                            ],
+                            packed,
+                        )
+                            .into_response(),
+                        Err(e) => {
+                            (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response()
+                        }
+                    },
                 }
             }
         }),

@@ -1,10 +1,11 @@
 //! Operations surface of a running processor: Prometheus metrics under the Go processor's names
 //! (plus inferq's own) served as Go serves them (`exposition`, with Go's float spelling in
-//! `gofloat` and Go's `Content-Type` in `accept`), the `/healthz` + `/readyz` server with Go's
+//! `gofloat`, Go's `Content-Type` in `accept` and Go's gzip in `encoding`), the `/healthz` + `/readyz` server with Go's
 //! semantics, the OpenTelemetry trace export (`otel`), and the standard process metrics
 //! (`process`).
 
 pub mod accept;
+pub mod encoding;
 pub mod exposition;
 pub mod gofloat;
 pub mod health;
