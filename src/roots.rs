@@ -4,12 +4,15 @@
 //! `OTEL_EXPORTER_OTLP_CERTIFICATE`.
 //!
 //! They are the machine's system certificate store, as Go's `crypto/x509` trusts it, **plus** the
-//! Mozilla roots bundled in the binary (`webpki-root-certs`). The store is read by
-//! `rustls-native-certs`: the files and directories named by `SSL_CERT_FILE` and `SSL_CERT_DIR`
-//! when either is set, otherwise the distribution's bundle and directory (on Debian
-//! `/etc/ssl/certs/ca-certificates.crt` and `/etc/ssl/certs`, where `update-ca-certificates` puts
-//! a private CA). The bundled roots go further than Go: an image without a system store still
-//! reaches servers with public certificates, where Go trusts nothing.
+//! Mozilla roots bundled in the binary (`webpki-root-certs`). On Linux the store is found as Go
+//! finds it ([`StorePaths`]): one bundle file, the one `SSL_CERT_FILE` names or else the first of
+//! the distributions' bundles that exists (on Debian `/etc/ssl/certs/ca-certificates.crt`), and
+//! the directories `SSL_CERT_DIR` names (colon-separated) or else the distributions' directories
+//! (`/etc/ssl/certs`, where `update-ca-certificates` puts a private CA, and
+//! `/etc/pki/tls/certs`). Each variable replaces only its own half: with `SSL_CERT_FILE` alone the
+//! certificate directories are still read, as in Go. `rustls-native-certs` reads the files. The
+//! bundled roots go further than Go: an image without a system store still reaches servers with
+//! public certificates, where Go trusts nothing.
 //!
 //! The store is read once per process, on first use ([`Roots::system`]). Reading it never stops
 //! inferq: a file or certificate in it that cannot be read or used is skipped with one warning,
@@ -19,7 +22,8 @@
 //! and the same set as one PEM bundle (redis-rs takes its roots only as PEM).
 
 use std::collections::HashSet;
-use std::path::Path;
+use std::ffi::OsStr;
+use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
 use base64::Engine as _;
@@ -48,7 +52,7 @@ impl Roots {
     pub fn system() -> &'static Roots {
         static ROOTS: OnceLock<Roots> = OnceLock::new();
         ROOTS.get_or_init(|| {
-            let roots = Roots::with_store(rustls_native_certs::load_native_certs());
+            let roots = Roots::with_store(StoreSource::of_this_process().load());
             if roots.system > 0 {
                 tracing::debug!(
                     system = roots.system,
@@ -65,6 +69,11 @@ impl Roots {
     /// environment, which is the whole process's.
     pub fn from_paths(file: Option<&Path>, dir: Option<&Path>) -> Roots {
         Roots::with_store(rustls_native_certs::load_certs_from_paths(file, dir))
+    }
+
+    /// The roots of the store at `paths`, then the bundled roots.
+    pub fn from_store(paths: &StorePaths) -> Roots {
+        Roots::with_store(paths.load())
     }
 
     /// The certificates `found` in a store, those webpki can use as roots, then the bundled
@@ -150,6 +159,109 @@ impl Roots {
     }
 }
 
+/// Where the system certificate store is: at most one bundle file and any number of
+/// directories of certificate files.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StorePaths {
+    pub file: Option<PathBuf>,
+    pub dirs: Vec<PathBuf>,
+}
+
+/// The bundle files Go's `crypto/x509` looks for on Linux, in its order (Debian and Ubuntu,
+/// Fedora and RHEL 6, openSUSE, OpenELEC, CentOS and RHEL 7, Alpine).
+const BUNDLE_FILES: [&str; 6] = [
+    "/etc/ssl/certs/ca-certificates.crt",
+    "/etc/pki/tls/certs/ca-bundle.crt",
+    "/etc/ssl/ca-bundle.pem",
+    "/etc/pki/tls/cacert.pem",
+    "/etc/pki/ca-trust/extracted/pem/tls-ca-bundle.pem",
+    "/etc/ssl/cert.pem",
+];
+
+/// The certificate directories Go's `crypto/x509` reads on Linux.
+const CERT_DIRS: [&str; 2] = ["/etc/ssl/certs", "/etc/pki/tls/certs"];
+
+/// Where a process's store comes from.
+enum StoreSource {
+    Paths(StorePaths),
+    /// The platform's own store, through `rustls-native-certs` (not Linux).
+    Native,
+}
+
+impl StoreSource {
+    /// This process's store: on Linux as Go finds it (see the module comment), elsewhere as
+    /// `rustls-native-certs` does.
+    fn of_this_process() -> StoreSource {
+        if cfg!(target_os = "linux") {
+            let file = std::env::var_os("SSL_CERT_FILE");
+            let dir = std::env::var_os("SSL_CERT_DIR");
+            StoreSource::Paths(StorePaths::as_go_finds_them(
+                file.as_deref(),
+                dir.as_deref(),
+                &BUNDLE_FILES.map(Path::new),
+                &CERT_DIRS.map(Path::new),
+            ))
+        } else {
+            StoreSource::Native
+        }
+    }
+
+    fn load(&self) -> CertificateResult {
+        match self {
+            StoreSource::Paths(paths) => paths.load(),
+            StoreSource::Native => rustls_native_certs::load_native_certs(),
+        }
+    }
+}
+
+impl StorePaths {
+    /// The store Go reads when `SSL_CERT_FILE` is `file` and `SSL_CERT_DIR` is `dir` (an empty
+    /// value counts as unset): that file, or else the first of `bundles` that exists; the
+    /// directories `dir` lists, or else those of `dirs` that exist.
+    pub fn as_go_finds_them(
+        file: Option<&OsStr>,
+        dir: Option<&OsStr>,
+        bundles: &[&Path],
+        dirs: &[&Path],
+    ) -> StorePaths {
+        let file = match file.filter(|f| !f.is_empty()) {
+            Some(file) => Some(PathBuf::from(file)),
+            None => bundles
+                .iter()
+                .find(|f| f.is_file())
+                .map(|f| f.to_path_buf()),
+        };
+        let dirs = match dir.filter(|d| !d.is_empty()) {
+            Some(listed) => std::env::split_paths(listed)
+                .filter(|d| !d.as_os_str().is_empty())
+                .collect(),
+            None => dirs
+                .iter()
+                .filter(|d| d.is_dir())
+                .map(|d| d.to_path_buf())
+                .collect(),
+        };
+        StorePaths { file, dirs }
+    }
+
+    /// The certificates of the file and of each directory.
+    fn load(&self) -> CertificateResult {
+        let mut dirs = self.dirs.iter();
+        // One call for the file and the first directory, which on Debian holds the file: the
+        // crate reads a file it has read once only once.
+        let mut found = rustls_native_certs::load_certs_from_paths(
+            self.file.as_deref(),
+            dirs.next().map(PathBuf::as_path),
+        );
+        for dir in dirs {
+            let more = rustls_native_certs::load_certs_from_paths(None, Some(dir));
+            found.certs.extend(more.certs);
+            found.errors.extend(more.errors);
+        }
+        found
+    }
+}
+
 /// `certs` as `CERTIFICATE` PEM blocks, 64 base64 characters a line.
 fn pem_bundle(certs: &[CertificateDer<'_>]) -> Vec<u8> {
     let mut out = String::new();
@@ -217,6 +329,77 @@ mod tests {
         temp_file(&dir, "two.crt", TEST_CLIENT_CERT_PEM);
         let roots = Roots::from_paths(None, Some(dir.path()));
         assert_eq!(roots.system_certs().len(), 2);
+        assert!(roots.system_certs().contains(&der(TEST_CLIENT_CERT_PEM)));
+    }
+
+    /// Each variable replaces only its own half of the store, as in Go: `SSL_CERT_FILE` the
+    /// bundle file (the first distribution bundle that exists otherwise), `SSL_CERT_DIR` the
+    /// directories (a colon-separated list; the distribution directories that exist otherwise).
+    #[test]
+    fn the_store_is_found_as_go_finds_it() {
+        let machine = tempdir();
+        let bundle = temp_file(&machine, "bundle.pem", TEST_CA_PEM);
+        let certs = machine.path().join("certs");
+        assert!(std::fs::create_dir(&certs).is_ok());
+        let absent = machine.path().join("absent");
+        let bundles = [absent.join("a.pem"), bundle.clone()];
+        let bundles = [bundles[0].as_path(), bundles[1].as_path()];
+        let dirs = [absent.as_path(), certs.as_path()];
+        let find = |file: Option<&str>, dir: Option<&str>| {
+            StorePaths::as_go_finds_them(file.map(OsStr::new), dir.map(OsStr::new), &bundles, &dirs)
+        };
+        let machine_store = StorePaths {
+            file: Some(bundle.clone()),
+            dirs: vec![certs.clone()],
+        };
+        assert_eq!(find(None, None), machine_store);
+        assert_eq!(
+            find(Some(""), Some("")),
+            machine_store,
+            "empty counts as unset"
+        );
+        assert_eq!(
+            find(Some("/my/ca.pem"), None),
+            StorePaths {
+                file: Some(PathBuf::from("/my/ca.pem")),
+                dirs: vec![certs.clone()],
+            }
+        );
+        assert_eq!(
+            find(None, Some("/one:/two::")),
+            StorePaths {
+                file: Some(bundle.clone()),
+                dirs: vec![PathBuf::from("/one"), PathBuf::from("/two")],
+            }
+        );
+        assert_eq!(
+            StorePaths::as_go_finds_them(None, None, &[absent.as_path()], &[absent.as_path()]),
+            StorePaths {
+                file: None,
+                dirs: Vec::new(),
+            },
+            "a machine without a store"
+        );
+    }
+
+    /// With `SSL_CERT_FILE` naming a private bundle, a CA installed in the certificate
+    /// directory (as `update-ca-certificates` installs one) stays trusted, as in Go.
+    #[test]
+    fn ssl_cert_file_alone_keeps_the_certificate_directories() {
+        let machine = tempdir();
+        let certs = machine.path().join("certs");
+        assert!(std::fs::create_dir(&certs).is_ok());
+        temp_file(&machine, "certs/installed.pem", TEST_CLIENT_CERT_PEM);
+        let private = temp_file(&machine, "private.pem", TEST_CA_PEM);
+        let paths = StorePaths::as_go_finds_them(
+            Some(private.as_os_str()),
+            None,
+            &[],
+            &[certs.as_path(), machine.path().join("absent").as_path()],
+        );
+        let roots = Roots::from_store(&paths);
+        assert_eq!(roots.system_certs().len(), 2);
+        assert!(roots.system_certs().contains(&der(TEST_CA_PEM)));
         assert!(roots.system_certs().contains(&der(TEST_CLIENT_CERT_PEM)));
     }
 
