@@ -110,18 +110,28 @@ impl TraceService for Receiver {
     }
 }
 
-/// A receiver on a free port; with `tls`, serving that certificate and key (PEM).
-async fn start_receiver(tls: Option<(Vec<u8>, Vec<u8>)>) -> (Receiver, SocketAddr) {
+/// How a receiver serves TLS: its certificate and key (PEM), and the CA its clients'
+/// certificates must chain to when it asks for one.
+struct ReceiverTls {
+    cert: Vec<u8>,
+    key: Vec<u8>,
+    client_ca: Option<Vec<u8>>,
+}
+
+/// A receiver on a free port; with `tls`, serving TLS so.
+async fn start_receiver(tls: Option<ReceiverTls>) -> (Receiver, SocketAddr) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let receiver = Receiver::default();
     let service = TraceServiceServer::new(receiver.clone());
     let mut server = tonic::transport::Server::builder();
-    if let Some((cert, key)) = tls {
-        let identity = tonic::transport::Identity::from_pem(cert, key);
-        server = server
-            .tls_config(tonic::transport::ServerTlsConfig::new().identity(identity))
-            .unwrap();
+    if let Some(tls) = tls {
+        let identity = tonic::transport::Identity::from_pem(tls.cert, tls.key);
+        let mut config = tonic::transport::ServerTlsConfig::new().identity(identity);
+        if let Some(ca) = tls.client_ca {
+            config = config.client_ca_root(tonic::transport::Certificate::from_pem(ca));
+        }
+        server = server.tls_config(config).unwrap();
     }
     tokio::spawn(async move {
         let incoming = tokio_stream_of(listener);
@@ -405,7 +415,12 @@ async fn spans_of_one_request(receiver: &Receiver, env: &[(&str, String)]) -> (V
 async fn an_https_collector_is_trusted_through_the_certificate_variable() {
     let certs = harness::Certs::new();
     let pem = |name: &str| std::fs::read(certs.path(name)).unwrap();
-    let (receiver, addr) = start_receiver(Some((pem("server.crt"), pem("server.key")))).await;
+    let (receiver, addr) = start_receiver(Some(ReceiverTls {
+        cert: pem("server.crt"),
+        key: pem("server.key"),
+        client_ca: None,
+    }))
+    .await;
     let endpoint = format!("https://localhost:{}", addr.port());
 
     let (spans, log) = spans_of_one_request(
@@ -437,6 +452,52 @@ async fn an_https_collector_is_trusted_through_the_certificate_variable() {
     receiver.spans.lock().unwrap().clear();
     let (spans, log) =
         spans_of_one_request(&receiver, &[("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint)]).await;
+    assert!(spans.is_empty(), "{spans:?}");
+    assert!(log.contains("ExportError"), "{log}");
+}
+
+/// A collector that asks for a client certificate gets the one the standard variables
+/// (`OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE` and `_CLIENT_KEY`) name, as Go's exporter presents
+/// it: the spans arrive. Without it the handshake is refused: the export failure is logged and
+/// the request is served all the same.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_collector_asking_for_a_client_certificate_gets_the_variables_one() {
+    let certs = harness::Certs::new();
+    let pem = |name: &str| std::fs::read(certs.path(name)).unwrap();
+    let (receiver, addr) = start_receiver(Some(ReceiverTls {
+        cert: pem("server.crt"),
+        key: pem("server.key"),
+        client_ca: Some(pem("ca.crt")),
+    }))
+    .await;
+    let endpoint = format!("https://localhost:{}", addr.port());
+    let trusted = ("OTEL_EXPORTER_OTLP_CERTIFICATE", certs.arg("ca.crt"));
+
+    let (spans, log) = spans_of_one_request(
+        &receiver,
+        &[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint.clone()),
+            trusted.clone(),
+            (
+                "OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE",
+                certs.arg("client.crt"),
+            ),
+            ("OTEL_EXPORTER_OTLP_CLIENT_KEY", certs.arg("client.key")),
+        ],
+    )
+    .await;
+    let names: Vec<&str> = spans.iter().map(|s| s.name.as_str()).collect();
+    assert!(
+        names.contains(&"process-request") && names.contains(&"http-request"),
+        "{names:?}\n{log}"
+    );
+
+    receiver.spans.lock().unwrap().clear();
+    let (spans, log) = spans_of_one_request(
+        &receiver,
+        &[("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint), trusted],
+    )
+    .await;
     assert!(spans.is_empty(), "{spans:?}");
     assert!(log.contains("ExportError"), "{log}");
 }

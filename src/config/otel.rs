@@ -1,8 +1,12 @@
 //! OpenTelemetry settings from the standard environment, read as the Go processor reads them:
 //! tracing is on exactly when `OTEL_EXPORTER_OTLP_ENDPOINT` is set (go-compat §9.3). What comes
-//! out is an [`OtelSettings`] (the OTLP gRPC endpoint with its scheme, the service name) for
-//! `ops::otel` to start the exporter with; the other standard variables (headers, timeout,
-//! sampler, resource attributes) are read by the OpenTelemetry SDK itself.
+//! out is an [`OtelSettings`] (the OTLP gRPC endpoint with its scheme, the service name, the CA
+//! and client certificate of an `https://` collector) for `ops::otel` to start the exporter
+//! with; the other standard variables (headers, timeout, sampler, resource attributes) are read
+//! by the OpenTelemetry SDK itself.
+
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 
 use super::ConfigError;
 
@@ -24,6 +28,39 @@ pub struct OtelSettings {
     /// PEM certificates to trust for an `https://` endpoint instead of the public roots
     /// (`OTEL_EXPORTER_OTLP[_TRACES]_CERTIFICATE`), read at start-up.
     pub ca_pem: Option<Vec<u8>>,
+    /// The client certificate chain and its key (PEM) to present to an `https://` collector
+    /// that asks for one (`OTEL_EXPORTER_OTLP[_TRACES]_CLIENT_CERTIFICATE` and `_CLIENT_KEY`).
+    pub client_pem: Option<ClientPem>,
+}
+
+/// A client certificate chain and its private key, both PEM.
+#[derive(Clone, PartialEq, Eq)]
+pub struct ClientPem {
+    pub cert: Vec<u8>,
+    pub key: Vec<u8>,
+}
+
+impl std::fmt::Debug for ClientPem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never the key.
+        f.debug_struct("ClientPem")
+            .field("cert", &format_args!("{} bytes", self.cert.len()))
+            .finish_non_exhaustive()
+    }
+}
+
+/// The first of `keys` (the traces-only variable, then the general one) that is set, with its
+/// value.
+fn first_set<'k>(
+    set: &dyn Fn(&str) -> Option<String>,
+    keys: [&'k str; 2],
+) -> Option<(&'k str, String)> {
+    keys.iter().find_map(|key| set(key).map(|v| (*key, v)))
+}
+
+/// The file `path` that `key` names.
+fn read_file(key: &str, path: &str) -> Result<Vec<u8>, ConfigError> {
+    std::fs::read(path).map_err(|e| ConfigError::invalid(key, format!("cannot read {path:?}: {e}")))
 }
 
 /// The settings the environment asks for: `None` when `OTEL_EXPORTER_OTLP_ENDPOINT` is unset or
@@ -66,16 +103,16 @@ pub fn from_env(env: &dyn Fn(&str) -> Option<String>) -> Result<Option<OtelSetti
         ));
     }
     let service_name = set("OTEL_SERVICE_NAME").unwrap_or_else(|| DEFAULT_SERVICE_NAME.to_owned());
-    let ca = [
-        "OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE",
-        "OTEL_EXPORTER_OTLP_CERTIFICATE",
-    ]
-    .iter()
-    .find_map(|key| set(key).map(|path| (*key, path)));
+    let ca = first_set(
+        &set,
+        [
+            "OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE",
+            "OTEL_EXPORTER_OTLP_CERTIFICATE",
+        ],
+    );
     let ca_pem = match ca {
         Some((key, path)) => {
-            let pem = std::fs::read(&path)
-                .map_err(|e| ConfigError::invalid(key, format!("cannot read {path:?}: {e}")))?;
+            let pem = read_file(key, &path)?;
             if !String::from_utf8_lossy(&pem).contains("-----BEGIN CERTIFICATE-----") {
                 return Err(ConfigError::invalid(
                     key,
@@ -90,7 +127,53 @@ pub fn from_env(env: &dyn Fn(&str) -> Option<String>) -> Result<Option<OtelSetti
         endpoint,
         service_name,
         ca_pem,
+        client_pem: client_pem(&set)?,
     }))
+}
+
+/// The client certificate and key the variables name: both or neither (one alone is refused,
+/// naming the other), each a readable PEM file holding what its name says.
+fn client_pem(set: &dyn Fn(&str) -> Option<String>) -> Result<Option<ClientPem>, ConfigError> {
+    const CERT: [&str; 2] = [
+        "OTEL_EXPORTER_OTLP_TRACES_CLIENT_CERTIFICATE",
+        "OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE",
+    ];
+    const KEY: [&str; 2] = [
+        "OTEL_EXPORTER_OTLP_TRACES_CLIENT_KEY",
+        "OTEL_EXPORTER_OTLP_CLIENT_KEY",
+    ];
+    let (cert_var, cert_path, key_var, key_path) = match (first_set(set, CERT), first_set(set, KEY))
+    {
+        (None, None) => return Ok(None),
+        (Some((var, _)), None) => {
+            return Err(ConfigError::invalid(
+                var,
+                format!("a client certificate needs its key: set {} too", KEY[1]),
+            ))
+        }
+        (None, Some((var, _))) => {
+            return Err(ConfigError::invalid(
+                var,
+                format!("a client key needs its certificate: set {} too", CERT[1]),
+            ))
+        }
+        (Some((cv, cp)), Some((kv, kp))) => (cv, cp, kv, kp),
+    };
+    let cert = read_file(cert_var, &cert_path)?;
+    if !CertificateDer::pem_slice_iter(&cert).any(|c| c.is_ok()) {
+        return Err(ConfigError::invalid(
+            cert_var,
+            format!("{cert_path:?} holds no PEM certificate"),
+        ));
+    }
+    let key = read_file(key_var, &key_path)?;
+    if PrivateKeyDer::from_pem_slice(&key).is_err() {
+        return Err(ConfigError::invalid(
+            key_var,
+            format!("{key_path:?} holds no PEM private key"),
+        ));
+    }
+    Ok(Some(ClientPem { cert, key }))
 }
 
 #[cfg(test)]
@@ -123,6 +206,7 @@ mod tests {
                 endpoint: "http://collector:4317".to_owned(),
                 service_name: DEFAULT_SERVICE_NAME.to_owned(),
                 ca_pem: None,
+                client_pem: None,
             })
         );
     }
@@ -194,5 +278,78 @@ mod tests {
                 "{value}: {text}"
             );
         }
+    }
+
+    /// A client certificate for a collector that asks for one: both files read at start-up,
+    /// the traces-only variables first; one without the other, an unreadable file or a file
+    /// without what its variable names is refused naming the variable.
+    #[test]
+    fn a_client_certificate_takes_both_variables() {
+        use crate::gateway::tls::tests::{temp_file, TEST_CLIENT_CERT_PEM, TEST_CLIENT_KEY_PEM};
+        let dir = match tempfile::tempdir() {
+            Ok(dir) => dir,
+            Err(e) => panic!("tempdir: {e}"),
+        };
+        let cert = temp_file(&dir, "client.crt", TEST_CLIENT_CERT_PEM);
+        let key = temp_file(&dir, "client.key", TEST_CLIENT_KEY_PEM);
+        let (cert, key) = (cert.display().to_string(), key.display().to_string());
+        let with = |vars: &[(&str, &str)]| {
+            let mut all = vec![(ENDPOINT_VAR, "https://c:4317")];
+            all.extend_from_slice(vars);
+            read(&all)
+        };
+        let pair = ClientPem {
+            cert: TEST_CLIENT_CERT_PEM.as_bytes().to_vec(),
+            key: TEST_CLIENT_KEY_PEM.as_bytes().to_vec(),
+        };
+        let got = with(&[
+            ("OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE", &cert),
+            ("OTEL_EXPORTER_OTLP_CLIENT_KEY", &key),
+        ]);
+        assert_eq!(
+            got.ok().flatten().and_then(|s| s.client_pem),
+            Some(pair.clone())
+        );
+        let got = with(&[
+            ("OTEL_EXPORTER_OTLP_TRACES_CLIENT_CERTIFICATE", &cert),
+            ("OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE", "/nonexistent"),
+            ("OTEL_EXPORTER_OTLP_TRACES_CLIENT_KEY", &key),
+        ]);
+        assert_eq!(got.ok().flatten().and_then(|s| s.client_pem), Some(pair));
+        assert!(!format!("{:?}", with(&[])).contains("PRIVATE"));
+
+        let refused = |vars: &[(&str, &str)], var: &str| {
+            let text = with(vars).err().map(|e| e.to_string()).unwrap_or_default();
+            assert!(text.contains(var), "{vars:?}: {text}");
+        };
+        refused(
+            &[("OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE", &cert)],
+            "OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE",
+        );
+        refused(
+            &[("OTEL_EXPORTER_OTLP_TRACES_CLIENT_KEY", &key)],
+            "OTEL_EXPORTER_OTLP_TRACES_CLIENT_KEY",
+        );
+        refused(
+            &[
+                ("OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE", "/nonexistent"),
+                ("OTEL_EXPORTER_OTLP_CLIENT_KEY", &key),
+            ],
+            "OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE",
+        );
+        refused(
+            &[
+                ("OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE", &key),
+                ("OTEL_EXPORTER_OTLP_CLIENT_KEY", &key),
+            ],
+            "OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE",
+        );
+        refused(
+            &[
+                ("OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE", &cert),
+                ("OTEL_EXPORTER_OTLP_CLIENT_KEY", &cert),
+            ],
+            "OTEL_EXPORTER_OTLP_CLIENT_KEY",
+        );
     }
 }

@@ -219,7 +219,7 @@ IE2CcCEY+VPZ13n5xxxJPUeDuwgS8WkV6cMZWVnO5U15AiEAs/ZQIGS0eSHxOnlc
 kqVOeJL50NngHazpd3ml7sGwTfY=
 -----END CERTIFICATE-----
 ";
-    const TEST_CLIENT_KEY_PEM: &str = "-----BEGIN EC PARAMETERS-----
+    pub(crate) const TEST_CLIENT_KEY_PEM: &str = "-----BEGIN EC PARAMETERS-----
 BggqhkjOPQMBBw==
 -----END EC PARAMETERS-----
 -----BEGIN PRIVATE KEY-----

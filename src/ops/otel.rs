@@ -3,7 +3,8 @@
 //! variables with `service.name` as [`OtelSettings`] names it, the sampler from
 //! `OTEL_TRACES_SAMPLER`/`_ARG` (the SDK's default: parent-based, always on). An `https://`
 //! collector is trusted by the CA of `OTEL_EXPORTER_OTLP_CERTIFICATE` alone when it is set (as Go
-//! reads it), otherwise by the system store plus the bundled Mozilla roots ([`crate::roots`]).
+//! reads it), otherwise by the system store plus the bundled Mozilla roots ([`crate::roots`]);
+//! it is shown the client certificate of `OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE` and `_KEY`.
 //!
 //! In: the settings the config resolved. Out: an [`Otel`] handle whose tracer the workers use for
 //! request spans (`dispatch::trace`), and whose [`Otel::shutdown`] flushes what is still
@@ -12,7 +13,7 @@
 use std::time::Duration;
 
 use opentelemetry::trace::TracerProvider as _;
-use opentelemetry_otlp::tonic_types::transport::{Certificate, ClientTlsConfig};
+use opentelemetry_otlp::tonic_types::transport::{Certificate, ClientTlsConfig, Identity};
 use opentelemetry_otlp::{SpanExporter, WithExportConfig, WithTonicConfig};
 use opentelemetry_sdk::trace::{SdkTracer, SdkTracerProvider};
 use opentelemetry_sdk::Resource;
@@ -49,10 +50,13 @@ impl Otel {
             .with_tonic()
             .with_endpoint(settings.endpoint.clone());
         if settings.endpoint.starts_with("https://") {
-            let tls = match &settings.ca_pem {
+            let mut tls = match &settings.ca_pem {
                 Some(pem) => ClientTlsConfig::new().ca_certificate(Certificate::from_pem(pem)),
                 None => ClientTlsConfig::new().trust_anchors(Roots::system().anchors()),
             };
+            if let Some(client) = &settings.client_pem {
+                tls = tls.identity(Identity::from_pem(&client.cert, &client.key));
+            }
             builder = builder.with_tls_config(tls);
         }
         let exporter = builder.build().map_err(|e| fail(e.to_string()))?;
