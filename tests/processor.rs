@@ -1037,6 +1037,52 @@ async fn a_gcs_uri_multipart_transform_rewrites_only_its_providers_requests() {
     assert!(gateway.seen("stale").is_empty());
 }
 
+/// A request whose deadline passes while it waits for a worker ends with Go's
+/// `DEADLINE_EXCEEDED` when the worker takes it up, before its transforms are validated (Go's
+/// order), even when a transform would also refuse it; the gateway never sees it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deadline_that_passed_in_the_pool_wins_over_a_failing_transform() {
+    let redis = RedisServer::start().unwrap();
+    let gateway = Gateway::start().await;
+    let transforms = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(
+        transforms.path(),
+        r#"{"requestTransforms":[{"name":"audio","type":"gcs_uri_multipart",
+            "parameters":{"providers":["openai"]}}]}"#,
+    )
+    .unwrap();
+    let opts = ProcessorOpts {
+        concurrency: 1,
+        extra_args: vec![format!(
+            "--transform-config-file={}",
+            transforms.path().display()
+        )],
+        ..ProcessorOpts::default()
+    };
+    let _p = Processor::start(&redis, &gateway, &opts).await;
+    let producer = producer(&redis, &opts.queue).await;
+    // The one worker is busy for 4 s.
+    gateway.script("busy", vec![Reply::ok("{}").after(Duration::from_secs(4))]);
+    producer.submit(request("busy", 60, "{}")).await.unwrap();
+    gateway.wait_seen("busy", Duration::from_secs(10)).await;
+    // Due in 1–2 s, with a signed URL that expires before that: the transform refuses it.
+    let now = inferq::queue::producer::unix_ms() / 1000;
+    let payload = serde_json::json!({
+        "model": "whisper",
+        "gcs_uri": format!("https://storage.googleapis.com/b/a.wav?Expires={now}"),
+    });
+    let mut late = request("late", 2, &payload.to_string());
+    late.metadata
+        .insert("provider".to_owned(), "openai".to_owned());
+    producer.submit(late).await.unwrap();
+
+    let mut con = con(&redis).await;
+    let got = wait_results(&mut con, 2, Duration::from_secs(15)).await;
+    let late = got.iter().find(|r| r.id == "late").unwrap();
+    assert_eq!(late.error_code, "DEADLINE_EXCEEDED", "{late:?}");
+    assert!(gateway.seen("late").is_empty());
+}
+
 /// The standard process metrics a Go dashboard reads beside the processor's own (Go's
 /// controller-runtime registry serves them): CPU seconds, resident memory, file descriptors and
 /// the start time, with this process's values.

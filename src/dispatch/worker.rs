@@ -182,6 +182,11 @@ pub async fn work(job: Job, env: Arc<WorkerEnv>) {
     if job.held.envelope.internal.retry_count == 0 {
         ctx.series.requests.get().inc();
     }
+    // Go's validation when a worker takes a request up, in Go's order: a deadline that passed
+    // while the request waited for a worker ends it before its transforms and the pool gate.
+    if job.held.envelope.request.deadline.saturating_mul(1000) <= unix_ms() {
+        return expired(job);
+    }
     // Ends (is exported) when this function returns, however it returns.
     let span = env.tracer.as_ref().map(|tracer| {
         tracer.start(&RequestFacts {
@@ -225,9 +230,7 @@ pub async fn work(job: Job, env: Arc<WorkerEnv>) {
     let deadline_ms = request.deadline.saturating_mul(1000);
     let left_ms = deadline_ms - unix_ms();
     if left_ms <= 0 {
-        ctx.series.exceeded.get().inc();
-        let id = request.id.clone();
-        return job.publish(ResultMessage::deadline_exceeded(&id));
+        return expired(job);
     }
     // Most requests go to the queue's default URL, parsed once; a request naming its own
     // endpoint has it joined and parsed here. Either failure is Go's "failed to create request".
@@ -380,6 +383,13 @@ pub async fn work(job: Job, env: Arc<WorkerEnv>) {
             }
         }
     }
+}
+
+/// Ends a request whose deadline passed: Go's `DEADLINE_EXCEEDED`, counted as exceeded.
+fn expired(job: Job) {
+    job.ctx.series.exceeded.get().inc();
+    let id = job.held.envelope.request.id.clone();
+    job.publish(ResultMessage::deadline_exceeded(&id));
 }
 
 /// Ends a request the transforms refused: Go's `INVALID_REQUEST` result, counted as failed.
