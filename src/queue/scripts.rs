@@ -113,7 +113,11 @@ pub static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
         &[NOW_MS, DEADLINE_OF, WRITABLE, DELIVER],
         lua!("finish-8"),
     ),
-    promote: Script::new("promote", &[NOW_MS, DEADLINE_OF], lua!("promote-3")),
+    promote: Script::new(
+        "promote",
+        &[NOW_MS, DEADLINE_OF, WRITABLE],
+        lua!("promote-3"),
+    ),
     release: Script::new(
         "release",
         &[DROP_CLAIM, DEADLINE_OF, WRITABLE],
@@ -127,7 +131,7 @@ pub static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
     dead_letter: Script::new("deadLetter", &[WRITABLE, DELIVER], lua!("deadLetter-3")),
     cancel: Script::new("cancel", &[], lua!("cancel-2")),
     hand_back: Script::new("handBack", &[], lua!("handBack-2")),
-    requeue: Script::new("requeue", &[], lua!("requeue-4")),
+    requeue: Script::new("requeue", &[WRITABLE], lua!("requeue-4")),
     hold_name: Script::new("holdName", &[], lua!("holdName-1")),
     drop_name: Script::new("dropName", &[], lua!("dropName-1")),
     admit: Script::new("admit", &[NOW_MS, DEADLINE_OF, WRITABLE], lua!("admit-1")),

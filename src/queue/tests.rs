@@ -1105,6 +1105,85 @@ async fn a_queue_key_of_the_wrong_type_moves_nothing() {
     );
 }
 
+/// promote (parked -> pending) and an operator's requeue (dead -> pending) into a pending key
+/// of the wrong type are errors that move nothing: before, each removed the member from where
+/// it was and then failed to add it, leaving it nowhere. With the key mended, both move it.
+#[tokio::test]
+async fn promote_and_requeue_into_a_pending_key_of_the_wrong_type_lose_nothing() {
+    let mut r = rig(30_000, 5).await;
+    r.producer.submit(request("p", 60)).await.unwrap();
+    r.producer.submit(request("d", 60)).await.unwrap();
+    let members: Vec<String> = r.con.zrange(Q, 0, -1).await.unwrap();
+    let _: () = r.con.del(Q).await.unwrap();
+    let (parked, dead) = match members
+        .iter()
+        .partition::<Vec<_>, _>(|m| m.contains("\"p\""))
+    {
+        (p, d) => (p[0].clone(), d[0].clone()),
+    };
+    let now = unix_ms() as f64 / 1000.0;
+    let _: () = r.con.zadd("q:parked", &parked, now - 1.0).await.unwrap();
+    let mut record = DeadRecord::new(Q, "poison", dead.as_bytes());
+    record.id = "d".to_owned();
+    record.request_token = Envelope::decode(dead.as_bytes())
+        .unwrap()
+        .internal
+        .request_token;
+    let _: () = r.con.lpush("q:dead", record.to_json()).await.unwrap();
+    let dead_letters = dead_letters::DeadLetters::new(r.con.clone(), Q);
+    let listed = dead_letters.list().await.unwrap();
+    assert_eq!(listed.len(), 1);
+
+    let _: () = r.con.set(Q, "x").await.unwrap();
+    for _ in 0..2 {
+        let promoted = r.queue.promote(10, None, false).await;
+        assert!(
+            matches!(&promoted, Err(e) if e.to_string().contains("WRONGTYPE")),
+            "{promoted:?}"
+        );
+        let requeued = dead_letters.requeue(&listed[0], unix_ms()).await;
+        assert!(
+            matches!(&requeued, Err(e) if e.to_string().contains("WRONGTYPE")),
+            "{requeued:?}"
+        );
+    }
+    assert_eq!(zcard(&mut r.con, "q:parked").await, 1);
+    let still_dead: u64 = r.con.llen("q:dead").await.unwrap();
+    assert_eq!(still_dead, 1);
+
+    let _: () = r.con.del(Q).await.unwrap();
+    assert_eq!(r.queue.promote(10, None, false).await.unwrap(), 1);
+    let requeued = dead_letters.requeue(&listed[0], unix_ms()).await;
+    assert!(matches!(requeued, Ok(Ok(_))), "{requeued:?}");
+    assert_eq!(zcard(&mut r.con, Q).await, 2);
+    assert_eq!(zcard(&mut r.con, "q:parked").await, 0);
+}
+
+/// A claim whose delivery count is not a number (written by hand or by another program) is
+/// reclaimed counting it as 0: before, the count's HINCRBY failed after the lease entry was
+/// removed, leaving a claim no reclaim would ever find again.
+#[tokio::test]
+async fn a_delivery_count_that_is_not_a_number_does_not_strand_the_claim() {
+    let mut r = rig(200, 5).await;
+    let held = submit_and_claim(&r, &["a"]).await;
+    let _: () = r
+        .con
+        .hset("q:deliveries", &held[0].fence.key, "x")
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let reclaimed = r.queue.reclaim(10).await.unwrap();
+    assert_eq!(reclaimed.requeued, 1, "{reclaimed:?}");
+    assert_eq!(zcard(&mut r.con, Q).await, 1);
+    assert_eq!(hlen(&mut r.con, "q:claimed").await, 0);
+    let count: Option<String> = r
+        .con
+        .hget("q:deliveries", &held[0].fence.key)
+        .await
+        .unwrap();
+    assert_eq!(count.as_deref(), Some("1"));
+}
+
 /// A member whose deadline cjson reads as NaN (`"deadline":nan`, or the string "nan") is
 /// placed at score 0, where the consumer dead-letters it with a reason, instead of vanishing:
 /// promote removed it from the retry set and then failed to add it with a NaN score, and

@@ -16,12 +16,19 @@
     ARGV[2] this queue's name (KEYS[2])
     ARGV[3] "1" when this queue is the default for Go retry members naming no queue
 
-  Output: number of members moved to pending
+  Output: number of members moved to pending, or a WRONGTYPE error (nothing moved) when pending
+  holds another type than a sorted set.
 ]]
 local now = nowMs() / 1000
 local limit = tonumber(ARGV[1])
 local moved = 0
 local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, limit)
+-- Before the first write, pending must take its writes (see writable): a ZADD refused after the
+-- ZREM would leave the member nowhere.
+local refused = wrongTypeOf({ false, 'zset' }, 2)
+if refused then
+  return refused
+end
 -- Each member is removed before it is added: a ZREM is never refused for memory, and once a
 -- script has written, Redis lets its later writes through, so promote works while Redis is out
 -- of memory (the move does not grow it).

@@ -24,7 +24,13 @@
     -1  the id has a newer live generation (the active key names another token): requeueing
         would make two live generations of one id; nothing changed
     -2  the producer cancelled the dead generation; nothing changed
+  or a WRONGTYPE error (nothing changed) when pending holds another type than a sorted set.
 ]]
+-- Before the first write, pending must take its write (see writable): a ZADD refused after the
+-- LREM would leave the request nowhere.
+if not writable(KEYS[2], 'zset') then
+  return wrongType(KEYS[2], 'zset')
+end
 local active = redis.call('GET', KEYS[3])
 if active and active ~= ARGV[5] then
   return -1
