@@ -1115,12 +1115,9 @@ async fn promote_and_requeue_into_a_pending_key_of_the_wrong_type_lose_nothing()
     r.producer.submit(request("d", 60)).await.unwrap();
     let members: Vec<String> = r.con.zrange(Q, 0, -1).await.unwrap();
     let _: () = r.con.del(Q).await.unwrap();
-    let (parked, dead) = match members
-        .iter()
-        .partition::<Vec<_>, _>(|m| m.contains("\"p\""))
-    {
-        (p, d) => (p[0].clone(), d[0].clone()),
-    };
+    let (parked, dead): (Vec<&String>, Vec<&String>) =
+        members.iter().partition(|m| m.contains("\"p\""));
+    let (parked, dead) = (parked[0].clone(), dead[0].clone());
     let now = unix_ms() as f64 / 1000.0;
     let _: () = r.con.zadd("q:parked", &parked, now - 1.0).await.unwrap();
     let mut record = DeadRecord::new(Q, "poison", dead.as_bytes());
