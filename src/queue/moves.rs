@@ -704,22 +704,29 @@ impl Queue {
             }
             Err(e) => return Err(e.into()),
         };
-        let statuses = int_array(&reply).ok_or_else(|| bad_reply("finish", &reply))?;
-        if statuses.len() != batch.len() {
-            return Err(bad_reply("finish", &reply));
-        }
-        Ok(statuses
-            .into_iter()
+        let statuses = match &reply {
+            Value::Array(items) if items.len() == batch.len() => items,
+            _ => return Err(bad_reply("finish", &reply)),
+        };
+        statuses
+            .iter()
             .zip(batch.iter().map(Borrow::borrow))
             .map(|(s, f)| match s {
-                1 => Finished::Published,
-                -2 => Finished::Failed(format!(
+                Value::Int(1) => Ok(Finished::Published),
+                Value::Int(-2) => Ok(Finished::Failed(format!(
                     "WRONGTYPE the result list {:?} holds another type than a list",
                     f.result_list().unwrap_or_default()
-                )),
-                _ => Finished::NotYours,
+                ))),
+                Value::Int(_) => Ok(Finished::NotYours),
+                // Redis refused to PUBLISH the result (redis-pubsub): nothing of it moved.
+                Value::BulkString(refusal) => Ok(Finished::Failed(format!(
+                    "{} (PUBLISH on the channel {:?})",
+                    String::from_utf8_lossy(refusal),
+                    f.result_list().unwrap_or_default()
+                ))),
+                _ => Err(bad_reply("finish", &reply)),
             })
-            .collect())
+            .collect()
     }
 
     /// The member a retry parks: the same generation with `retry_count` bumped.

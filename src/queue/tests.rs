@@ -1445,6 +1445,63 @@ async fn a_rule_without_ltrim_loses_no_move() {
     assert_eq!(hlen(&mut r.con, "q:claimed").await, 0);
 }
 
+/// Under an ACL user that may write the result list but not PUBLISH on its channel (Redis checks
+/// a channel's rights only when the PUBLISH runs), the refused ack moves nothing and says why,
+/// so the outbox keeps it and `/readyz` names the refusal, while a park in the same call is
+/// made. Before, the claims were dropped first and the script then failed on the PUBLISH: the
+/// ack's request and the park were both lost. With the channel granted, the ack goes through.
+#[tokio::test]
+async fn a_refused_publish_moves_nothing_of_its_item() {
+    let mut r = rig(30_000, 5).await;
+    let held = submit_and_claim(&r, &["refused", "parked"]).await;
+    let _: () = redis::cmd("ACL")
+        .arg(&[
+            "SETUSER",
+            "no-channel",
+            "on",
+            ">pw",
+            "~*",
+            "resetchannels",
+            "&other",
+            "+@all",
+        ])
+        .query_async(&mut r.con)
+        .await
+        .unwrap();
+    let url = format!("redis://no-channel:pw@127.0.0.1:{}/", r.server.port());
+    let con = connect::manager(&redis::Client::open(url).unwrap())
+        .await
+        .unwrap();
+    let queue = Queue::new(con, Q, *r.queue.settings()).publishing_results();
+    let result = ResultMessage::http("refused", 200, b"{}");
+    let statuses = queue
+        .finish(&[ack(&held[0], &result), park_of(&held[1])])
+        .await
+        .unwrap();
+    assert!(
+        matches!(&statuses[0], Finished::Failed(e) if e.contains("can't publish") && e.contains(RESULTS)),
+        "{statuses:?}"
+    );
+    assert_eq!(statuses[1], Finished::Published);
+    assert_eq!(zcard(&mut r.con, "q:parked").await, 1, "the park was made");
+    assert_eq!(
+        queue.claimed(&held[0].fence).await.unwrap().map(|c| c.1),
+        Some(0),
+        "the refused ack's claim is still held by its owner"
+    );
+    assert!(results(&mut r.con).await.is_empty());
+
+    let _: () = redis::cmd("ACL")
+        .arg(&["SETUSER", "no-channel", "&*"])
+        .query_async(&mut r.con)
+        .await
+        .unwrap();
+    let statuses = queue.finish(&[ack(&held[0], &result)]).await.unwrap();
+    assert_eq!(statuses, [Finished::Published]);
+    assert_eq!(results(&mut r.con).await, [result], "unheard, so kept");
+    assert_eq!(hlen(&mut r.con, "q:claimed").await, 0);
+}
+
 /// Puts Redis out of memory (noeviction, `maxmemory` 1 byte): a plain write is refused `OOM`.
 async fn out_of_memory(con: &mut redis::aio::ConnectionManager) {
     let _: () = redis::cmd("CONFIG")

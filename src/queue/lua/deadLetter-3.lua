@@ -10,7 +10,8 @@
     ARGV[2] dead-letter record JSON (member, reason, time)
     ARGV[3] result JSON, or "" when no id could be read
     ARGV[4] "publish" to PUBLISH the result on the channel named KEYS[3] (redis-pubsub; kept in
-            the list of that name when no subscriber hears it), "" to LPUSH it
+            the list of that name when no subscriber hears it or Redis refuses the PUBLISH),
+            "" to LPUSH it
 
   Output: 1 moved; 0 the member was no longer pending (another instance moved it); -1 nothing
     moved: the result list holds another type than a list (the caller sets the member aside

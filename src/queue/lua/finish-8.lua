@@ -37,7 +37,10 @@
            hold it, so an old generation finishing never clears a newer one's (ID reuse)
 
   Output: { status per item }: 1 moved; 0 not yours (already done, taken over, or repeated);
-    -2 refused: its result list holds another type than a list (nothing of it was moved).
+    -2 refused: its result list holds another type than a list (nothing of it was moved);
+    or, for a result to PUBLISH, the text of Redis's refusal of the PUBLISH (an ACL user without
+    the channel; nothing of it was moved). Results are PUBLISHed before any write, each of an
+    item that moves, so a refusal leaves its item where it was.
     A queue key of the wrong type is an error before anything is written.
 ]]
 local W = 8
@@ -115,18 +118,26 @@ for i = 1, n do
   if ok and kind == 'release' and not releaseMember[i] then
     ok = false
   end
+  local listAt = tonumber(ARGV[b + 4])
+  local result = (kind == 'ack' or kind == 'bury') and ARGV[b + 5] ~= '' and ARGV[b + 5]
+  local heard = nil
+  if ok and result and not unwritable[listAt] and listAt < 0 then
+    heard = announce(KEYS[-listAt], result)
+  end
   if not ok then
     out[i] = 0
-  elseif (kind == 'ack' or kind == 'bury') and ARGV[b + 5] ~= ''
-      and unwritable[tonumber(ARGV[b + 4])] then
+  elseif result and unwritable[listAt] then
     out[i] = -2
+  elseif type(heard) == 'string' then
+    out[i] = heard
   else
     seen[ck] = true
     drop[#drop + 1] = ck
     if kind == 'ack' or kind == 'bury' then
       finished[#finished + 1] = ck
-      if ARGV[b + 5] ~= '' then
-        push(tonumber(ARGV[b + 4]), ARGV[b + 5])
+      -- A published result that no subscriber heard is kept on the list of its channel.
+      if result and heard ~= true then
+        push(listAt, result)
       end
       if kind == 'bury' then
         dead[#dead + 1] = ARGV[b + 6]
@@ -158,7 +169,11 @@ if #finished > 0 then
   redis.call('HDEL', KEYS[5], unpack(finished))
 end
 for _, listAt in ipairs(pushOrder) do
-  deliver(KEYS[math.abs(listAt)], pushes[listAt], listAt < 0)
+  if listAt < 0 then
+    keepUnheard(KEYS[-listAt], pushes[listAt])
+  else
+    redis.call('LPUSH', KEYS[listAt], unpack(pushes[listAt]))
+  end
 end
 if #dead > 0 then
   redis.call('LPUSH', KEYS[8], unpack(dead))
