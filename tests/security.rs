@@ -380,6 +380,80 @@ async fn a_refused_result_list_stops_claiming_and_loses_nothing() {
     assert_eq!(dead, 0);
 }
 
+/// A redis-pubsub processor user that may not publish on the result channel (README's rule less
+/// `&result-queue`; Redis checks a channel only when the PUBLISH runs): as with a refused result
+/// list, the processor keeps the results it has, claims no more work and `/readyz` names the
+/// refusal; nothing is lost or sent twice. Once the channel is granted the results land (kept
+/// in the list of the channel's name, since nobody is subscribed).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_result_channel_stops_claiming_and_loses_nothing() {
+    let (gw, redis, mut admin, _, _) = rig().await;
+    let user = "inferq-processor-pubsub";
+    let rules = readme_rules();
+    let rule = rules
+        .iter()
+        .find(|r| r.get(1).map(String::as_str) == Some(user))
+        .unwrap();
+    let mut channels = vec!["SETUSER", user, "resetchannels"];
+    channels.extend(
+        rule.iter()
+            .map(String::as_str)
+            .filter(|a| a.starts_with('&') && *a != "&result-queue"),
+    );
+    acl(&mut admin, &channels).await;
+    let processor_url = url(user, PROCESSOR_PW, redis.port());
+    let config = format!(
+        r#"{{"url":"{processor_url}","poll_interval_ms":50,"queues":[{{"queue_name":"request-queue","igw_base_url":"{}"}}]}}"#,
+        gw.url()
+    );
+    let p = Proc::spawn_as("redis-pubsub", &config, &[]);
+    p.wait_ready().await;
+    let now = inferq::queue::producer::unix_ms() / 1000;
+    let ids: Vec<String> = (0..3).map(|i| format!("ch-{i}")).collect();
+    for id in &ids {
+        let message = format!(
+            r#"{{"internal":{{}},"request_kind":"redis","data":{{"id":"{id}","created":{now},"deadline":{},"payload":{{}}}}}}"#,
+            now + 120
+        );
+        let _: u64 = admin.publish("request-queue", message).await.unwrap();
+    }
+    let why = p.wait_not_ready_because().await;
+    assert!(
+        why.contains("result-queue") && why.contains("can't publish"),
+        "{why}"
+    );
+    let held: u64 = admin.hlen("request-queue:claimed").await.unwrap();
+    let pending: u64 = admin.zcard("request-queue").await.unwrap();
+    assert_eq!(held + pending, 3, "log:\n{}", p.log());
+    let kept: u64 = admin.llen("result-queue").await.unwrap();
+    assert_eq!(kept, 0);
+
+    acl(&mut admin, &["SETUSER", user, "&result-queue"]).await;
+    p.wait_ready().await;
+    let started = std::time::Instant::now();
+    let mut got = BTreeMap::new();
+    while got.len() < 3 {
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "{got:?}; log:\n{}",
+            p.log()
+        );
+        let raw: Vec<String> = admin.lrange("result-queue", 0, -1).await.unwrap();
+        got = raw
+            .iter()
+            .map(|r| serde_json::from_str::<ResultMessage>(r).unwrap())
+            .map(|r| (r.id.clone(), r))
+            .collect();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    for id in &ids {
+        assert_eq!(got[id].status_code, 200, "{:?}", got[id]);
+        assert_eq!(gw.seen(id).len(), 1, "{id} sent again; log:\n{}", p.log());
+    }
+    let raw: Vec<String> = admin.lrange("result-queue", 0, -1).await.unwrap();
+    assert_eq!(raw.len(), 3, "one result each");
+}
+
 /// A message naming a result list the processor's user may not write (README's rule allows
 /// `result-list` only) fails alone: Redis refuses the outcome batch that carries it, the batch is
 /// retried item by item, and its neighbours are each executed once and published once. The
