@@ -188,6 +188,40 @@ async fn refused_head_is_asked_once_per_poll_interval() {
     );
 }
 
+/// Rule 9 however deep the refused head: 45 requests of a user the gate turns away fill more
+/// than four batches at the head of the queue, and another user's request behind them still
+/// runs (the poll pages past them). Before, a poll looked four batches deep and no further.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deep_refused_head_does_not_hide_the_requests_behind_it() {
+    let redis = RedisServer::start().unwrap();
+    let gw = Gateway::start().await;
+    gw.script(
+        "alice-0",
+        vec![Reply::ok("{}").after(Duration::from_secs(30))],
+    );
+    let opts = ProcessorOpts {
+        extra_queue_fields: one_request_per_user(&redis),
+        ..ProcessorOpts::default()
+    };
+    let _p = Processor::start(&redis, &gw, &opts).await;
+    let producer = producer(&redis, Q).await;
+    let mut alice = request("alice-0", 60, "{}");
+    alice.metadata.insert("userid".into(), "alice".into());
+    producer.submit(alice).await.unwrap();
+    gw.wait_seen("alice-0", Duration::from_secs(5)).await;
+    for i in 1..45 {
+        let mut r = request(&format!("alice-{i}"), 60 + i, "{}");
+        r.metadata.insert("userid".into(), "alice".into());
+        producer.submit(r).await.unwrap();
+    }
+    let mut bob = request("bob-1", 200, "{}");
+    bob.metadata.insert("userid".into(), "bob".into());
+    producer.submit(bob).await.unwrap();
+    gw.wait_seen("bob-1", Duration::from_secs(5)).await;
+    assert_eq!(gw.seen("bob-1").len(), 1, "bob is stuck behind alice");
+    assert!(gw.seen("alice-1").is_empty(), "alice still waits");
+}
+
 /// The queue fields of a blocking `redis-quota` queue gate: one request per user at a time.
 fn one_request_per_user(redis: &RedisServer) -> String {
     format!(

@@ -1083,6 +1083,78 @@ async fn a_deadline_that_passed_in_the_pool_wins_over_a_failing_transform() {
     assert!(gateway.seen("late").is_empty());
 }
 
+/// A head of requests on their last chance (one delivery short of the dead list) while this
+/// instance already runs one: they wait for its slot, and neither hide the fresh requests
+/// behind them nor spin the consumer. Before, each poll peeked the same held-back head, claimed
+/// nothing and polled again at once: the fresh requests never ran, and Redis saw tens of
+/// thousands of peeks a second.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_head_of_last_chance_requests_neither_hides_work_nor_spins() {
+    let redis = RedisServer::start().unwrap();
+    let gateway = Gateway::start().await;
+    let producer = producer(&redis, "request-sortedset").await;
+    let mut con = con(&redis).await;
+    // Twelve requests on their last chance (one lease expiry already counted, of two), each
+    // held by the gateway for a minute, then three fresh ones behind them.
+    for i in 0..12 {
+        let id = format!("last-{i:02}");
+        gateway.script(&id, vec![Reply::ok("{}").after(Duration::from_secs(60))]);
+        producer.submit(request(&id, 60 + i, "{}")).await.unwrap();
+    }
+    let members: Vec<String> = con.zrange("request-sortedset", 0, -1).await.unwrap();
+    for member in &members {
+        let env = inferq::wire::Envelope::decode(member.as_bytes()).unwrap();
+        let key = format!("{}\0{}", env.request.id, env.internal.request_token);
+        let _: () = con
+            .hset("request-sortedset:deliveries", key, 1)
+            .await
+            .unwrap();
+    }
+    for i in 0..3 {
+        producer
+            .submit(request(&format!("fresh-{i}"), 200, "{}"))
+            .await
+            .unwrap();
+    }
+    let opts = ProcessorOpts {
+        extra_transport_fields: r#","max_deliveries":2"#.to_owned(),
+        ..ProcessorOpts::default()
+    };
+    let p = Processor::start(&redis, &gateway, &opts).await;
+    for i in 0..3 {
+        let id = format!("fresh-{i}");
+        gateway.wait_seen(&id, Duration::from_secs(5)).await;
+        assert_eq!(gateway.seen(&id).len(), 1, "{id} is stuck behind the head");
+    }
+    assert_eq!(gateway.seen("last-00").len(), 1);
+    assert!(
+        gateway.seen("last-01").is_empty(),
+        "one last chance at a time"
+    );
+
+    let peeks = |info: String| -> u64 {
+        info.lines()
+            .find_map(|l| l.strip_prefix("cmdstat_zrange:calls="))
+            .and_then(|rest| rest.split(',').next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0)
+    };
+    let info = || async {
+        let info: String = redis::cmd("INFO")
+            .arg("commandstats")
+            .query_async(&mut con.clone())
+            .await
+            .unwrap();
+        info
+    };
+    let before = peeks(info().await);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let during = peeks(info().await) - before;
+    // A look per 50 ms poll interval, a page or two each: about 80. Spinning, it was tens of
+    // thousands.
+    assert!(during < 400, "{during} peeks in 2 s; log:\n{}", p.log());
+}
+
 /// The standard process metrics a Go dashboard reads beside the processor's own (Go's
 /// controller-runtime registry serves them): CPU seconds, resident memory, file descriptors and
 /// the start time, with this process's values.

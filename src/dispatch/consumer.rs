@@ -115,8 +115,9 @@ pub async fn run_consumer(
                     idle = FIRST_IDLE_PAUSE;
                     Duration::ZERO
                 } else if admitted == 0 && turned_away > 0 {
-                    // Only requests the gate turned away: nothing changes for them before the
-                    // next tick; a wake-up (new work, perhaps admissible) cuts the wait short.
+                    // Only requests the gate turned away or the last-chance rule held back:
+                    // nothing changes for them before the next tick; a wake-up (new work,
+                    // perhaps admissible) cuts the wait short.
                     polling.interval
                 } else if seen > 0 {
                     // Work is trickling in (perhaps from producers that ring no bell): look
@@ -181,23 +182,30 @@ const FIRST_IDLE_PAUSE: Duration = Duration::from_millis(10);
 
 /// What one poll saw and did.
 struct Polled {
-    /// Members peeked.
+    /// Members peeked, over every page.
     seen: usize,
-    /// Members admitted by the gate (claimed or not).
+    /// Members admitted by the gate and the last-chance rule (claimed or not).
     admitted: usize,
-    /// Members the gate turned away, in this poll or lately (see [`TurnedAway`]).
+    /// Members the gate turned away or the last-chance rule held back, in this poll or lately
+    /// (see [`TurnedAway`]).
     turned_away: usize,
-    /// How many were asked for.
+    /// How many were asked for, over every page.
     window: usize,
 }
 
-/// With a gate, a poll looks this many times further than it may take, so requests the gate
-/// refuses at the head do not hide the ones behind them.
+/// With a gate, a poll's first look reaches this many times further than it may take, so a
+/// few requests the gate refuses at the head cost no second look.
 const GATED_LOOKAHEAD: usize = 4;
 
-/// Requests (by claim key) the queue gate turned away lately, each with the time until which it
-/// is not asked again: Go puts a refused request to the gate once per poll tick, and so does
-/// inferq, however often it polls for the work behind it. At most one poll window of entries.
+/// How many members one poll looks at, at most, page after page, for requests it may take past
+/// those it may not take now (turned away by the gate, or held back by the last-chance rule):
+/// past that many at the head, the requests behind them wait until the head clears.
+const MAX_LOOK: usize = 10_000;
+
+/// Requests (by claim key) the queue gate turned away lately, or that the last-chance rule held
+/// back, each with the time until which it is not asked again: Go puts a refused request to the
+/// gate once per poll tick, and so does inferq, however often it polls for the work behind it.
+/// Each entry lasts one tick.
 #[derive(Default)]
 struct TurnedAway {
     until: HashMap<String, tokio::time::Instant>,
@@ -229,13 +237,61 @@ async fn poll_once(
     away: &mut TurnedAway,
     interval: Duration,
 ) -> Result<Polled, QueueError> {
-    let window = if ctx.gate.is_some() {
+    let page = if ctx.gate.is_some() {
         (want * GATED_LOOKAHEAD).min(1000)
     } else {
         want
     };
-    let peeked = ctx.queue.peek(window).await?;
-    let seen = peeked.len();
+    let mut window = 0;
+    let mut seen = 0;
+    let mut candidates = Vec::with_capacity(want);
+    let mut admissions = Vec::with_capacity(want);
+    let mut turned_away = 0;
+    let now = tokio::time::Instant::now();
+    // Page after page while the head holds requests that may not be taken now: rule 9, a
+    // refused request does not block the requests behind it. Ranks shift as other instances
+    // claim and producers add: a member missed is seen next poll, and one seen twice is
+    // claimed once (the claim script answers "gone" for the second).
+    while candidates.len() < want && window < MAX_LOOK {
+        let asked = page.min(MAX_LOOK - window);
+        let peeked = ctx.queue.peek_from(window, asked).await?;
+        window += asked;
+        seen += peeked.len();
+        let full = peeked.len() == asked;
+        for Peeked { member, .. } in peeked {
+            if candidates.len() >= want {
+                break;
+            }
+            let env = match Envelope::decode(&member) {
+                Ok(env) => stamp(ctx, env),
+                Err(e) => {
+                    dead_letter(ctx, &member, &e.to_string()).await?;
+                    continue;
+                }
+            };
+            // The claim key is made only while some request is turned away, or for a new
+            // refusal.
+            let key_of =
+                |env: &Envelope| claim_key(&env.request.id, &env.internal.request_token, &member);
+            if !away.is_empty() && away.is_recent(&key_of(&env), now) {
+                turned_away += 1;
+                continue;
+            }
+            match admit(ctx, env).await {
+                Ok((env, admission)) => {
+                    candidates.push((member, env));
+                    admissions.push(admission);
+                }
+                Err(env) => {
+                    turned_away += 1;
+                    away.note(key_of(&env), now + interval);
+                }
+            }
+        }
+        if !full || turned_away == 0 {
+            break;
+        }
+    }
     if seen == 0 {
         return Ok(Polled {
             seen,
@@ -244,41 +300,16 @@ async fn poll_once(
             window,
         });
     }
-    let mut candidates = Vec::with_capacity(seen.min(want));
-    let mut admissions = Vec::with_capacity(seen.min(want));
-    let mut turned_away = 0;
-    let now = tokio::time::Instant::now();
-    for Peeked { member, .. } in peeked {
-        if candidates.len() >= want {
-            break;
-        }
-        let env = match Envelope::decode(&member) {
-            Ok(env) => stamp(ctx, env),
-            Err(e) => {
-                dead_letter(ctx, &member, &e.to_string()).await?;
-                continue;
-            }
-        };
-        // The claim key is made only while some request is turned away, or for a new refusal.
-        let key_of =
-            |env: &Envelope| claim_key(&env.request.id, &env.internal.request_token, &member);
-        if !away.is_empty() && away.is_recent(&key_of(&env), now) {
-            turned_away += 1;
-            continue;
-        }
-        match admit(ctx, env).await {
-            Ok((env, admission)) => {
-                candidates.push((member, env));
-                admissions.push(admission);
-            }
-            Err(env) => {
-                turned_away += 1;
-                away.note(key_of(&env), now + interval);
-            }
-        }
+    // A request the last-chance rule holds back counts as turned away: it is not looked at
+    // again before the next tick, so a head of them neither spins the poll nor hides the
+    // requests behind it.
+    let held_back = last_chance_slots(ctx, &mut candidates, &mut admissions).await?;
+    let slots = held_back.slots;
+    for key in held_back.keys {
+        turned_away += 1;
+        away.note(key, now + interval);
     }
     let admitted = candidates.len();
-    let slots = last_chance_slots(ctx, &mut candidates, &mut admissions).await?;
     let taken_at = Instant::now();
     let claimed = ctx.queue.claim(candidates).await?;
     let now_ms = crate::queue::producer::unix_ms();
@@ -431,6 +462,15 @@ fn stamp(ctx: &QueueCtx, mut env: Envelope) -> Envelope {
     env
 }
 
+/// What the last-chance rule made of a poll's candidates.
+struct LastChances {
+    /// Per candidate kept, the slot it holds (a request on its last chance) or none.
+    slots: Vec<Option<Slot>>,
+    /// The claim keys of the candidates held back: on their last chance while this instance
+    /// runs another.
+    keys: Vec<String>,
+}
+
 /// Applies the last-chance rule (see [`super::last_chance`]) to the candidates: a request on
 /// its last delivery gets the queue's one slot, or stays pending (and its gate reservations
 /// are returned) while this instance runs another. One HMGET of the delivery counts.
@@ -438,9 +478,13 @@ async fn last_chance_slots(
     ctx: &QueueCtx,
     candidates: &mut Vec<(Vec<u8>, Envelope)>,
     admissions: &mut Vec<Admission>,
-) -> Result<Vec<Option<Slot>>, QueueError> {
+) -> Result<LastChances, QueueError> {
+    let mut out = LastChances {
+        slots: Vec::new(),
+        keys: Vec::new(),
+    };
     if candidates.is_empty() {
-        return Ok(Vec::new());
+        return Ok(out);
     }
     let keys: Vec<String> = candidates
         .iter()
@@ -452,20 +496,21 @@ async fn last_chance_slots(
         .query_async(&mut ctx.queue.connection())
         .await?;
     let threshold = LastChance::threshold(ctx.queue.settings().max_deliveries);
-    let mut slots = Vec::with_capacity(candidates.len());
     let mut kept = Vec::with_capacity(candidates.len());
     let mut kept_admissions = Vec::with_capacity(candidates.len());
-    for ((candidate, admission), count) in candidates
+    for (((candidate, admission), count), key) in candidates
         .drain(..)
         .zip(admissions.drain(..))
         .zip(counts.into_iter().chain(std::iter::repeat(None)))
+        .zip(keys)
     {
         if count.unwrap_or(0) < threshold {
-            slots.push(None);
+            out.slots.push(None);
         } else if let Some(slot) = ctx.last_chance.try_take() {
-            slots.push(Some(slot));
+            out.slots.push(Some(slot));
         } else {
             Decision::release_all(admission.releases).await;
+            out.keys.push(key);
             continue;
         }
         kept.push(candidate);
@@ -473,7 +518,7 @@ async fn last_chance_slots(
     }
     *candidates = kept;
     *admissions = kept_admissions;
-    Ok(slots)
+    Ok(out)
 }
 
 /// pending -> dead for a member that cannot be a request. When Redis will not take its

@@ -432,14 +432,19 @@ impl Queue {
 
     /// The `n` members with the earliest deadlines, without taking them.
     pub async fn peek(&self, n: usize) -> Result<Vec<Peeked>, QueueError> {
+        self.peek_from(0, n).await
+    }
+
+    /// The `n` members from rank `start` on (0: the earliest deadline), without taking them.
+    pub async fn peek_from(&self, start: usize, n: usize) -> Result<Vec<Peeked>, QueueError> {
         if n == 0 {
             return Ok(Vec::new());
         }
         let mut con = self.con.clone();
         let rows: Vec<(Vec<u8>, f64)> = redis::cmd("ZRANGE")
             .arg(&self.keys.pending)
-            .arg(0)
-            .arg(n - 1)
+            .arg(start)
+            .arg(start + n - 1)
             .arg("WITHSCORES")
             .query_async(&mut con)
             .await?;
