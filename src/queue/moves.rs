@@ -8,6 +8,8 @@
 //! only thing that lets a caller move it again.
 
 use std::borrow::Borrow;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 use redis::{RedisError, Value};
 
@@ -307,6 +309,8 @@ pub struct Queue {
     /// Results are PUBLISHed on a channel of the result list's name (redis-pubsub) instead of
     /// LPUSHed; one no subscriber hears is kept in the list.
     publish_results: bool,
+    /// Where the next promote's scan of the Go retry set starts (shared by the clones).
+    go_retry_scan: Arc<AtomicU64>,
 }
 
 /// Seconds an admitted message's marker outlives its deadline (see `admit-1.lua`): far longer
@@ -350,6 +354,7 @@ impl Queue {
             settings,
             con: con.into(),
             publish_results: false,
+            go_retry_scan: Arc::default(),
         }
     }
 
@@ -784,11 +789,17 @@ impl Queue {
             limit.max(1).to_string(),
             self.keys.pending.clone(),
             if default_for_go_retries { "1" } else { "0" }.to_owned(),
+            self.go_retry_scan.load(Ordering::Relaxed).to_string(),
         ];
         let cmd = SCRIPTS.promote.cmd(&keys, &args);
-        match SCRIPTS.promote.run(&mut self.con.clone(), &cmd).await? {
-            Value::Int(n) => Ok(u64::try_from(n).unwrap_or(0)),
-            other => Err(bad_reply("promote", &other)),
+        let reply = SCRIPTS.promote.run(&mut self.con.clone(), &cmd).await?;
+        match int_array(&reply).as_deref() {
+            Some(&[moved, next]) => {
+                self.go_retry_scan
+                    .store(u64::try_from(next).unwrap_or(0), Ordering::Relaxed);
+                Ok(u64::try_from(moved).unwrap_or(0))
+            }
+            _ => Err(bad_reply("promote", &reply)),
         }
     }
 

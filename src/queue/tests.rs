@@ -1156,6 +1156,55 @@ async fn promote_and_requeue_into_a_pending_key_of_the_wrong_type_lose_nothing()
     assert_eq!(zcard(&mut r.con, "q:parked").await, 0);
 }
 
+/// Due entries of other queues ahead of this queue's in the Go retry set are passed over call
+/// by call: each promote goes on scanning where the last one stopped, so this queue's entries
+/// behind a hundred of another queue's are moved within a few calls. Before, every call looked
+/// at the same first page and never reached them.
+#[tokio::test]
+async fn promote_scans_past_other_queues_go_retries() {
+    let mut r = rig(30_000, 5).await;
+    let now = unix_ms() as f64 / 1000.0;
+    let entry = |queue: &str, id: &str| {
+        format!(
+            r#"{{"internal":{{"request_queue_name":"{queue}"}},"request_kind":"plain","data":{{"id":"{id}","deadline":{},"payload":{{}}}}}}"#,
+            unix_ms() / 1000 + 60
+        )
+    };
+    for i in 0..100 {
+        let _: () = r
+            .con
+            .zadd(
+                "retry-sortedset",
+                entry("other", &format!("o{i}")),
+                now - 100.0 + f64::from(i) / 1000.0,
+            )
+            .await
+            .unwrap();
+    }
+    for i in 0..3 {
+        let _: () = r
+            .con
+            .zadd("retry-sortedset", entry(Q, &format!("mine{i}")), now - 1.0)
+            .await
+            .unwrap();
+    }
+    let mut moved = 0;
+    for _ in 0..4 {
+        moved += r
+            .queue
+            .promote(10, Some("retry-sortedset"), false)
+            .await
+            .unwrap();
+    }
+    assert_eq!(moved, 3);
+    assert_eq!(zcard(&mut r.con, Q).await, 3);
+    assert_eq!(
+        zcard(&mut r.con, "retry-sortedset").await,
+        100,
+        "others' stay"
+    );
+}
+
 /// A claim whose delivery count is not a number (written by hand or by another program) is
 /// reclaimed counting it as 0: before, the count's HINCRBY failed after the lease entry was
 /// removed, leaving a claim no reclaim would ever find again.

@@ -15,9 +15,13 @@
     ARGV[1] how many to move at most, per set
     ARGV[2] this queue's name (KEYS[2])
     ARGV[3] "1" when this queue is the default for Go retry members naming no queue
+    ARGV[4] where this call's scan of the Go retry set starts (a rank among its due entries):
+            the previous call's answer, so due entries of other queues ahead of this queue's
+            are passed over call by call instead of hiding them
 
-  Output: number of members moved to pending, or a WRONGTYPE error (nothing moved) when pending
-  holds another type than a sorted set.
+  Output: { number of members moved to pending, where the next scan of the Go retry set starts
+  (0: this one reached its end) }, or a WRONGTYPE error (nothing moved) when pending holds
+  another type than a sorted set.
 ]]
 local now = nowMs() / 1000
 local limit = tonumber(ARGV[1])
@@ -37,9 +41,16 @@ for _, member in ipairs(due) do
   redis.call('ZADD', KEYS[2], deadlineOf(member) or 0, member)
   moved = moved + 1
 end
+local nextScan = 0
 if KEYS[3] then
-  local scanned = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', now, 'LIMIT', 0, limit * 4)
+  local from = tonumber(ARGV[4]) or 0
+  local page = limit * 4
+  local scanned = redis.call('ZRANGEBYSCORE', KEYS[3], '-inf', now, 'LIMIT', from, page)
+  -- Where the next call goes on: past what this one looked at, less what it removed (the
+  -- entries behind move up), or from the start once the end was reached.
+  local passed, removed = 0, 0
   for _, member in ipairs(scanned) do
+    passed = passed + 1
     local ok, env = pcall(cjson.decode, member)
     local origin = ''
     if ok and type(env) == 'table' and type(env.internal) == 'table'
@@ -50,8 +61,12 @@ if KEYS[3] then
       redis.call('ZREM', KEYS[3], member)
       redis.call('ZADD', KEYS[2], deadlineOf(member) or 0, member)
       moved = moved + 1
+      removed = removed + 1
       if moved >= limit * 2 then break end
     end
   end
+  if #scanned == page or passed < #scanned then
+    nextScan = from + passed - removed
+  end
 end
-return moved
+return { moved, nextScan }
