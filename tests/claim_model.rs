@@ -16,7 +16,7 @@
 //! | `promote`       | due parked member -> pending                                             |
 //! | `release`       | fenced: claimed -> pending at its original score (graceful shutdown)     |
 //! | `reclaim`       | expired lease (by Redis `TIME`) -> one more delivery and back to pending;|
-//! |                 | over `max_deliveries` or past its deadline the claim is re-owned by the  |
+//! |                 | at `max_deliveries` or past its deadline the claim is re-owned by the    |
 //! |                 | reclaimer, which then acks `DEADLINE_EXCEEDED` or buries it              |
 //! | `bury`          | fenced: claimed -> dead plus a terminal record                           |
 //! | `dead_letter`   | malformed pending member -> dead plus an `INVALID_REQUEST` record        |
@@ -56,7 +56,9 @@
 //!   that sits in pending is inert): `A#1` and `A#2` re-use the id `A` (two submissions with
 //!   different request tokens), `B#1` is another request, and `M#1` is malformed (exercises
 //!   `dead_letter`).
-//! - `max_deliveries` = 1: the second lease expiry of a generation sends it to dead.
+//! - `max_deliveries` = 2: the first lease expiry of a generation sends it back to pending, the
+//!   second to dead (as `reclaim-6.lua` counts: the expiry that brings the count to
+//!   `max_deliveries` buries).
 //! - At most [`ModelCfg::max_tokens`] = 4 owner tokens are minted over a run (each `claim` and
 //!   each re-owning `reclaim` mints one), so at most four claims happen: enough for every
 //!   generation to finish plus one redelivery, or for one generation to be claimed, reclaimed,
@@ -278,7 +280,7 @@ impl ModelCfg {
         Self {
             instances: 2,
             generations: 4,
-            max_deliveries: 1,
+            max_deliveries: 2,
             max_tokens: 4,
             max_crashes: 2,
             fenced_ack: true,
@@ -379,7 +381,8 @@ struct Redis {
     dead: [Records<DeadReason>; MAX_GENERATIONS],
     /// The result list, per generation.
     results: [Records<Outcome>; MAX_GENERATIONS],
-    /// Lease expiries counted so far, per generation, saturating one above `max_deliveries`.
+    /// Lease expiries counted so far, per generation, saturating one above `max_deliveries`
+    /// (the reclaimer that re-owned a claim to bury it can crash, and the next expiry counts).
     /// Persists across pending and claimed.
     deliveries: [u8; MAX_GENERATIONS],
 }
@@ -552,7 +555,7 @@ impl Redis {
     ) -> Reclaimed {
         if deadline_passed {
             Reclaimed::ReOwned(Phase::MustAckDeadlineExceeded)
-        } else if self.deliveries[member.index()] >= cfg.max_deliveries {
+        } else if self.deliveries[member.index()] + 1 >= cfg.max_deliveries {
             Reclaimed::ReOwned(Phase::MustBury)
         } else {
             Reclaimed::BackToPending

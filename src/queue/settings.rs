@@ -12,7 +12,8 @@ pub struct ClaimSettings {
     pub lease: Duration,
     /// How often any instance scans for expired leases.
     pub reclaim_interval: Duration,
-    /// Lease expiries a request survives; the next one dead-letters it.
+    /// Lease expiries that dead-letter a request: the one that brings its count to this buries
+    /// it (it survives one fewer).
     pub max_deliveries: u32,
 }
 
