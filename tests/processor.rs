@@ -1083,6 +1083,32 @@ async fn a_deadline_that_passed_in_the_pool_wins_over_a_failing_transform() {
     assert!(gateway.seen("late").is_empty());
 }
 
+/// A processor whose standard output and error nobody reads any more (started under
+/// `2>&1 | head -1`, say) serves requests and still stops cleanly on SIGTERM: a log line it
+/// cannot write is dropped. Before, the log subscriber reported the failed write with
+/// `eprintln!`, whose panic killed the task that logged: the processor exited 101 at start-up,
+/// or, when the dead task was the one waiting for signals, ignored SIGTERM.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_closed_log_pipe_neither_kills_the_processor_nor_deafens_it() {
+    let redis = RedisServer::start().unwrap();
+    let gateway = Gateway::start().await;
+    let opts = ProcessorOpts {
+        closed_output: true,
+        ..ProcessorOpts::default()
+    };
+    let mut p = Processor::start(&redis, &gateway, &opts).await;
+    producer(&redis, "request-sortedset")
+        .await
+        .submit(request("piped", 60, "{}"))
+        .await
+        .unwrap();
+    let mut con = con(&redis).await;
+    let got = wait_results(&mut con, 1, Duration::from_secs(10)).await;
+    assert_eq!(got[0].status_code, 200);
+    p.signal("TERM");
+    assert_eq!(p.wait_exit(Duration::from_secs(15)).await, Some(0));
+}
+
 /// A head of requests on their last chance (one delivery short of the dead list) while this
 /// instance already runs one: they wait for its slot, and neither hide the fresh requests
 /// behind them nor spin the consumer. Before, each poll peeked the same held-back head, claimed

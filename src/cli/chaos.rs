@@ -65,7 +65,7 @@ pub async fn chaos(args: ChaosArgs) -> Result<(), Failure> {
         settings.races = n;
     }
     settings.transport = args.transport;
-    println!(
+    say!(
         "inferq chaos: profile {:?}, transport {}, seed {seed} (replay with --seed {seed})",
         args.profile,
         args.transport.flag()
@@ -95,7 +95,7 @@ pub async fn chaos(args: ChaosArgs) -> Result<(), Failure> {
     finish(&report, &report_path)?;
     if keep_data || !report.passed {
         let kept = dir.keep();
-        println!("data kept in {}", kept.display());
+        say!("data kept in {}", kept.display());
     }
     if report.passed {
         Ok(())
@@ -111,6 +111,6 @@ fn finish(report: &Report, path: &PathBuf) -> Result<(), Failure> {
     let json = serde_json::to_vec_pretty(report).context("cannot encode the report")?;
     std::fs::write(path, json).with_context(|| format!("cannot write {}", path.display()))?;
     print!("{}", report.table());
-    println!("report written to {}", path.display());
+    say!("report written to {}", path.display());
     Ok(())
 }

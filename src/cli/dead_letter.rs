@@ -236,7 +236,7 @@ pub async fn dead_letter(args: DeadLetterArgs) -> Result<(), Failure> {
                 requeue(&dead, &chosen, &mut requeued, &mut refused).await?;
             }
             std::io::stdout().lock().flush()?;
-            eprintln!(
+            tell!(
                 "inferq dead-letter requeue: {requeued} requeued, {} refused",
                 refused.len()
             );
@@ -244,7 +244,7 @@ pub async fn dead_letter(args: DeadLetterArgs) -> Result<(), Failure> {
                 return Ok(());
             }
             for r in refused.iter().take(20) {
-                eprintln!("  cannot requeue {r}");
+                tell!("  cannot requeue {r}");
             }
             Err(Failure::bad_input(anyhow::anyhow!(
                 "{} record(s) cannot be requeued (see above); they stay in the dead list",
@@ -290,7 +290,7 @@ pub async fn dead_letter(args: DeadLetterArgs) -> Result<(), Failure> {
                     )))
                 }
             };
-            println!("{}", json!({"purged": purged, "dead_list": dead.key()}));
+            say!("{}", json!({"purged": purged, "dead_list": dead.key()}));
             Ok(())
         }
     }

@@ -138,7 +138,7 @@ pub async fn demo(args: DemoArgs) -> Result<(), Failure> {
     tokio::select! {
         biased;
         signal = interrupted() => {
-            eprintln!("inferq demo: {signal}: stopping the processor, the simulator and Redis");
+            tell!("inferq demo: {signal}: stopping the processor, the simulator and Redis");
             Err(Failure {
                 code: EXIT_INTERRUPTED,
                 error: anyhow!("interrupted by {signal}"),
@@ -180,15 +180,15 @@ async fn run(args: DemoArgs, sim_config: SimConfig) -> Result<(), Failure> {
             .await
             .context("starting redis-server")??
     };
-    println!("inferq demo");
-    println!(
+    say!("inferq demo");
+    say!(
         "  redis      redis-server on 127.0.0.1:{}, AOF with appendfsync everysec, data in {}",
         redis.port(),
         data.path().display()
     );
 
     let sim = Sim::start(sim_config.clone(), ([127, 0, 0, 1], 0).into()).await?;
-    println!(
+    say!(
         "  simulator  {}: ttft {} ms + {} ms/token × {} tokens, jitter {}%, 5xx rate {}%, 429 rate {}%",
         sim.base_url(),
         sim_config.ttft_ms,
@@ -207,7 +207,7 @@ async fn run(args: DemoArgs, sim_config: SimConfig) -> Result<(), Failure> {
     let keys = RunKeys::new();
     let mut processor = Processor::spawn(&redis.url(), &sim.base_url(), &keys, &args, data.path())?;
     let ready_after = processor.wait_ready(&http).await?;
-    println!(
+    say!(
         "  processor  inferq run (pid {}), concurrency {}, ready after {:.2} s; health :{}, metrics :{}",
         processor.pid,
         args.concurrency,
@@ -220,11 +220,15 @@ async fn run(args: DemoArgs, sim_config: SimConfig) -> Result<(), Failure> {
         .await
         .context("cannot connect to Redis")?;
     let popper = producer.popper().await.context("cannot connect to Redis")?;
-    println!(
+    say!(
         "  load       {} requests, deadline +{} s, batches of {}; keys {} and {}",
-        args.requests, args.timeout_s, args.batch, keys.queue, keys.results
+        args.requests,
+        args.timeout_s,
+        args.batch,
+        keys.queue,
+        keys.results
     );
-    println!();
+    say!();
 
     let draw = if std::io::IsTerminal::is_terminal(&std::io::stderr()) {
         ProgressDrawTarget::stderr()
@@ -263,7 +267,7 @@ async fn run(args: DemoArgs, sim_config: SimConfig) -> Result<(), Failure> {
     };
     let verdict = summary.print(&book);
     if data.kept() {
-        println!(
+        say!(
             "data kept in {} (redis.log, processor.log, appendonlydir/)",
             data.path().display()
         );
@@ -466,11 +470,11 @@ impl Processor {
     fn print_log_tail(&self) {
         let text = std::fs::read_to_string(&self.log).unwrap_or_default();
         let lines: Vec<&str> = text.lines().collect();
-        eprintln!("--- last lines of {} ---", self.log.display());
+        tell!("--- last lines of {} ---", self.log.display());
         for line in &lines[lines.len().saturating_sub(20)..] {
-            eprintln!("{line}");
+            tell!("{line}");
         }
-        eprintln!("---");
+        tell!("---");
     }
 }
 
@@ -598,7 +602,7 @@ async fn submit_all(
                 Err(e) => {
                     out.refused += 1;
                     book.forget(id);
-                    bar.suspend(|| eprintln!("inferq demo: {id} refused: {e}"));
+                    bar.suspend(|| tell!("inferq demo: {id} refused: {e}"));
                 }
             }
         }
@@ -661,7 +665,7 @@ async fn collect(
                 return Err(Failure::from(anyhow!("reading results failed: {e}")))
             }
             Err(e) => {
-                bar.suspend(|| eprintln!("inferq demo: a result that does not parse: {e}"));
+                bar.suspend(|| tell!("inferq demo: a result that does not parse: {e}"));
                 out.strays += 1;
                 continue;
             }
@@ -761,9 +765,9 @@ impl Summary {
         let results = c.seen.len() as u64;
         // First submission to the last result (or to giving up on the missing ones).
         let wall = self.wall;
-        let row = |label: &str, value: String| println!("  {label:<24}{value}");
+        let row = |label: &str, value: String| say!("  {label:<24}{value}");
 
-        println!("summary");
+        say!("summary");
         row("requests", self.submitted.accepted.to_string());
         if self.submitted.refused > 0 {
             row("refused at submit", self.submitted.refused.to_string());
@@ -867,17 +871,17 @@ impl Summary {
                 Err(e) => format!("FAILED: {e:#}"),
             },
         );
-        println!();
+        say!();
 
         let missing = self.submitted.accepted.saturating_sub(results);
         if missing == 0 {
-            println!(
+            say!(
                 "no loss: {} submitted, {results} results, 0 missing",
                 self.submitted.accepted
             );
             return Ok(());
         }
-        println!(
+        say!(
             "LOSS: {} submitted, {results} results, {missing} missing",
             self.submitted.accepted
         );
@@ -888,7 +892,7 @@ impl Summary {
             .collect();
         absent.sort();
         for id in absent.iter().take(10) {
-            println!("  missing {id}");
+            say!("  missing {id}");
         }
         Err(Failure::from(anyhow!(
             "{missing} of {} requests have no result",

@@ -73,7 +73,11 @@ impl LogFormat {
 pub fn init(default_level: &str, format: LogFormat) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level));
+    // A log line that cannot be written (standard error closed: the reader of a pipe went away)
+    // is dropped. The subscriber would report it with eprintln!, whose panic would kill the
+    // task that logged, such as the one waiting for SIGTERM.
     let builder = tracing_subscriber::fmt()
+        .log_internal_errors(false)
         .with_env_filter(filter)
         .with_writer(std::io::stderr);
     let _ = match format {
@@ -90,11 +94,11 @@ pub fn init(default_level: &str, format: LogFormat) {
 /// Writes the error that ends the process as a log line of `format` (`inferq: …` for text).
 pub fn fatal(format: LogFormat, error: &str) {
     match format {
-        LogFormat::Text => eprintln!("inferq: {error}"),
+        LogFormat::Text => tell!("inferq: {error}"),
         LogFormat::Json(time) => {
             let line =
                 ZapJson { time }.line(&Level::ERROR, "inferq", None, error, &[], SystemTime::now());
-            eprintln!("{line}");
+            tell!("{line}");
         }
     }
 }

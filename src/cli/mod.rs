@@ -2,6 +2,23 @@
 //! file and calls into the library. Exit codes: 0 success, 2 bad input or configuration (the
 //! message names the field or line), 1 anything else.
 
+/// `println!` that does not panic when standard output is closed (a reader such as `head` went
+/// away): the line is dropped, as the reader no longer wants it.
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stdout(), $($arg)*);
+    }};
+}
+
+/// `eprintln!` that does not panic when standard error is closed.
+macro_rules! tell {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), $($arg)*);
+    }};
+}
+
 mod bench;
 mod chaos;
 mod dead_letter;

@@ -97,7 +97,7 @@ pub async fn results(args: ResultsArgs) -> Result<(), Failure> {
         }
     }
     if args.count > 0 && written < args.count {
-        eprintln!(
+        tell!(
             "inferq results: timed out after {written} of {} results",
             args.count
         );

@@ -96,10 +96,10 @@ fn read_input(args: &SubmitArgs) -> Result<Input, Failure> {
 pub async fn submit(args: SubmitArgs) -> Result<(), Failure> {
     let (requests, bad) = read_input(&args)?;
     for e in bad.iter().take(20) {
-        eprintln!("inferq submit: {e}");
+        tell!("inferq submit: {e}");
     }
     if bad.len() > 20 {
-        eprintln!("inferq submit: … and {} more bad lines", bad.len() - 20);
+        tell!("inferq submit: … and {} more bad lines", bad.len() - 20);
     }
     if !bad.is_empty() && !args.skip_invalid {
         return Err(Failure::bad_input(anyhow::anyhow!(
@@ -127,7 +127,7 @@ pub async fn submit(args: SubmitArgs) -> Result<(), Failure> {
                 bar.finish_and_clear();
                 let (first, last) = (lines.first().copied(), lines.last().copied());
                 let not_sent = pending.first().map(|(line, _)| *line);
-                println!(
+                say!(
                     "{}",
                     serde_json::json!({"submitted": submitted, "refused": refused + bad.len() as u64, "queue": producer.request_queue(), "in_doubt_lines": [first, last], "not_sent_from_line": not_sent})
                 );
@@ -149,14 +149,14 @@ pub async fn submit(args: SubmitArgs) -> Result<(), Failure> {
                 Ok(_) => submitted += 1,
                 Err(e) => {
                     refused += 1;
-                    bar.suspend(|| eprintln!("inferq submit: line {line}: {e}"));
+                    bar.suspend(|| tell!("inferq submit: line {line}: {e}"));
                 }
             }
             bar.inc(1);
         }
     }
     bar.finish_and_clear();
-    println!(
+    say!(
         "{}",
         serde_json::json!({"submitted": submitted, "refused": refused + bad.len() as u64, "queue": producer.request_queue()})
     );
@@ -191,7 +191,7 @@ pub async fn cancel(args: CancelArgs) -> Result<(), Failure> {
         } else {
             "no active generation"
         };
-        println!("{}", serde_json::json!({"id": id, "result": state}));
+        say!("{}", serde_json::json!({"id": id, "result": state}));
     }
     Ok(())
 }

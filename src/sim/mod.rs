@@ -233,7 +233,11 @@ pub async fn run_foreground(
     tls: &SimTls,
 ) -> Result<(), SimError> {
     let sim = Sim::start_tls(cfg, addr, tls).await?;
-    println!("inferq simulator listening on {}", sim.base_url());
+    // Not println!: a closed standard output must not stop the simulator.
+    let _ = std::io::Write::write_fmt(
+        &mut std::io::stdout(),
+        format_args!("inferq simulator listening on {}\n", sim.base_url()),
+    );
     let signalled = shutdown_signal().await;
     sim.stop().await;
     signalled

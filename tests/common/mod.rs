@@ -244,6 +244,9 @@ pub struct ProcessorOpts {
     pub transport_args: Option<Vec<String>>,
     /// Environment variables for the processor.
     pub env: Vec<(String, String)>,
+    /// Standard output and error are pipes whose reader is gone (as under `| head`), instead of
+    /// the log file.
+    pub closed_output: bool,
 }
 
 impl Default for ProcessorOpts {
@@ -263,6 +266,7 @@ impl Default for ProcessorOpts {
             poll_interval_ms: 50,
             transport_args: None,
             env: Vec::new(),
+            closed_output: false,
         }
     }
 }
@@ -351,11 +355,23 @@ impl Processor {
             ])
             .env("RUST_LOG", "info")
             .envs(opts.env.iter().map(|(k, v)| (k, v)))
-            .stdin(Stdio::null())
-            .stdout(log.reopen().unwrap())
-            .stderr(log.reopen().unwrap())
-            .spawn()
-            .unwrap();
+            .stdin(Stdio::null());
+        let child = if opts.closed_output {
+            let mut child = child
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap();
+            drop(child.stdout.take());
+            drop(child.stderr.take());
+            child
+        } else {
+            child
+                .stdout(log.reopen().unwrap())
+                .stderr(log.reopen().unwrap())
+                .spawn()
+                .unwrap()
+        };
         Processor {
             child: Some(child),
             health_port,
