@@ -266,17 +266,16 @@ impl DeadLetters {
         Ok(removed)
     }
 
-    /// Removes every entry at once (one transaction); returns how many there were.
+    /// Removes every entry at once (one script); returns how many there were.
     pub async fn purge_all(&self) -> Result<u64, QueueError> {
-        let (count, _): (u64, u64) = redis::pipe()
-            .atomic()
-            .cmd("LLEN")
-            .arg(&self.keys.dead)
-            .cmd("DEL")
-            .arg(&self.keys.dead)
-            .query_async(&mut self.con.clone())
-            .await?;
-        Ok(count)
+        let cmd = SCRIPTS.purge_dead.cmd(&[&self.keys.dead], &[] as &[&str]);
+        match SCRIPTS.purge_dead.run(&mut self.con.clone(), &cmd).await? {
+            Value::Int(n) => Ok(u64::try_from(n).unwrap_or(0)),
+            other => Err(QueueError::Reply {
+                script: "purgeDead",
+                detail: format!("{other:?}"),
+            }),
+        }
     }
 }
 
@@ -368,6 +367,42 @@ mod tests {
             .iter()
             .all(|r| r.starts_with("new-")));
         assert!(listed.iter().all(|l| l.record.is_err()));
+    }
+
+    /// `purge --all` is one script: under a user without MULTI (README's operator user) it
+    /// removes every record and counts them; under one that may not DEL it removes nothing.
+    /// Before, it was a MULTI transaction, which such a user was refused while the LLEN and DEL
+    /// queued behind it ran alone: an error, and the dead list gone anyway.
+    #[tokio::test]
+    async fn purge_all_is_all_or_nothing_whatever_the_user_may_run() {
+        let (server, mut con, _) = dead_list().await;
+        let as_user = |name: &str, rules: &[&str]| {
+            let mut args = vec!["SETUSER", name, "on", ">pw", "~*", "&*", "+@all"];
+            args.extend_from_slice(rules);
+            let args: Vec<String> = args.into_iter().map(str::to_owned).collect();
+            let url = format!("redis://{name}:pw@127.0.0.1:{}/", server.port());
+            (args, url)
+        };
+        for (name, rules, purged) in [
+            ("no-del", &["-del"][..], None),
+            ("no-multi", &["-multi", "-exec"][..], Some(2)),
+        ] {
+            let _: () = con.lpush("q:dead", &["r1", "r2"]).await.unwrap();
+            let (args, url) = as_user(name, rules);
+            let _: () = redis::cmd("ACL")
+                .arg(&args)
+                .query_async(&mut con)
+                .await
+                .unwrap();
+            let user = crate::queue::connect::manager(&redis::Client::open(url).unwrap())
+                .await
+                .unwrap();
+            let got = DeadLetters::new(user, "q").purge_all().await;
+            assert_eq!(got.as_ref().ok().copied(), purged, "{name}: {got:?}");
+            let left: u64 = con.llen("q:dead").await.unwrap();
+            assert_eq!(left, if purged.is_some() { 0 } else { 2 }, "{name}");
+            let _: () = con.del("q:dead").await.unwrap();
+        }
     }
 
     /// Purging each page after reading it (as `purge --older-than` and `requeue --all` do) moves

@@ -99,6 +99,7 @@ pub struct Scripts {
     pub cancel: Script,
     pub hand_back: Script,
     pub requeue: Script,
+    pub purge_dead: Script,
     pub hold_name: Script,
     pub drop_name: Script,
     pub admit: Script,
@@ -132,13 +133,14 @@ pub static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
     cancel: Script::new("cancel", &[], lua!("cancel-2")),
     hand_back: Script::new("handBack", &[], lua!("handBack-2")),
     requeue: Script::new("requeue", &[WRITABLE], lua!("requeue-4")),
+    purge_dead: Script::new("purgeDead", &[], lua!("purgeDead-1")),
     hold_name: Script::new("holdName", &[], lua!("holdName-1")),
     drop_name: Script::new("dropName", &[], lua!("dropName-1")),
     admit: Script::new("admit", &[NOW_MS, DEADLINE_OF, WRITABLE], lua!("admit-1")),
 });
 
 impl Scripts {
-    pub fn all(&self) -> [&Script; 13] {
+    pub fn all(&self) -> [&Script; 14] {
         [
             &self.take,
             &self.renew,
@@ -150,6 +152,7 @@ impl Scripts {
             &self.cancel,
             &self.hand_back,
             &self.requeue,
+            &self.purge_dead,
             &self.hold_name,
             &self.drop_name,
             &self.admit,
