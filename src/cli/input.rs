@@ -104,6 +104,13 @@ pub fn parse_line(
         (Some(d), None) if d <= now_s => {
             return Err(err(format!("deadline {d} is not in the future")))
         }
+        // A deadline more than 100 years out is a mistake, most likely milliseconds for
+        // seconds: it would never expire.
+        (Some(d), None) if d as f64 > now_s as f64 + MAX_TIMEOUT_S => {
+            return Err(err(format!(
+                "deadline {d} is more than 100 years away: it is in Unix seconds, not milliseconds"
+            )))
+        }
         (Some(d), None) => d,
         (None, t) => {
             let t = t.unwrap_or(default_timeout_s);
@@ -184,6 +191,10 @@ mod tests {
             (
                 r#"{"id":"a","payload":{},"deadline":5000,"timeout_s":3}"#,
                 "not both",
+            ),
+            (
+                r#"{"id":"a","payload":{},"deadline":4102444800000}"#,
+                "in Unix seconds, not milliseconds",
             ),
             (
                 r#"{"id":"a","payload":{},"timeout_s":0}"#,
