@@ -340,8 +340,8 @@ fn row(e: &Listed, members: bool) -> serde_json::Value {
 fn write_header(out: &mut impl Write) -> std::io::Result<()> {
     writeln!(
         out,
-        "{:<24} {:<24} {:>5}  {:<9} reason",
-        "id", "when", "deliv", "requeue?"
+        "{:<24} {:<24} {:>5} {:>9}  {:<9} reason",
+        "id", "when", "deliv", "bytes", "requeue?"
     )
 }
 
@@ -349,12 +349,18 @@ fn write_row(out: &mut impl Write, e: &Listed) -> std::io::Result<()> {
     match &e.record {
         Ok(r) => {
             let can = DeadLetters::revive(e, unix_ms()).is_ok();
+            let bytes = if r.member_bytes > 0 {
+                r.member_bytes
+            } else {
+                r.member.len()
+            };
             writeln!(
                 out,
-                "{:<24} {:<24} {:>5}  {:<9} {}",
+                "{:<24} {:<24} {:>5} {:>9}  {:<9} {}",
                 if r.id.is_empty() { "(no id)" } else { &r.id },
                 when(r.at_ms),
                 r.deliveries,
+                bytes,
                 if can { "yes" } else { "no" },
                 r.reason
             )

@@ -229,7 +229,16 @@ where
                  --redis.ss.queues-config or --redis.ss.queues-config-file)",
             ))
         }
-        Some(path) => parse_pools(&read("--pool-config-file", path)?, &mut warnings)?,
+        Some(path) => {
+            // Go ignores it too; a value other than the default says the user expected it.
+            if args.concurrency != 64 {
+                warnings.push(format!(
+                    "--concurrency {concurrency} is ignored: with --pool-config-file each pool's \
+                     `workers` sets its size"
+                ));
+            }
+            parse_pools(&read("--pool-config-file", path)?, &mut warnings)?
+        }
         None => default_pools(concurrency),
     };
     for (i, q) in transport.queues.iter().enumerate() {

@@ -545,6 +545,19 @@ fn legacy_queues_config_makes_the_queues() {
         Some(GateType::Constant)
     );
     assert_eq!(c.total_workers(), 5);
+    assert!(!c.warnings.iter().any(|w| w.contains("--concurrency")));
+    // --concurrency sizes only the implicit pool: given with a pool file, it is named as ignored.
+    let argv = legacy(&["--concurrency=16"]);
+    let refs: Vec<&str> = argv.iter().map(String::as_str).collect();
+    let c = load_ok(&refs);
+    assert_eq!(c.total_workers(), 5);
+    assert!(
+        c.warnings
+            .iter()
+            .any(|w| w.starts_with("--concurrency 16 is ignored")),
+        "{:?}",
+        c.warnings
+    );
 
     // Inline JSON wins over the file; the flags it makes moot are named.
     let argv = legacy(&[
