@@ -203,13 +203,20 @@ pub async fn run(opts: BenchOptions) -> Result<Report, BenchError> {
     let mut gateways = vec![Gateway::sim(&ctx.http, &dir, 0).await?];
     let node_js = dir.join("gateway.js");
     let node_ready = !opts.no_node && machine.node.is_some();
+    let no_node = if opts.no_node {
+        "--no-node given"
+    } else {
+        "node not found"
+    };
     if node_ready {
         std::fs::write(&node_js, bullmq::GATEWAY_JS)
             .map_err(|e| BenchError::setup("cannot write gateway.js", e))?;
         // The node gateway comes first: it is the one BullMQ is measured against.
         gateways.insert(0, Gateway::node(&ctx.http, &dir, &node_js).await?);
     } else {
-        say("node not found (or --no-node): the node gateway and BullMQ are skipped");
+        say(format!(
+            "{no_node}: the node gateway and BullMQ are skipped"
+        ));
     }
 
     let mut ceilings = Vec::new();
@@ -279,7 +286,7 @@ pub async fn run(opts: BenchOptions) -> Result<Report, BenchError> {
                 Err(reason)
             }
         },
-        _ => Err("node not found (or --no-node)".to_owned()),
+        _ => Err(no_node.to_owned()),
     };
     let bullmq = match (node, &bull) {
         (Some(node), Ok((bull_dir, script))) => {
@@ -292,7 +299,7 @@ pub async fn run(opts: BenchOptions) -> Result<Report, BenchError> {
 
     let split = match node {
         Some(node) => split_drains(&mut ctx, node, bull.as_ref().ok()).await?,
-        None => SplitSection::skipped("node not found (or --no-node)".to_owned()),
+        None => SplitSection::skipped(no_node.to_owned()),
     };
     drop(gateways);
 
