@@ -208,12 +208,41 @@ fn worker_threads(value: Option<std::ffi::OsString>) -> Result<Option<usize>, St
 }
 
 /// Parses the command line and runs the subcommand.
+/// For an argument clap did not expect right after a `--flag` without `=`: how to give it as
+/// that flag's value. A boolean flag takes its value only after `=` (`--zap-devel=false`), as
+/// Go's flags do, and a value that starts with `-` (`--drain-timeout=-1s`) needs it too.
+fn value_hint(e: &clap::Error, argv: &[String]) -> Option<String> {
+    use clap::error::{ContextKind, ContextValue, ErrorKind};
+    if e.kind() != ErrorKind::UnknownArgument {
+        return None;
+    }
+    let Some(ContextValue::String(bad)) = e.get(ContextKind::InvalidArg) else {
+        return None;
+    };
+    let at = argv
+        .iter()
+        .skip(1)
+        .position(|a| a.starts_with(bad.as_str()))?
+        + 1;
+    let flag = argv
+        .get(at - 1)
+        .filter(|f| f.starts_with("--") && !f.contains('='))?;
+    let value = argv.get(at).filter(|v| !v.starts_with("--"))?;
+    Some(format!(
+        "  tip: to give {flag} the value {value:?}, write {flag}={value}"
+    ))
+}
+
 pub fn main() -> ExitCode {
-    let cli = match Cli::try_parse() {
+    let argv: Vec<String> = std::env::args().collect();
+    let cli = match Cli::try_parse_from(&argv) {
         Ok(cli) => cli,
         Err(e) => {
             let code = if e.use_stderr() { EXIT_BAD_INPUT } else { 0 };
             let _ = e.print();
+            if let Some(hint) = value_hint(&e, &argv) {
+                tell!("{hint}");
+            }
             return ExitCode::from(code);
         }
     };
@@ -278,5 +307,40 @@ pub fn main() -> ExitCode {
             logs::fatal(format, &crate::gateway::error_chain(f.error.as_ref()));
             ExitCode::from(f.code)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser as _;
+
+    use super::{value_hint, Cli};
+
+    fn hint(args: &[&str]) -> Option<String> {
+        let argv: Vec<String> = std::iter::once("inferq")
+            .chain(args.iter().copied())
+            .map(str::to_owned)
+            .collect();
+        match Cli::try_parse_from(&argv) {
+            Ok(_) => None,
+            Err(e) => value_hint(&e, &argv),
+        }
+    }
+
+    /// A boolean's value or a negative value given as a separate word is refused by clap with
+    /// "unexpected argument"; the tip says how to write it.
+    #[test]
+    fn a_value_given_as_a_separate_word_gets_a_tip() {
+        assert_eq!(
+            hint(&["run", "--metrics-endpoint-auth", "false"]).as_deref(),
+            Some("  tip: to give --metrics-endpoint-auth the value \"false\", write --metrics-endpoint-auth=false")
+        );
+        assert_eq!(
+            hint(&["run", "--drain-timeout", "-1s"]).as_deref(),
+            Some("  tip: to give --drain-timeout the value \"-1s\", write --drain-timeout=-1s")
+        );
+        assert_eq!(hint(&["run", "--no-such-flag"]), None);
+        assert_eq!(hint(&["run", "--zap-devel", "--no-such-flag"]), None);
+        assert_eq!(hint(&["run", "--metrics-endpoint-auth=false"]), None);
     }
 }
