@@ -13,6 +13,8 @@ use anyhow::Context;
 use super::{Failure, RedisArgs};
 
 #[derive(Debug, clap::Args)]
+// Results are read from the result list alone: the request queue is not asked for.
+#[command(mut_arg("queue", |a| a.hide(true)))]
 pub struct ResultsArgs {
     #[command(flatten)]
     pub redis: RedisArgs,

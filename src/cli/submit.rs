@@ -30,6 +30,8 @@ pub struct SubmitArgs {
 }
 
 #[derive(Debug, clap::Args)]
+// A cancel marker is per id, whatever the queue: neither queue is asked for.
+#[command(mut_arg("queue", |a| a.hide(true)), mut_arg("result_queue", |a| a.hide(true)))]
 pub struct CancelArgs {
     #[command(flatten)]
     pub redis: RedisArgs,
