@@ -118,9 +118,7 @@ async fn over_quota_head_does_not_block_the_queue() {
         ("alice-2", "alice", 31),
         ("bob-1", "bob", 32),
     ] {
-        let mut r = request(id, secs, "{}");
-        r.metadata.insert("userid".into(), user.into());
-        producer.submit(r).await.unwrap();
+        producer.submit(of_user(id, secs, user)).await.unwrap();
     }
     gw.wait_seen("bob-1", Duration::from_secs(5)).await;
     assert_eq!(gw.seen("bob-1").len(), 1, "bob is not stuck behind alice");
@@ -160,9 +158,10 @@ async fn refused_head_is_asked_once_per_poll_interval() {
     let p = Processor::start(&redis, &gw, &opts).await;
     let producer = producer(&redis, Q).await;
     for i in 0..6 {
-        let mut r = request(&format!("alice-{i}"), 60 + i, "{}");
-        r.metadata.insert("userid".into(), "alice".into());
-        producer.submit(r).await.unwrap();
+        producer
+            .submit(of_user(&format!("alice-{i}"), 60 + i, "alice"))
+            .await
+            .unwrap();
     }
     gw.wait_seen("alice-0", Duration::from_secs(5)).await;
     let series = r#"llm_d_async_async_gate_decisions_total{pool_name="default",queue_id="request-sortedset",queue_name="request-sortedset",reason="quota_exhausted"}"#;
@@ -177,9 +176,7 @@ async fn refused_head_is_asked_once_per_poll_interval() {
         refusals > 0.0 && refusals <= 5.0 * (ticks + 3.0),
         "{refusals} refusals of 5 requests in {ticks:.1} poll intervals"
     );
-    let mut bob = request("bob-1", 90, "{}");
-    bob.metadata.insert("userid".into(), "bob".into());
-    producer.submit(bob).await.unwrap();
+    producer.submit(of_user("bob-1", 90, "bob")).await.unwrap();
     gw.wait_seen("bob-1", Duration::from_secs(5)).await;
     assert_eq!(gw.seen("bob-1").len(), 1, "bob is not stuck behind alice");
     assert!(
@@ -205,21 +202,28 @@ async fn a_deep_refused_head_does_not_hide_the_requests_behind_it() {
     };
     let _p = Processor::start(&redis, &gw, &opts).await;
     let producer = producer(&redis, Q).await;
-    let mut alice = request("alice-0", 60, "{}");
-    alice.metadata.insert("userid".into(), "alice".into());
-    producer.submit(alice).await.unwrap();
+    producer
+        .submit(of_user("alice-0", 60, "alice"))
+        .await
+        .unwrap();
     gw.wait_seen("alice-0", Duration::from_secs(5)).await;
     for i in 1..45 {
-        let mut r = request(&format!("alice-{i}"), 60 + i, "{}");
-        r.metadata.insert("userid".into(), "alice".into());
-        producer.submit(r).await.unwrap();
+        producer
+            .submit(of_user(&format!("alice-{i}"), 60 + i, "alice"))
+            .await
+            .unwrap();
     }
-    let mut bob = request("bob-1", 200, "{}");
-    bob.metadata.insert("userid".into(), "bob".into());
-    producer.submit(bob).await.unwrap();
+    producer.submit(of_user("bob-1", 200, "bob")).await.unwrap();
     gw.wait_seen("bob-1", Duration::from_secs(5)).await;
     assert_eq!(gw.seen("bob-1").len(), 1, "bob is stuck behind alice");
     assert!(gw.seen("alice-1").is_empty(), "alice still waits");
+}
+
+/// A request of `user` (its `userid` metadata), due in `secs`.
+fn of_user(id: &str, secs: i64, user: &str) -> inferq::wire::NewRequest {
+    let mut r = request(id, secs, "{}");
+    r.metadata.insert("userid".into(), user.into());
+    r
 }
 
 /// The queue fields of a blocking `redis-quota` queue gate: one request per user at a time.

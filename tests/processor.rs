@@ -960,6 +960,23 @@ async fn tier_priority_sends_the_interactive_queue_first_and_stamps_its_bucket()
     );
 }
 
+/// `opts` with a `gcs_uri_multipart` transform for provider `openai` (`--transform-config-file`),
+/// and the file, which must live as long as the processor.
+fn with_gcs_transform(mut opts: ProcessorOpts) -> (tempfile::NamedTempFile, ProcessorOpts) {
+    let transforms = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(
+        transforms.path(),
+        r#"{"requestTransforms":[{"name":"audio","type":"gcs_uri_multipart",
+            "parameters":{"providers":["openai"]}}]}"#,
+    )
+    .unwrap();
+    opts.extra_args.push(format!(
+        "--transform-config-file={}",
+        transforms.path().display()
+    ));
+    (transforms, opts)
+}
+
 /// `--transform-config-file` with a `gcs_uri_multipart` transform: a request of its provider
 /// naming a signed GCS URL reaches the gateway as multipart/form-data (field `url` first), a
 /// request of another provider is sent as it is, and one whose URL expires before its deadline
@@ -968,20 +985,7 @@ async fn tier_priority_sends_the_interactive_queue_first_and_stamps_its_bucket()
 async fn a_gcs_uri_multipart_transform_rewrites_only_its_providers_requests() {
     let redis = RedisServer::start().unwrap();
     let gateway = Gateway::start().await;
-    let transforms = tempfile::NamedTempFile::new().unwrap();
-    std::fs::write(
-        transforms.path(),
-        r#"{"requestTransforms":[{"name":"audio","type":"gcs_uri_multipart",
-            "parameters":{"providers":["openai"]}}]}"#,
-    )
-    .unwrap();
-    let opts = ProcessorOpts {
-        extra_args: vec![format!(
-            "--transform-config-file={}",
-            transforms.path().display()
-        )],
-        ..ProcessorOpts::default()
-    };
+    let (_transforms, opts) = with_gcs_transform(ProcessorOpts::default());
     let _p = Processor::start(&redis, &gateway, &opts).await;
     let signed = |expires: i64| format!("https://storage.googleapis.com/b/a.wav?Expires={expires}");
     let far = inferq::queue::producer::unix_ms() / 1000 + 3600;
@@ -1044,21 +1048,10 @@ async fn a_gcs_uri_multipart_transform_rewrites_only_its_providers_requests() {
 async fn a_deadline_that_passed_in_the_pool_wins_over_a_failing_transform() {
     let redis = RedisServer::start().unwrap();
     let gateway = Gateway::start().await;
-    let transforms = tempfile::NamedTempFile::new().unwrap();
-    std::fs::write(
-        transforms.path(),
-        r#"{"requestTransforms":[{"name":"audio","type":"gcs_uri_multipart",
-            "parameters":{"providers":["openai"]}}]}"#,
-    )
-    .unwrap();
-    let opts = ProcessorOpts {
+    let (_transforms, opts) = with_gcs_transform(ProcessorOpts {
         concurrency: 1,
-        extra_args: vec![format!(
-            "--transform-config-file={}",
-            transforms.path().display()
-        )],
         ..ProcessorOpts::default()
-    };
+    });
     let _p = Processor::start(&redis, &gateway, &opts).await;
     let producer = producer(&redis, &opts.queue).await;
     // The one worker is busy for 4 s.

@@ -1464,6 +1464,23 @@ async fn unheard_results_keep_the_newest_hundred_thousand() {
     assert_eq!(oldest, "older-1", "the oldest one was dropped");
 }
 
+/// The rig's queue publishing its results (redis-pubsub), as a new ACL user `name` (password
+/// `pw`, every key) with these `rules`.
+async fn publishing_as(r: &mut Rig, name: &str, rules: &[&str]) -> Queue {
+    let mut args = vec!["SETUSER", name, "on", ">pw", "~*"];
+    args.extend_from_slice(rules);
+    let _: () = redis::cmd("ACL")
+        .arg(&args)
+        .query_async(&mut r.con)
+        .await
+        .unwrap();
+    let url = format!("redis://{name}:pw@127.0.0.1:{}/", r.server.port());
+    let con = connect::manager(&redis::Client::open(url).unwrap())
+        .await
+        .unwrap();
+    Queue::new(con, Q, *r.queue.settings()).publishing_results()
+}
+
 /// Under an ACL rule written before the unheard-results trim (everything but `LTRIM`), a finish
 /// that keeps an unheard result still makes every other move of its batch: the trim is best
 /// effort, and a park in the same call is not lost.
@@ -1471,18 +1488,7 @@ async fn unheard_results_keep_the_newest_hundred_thousand() {
 async fn a_rule_without_ltrim_loses_no_move() {
     let mut r = rig(30_000, 5).await;
     let held = submit_and_claim(&r, &["unheard", "parked"]).await;
-    let _: () = redis::cmd("ACL")
-        .arg(&[
-            "SETUSER", "old-rule", "on", ">pw", "~*", "&*", "+@all", "-ltrim",
-        ])
-        .query_async(&mut r.con)
-        .await
-        .unwrap();
-    let url = format!("redis://old-rule:pw@127.0.0.1:{}/", r.server.port());
-    let con = connect::manager(&redis::Client::open(url).unwrap())
-        .await
-        .unwrap();
-    let queue = Queue::new(con, Q, *r.queue.settings()).publishing_results();
+    let queue = publishing_as(&mut r, "old-rule", &["&*", "+@all", "-ltrim"]).await;
     let unheard = ResultMessage::http("unheard", 200, b"{}");
     let statuses = queue
         .finish(&[ack(&held[0], &unheard), park_of(&held[1])])
@@ -1503,25 +1509,7 @@ async fn a_rule_without_ltrim_loses_no_move() {
 async fn a_refused_publish_moves_nothing_of_its_item() {
     let mut r = rig(30_000, 5).await;
     let held = submit_and_claim(&r, &["refused", "parked"]).await;
-    let _: () = redis::cmd("ACL")
-        .arg(&[
-            "SETUSER",
-            "no-channel",
-            "on",
-            ">pw",
-            "~*",
-            "resetchannels",
-            "&other",
-            "+@all",
-        ])
-        .query_async(&mut r.con)
-        .await
-        .unwrap();
-    let url = format!("redis://no-channel:pw@127.0.0.1:{}/", r.server.port());
-    let con = connect::manager(&redis::Client::open(url).unwrap())
-        .await
-        .unwrap();
-    let queue = Queue::new(con, Q, *r.queue.settings()).publishing_results();
+    let queue = publishing_as(&mut r, "no-channel", &["resetchannels", "&other", "+@all"]).await;
     let result = ResultMessage::http("refused", 200, b"{}");
     let statuses = queue
         .finish(&[ack(&held[0], &result), park_of(&held[1])])
