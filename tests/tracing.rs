@@ -407,6 +407,16 @@ async fn spans_of_one_request(receiver: &Receiver, env: &[(&str, String)]) -> (V
     (spans, p.log())
 }
 
+/// The spans of a served request reached the collector: its `process-request` and the attempt's
+/// `http-request`.
+fn assert_request_spans(spans: &[Got], log: &str) {
+    let names: Vec<&str> = spans.iter().map(|s| s.name.as_str()).collect();
+    assert!(
+        names.contains(&"process-request") && names.contains(&"http-request"),
+        "{names:?}\n{log}"
+    );
+}
+
 /// An `https://` collector with a private CA: trusted through `OTEL_EXPORTER_OTLP_CERTIFICATE`,
 /// or because the system certificate store holds the CA (`SSL_CERT_FILE`, as Go's exporter trusts
 /// the system pool), and refused otherwise (the machine's store and the bundled public roots do
@@ -431,11 +441,7 @@ async fn an_https_collector_is_trusted_through_the_certificate_variable() {
         ],
     )
     .await;
-    let names: Vec<&str> = spans.iter().map(|s| s.name.as_str()).collect();
-    assert!(
-        names.contains(&"process-request") && names.contains(&"http-request"),
-        "{names:?}\n{log}"
-    );
+    assert_request_spans(&spans, &log);
 
     receiver.spans.lock().unwrap().clear();
     let (spans, log) = spans_of_one_request(
@@ -486,11 +492,7 @@ async fn a_collector_asking_for_a_client_certificate_gets_the_variables_one() {
         ],
     )
     .await;
-    let names: Vec<&str> = spans.iter().map(|s| s.name.as_str()).collect();
-    assert!(
-        names.contains(&"process-request") && names.contains(&"http-request"),
-        "{names:?}\n{log}"
-    );
+    assert_request_spans(&spans, &log);
 
     receiver.spans.lock().unwrap().clear();
     let (spans, log) = spans_of_one_request(
