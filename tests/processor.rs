@@ -1102,6 +1102,44 @@ async fn a_closed_log_pipe_neither_kills_the_processor_nor_deafens_it() {
     assert_eq!(p.wait_exit(Duration::from_secs(15)).await, Some(0));
 }
 
+/// Rule 10 when Redis refuses the dead list: a member that is not a request, which Redis will not
+/// let the processor set aside (here the dead list holds another type; an ACL without it is the
+/// same refusal), stays pending and is passed over, so the request behind it is served, while
+/// `/readyz` names the dead list. Once the dead list is mended the member is set aside and the
+/// processor is ready again. Before, every poll failed on it and the queue stopped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bad_member_redis_will_not_set_aside_does_not_stop_the_queue() {
+    let redis = RedisServer::start().unwrap();
+    let gateway = Gateway::start().await;
+    let mut con = con(&redis).await;
+    let _: () = con.set("request-sortedset:dead", "x").await.unwrap();
+    let _: () = con
+        .zadd("request-sortedset", "not a request", 0)
+        .await
+        .unwrap();
+    let p = Processor::spawn(&redis, &gateway, &ProcessorOpts::default());
+    producer(&redis, "request-sortedset")
+        .await
+        .submit(request("behind", 60, "{}"))
+        .await
+        .unwrap();
+    let got = wait_results(&mut con, 1, Duration::from_secs(10)).await;
+    assert_eq!(got[0].id, "behind", "{got:?}; log:\n{}", p.log());
+    let readyz = format!("http://127.0.0.1:{}/readyz", p.health_port);
+    let answer = reqwest::get(&readyz).await.unwrap();
+    assert_eq!(answer.status(), 503);
+    let body = answer.text().await.unwrap();
+    assert!(
+        body.contains("dead list") && body.contains("WRONGTYPE"),
+        "{body}"
+    );
+
+    let _: () = con.del("request-sortedset:dead").await.unwrap();
+    p.wait_ready().await;
+    let dead: u64 = con.llen("request-sortedset:dead").await.unwrap();
+    assert_eq!(dead, 1, "the bad member is set aside");
+}
+
 /// A head of requests on their last chance (one delivery short of the dead list) while this
 /// instance already runs one: they wait for its slot, and neither hide the fresh requests
 /// behind them nor spin the consumer. Before, each poll peeked the same held-back head, claimed

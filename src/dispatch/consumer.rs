@@ -265,7 +265,18 @@ async fn poll_once(
             let env = match Envelope::decode(&member) {
                 Ok(env) => stamp(ctx, env),
                 Err(e) => {
-                    dead_letter(ctx, &member, &e.to_string()).await?;
+                    // Dead-lettered; one Redis refuses to set aside (the dead list outside
+                    // the ACL, or of the wrong type) stays pending and is passed over until
+                    // the next tick, so it does not stop the queue behind it (rule 10).
+                    let key = claim_key("", "", &member);
+                    let passed_over = away.is_recent(&key, now) || {
+                        let refused = !set_aside(ctx, &member, &e.to_string()).await?;
+                        if refused {
+                            away.note(key, now + interval);
+                        }
+                        refused
+                    };
+                    turned_away += usize::from(passed_over);
                     continue;
                 }
             };
@@ -519,6 +530,34 @@ async fn last_chance_slots(
     *candidates = kept;
     *admissions = kept_admissions;
     Ok(out)
+}
+
+/// What `/readyz` names while Redis refuses to set this queue's bad members aside.
+fn dead_letters_of(ctx: &QueueCtx) -> String {
+    format!("the dead list of queue {:?}", ctx.queue.name())
+}
+
+/// [`dead_letter`], and whether it was done: `false` when Redis refuses it (a dead list outside
+/// this user's rights or of the wrong type), which `/readyz` then names until a bad member is
+/// set aside again. An outage is an error, as for any poll.
+async fn set_aside(ctx: &QueueCtx, member: &[u8], reason: &str) -> Result<bool, QueueError> {
+    match dead_letter(ctx, member, reason).await {
+        Ok(()) => {
+            ctx.readiness.note(&dead_letters_of(ctx), None);
+            Ok(true)
+        }
+        Err(e) => match e.redis_refusal() {
+            Some(refused) => {
+                tracing::warn!(queue = %ctx.queue.name(), error = %refused, "Redis refuses to dead-letter a member that is not a valid request; it stays pending and the queue behind it goes on");
+                ctx.readiness.note(
+                    &dead_letters_of(ctx),
+                    Some(Trouble::Refused(refused.to_string())),
+                );
+                Ok(false)
+            }
+            None => Err(e),
+        },
+    }
 }
 
 /// pending -> dead for a member that cannot be a request. When Redis will not take its
