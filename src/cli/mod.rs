@@ -219,14 +219,13 @@ fn value_hint(e: &clap::Error, argv: &[String]) -> Option<String> {
     let Some(ContextValue::String(bad)) = e.get(ContextKind::InvalidArg) else {
         return None;
     };
-    let at = argv
-        .iter()
-        .skip(1)
-        .position(|a| a.starts_with(bad.as_str()))?
-        + 1;
-    let flag = argv
-        .get(at - 1)
-        .filter(|f| f.starts_with("--") && !f.contains('='))?;
+    // The word clap names (`-1` of `-1s`) right after a `--flag` without `=`.
+    let at = (1..argv.len()).find(|&i| {
+        argv[i].starts_with(bad.as_str())
+            && argv[i - 1].starts_with("--")
+            && !argv[i - 1].contains('=')
+    })?;
+    let flag = &argv[at - 1];
     let value = argv.get(at).filter(|v| !v.starts_with("--"))?;
     Some(format!(
         "  tip: to give {flag} the value {value:?}, write {flag}={value}"
@@ -234,8 +233,10 @@ fn value_hint(e: &clap::Error, argv: &[String]) -> Option<String> {
 }
 
 pub fn main() -> ExitCode {
-    let argv: Vec<String> = std::env::args().collect();
-    let cli = match Cli::try_parse_from(&argv) {
+    let argv: Vec<String> = std::env::args_os()
+        .map(|a| a.to_string_lossy().into_owned())
+        .collect();
+    let cli = match Cli::try_parse_from(std::env::args_os()) {
         Ok(cli) => cli,
         Err(e) => {
             let code = if e.use_stderr() { EXIT_BAD_INPUT } else { 0 };

@@ -237,7 +237,7 @@ async fn poll_once(
     away: &mut TurnedAway,
     interval: Duration,
 ) -> Result<Polled, QueueError> {
-    let page = if ctx.gate.is_some() {
+    let mut page = if ctx.gate.is_some() {
         (want * GATED_LOOKAHEAD).min(1000)
     } else {
         want
@@ -302,6 +302,8 @@ async fn poll_once(
         if !full || turned_away == 0 {
             break;
         }
+        // A long head of them is crossed in few round trips.
+        page = page.max((page * 2).min(1000));
     }
     if seen == 0 {
         return Ok(Polled {

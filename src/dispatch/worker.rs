@@ -183,8 +183,11 @@ pub async fn work(job: Job, env: Arc<WorkerEnv>) {
         ctx.series.requests.get().inc();
     }
     // Go's validation when a worker takes a request up, in Go's order: a deadline that passed
-    // while the request waited for a worker ends it before its transforms and the pool gate.
-    if job.held.envelope.request.deadline.saturating_mul(1000) <= unix_ms() {
+    // while the request waited for a worker ends it before its transforms and the pool gate
+    // (a cancelled request, or one whose claim was lost, is left to the abort below).
+    if job.ticket.reason().is_none()
+        && job.held.envelope.request.deadline.saturating_mul(1000) <= unix_ms()
+    {
         return expired(job);
     }
     // Ends (is exported) when this function returns, however it returns.

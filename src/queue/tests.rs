@@ -1211,23 +1211,28 @@ async fn promote_scans_past_other_queues_go_retries() {
 #[tokio::test]
 async fn a_delivery_count_that_is_not_a_number_does_not_strand_the_claim() {
     let mut r = rig(200, 5).await;
-    let held = submit_and_claim(&r, &["a"]).await;
-    let _: () = r
-        .con
-        .hset("q:deliveries", &held[0].fence.key, "x")
-        .await
-        .unwrap();
-    tokio::time::sleep(Duration::from_millis(400)).await;
-    let reclaimed = r.queue.reclaim(10).await.unwrap();
-    assert_eq!(reclaimed.requeued, 1, "{reclaimed:?}");
-    assert_eq!(zcard(&mut r.con, Q).await, 1);
-    assert_eq!(hlen(&mut r.con, "q:claimed").await, 0);
-    let count: Option<String> = r
-        .con
-        .hget("q:deliveries", &held[0].fence.key)
-        .await
-        .unwrap();
-    assert_eq!(count.as_deref(), Some("1"));
+    // Not numbers, and numbers Lua reads that no count can be (they would never reach the
+    // limit, and the consumer reads counts as whole numbers).
+    for (i, garbage) in ["x", "nan", "-inf", "-3"].into_iter().enumerate() {
+        let id = format!("a{i}");
+        let held = submit_and_claim(&r, &[&id]).await;
+        let _: () = r
+            .con
+            .hset("q:deliveries", &held[0].fence.key, garbage)
+            .await
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        let reclaimed = r.queue.reclaim(10).await.unwrap();
+        assert_eq!(reclaimed.requeued, 1, "{garbage}: {reclaimed:?}");
+        assert_eq!(hlen(&mut r.con, "q:claimed").await, 0);
+        let count: Option<String> = r
+            .con
+            .hget("q:deliveries", &held[0].fence.key)
+            .await
+            .unwrap();
+        assert_eq!(count.as_deref(), Some("1"), "{garbage}");
+        let _: () = r.con.del(Q).await.unwrap();
+    }
 }
 
 /// A member whose deadline cjson reads as NaN (`"deadline":nan`, or the string "nan") is
@@ -1537,6 +1542,57 @@ async fn a_refused_publish_moves_nothing_of_its_item() {
     assert_eq!(statuses, [Finished::Published]);
     assert_eq!(results(&mut r.con).await, [result], "unheard, so kept");
     assert_eq!(hlen(&mut r.con, "q:claimed").await, 0);
+}
+
+/// While Redis refuses writes (here too few replicas; a failed background save or a read-only
+/// replica alike), a pub/sub finish publishes nothing: the refusal comes at the script's first
+/// write, which now precedes the first PUBLISH. Before, every try published its results and
+/// then failed, and the outbox's retries published them again: a subscriber heard 14 messages
+/// for 2 results. Once writes are taken again, each result is heard once.
+#[tokio::test]
+async fn a_refused_write_publishes_nothing() {
+    use futures::StreamExt as _;
+    let mut r = rig(30_000, 5).await;
+    let held = submit_and_claim(&r, &["a", "b"]).await;
+    let queue = Queue::new(r.con.clone(), Q, *r.queue.settings()).publishing_results();
+    let mut sub = redis::Client::open(r.server.url())
+        .unwrap()
+        .get_async_pubsub()
+        .await
+        .unwrap();
+    sub.subscribe(RESULTS).await.unwrap();
+    let batch = [
+        ack(&held[0], &ResultMessage::http("a", 200, b"{}")),
+        ack(&held[1], &ResultMessage::http("b", 200, b"{}")),
+    ];
+    let replicas = |n: u32| {
+        let mut cmd = redis::cmd("CONFIG");
+        cmd.arg("SET").arg("min-replicas-to-write").arg(n);
+        cmd
+    };
+    let _: () = replicas(1).query_async(&mut r.con).await.unwrap();
+    for _ in 0..3 {
+        let statuses = queue.finish(&batch).await.unwrap();
+        assert!(
+            statuses
+                .iter()
+                .all(|s| matches!(s, Finished::Failed(e) if e.contains("NOREPLICAS"))),
+            "{statuses:?}"
+        );
+    }
+    let _: () = replicas(0).query_async(&mut r.con).await.unwrap();
+    assert_eq!(
+        queue.finish(&batch).await.unwrap(),
+        [Finished::Published, Finished::Published]
+    );
+    let mut heard = Vec::new();
+    let mut messages = sub.on_message();
+    while let Ok(Some(msg)) =
+        tokio::time::timeout(Duration::from_millis(500), messages.next()).await
+    {
+        heard.push(msg.get_payload::<String>().unwrap());
+    }
+    assert_eq!(heard.len(), 2, "{heard:?}");
 }
 
 /// Puts Redis out of memory (noeviction, `maxmemory` 1 byte): a plain write is refused `OOM`.

@@ -39,8 +39,8 @@
   Output: { status per item }: 1 moved; 0 not yours (already done, taken over, or repeated);
     -2 refused: its result list holds another type than a list (nothing of it was moved);
     or, for a result to PUBLISH, the text of Redis's refusal of the PUBLISH (an ACL user without
-    the channel; nothing of it was moved). Results are PUBLISHed before any write, each of an
-    item that moves, so a refusal leaves its item where it was.
+    the channel; nothing of it was moved). Results are PUBLISHed before any write that changes
+    something, each of an item that moves, so a refusal leaves its item where it was.
     A queue key of the wrong type is an error before anything is written.
 ]]
 local W = 8
@@ -71,6 +71,7 @@ if refused then
   return refused
 end
 local unwritable = {}
+local publishing = false
 for i = 1, n do
   local b = (i - 1) * W
   local kind = ARGV[b + 1]
@@ -79,7 +80,15 @@ for i = 1, n do
     if unwritable[listAt] == nil then
       unwritable[listAt] = not writable(KEYS[math.abs(listAt)], 'list')
     end
+    publishing = publishing or listAt < 0
   end
+end
+-- Redis decides at a script's first write whether it takes writes at all (a read-only replica,
+-- a failed background save, too few replicas). PUBLISH is no write, so before the first result
+-- goes out, a write that changes nothing asks: a refusal then fails the call before anything was
+-- published, instead of after, when the call would be retried and publish again.
+if publishing then
+  redis.call('ZREM', KEYS[3], '')
 end
 
 -- Releases need the member and its original score.

@@ -53,10 +53,14 @@ for _, ck in ipairs(expired) do
     -- memory, and once a script has written, Redis lets its later writes through, so reclaim
     -- works while Redis is out of memory (the move does not grow it).
     redis.call('ZREM', KEYS[3], ck)
-    -- Counted with HGET and HSET, not HINCRBY: a count that is not an integer (written by
-    -- hand or by another program) counts as 0 instead of failing here, after the ZREM, which
-    -- would leave the claim with no lease for any reclaim to find.
-    local deliveries = math.floor(tonumber(redis.call('HGET', KEYS[5], ck)) or 0) + 1
+    -- Counted with HGET and HSET, not HINCRBY: a count that is not a whole number from 0 to
+    -- 2^53 (written by hand or by another program; nan, inf) counts as 0 instead of failing
+    -- here, after the ZREM, which would leave the claim with no lease for any reclaim to find.
+    local counted = tonumber(redis.call('HGET', KEYS[5], ck))
+    if not counted or counted ~= counted or counted < 0 or counted >= 2 ^ 53 then
+      counted = 0
+    end
+    local deliveries = math.floor(counted) + 1
     redis.call('HSET', KEYS[5], ck, deliveries)
     local deadline = deadlineOf(member)
     local reason = nil
