@@ -103,16 +103,7 @@ async fn over_quota_head_does_not_block_the_queue() {
     let gw = Gateway::start().await;
     // alice holds her one slot long enough that bob's dispatch falls inside it on a loaded
     // machine too.
-    gw.script(
-        "alice-1",
-        vec![Reply::ok("{}").after(Duration::from_secs(4))],
-    );
-    let opts = ProcessorOpts {
-        extra_queue_fields: one_request_per_user(&redis),
-        ..ProcessorOpts::default()
-    };
-    let _p = Processor::start(&redis, &gw, &opts).await;
-    let producer = producer(&redis, Q).await;
+    let (_p, producer) = one_per_user(&redis, &gw, ("alice-1", 4), 50).await;
     for (id, user, secs) in [
         ("alice-1", "alice", 30),
         ("alice-2", "alice", 31),
@@ -146,17 +137,7 @@ async fn refused_head_is_asked_once_per_poll_interval() {
     let redis = RedisServer::start().unwrap();
     let gw = Gateway::start().await;
     // alice's first request holds her one slot for the whole test.
-    gw.script(
-        "alice-0",
-        vec![Reply::ok("{}").after(Duration::from_secs(30))],
-    );
-    let opts = ProcessorOpts {
-        extra_queue_fields: one_request_per_user(&redis),
-        poll_interval_ms: 250,
-        ..ProcessorOpts::default()
-    };
-    let p = Processor::start(&redis, &gw, &opts).await;
-    let producer = producer(&redis, Q).await;
+    let (p, producer) = one_per_user(&redis, &gw, ("alice-0", 30), 250).await;
     for i in 0..6 {
         producer
             .submit(of_user(&format!("alice-{i}"), 60 + i, "alice"))
@@ -192,16 +173,7 @@ async fn refused_head_is_asked_once_per_poll_interval() {
 async fn a_deep_refused_head_does_not_hide_the_requests_behind_it() {
     let redis = RedisServer::start().unwrap();
     let gw = Gateway::start().await;
-    gw.script(
-        "alice-0",
-        vec![Reply::ok("{}").after(Duration::from_secs(30))],
-    );
-    let opts = ProcessorOpts {
-        extra_queue_fields: one_request_per_user(&redis),
-        ..ProcessorOpts::default()
-    };
-    let _p = Processor::start(&redis, &gw, &opts).await;
-    let producer = producer(&redis, Q).await;
+    let (_p, producer) = one_per_user(&redis, &gw, ("alice-0", 30), 50).await;
     producer
         .submit(of_user("alice-0", 60, "alice"))
         .await
@@ -224,6 +196,28 @@ fn of_user(id: &str, secs: i64, user: &str) -> inferq::wire::NewRequest {
     let mut r = request(id, secs, "{}");
     r.metadata.insert("userid".into(), user.into());
     r
+}
+
+/// A processor whose queue gate lets each user run one request at a time, polling every
+/// `poll_ms`, and a producer; the gateway answers `held.0` only after `held.1` seconds, so that
+/// request holds its user's slot meanwhile.
+async fn one_per_user(
+    redis: &RedisServer,
+    gw: &Gateway,
+    held: (&str, u64),
+    poll_ms: u64,
+) -> (Processor, inferq::queue::producer::Producer) {
+    gw.script(
+        held.0,
+        vec![Reply::ok("{}").after(Duration::from_secs(held.1))],
+    );
+    let opts = ProcessorOpts {
+        extra_queue_fields: one_request_per_user(redis),
+        poll_interval_ms: poll_ms,
+        ..ProcessorOpts::default()
+    };
+    let p = Processor::start(redis, gw, &opts).await;
+    (p, producer(redis, Q).await)
 }
 
 /// The queue fields of a blocking `redis-quota` queue gate: one request per user at a time.

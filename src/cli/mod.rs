@@ -233,15 +233,17 @@ fn value_hint(e: &clap::Error, argv: &[String]) -> Option<String> {
 }
 
 pub fn main() -> ExitCode {
-    let argv: Vec<String> = std::env::args_os()
-        .map(|a| a.to_string_lossy().into_owned())
-        .collect();
-    let cli = match Cli::try_parse_from(std::env::args_os()) {
+    let argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    let cli = match Cli::try_parse_from(&argv) {
         Ok(cli) => cli,
         Err(e) => {
             let code = if e.use_stderr() { EXIT_BAD_INPUT } else { 0 };
             let _ = e.print();
-            if let Some(hint) = value_hint(&e, &argv) {
+            let words: Vec<String> = argv
+                .iter()
+                .map(|a| a.to_string_lossy().into_owned())
+                .collect();
+            if let Some(hint) = value_hint(&e, &words) {
                 tell!("{hint}");
             }
             return ExitCode::from(code);
