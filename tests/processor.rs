@@ -628,28 +628,54 @@ async fn lost_renewal_aborts_the_in_flight_request() {
     assert!(p.metrics().await.contains("inferq_renewals_total{outcome=\"lost\",pool_name=\"default\",queue_id=\"request-sortedset\",queue_name=\"request-sortedset\"} 1"));
 }
 
-/// An endpoint that cannot be joined to the gateway URL (an invalid `%` escape) is a terminal
-/// INFERENCE_ERROR with Go's client-error text, and nothing is sent.
+/// A request that cannot be made into an HTTP request is a terminal INFERENCE_ERROR with Go's
+/// client-error text, and nothing is sent: an endpoint that cannot be joined to the gateway URL
+/// (an invalid `%` escape), and a message header whose value is not legal HTTP (Go's client
+/// refuses it at send time; sending the request without it would drop what the producer asked
+/// for, a tenant or an authorisation). A good request beside them is served.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn unjoinable_endpoint_is_an_inference_error() {
+async fn unsendable_requests_are_inference_errors_and_nothing_is_sent() {
     let redis = RedisServer::start().unwrap();
     let gw = Gateway::start().await;
     let _p = Processor::start(&redis, &gw, &ProcessorOpts::default()).await;
-    let mut req = request("badurl", 60, "{}");
-    req.endpoint = "/v1/%zz".to_owned();
-    producer(&redis, Q).await.submit(req).await.unwrap();
+    let producer = producer(&redis, Q).await;
+    let mut bad_url = request("badurl", 60, "{}");
+    bad_url.endpoint = "/v1/%zz".to_owned();
+    let mut bad_header = request("badheader", 60, "{}");
+    bad_header.headers = [
+        ("x-ok".to_owned(), "1".to_owned()),
+        ("x-tenant".to_owned(), "acme\r\nx-admin: 1".to_owned()),
+    ]
+    .into();
+    for req in [bad_url, bad_header, request("good", 60, "{}")] {
+        producer.submit(req).await.unwrap();
+    }
     let mut con = con(&redis).await;
-    let got = wait_results(&mut con, 1, Duration::from_secs(10)).await;
-    assert_eq!(got.len(), 1);
-    assert_eq!(got[0].error_code, "INFERENCE_ERROR");
-    assert!(
-        got[0]
-            .error_message
-            .starts_with("Failed to send request to inference: INVALID_REQ: failed to create request (caused by: "),
-        "{}",
-        got[0].error_message
-    );
-    assert!(gw.seen("badurl").is_empty());
+    let got = wait_results(&mut con, 3, Duration::from_secs(10)).await;
+    let of = |id: &str| {
+        got.iter()
+            .find(|r| r.id == id)
+            .unwrap_or_else(|| panic!("no result for {id}: {got:?}"))
+    };
+    assert_eq!(of("good").status_code, 200, "{:?}", of("good"));
+    for (id, text) in [
+        ("badurl", "INVALID_REQ: failed to create request (caused by: "),
+        (
+            "badheader",
+            "UNKNOWN: failed to send request (caused by: the value of message header \"x-tenant\" is not a legal HTTP header value)",
+        ),
+    ] {
+        let r = of(id);
+        assert_eq!(r.error_code, "INFERENCE_ERROR", "{r:?}");
+        assert!(
+            r.error_message
+                .starts_with(&format!("Failed to send request to inference: {text}")),
+            "{}",
+            r.error_message
+        );
+        assert!(gw.seen(id).is_empty(), "{id} reached the gateway");
+    }
+    assert!(!got.iter().any(|r| r.error_message.contains("acme")));
 }
 
 /// The value of the `inferq_wakeups_total` series of `source` (0 when absent).

@@ -195,6 +195,24 @@ fn unknown_field_is_named_with_its_path() {
 }
 
 #[test]
+fn an_objective_that_is_no_header_value_is_refused() {
+    let text = MINIMAL.replace(
+        r#""igw_base_url""#,
+        r#""inference_objective":"batch\u0000","igw_base_url""#,
+    );
+    let err = load_err(&[SS, &inline(&text)]);
+    assert!(
+        err.starts_with("invalid config: queues[0].inference_objective: not a legal HTTP header"),
+        "{err}"
+    );
+    let text = MINIMAL.replace(
+        r#""igw_base_url""#,
+        r#""inference_objective":"batch-é","igw_base_url""#,
+    );
+    load_ok(&[SS, &inline(&text)]);
+}
+
+#[test]
 fn redis_url_falls_back_to_env_only_when_empty() {
     let env = |k: &str| (k == "REDIS_URL").then(|| "redis://env:6379".to_owned());
     let args = parse(&[SS, &inline(MINIMAL)]).unwrap();
@@ -289,6 +307,12 @@ fn legacy_errors_name_the_legacy_flag() {
         "--redis.ss.igw-base-url=http://gw"
     ])
     .starts_with("invalid config: --redis.url: scheme must be"));
+    assert!(
+        with("--redis.ss.inference-objective=batch\r\nx-admin: 1").starts_with(
+            "invalid config: --redis.ss.inference-objective: not a legal HTTP header value"
+        ),
+        "an objective every request would carry as a header"
+    );
     let pools = file(r#"[{"id":"default","workers":1}]"#);
     assert_eq!(
         with(&format!("--pool-config-file={}", path(&pools))),

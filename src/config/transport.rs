@@ -360,6 +360,17 @@ fn resolve_queue(
         .ok_or_else(|| ConfigError::invalid(at("igw_base_url"), "required"))?;
     check_http_url(&igw_base_url)
         .map_err(|reason| ConfigError::invalid(at("igw_base_url"), reason))?;
+    let inference_objective = non_empty(q.inference_objective);
+    if let Some(objective) = &inference_objective {
+        // Sent as a header on every request: Go's client would refuse each one at send time.
+        if reqwest::header::HeaderValue::from_str(objective).is_err() {
+            return Err(ConfigError::invalid(
+                at("inference_objective"),
+                "not a legal HTTP header value (it is sent as x-gateway-inference-objective): \
+                 control characters such as a line break are not allowed",
+            ));
+        }
+    }
     let gate = parse_gate(
         q.gate_type.as_deref(),
         q.gate_params.as_ref(),
@@ -371,7 +382,7 @@ fn resolve_queue(
         id: non_empty(q.id).unwrap_or_else(|| queue_name.clone()),
         result_queue_name: non_empty(q.result_queue_name),
         worker_pool_id: non_empty(q.worker_pool_id).unwrap_or_else(|| DEFAULT_POOL_ID.to_owned()),
-        inference_objective: non_empty(q.inference_objective),
+        inference_objective,
         request_path_url: non_empty(q.request_path_url)
             .unwrap_or_else(|| DEFAULT_REQUEST_PATH.to_owned()),
         igw_base_url,

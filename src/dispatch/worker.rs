@@ -251,17 +251,21 @@ pub async fn work(job: Job, env: Arc<WorkerEnv>) {
     let target = match target {
         Ok(target) => target,
         Err(e) => {
-            ctx.series.failed.get().inc();
-            let id = request.id.clone();
-            let error = ClientError::new(ErrorCategory::InvalidReq, "failed to create request")
-                .with_cause(e);
-            if let Some(span) = &span {
-                span.fatal(&error);
-            }
-            let msg = error.inference_error_message();
-            return job.publish(ResultMessage::error(&id, ErrorCode::InferenceError, &msg));
+            let error = ClientError::new(ErrorCategory::InvalidReq, "failed to create request");
+            return unsendable(job, span.as_ref(), error.with_cause(e));
         }
     };
+    // A header Go's client refuses at send time fails the request as it does in Go, but before
+    // anything is sent, instead of sending it without a header its producer asked for.
+    if let Err(e) = gateway::check_message_headers(
+        request
+            .headers
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str())),
+    ) {
+        let error = ClientError::new(ErrorCategory::Unknown, "failed to send request");
+        return unsendable(job, span.as_ref(), error.with_cause(e));
+    }
     // A transform that handles the request gives the body and its content type.
     let transformed = match env.transforms.apply(&request.payload, &request.metadata) {
         Ok(t) => t,
@@ -393,6 +397,19 @@ fn expired(job: Job) {
     job.ctx.series.exceeded.get().inc();
     let id = job.held.envelope.request.id.clone();
     job.publish(ResultMessage::deadline_exceeded(&id));
+}
+
+/// Ends a request that cannot be made into an HTTP request (its endpoint does not join into a
+/// URL, or a message header is not legal HTTP): Go's `INFERENCE_ERROR` result for a request it
+/// failed to create or to send, counted as failed.
+fn unsendable(job: Job, span: Option<&RequestSpan>, error: ClientError) {
+    job.ctx.series.failed.get().inc();
+    let id = job.held.envelope.request.id.clone();
+    if let Some(span) = span {
+        span.fatal(&error);
+    }
+    let msg = error.inference_error_message();
+    job.publish(ResultMessage::error(&id, ErrorCode::InferenceError, &msg));
 }
 
 /// Ends a request the transforms refused: Go's `INVALID_REQUEST` result, counted as failed.

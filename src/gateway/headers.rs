@@ -13,10 +13,12 @@
 //! 5. inferq's own `x-inferq-request-id: <id>` (last, so a message cannot forge it; the simulator
 //!    counts executions by it).
 //!
-//! Where Go would fail the whole request at send time, inferq skips the offending header with a
-//! warning and sends the rest: a message header whose name or value is not legal HTTP, and the
-//! framing headers Go's transport ignores anyway (`Host`, `Content-Length`, `Transfer-Encoding`,
-//! `Trailer`), which hyper would otherwise honour and corrupt the request with. Header names are
+//! A message header whose name or value is not legal HTTP fails the request before anything is
+//! sent, as in Go (whose client refuses it at send time): the worker asks
+//! [`check_message_headers`] first and answers with an error result naming the header, rather
+//! than sending the request without a header its producer asked for. The framing headers Go's
+//! transport ignores (`Host`, `Content-Length`, `Transfer-Encoding`, `Trailer`) are skipped with a
+//! warning, since hyper would otherwise honour them and corrupt the request. Header names are
 //! case-insensitive (stored lower-case), as after Go's `Header.Set` canonicalisation.
 
 use reqwest::header::{HeaderMap, HeaderName, HeaderValue, CONTENT_TYPE};
@@ -53,10 +55,7 @@ where
         set_or_warn(&mut headers, OBJECTIVE_HEADER, objective, "objective");
     }
     for (name, value) in message_headers {
-        if FRAMING_HEADERS
-            .iter()
-            .any(|framing| framing.eq_ignore_ascii_case(name))
-        {
+        if is_framing(name) {
             tracing::warn!(
                 header = name,
                 "message header ignored: framing headers are set by the HTTP client"
@@ -73,6 +72,37 @@ where
     }
     set_or_warn(&mut headers, REQUEST_ID_HEADER, request_id, "request id");
     headers
+}
+
+/// The first of a message's headers that cannot be sent, described for its error result: a name
+/// or a value that is not legal HTTP (a line break in a value, a space in a name). Framing headers
+/// are not checked: they are never sent.
+pub fn check_message_headers<'a, I>(message_headers: I) -> Result<(), String>
+where
+    I: IntoIterator<Item = (&'a str, &'a str)>,
+{
+    for (name, value) in message_headers {
+        if is_framing(name) {
+            continue;
+        }
+        if HeaderName::from_bytes(name.as_bytes()).is_err() {
+            return Err(format!(
+                "message header {name:?} is not a legal HTTP header name"
+            ));
+        }
+        if HeaderValue::from_str(value).is_err() {
+            return Err(format!(
+                "the value of message header {name:?} is not a legal HTTP header value"
+            ));
+        }
+    }
+    Ok(())
+}
+
+fn is_framing(name: &str) -> bool {
+    FRAMING_HEADERS
+        .iter()
+        .any(|framing| framing.eq_ignore_ascii_case(name))
 }
 
 /// Sets `name: value`, replacing every existing header of that name (in any letter case).
@@ -170,6 +200,31 @@ mod tests {
         assert_eq!(
             get(&h, "x-llm-d-inference-fairness-id"),
             Some(exactly.as_str())
+        );
+    }
+
+    #[test]
+    fn a_message_header_that_cannot_be_sent_is_named() {
+        assert_eq!(
+            check_message_headers([("x-ok", "fine"), ("Host", "bad\nhost")]),
+            Ok(()),
+            "framing headers are never sent, so never checked"
+        );
+        assert_eq!(
+            check_message_headers([("x-ok", "fine"), ("bad name", "x")]),
+            Err("message header \"bad name\" is not a legal HTTP header name".to_owned())
+        );
+        let refused = check_message_headers([("authorization", "Bearer s3cret\r\nx: 1")]);
+        assert_eq!(
+            refused,
+            Err(
+                "the value of message header \"authorization\" is not a legal HTTP header value"
+                    .to_owned()
+            ),
+        );
+        assert!(
+            !refused.unwrap_err().contains("s3cret"),
+            "the value, maybe a secret, is not repeated"
         );
     }
 

@@ -56,7 +56,8 @@ use std::path::PathBuf;
 pub use backoff::{exp_backoff, parse_retry_after, retry_decision, RetryDecision};
 pub use client::{parse_target, Attempt, GatewayClient, Target, DEFAULT_BODY_LIMIT};
 pub use headers::{
-    build_headers, stamp_header, DROPPED_REASON_HEADER, OBJECTIVE_HEADER, REQUEST_ID_HEADER,
+    build_headers, check_message_headers, stamp_header, DROPPED_REASON_HEADER, OBJECTIVE_HEADER,
+    REQUEST_ID_HEADER,
 };
 pub use outcome::{ClientError, ErrorCategory, Outcome, RetryReason};
 pub use tls::GatewayTls;
