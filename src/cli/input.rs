@@ -4,7 +4,7 @@
 //! - OpenAI Batch input: `{"custom_id", "method": "POST", "url", "body"}` → id, endpoint, payload
 //!
 //! The payload (or body) is kept as the exact bytes of the line. A bad line is an error that
-//! names its line number and what is wrong.
+//! names its line number and what is wrong (a header that could not be sent among them).
 
 use std::collections::BTreeMap;
 
@@ -125,13 +125,17 @@ pub fn parse_line(
             now_s.saturating_add(t.ceil() as i64)
         }
     };
+    let headers = line.headers.unwrap_or_default();
+    // Such a request would only end in an INFERENCE_ERROR naming the header: say so now.
+    crate::gateway::check_message_headers(headers.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+        .map_err(|e| err(format!("headers: {e}")))?;
     Ok(NewRequest {
         id,
         created: now_s,
         deadline,
         payload,
         metadata: line.metadata.unwrap_or_default(),
-        headers: line.headers.unwrap_or_default(),
+        headers,
         endpoint,
     })
 }
@@ -209,6 +213,10 @@ mod tests {
                 "only POST",
             ),
             (r#"{"custom_id":"a","url":"/v1/x"}"#, "has no body"),
+            (
+                r#"{"id":"a","payload":{},"headers":{"x-tenant":"a\nb"}}"#,
+                "line 7: headers: the value of message header \"x-tenant\" is not a legal",
+            ),
         ];
         for (text, want) in cases {
             let e = parse_line(7, text, 1000, 3600.0).unwrap_err().to_string();
