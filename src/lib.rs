@@ -14,8 +14,8 @@
 //! - [`roots`]: the certificate authorities trusted by default on every outgoing TLS connection
 //!   (gateway, `rediss://`, OTLP collector): the system store plus the bundled Mozilla roots.
 //! - [`queue`]: Redis keys, the Lua scripts that make every move of the contract atomic
-//!   (admit, claim, renew, ack, park, promote, release, reclaim, dead-letter), and the producer side
-//!   (submit, cancel, results).
+//!   (admit, claim, renew, ack, park, promote, release, reclaim, dead-letter), the producer side
+//!   (submit, cancel, results), and the operator's reads and moves (census, dead letters).
 //! - [`config`]: the Go transport-config JSON, pool and merge-policy files, and flags, validated
 //!   into settings; a bad field is a clear error that names it.
 //! - [`dispatch`]: the processor: the pub/sub ingress, per-queue consumers, merge into worker

@@ -119,6 +119,43 @@ async fn acl_rules_cover_submit_processing_cancel_dead_letters_and_results() {
     );
 }
 
+/// `inferq status` under README's operator advice: the processor user with `+zcount +hlen
+/// +llen` added counts the queue with nothing refused; the processor user alone is refused and
+/// the command says by what, exiting 1.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_runs_as_the_processor_user_with_the_readme_additions() {
+    let (redis, mut admin) = acl_redis().await;
+    let processor_url = url("inferq-processor", PROCESSOR_PW, redis.port());
+    let _: () = admin.zadd(Q, "a member", 1).await.unwrap();
+    let env = [("REDIS_URL", processor_url.as_str())];
+    let status = || {
+        cli(
+            &["status", "--json", "--result-queue", "result-list"],
+            &env,
+            "",
+        )
+    };
+
+    let refused = status();
+    assert_eq!(refused.status.code(), Some(1), "{}", text(&refused));
+    assert!(text(&refused).contains("NOPERM"), "{}", text(&refused));
+
+    acl(
+        &mut admin,
+        &["SETUSER", "inferq-processor", "+zcount", "+hlen", "+llen"],
+    )
+    .await;
+    acl(&mut admin, &["LOG", "RESET"]).await;
+    let out = status();
+    assert!(out.status.success(), "{}", text(&out));
+    let line: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        (line["pending"].as_u64(), line["overdue"].as_u64()),
+        (Some(1), Some(1))
+    );
+    assert_eq!(acl_denials(&mut admin).await, Vec::<String>::new());
+}
+
 /// Under README's redis-pubsub processor user: requests published on the channel are admitted,
 /// served (one after a 503, so parked and promoted), a message that is not a request is
 /// dead-lettered, results are published on the result channel, and one published while nobody

@@ -27,6 +27,7 @@ mod input;
 mod logs;
 mod results;
 mod run;
+mod status;
 mod submit;
 
 use std::process::ExitCode;
@@ -66,11 +67,14 @@ enum Command {
     /// Break things on purpose (kill and freeze processors, restart Redis, cut connections,
     /// fail the gateway) under load, then check every request has exactly one result.
     Chaos(chaos::ChaosArgs),
-    /// Benchmark (issue 5): drains, open-loop latency, Redis commands per request, CPU and
+    /// Benchmark: drains, open-loop latency, Redis commands per request, CPU and
     /// memory, redelivery after kill -9, and BullMQ on the same Redis when installed.
     Bench(bench::BenchArgs),
     /// List, requeue or purge a queue's dead-lettered requests.
     DeadLetter(dead_letter::DeadLetterArgs),
+    /// Count where a queue's requests are: pending, claimed, parked, dead, and those needing
+    /// attention (overdue, leases run out, retries due, delivered again).
+    Status(status::StatusArgs),
 }
 
 #[derive(Debug, clap::Args)]
@@ -301,6 +305,7 @@ pub fn main() -> ExitCode {
             Command::Chaos(args) => chaos::chaos(args).await,
             Command::Bench(args) => bench::bench(args).await,
             Command::DeadLetter(args) => dead_letter::dead_letter(args).await,
+            Command::Status(args) => status::status(args).await,
         }
     });
     match outcome {

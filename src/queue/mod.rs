@@ -11,7 +11,10 @@
 //!   dead ──requeue (operator; a new generation)──▶ pending
 //!   channel (redis-pubsub) ──admit (once per message)──▶ pending
 //! ```
+//!
+//! The census ([`census`]) reads how many requests are in each place, moving none.
 
+pub mod census;
 pub mod connect;
 pub mod dead;
 pub mod dead_letters;

@@ -103,6 +103,7 @@ pub struct Scripts {
     pub hold_name: Script,
     pub drop_name: Script,
     pub admit: Script,
+    pub census: Script,
 }
 
 /// The scripts, built once.
@@ -137,10 +138,12 @@ pub static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
     hold_name: Script::new("holdName", &[], lua!("holdName-1")),
     drop_name: Script::new("dropName", &[], lua!("dropName-1")),
     admit: Script::new("admit", &[NOW_MS, DEADLINE_OF, WRITABLE], lua!("admit-1")),
+    // No includes: its first line must be its `#!lua` flags.
+    census: Script::new("census", &[], lua!("census-7")),
 });
 
 impl Scripts {
-    pub fn all(&self) -> [&Script; 14] {
+    pub fn all(&self) -> [&Script; 15] {
         [
             &self.take,
             &self.renew,
@@ -156,6 +159,7 @@ impl Scripts {
             &self.hold_name,
             &self.drop_name,
             &self.admit,
+            &self.census,
         ]
     }
 
