@@ -143,7 +143,9 @@ pub static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
 });
 
 impl Scripts {
-    pub fn all(&self) -> [&Script; 15] {
+    /// The processor's scripts (loaded at its start). The census is left out: only
+    /// `inferq status` runs it, and its `#!lua` flags line needs Redis 7.
+    pub fn all(&self) -> [&Script; 14] {
         [
             &self.take,
             &self.renew,
@@ -159,7 +161,6 @@ impl Scripts {
             &self.hold_name,
             &self.drop_name,
             &self.admit,
-            &self.census,
         ]
     }
 
