@@ -255,8 +255,14 @@ pub async fn work(job: Job, env: Arc<WorkerEnv>) {
             return unsendable(job, span.as_ref(), error.with_cause(e));
         }
     };
-    // A header Go's client refuses at send time fails the request as it does in Go, but before
-    // anything is sent, instead of sending it without a header its producer asked for.
+    // A transform that handles the request gives the body and its content type.
+    let transformed = match env.transforms.apply(&request.payload, &request.metadata) {
+        Ok(t) => t,
+        Err(e) => return invalid(job, &format!("Failed to transform request body: {e}")),
+    };
+    // A header Go's client refuses at send time fails the request after the transforms, as in
+    // Go, but before anything is sent, instead of sending it without a header its producer
+    // asked for.
     if let Err(e) = gateway::check_message_headers(
         request
             .headers
@@ -266,11 +272,6 @@ pub async fn work(job: Job, env: Arc<WorkerEnv>) {
         let error = ClientError::new(ErrorCategory::Unknown, "failed to send request");
         return unsendable(job, span.as_ref(), error.with_cause(e));
     }
-    // A transform that handles the request gives the body and its content type.
-    let transformed = match env.transforms.apply(&request.payload, &request.metadata) {
-        Ok(t) => t,
-        Err(e) => return invalid(job, &format!("Failed to transform request body: {e}")),
-    };
     // One claim, one attempt: the payload's bytes become the HTTP body as they are, without a
     // copy (a retry is a new claim that decodes the member again).
     let (body, content_type) = match transformed {
