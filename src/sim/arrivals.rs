@@ -3,10 +3,13 @@
 //! `GET /arrivals` (`{"id": [t1, t2, ...]}`, oldest first) or [`super::Sim::arrivals`].
 //! Benchmarks read them to measure enqueue→dispatch latency and how soon a killed processor's
 //! requests run again. `GET /arrivals?prefix=P` returns only ids starting with `P`.
+//!
+//! At most `--remember-ids` ids are kept (spread over the shards); past that the id seen first
+//! is forgotten, so a simulator serving for days stays bounded in memory.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::hash::{BuildHasher, RandomState};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 /// Shards of the map, so concurrent handlers rarely meet on one lock.
@@ -16,15 +19,21 @@ const SHARDS: usize = 32;
 #[derive(Debug)]
 pub struct Arrivals {
     hasher: RandomState,
-    shards: Vec<Mutex<HashMap<String, Vec<u64>>>>,
+    shards: Vec<Mutex<Shard>>,
+    /// Ids one shard keeps before it forgets its oldest.
+    per_shard: usize,
+}
+
+/// One shard's ids, with the order they were first seen in, to forget the oldest.
+#[derive(Debug, Default)]
+struct Shard {
+    times: HashMap<Arc<str>, Vec<u64>>,
+    order: VecDeque<Arc<str>>,
 }
 
 impl Default for Arrivals {
     fn default() -> Self {
-        Self {
-            hasher: RandomState::new(),
-            shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
-        }
+        Self::new(super::config::DEFAULT_REMEMBER_IDS)
     }
 }
 
@@ -36,36 +45,56 @@ pub fn unix_us() -> u64 {
 }
 
 impl Arrivals {
-    /// Records that `id` reached the run stage now.
-    pub fn record(&self, id: &str) {
-        self.record_at(id, unix_us());
+    /// Keeps the times of about `limit` ids (at least one per shard).
+    pub fn new(limit: usize) -> Self {
+        Self {
+            hasher: RandomState::new(),
+            shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
+            per_shard: limit.div_ceil(SHARDS).max(1),
+        }
     }
 
-    fn record_at(&self, id: &str, at_us: u64) {
+    /// Records that `id` reached the run stage now. True when an older id was forgotten to
+    /// make room for it.
+    pub fn record(&self, id: &str) -> bool {
+        self.record_at(id, unix_us())
+    }
+
+    fn record_at(&self, id: &str, at_us: u64) -> bool {
         let shard = &self.shards[self.hasher.hash_one(id) as usize % SHARDS];
         // A poisoned shard only means a panic elsewhere mid-insert; the times are still usable.
-        let mut map = shard
+        let mut shard = shard
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner());
-        match map.get_mut(id) {
-            Some(times) => times.push(at_us),
-            None => {
-                map.insert(id.to_owned(), vec![at_us]);
-            }
+        if let Some(times) = shard.times.get_mut(id) {
+            times.push(at_us);
+            return false;
         }
+        let id: Arc<str> = Arc::from(id);
+        shard.times.insert(id.clone(), vec![at_us]);
+        shard.order.push_back(id);
+        if shard.order.len() <= self.per_shard {
+            return false;
+        }
+        if let Some(oldest) = shard.order.pop_front() {
+            shard.times.remove(&oldest);
+        }
+        true
     }
 
     /// Copies the times of every id starting with `prefix` ("" for all).
     pub fn snapshot(&self, prefix: &str) -> HashMap<String, Vec<u64>> {
         let mut all = HashMap::new();
         for shard in &self.shards {
-            let map = shard
+            let shard = shard
                 .lock()
                 .unwrap_or_else(|poisoned| poisoned.into_inner());
             all.extend(
-                map.iter()
+                shard
+                    .times
+                    .iter()
                     .filter(|(id, _)| id.starts_with(prefix))
-                    .map(|(id, times)| (id.clone(), times.clone())),
+                    .map(|(id, times)| (id.to_string(), times.clone())),
             );
         }
         all
@@ -77,12 +106,14 @@ impl Arrivals {
     pub fn counts(&self) -> HashMap<String, u64> {
         let mut all = HashMap::new();
         for shard in &self.shards {
-            let map = shard
+            let shard = shard
                 .lock()
                 .unwrap_or_else(|poisoned| poisoned.into_inner());
             all.extend(
-                map.iter()
-                    .map(|(id, times)| (id.clone(), times.len() as u64)),
+                shard
+                    .times
+                    .iter()
+                    .map(|(id, times)| (id.to_string(), times.len() as u64)),
             );
         }
         all
@@ -120,6 +151,25 @@ mod tests {
         let only_a = arrivals.snapshot("a-");
         assert_eq!(only_a.len(), 1);
         assert!(only_a.contains_key("a-1"));
+    }
+
+    #[test]
+    fn the_ids_seen_first_are_forgotten_past_the_limit() {
+        let arrivals = Arrivals::new(SHARDS * 2);
+        let mut forgotten = 0;
+        for i in 0..SHARDS * 50 {
+            let id = format!("id-{i}");
+            forgotten += usize::from(arrivals.record(&id));
+            // Seen again: its times grow, nothing is forgotten for it.
+            assert!(!arrivals.record(&id));
+        }
+        let kept = arrivals.counts();
+        assert_eq!(kept.len() + forgotten, SHARDS * 50);
+        assert!(kept.len() <= SHARDS * 2, "{} kept", kept.len());
+        assert!(kept.values().all(|&n| n == 2));
+        // The newest id of each shard is kept; the very first is long gone.
+        assert!(kept.contains_key(&format!("id-{}", SHARDS * 50 - 1)));
+        assert!(!kept.contains_key("id-0"));
     }
 
     #[test]

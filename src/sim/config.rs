@@ -19,6 +19,8 @@ pub const DEFAULT_MAX_TOKENS_CAP: u64 = 256;
 pub const DEFAULT_RETRY_AFTER_S: u64 = 1;
 /// Default `--slow-ms`.
 pub const DEFAULT_SLOW_MS: u64 = 1000;
+/// Default `--remember-ids`.
+pub const DEFAULT_REMEMBER_IDS: usize = 1_000_000;
 
 /// How the simulated gateway behaves. Every field is a `--long-flag`; the defaults answer every
 /// request successfully in about 36 ms, so a demo of 1,000 requests at concurrency 64 takes well
@@ -95,6 +97,12 @@ pub struct SimConfig {
     /// Probability in [0, 1] that an admitted request is answered 400 as if it were invalid.
     #[arg(long, default_value_t = 0.0)]
     pub bad_request_rate: f64,
+
+    /// Request ids whose execution times are kept for `/executions` and `/arrivals`; past
+    /// this, the ids seen first are forgotten (counted as `forgotten_ids` in `/stats`), so a
+    /// long-running simulator stays bounded in memory (about 100 bytes an id).
+    #[arg(long, default_value_t = DEFAULT_REMEMBER_IDS)]
+    pub remember_ids: usize,
 }
 
 impl Default for SimConfig {
@@ -116,6 +124,7 @@ impl Default for SimConfig {
             hang_rate: 0.0,
             reset_rate: 0.0,
             bad_request_rate: 0.0,
+            remember_ids: DEFAULT_REMEMBER_IDS,
         }
     }
 }
@@ -147,6 +156,9 @@ impl SimConfig {
         }
         if self.max_tokens_cap == 0 {
             return Err(invalid("max-tokens-cap", "must be at least 1".into()));
+        }
+        if self.remember_ids == 0 {
+            return Err(invalid("remember-ids", "must be at least 1".into()));
         }
         if self.capacity > tokio::sync::Semaphore::MAX_PERMITS {
             return Err(invalid(

@@ -50,6 +50,8 @@ pub struct Stats {
     pub hanging: AtomicU64,
     /// High-water mark of `running`.
     pub max_running_seen: AtomicU64,
+    /// Ids whose execution times were forgotten past `--remember-ids`.
+    pub forgotten_ids: AtomicU64,
 }
 
 /// A point-in-time copy of the simulator's counters and gauges, as served by `GET /stats`.
@@ -88,6 +90,10 @@ pub struct SimStats {
     pub hanging: u64,
     /// Most requests ever running at once.
     pub max_running_seen: u64,
+    /// Ids forgotten past `--remember-ids`: `/executions` and `/arrivals` no longer name them.
+    /// (Absent from an older simulator's `/stats`: read as 0.)
+    #[serde(default)]
+    pub forgotten_ids: u64,
 }
 
 impl Stats {
@@ -109,6 +115,7 @@ impl Stats {
             waiting: self.waiting.load(Relaxed),
             hanging: self.hanging.load(Relaxed),
             max_running_seen: self.max_running_seen.load(Relaxed),
+            forgotten_ids: self.forgotten_ids.load(Relaxed),
         }
     }
 

@@ -65,7 +65,7 @@ impl SimState {
             retry_after: HeaderValue::from(cfg.retry_after_s),
             shutdown,
             stats: Stats::default(),
-            arrivals: Arrivals::default(),
+            arrivals: Arrivals::new(cfg.remember_ids),
             cfg,
         }
     }
@@ -162,7 +162,9 @@ async fn complete(
     let _running = Gauge::enter(&stats.running, Some(&stats.max_running_seen));
     stats.executed.fetch_add(1, Relaxed);
     if let Some(id) = headers.get(REQUEST_ID_HEADER).and_then(|v| v.to_str().ok()) {
-        state.arrivals.record(id);
+        if state.arrivals.record(id) {
+            stats.forgotten_ids.fetch_add(1, Relaxed);
+        }
     }
 
     match faults.draw() {

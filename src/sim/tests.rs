@@ -819,3 +819,27 @@ async fn arrivals_are_served_per_id_with_a_prefix_filter() {
     assert_eq!(sim.arrivals("").len(), 2);
     sim.stop().await;
 }
+
+/// A simulator serving for days keeps the execution times of at most `--remember-ids` ids: the
+/// ids seen first are forgotten, and `/stats` says how many, so a reader of `/executions`
+/// knows it no longer names every id.
+#[tokio::test]
+async fn only_the_newest_ids_are_remembered() {
+    let sim = start(SimConfig {
+        remember_ids: 64,
+        ..SimConfig::instant()
+    })
+    .await;
+    let c = client();
+    for i in 0..300 {
+        assert_eq!(post(&c, &sim, Some(&format!("r-{i}"))).await.status(), 200);
+    }
+    let executions = get_json(&c, format!("{}/executions", sim.base_url())).await;
+    let kept = executions.as_object().unwrap().len() as u64;
+    assert!(kept <= 64, "{kept} ids kept");
+    assert_eq!(executions["r-299"], 1, "the newest id is kept");
+    let stats = get_json(&c, format!("{}/stats", sim.base_url())).await;
+    assert_eq!(stats["forgotten_ids"].as_u64(), Some(300 - kept));
+    assert_eq!(stats["executed"], 300, "counted, though forgotten");
+    sim.stop().await;
+}
