@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use common::*;
 use inferq::testkit::RedisServer;
 use redis::aio::MultiplexedConnection;
+use redis::AsyncCommands;
 
 /// `/readyz`'s status code and body.
 async fn readyz(p: &Processor) -> (u16, String) {
@@ -178,4 +179,45 @@ async fn maxclients_reached_at_start_up_is_named_and_waited_out() {
     config_set(&mut admin, "maxclients", "10000").await;
     p.wait_ready().await;
     served_once_each(&redis, &opts.queue, &["a".to_owned()], &p).await;
+}
+
+/// An evicting `maxmemory-policy` is warned about at start-up, before "inferq ready" (before:
+/// not a word, and under allkeys-lru a full Redis deletes queues and results), and keys that
+/// Redis then evicts are an error naming how many.
+#[tokio::test]
+async fn an_evicting_policy_is_warned_about_and_evictions_reported() {
+    let redis =
+        RedisServer::start_with_args(vec!["--maxmemory-policy".into(), "allkeys-lru".into()])
+            .unwrap();
+    let gateway = Gateway::start().await;
+    let p = Processor::start(&redis, &gateway, &ProcessorOpts::default()).await;
+    let log = p.log();
+    let warned = log
+        .find("evicting maxmemory-policy")
+        .expect("a warning about the policy");
+    let ready = log.find("inferq ready").expect("ready");
+    assert!(warned < ready, "warned before ready:\n{log}");
+    assert!(log.contains("allkeys-lru"), "{log}");
+
+    let mut admin = redis.connection().await.unwrap();
+    let used: String = redis::cmd("INFO")
+        .arg("memory")
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    let used: u64 = used
+        .lines()
+        .find_map(|l| l.strip_prefix("used_memory:"))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap();
+    config_set(&mut admin, "maxmemory", &(used + 500_000).to_string()).await;
+    let filler = "x".repeat(10_000);
+    for i in 0..200 {
+        let _: () = admin.set(format!("filler:{i}"), &filler).await.unwrap();
+    }
+    assert!(
+        wait_log(&p, "Redis evicted keys", Duration::from_secs(20)).await,
+        "evictions reported:\n{}",
+        p.log()
+    );
 }

@@ -232,6 +232,8 @@ pub async fn run(config: RunConfig, shutdown: CancellationToken) -> Result<(), D
         }
         _ => Con::plain(con),
     };
+    // Before "ready": an operator reading the start-up lines sees that Redis may evict keys.
+    let memory = super::memory::check_at_start(&con).await;
 
     if let Some(marker) = super::fault::arm_from_env() {
         tracing::warn!(
@@ -374,6 +376,11 @@ pub async fn run(config: RunConfig, shutdown: CancellationToken) -> Result<(), D
             stop_claiming.clone(),
         ));
     }
+    upkeep_tasks.spawn(super::memory::watch(
+        con.clone(),
+        memory,
+        stop_upkeep.clone(),
+    ));
     // Wake-ups stop with claiming: a shutting-down consumer has nothing to wake for.
     upkeep_tasks.spawn(super::doorbell::listen(
         client.clone(),
