@@ -221,3 +221,58 @@ async fn an_evicting_policy_is_warned_about_and_evictions_reported() {
         p.log()
     );
 }
+
+/// A `client-output-buffer-limit pubsub` too small for a burst of wake-ups (doorbell rings, or
+/// keyspace events) makes Redis cut the wake-up subscription at every burst. The log says so (before: nothing), the
+/// consumers poll meanwhile, and every request gets one result.
+#[tokio::test]
+async fn a_wake_up_subscription_cut_by_the_output_buffer_limit_is_reported() {
+    let redis = RedisServer::start_with_args(vec![
+        "--client-output-buffer-limit".into(),
+        "pubsub 1kb 1kb 1".into(),
+    ])
+    .unwrap();
+    let gateway = Gateway::start().await;
+    let opts = ProcessorOpts {
+        poll_interval_ms: 500,
+        ..Default::default()
+    };
+    let p = Processor::start(&redis, &gateway, &opts).await;
+    // A burst of rings in one script: Redis queues them all for the subscriber at once, past
+    // the hard limit, and cuts it.
+    let mut admin = redis.connection().await.unwrap();
+    let _: () = redis::cmd("EVAL")
+        .arg("for i = 1, 2000 do redis.call('PUBLISH', KEYS[1], 'ring') end")
+        .arg(1)
+        .arg(inferq::queue::keys::doorbell_channel(&opts.queue))
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    assert!(
+        wait_log(
+            &p,
+            "closed the wake-up subscription",
+            Duration::from_secs(20)
+        )
+        .await,
+        "the loss is reported:\n{}",
+        p.log()
+    );
+    let ids: Vec<String> = (0..300).map(|i| format!("r{i}")).collect();
+    let requests: Vec<_> = ids
+        .iter()
+        .map(|id| request(id, 60, r#"{"prompt":"x"}"#))
+        .collect();
+    producer(&redis, &opts.queue)
+        .await
+        .submit_many(requests)
+        .await
+        .unwrap();
+    let mut con = con(&redis).await;
+    let got = wait_results(&mut con, ids.len(), Duration::from_secs(30)).await;
+    let mut seen: Vec<String> = got.iter().map(|r| r.id.clone()).collect();
+    seen.sort();
+    seen.dedup();
+    assert_eq!(seen.len(), ids.len(), "one result each");
+    assert_eq!(got.len(), ids.len(), "no duplicates");
+}
