@@ -9,6 +9,7 @@ use anyhow::Context;
 
 use super::input::{parse_line, LineError};
 use super::{Failure, RedisArgs};
+use crate::queue::producer::ProducerError;
 use crate::wire::NewRequest;
 
 #[derive(Debug, clap::Args)]
@@ -113,6 +114,8 @@ pub async fn submit(args: SubmitArgs) -> Result<(), Failure> {
     let bar = progress(requests.len() as u64);
     let mut submitted = 0u64;
     let mut refused = 0u64;
+    // The first request Redis refused (its line, and why).
+    let mut redis_refused: Option<(usize, String)> = None;
     let mut pending = requests;
     while !pending.is_empty() {
         let rest = pending.split_off(pending.len().min(args.batch.max(1)));
@@ -151,6 +154,10 @@ pub async fn submit(args: SubmitArgs) -> Result<(), Failure> {
                 Ok(_) => submitted += 1,
                 Err(e) => {
                     refused += 1;
+                    if let ProducerError::Redis(e) = &e {
+                        // Redis refused the request (OOM at maxmemory, NOPERM): not queued.
+                        redis_refused.get_or_insert_with(|| (line, e.to_string()));
+                    }
                     bar.suspend(|| tell!("inferq submit: line {line}: {e}"));
                 }
             }
@@ -162,6 +169,12 @@ pub async fn submit(args: SubmitArgs) -> Result<(), Failure> {
         "{}",
         serde_json::json!({"submitted": submitted, "refused": refused + bad.len() as u64, "queue": producer.request_queue()})
     );
+    if let Some((line, e)) = redis_refused {
+        return Err(Failure::from(anyhow::anyhow!(
+            "Redis refused request(s), the first at line {line}: {e}; refused lines were not queued \
+             (submit them again once Redis takes writes)"
+        )));
+    }
     if refused > 0 {
         return Err(Failure::bad_input(anyhow::anyhow!(
             "{refused} request(s) refused by the producer"

@@ -144,7 +144,13 @@ pub async fn run_consumer(
                         .note(&polls_of(&ctx), Some(Trouble::Refused(refused.to_string())));
                 }
                 if failures == 1 || failures % 50 == 0 {
-                    tracing::warn!(queue = %ctx.queue.name(), error = %e, "cannot poll the queue; retrying");
+                    let error = match &e {
+                        QueueError::Redis(e) => {
+                            format!("redis: {}", ctx.readiness.explain(e).await)
+                        }
+                        other => other.to_string(),
+                    };
+                    tracing::warn!(queue = %ctx.queue.name(), %error, "cannot poll the queue; retrying");
                 }
                 polling
                     .interval

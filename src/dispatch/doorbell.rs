@@ -31,6 +31,7 @@ use crate::queue::keys::doorbell_channel;
 pub async fn listen(client: redis::Client, queues: Vec<Arc<QueueCtx>>, stop: CancellationToken) {
     let db = client.get_connection_info().redis_settings().db();
     let mut warned = false;
+    let mut losses = Losses::default();
     let mut pause = Duration::from_millis(500);
     loop {
         let mut channels: HashMap<Vec<u8>, Bell> = HashMap::new();
@@ -88,6 +89,7 @@ pub async fn listen(client: redis::Client, queues: Vec<Arc<QueueCtx>>, stop: Can
                     bell.ctx.wake.notify_one();
                 }
                 set_listening(&queues, false);
+                losses.lost();
             }
             Err(e) => {
                 if !warned {
@@ -102,6 +104,39 @@ pub async fn listen(client: redis::Client, queues: Vec<Arc<QueueCtx>>, stop: Can
             _ = tokio::time::sleep(pause) => {}
         }
         pause = (pause * 2).min(Duration::from_secs(30));
+    }
+}
+
+/// How often a lost wake-up subscription is warned about, at most: a server whose
+/// `client-output-buffer-limit pubsub` is too small for a burst of keyspace events cuts it at
+/// every burst.
+const LOSS_WARN_EVERY: Duration = Duration::from_secs(60);
+
+/// Counts the losses of the wake-up subscription and warns about them: the first at once, then
+/// at most once per [`LOSS_WARN_EVERY`] with how many there were meanwhile.
+#[derive(Default)]
+struct Losses {
+    unreported: u64,
+    warned_at: Option<std::time::Instant>,
+}
+
+impl Losses {
+    fn lost(&mut self) {
+        self.unreported += 1;
+        if self
+            .warned_at
+            .is_some_and(|at| at.elapsed() < LOSS_WARN_EVERY)
+        {
+            return;
+        }
+        tracing::warn!(
+            losses = self.unreported,
+            "Redis closed the wake-up subscription (a client-output-buffer-limit for pubsub too \
+             small for a burst of keyspace events or doorbell rings, a CLIENT KILL, or a restart); \
+             consumers poll until it is made again (within a second)"
+        );
+        self.unreported = 0;
+        self.warned_at = Some(std::time::Instant::now());
     }
 }
 

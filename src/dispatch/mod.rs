@@ -28,6 +28,7 @@
 //! - [`processor`]: the lifecycle and graceful shutdown.
 //! - [`last_chance`]: at most one last-chance request per queue and instance, so a poison
 //!   request does not take its neighbours to the dead list.
+//! - [`memory`]: warns when Redis may evict keys (`maxmemory-policy`), and when it did.
 //! - [`fault`]: the `INFERQ_FAULT_CRASH_ON` crash hook for poison-request tests.
 
 pub mod consumer;
@@ -38,6 +39,7 @@ pub mod gates;
 pub mod holdings;
 pub mod ingress;
 pub mod last_chance;
+pub mod memory;
 pub mod merge;
 pub mod outbox;
 pub mod processor;

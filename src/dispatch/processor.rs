@@ -84,6 +84,7 @@ async fn connect_until_up(
                 }
                 // Logged before /readyz says so, so whoever reads it finds the log line too.
                 Err(e) => {
+                    let e = connect::explained(client, &e).await;
                     if attempt % 10 == 0 {
                         tracing::warn!(error = %e, "cannot load scripts into Redis; retrying (not ready meanwhile)");
                     }
@@ -91,6 +92,8 @@ async fn connect_until_up(
                 }
             },
             Err(e) => {
+                // A server at maxclients shows only as a reset: it is asked why.
+                let e = connect::explained(client, &e).await;
                 if attempt % 10 == 0 {
                     tracing::warn!(error = %e, "cannot reach Redis; retrying (not ready meanwhile)");
                 }
@@ -208,7 +211,7 @@ pub async fn run(config: RunConfig, shutdown: CancellationToken) -> Result<(), D
         return Ok(());
     };
     refuse_cluster(&mut con).await?;
-    readiness.set_connection(con.clone());
+    readiness.set_connection(con.clone(), client.clone());
     let otel = match &config.otel {
         Some(settings) => {
             let otel = Otel::start(settings)?;
@@ -229,6 +232,8 @@ pub async fn run(config: RunConfig, shutdown: CancellationToken) -> Result<(), D
         }
         _ => Con::plain(con),
     };
+    // Before "ready": an operator reading the start-up lines sees that Redis may evict keys.
+    let memory = super::memory::check_at_start(&con).await;
 
     if let Some(marker) = super::fault::arm_from_env() {
         tracing::warn!(
@@ -371,6 +376,11 @@ pub async fn run(config: RunConfig, shutdown: CancellationToken) -> Result<(), D
             stop_claiming.clone(),
         ));
     }
+    upkeep_tasks.spawn(super::memory::watch(
+        con.clone(),
+        memory,
+        stop_upkeep.clone(),
+    ));
     // Wake-ups stop with claiming: a shutting-down consumer has nothing to wake for.
     upkeep_tasks.spawn(super::doorbell::listen(
         client.clone(),

@@ -30,6 +30,8 @@ use super::metrics::Metrics;
 pub struct Readiness {
     started: Arc<AtomicBool>,
     con: Arc<OnceLock<ConnectionManager>>,
+    /// The client `con` was made with, to ask a server that drops new connections why.
+    client: Arc<OnceLock<redis::Client>>,
     /// Why the processor could not start yet (e.g. Redis refuses the TLS handshake), shown by
     /// `/readyz` while it is not started.
     problem: Arc<Mutex<Option<String>>>,
@@ -52,9 +54,20 @@ impl Readiness {
         Readiness::default()
     }
 
-    /// The connection `/readyz` PINGs, once there is one.
-    pub fn set_connection(&self, con: ConnectionManager) {
+    /// The connection `/readyz` PINGs, once there is one, and the client it was made with.
+    pub fn set_connection(&self, con: ConnectionManager, client: redis::Client) {
         let _ = self.con.set(con);
+        let _ = self.client.set(client);
+    }
+
+    /// `e`, a failed Redis call's error, followed by why Redis refuses new connections when it
+    /// says so (`maxclients` reached: see [`crate::queue::connect::refusal`]); a reconnecting
+    /// client sees only a reset or a broken pipe.
+    pub async fn explain(&self, e: &redis::RedisError) -> String {
+        match self.client.get() {
+            Some(client) => crate::queue::connect::explained(client, e).await,
+            None => e.to_string(),
+        }
     }
 
     /// Records why start-up is stuck (`None` once it is not).
@@ -118,7 +131,7 @@ impl Readiness {
                     None => Ok(()),
                 }
             }
-            Ok(Err(e)) => Err(format!("redis: {e}")),
+            Ok(Err(e)) => Err(format!("redis: {}", self.explain(&e).await)),
             Err(_) => Err("redis: no answer to PING within 3s".to_owned()),
         }
     }
@@ -234,7 +247,7 @@ mod tests {
             .await
             .expect("connect");
         let ready = Readiness::new();
-        ready.set_connection(con);
+        ready.set_connection(con, client);
         ready.set(true);
         assert_eq!(ready.check().await, Ok(()));
         let what = "the results of queue \"q\"";

@@ -1,6 +1,7 @@
 //! Opening Redis connections: a [`client`] for a URL plus optional TLS files (private CA, client
 //! certificate), a self-healing multiplexed connection for the moves, and a separate connection
-//! without a response timeout for blocking pops (`BRPOP`, `BLMOVE`).
+//! without a response timeout for blocking pops (`BRPOP`, `BLMOVE`), and [`refusal`], which
+//! finds out why a server turns new connections away (`maxclients` reached).
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -34,6 +35,66 @@ pub async fn blocking(client: &Client) -> RedisResult<MultiplexedConnection> {
     client
         .get_multiplexed_async_connection_with_config(&config)
         .await
+}
+
+/// How long [`refusal`] waits for a server's first words on a new connection.
+const GREETING_WAIT: Duration = Duration::from_millis(500);
+
+/// Why Redis turns new connections away, when it says so: a server at `maxclients` (or one in
+/// protected mode) writes an error (`ERR max number of clients reached`) to each new
+/// connection and closes it before reading anything, so a client sending its first command sees
+/// only a reset or a broken pipe. Asked after `e`, an error that lost or could not make a
+/// connection, this opens a connection of its own, sends nothing and reads what the server
+/// says first. `None` when `e` is of another kind, the server says nothing (a normal server
+/// waits for a command), or the connection is TLS (the error would come after the handshake).
+pub async fn refusal(client: &Client, e: &redis::RedisError) -> Option<String> {
+    if !(e.is_io_error() || e.is_connection_dropped())
+        || e.is_connection_refusal()
+        || e.is_timeout()
+    {
+        return None;
+    }
+    let first = async {
+        let mut buf = [0u8; 256];
+        let n = match client.get_connection_info().addr() {
+            ConnectionAddr::Tcp(host, port) => {
+                let mut s = tokio::net::TcpStream::connect((host.as_str(), *port))
+                    .await
+                    .ok()?;
+                tokio::io::AsyncReadExt::read(&mut s, &mut buf).await.ok()?
+            }
+            #[cfg(unix)]
+            ConnectionAddr::Unix(path) => {
+                let mut s = tokio::net::UnixStream::connect(path).await.ok()?;
+                tokio::io::AsyncReadExt::read(&mut s, &mut buf).await.ok()?
+            }
+            _ => return None,
+        };
+        greeting_error(&buf[..n])
+    };
+    tokio::time::timeout(GREETING_WAIT, first)
+        .await
+        .ok()
+        .flatten()
+}
+
+/// The error line a server wrote unasked (`-ERR max number of clients reached\r\n`).
+fn greeting_error(bytes: &[u8]) -> Option<String> {
+    let line = bytes.strip_prefix(b"-")?;
+    let end = line
+        .iter()
+        .position(|b| *b == b'\r' || *b == b'\n')
+        .unwrap_or(line.len());
+    let text = String::from_utf8_lossy(&line[..end]).trim().to_owned();
+    (!text.is_empty()).then_some(text)
+}
+
+/// `e`, followed by why the server refuses new connections when it says so (see [`refusal`]).
+pub async fn explained(client: &Client, e: &redis::RedisError) -> String {
+    match refusal(client, e).await {
+        Some(why) => format!("{e} (Redis refuses new connections: {why})"),
+        None => e.to_string(),
+    }
 }
 
 /// TLS material for a `rediss://` connection beyond the URL: a private CA to trust instead of the
@@ -141,6 +202,38 @@ pub fn client(url: &str, tls: &RedisTls) -> Result<Client, ConnectError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_greeting_error_is_read_up_to_its_line_end() {
+        assert_eq!(
+            greeting_error(b"-ERR max number of clients reached\r\n").as_deref(),
+            Some("ERR max number of clients reached")
+        );
+        assert_eq!(greeting_error(b"+PONG\r\n"), None);
+        assert_eq!(greeting_error(b""), None);
+    }
+
+    /// A server at `maxclients` is named as such; one that takes connections says nothing.
+    #[tokio::test]
+    async fn a_server_at_maxclients_is_named() {
+        let server = crate::testkit::RedisServer::start().expect("redis-server");
+        let client = server.client().expect("client");
+        let dropped =
+            redis::RedisError::from(std::io::Error::from(std::io::ErrorKind::ConnectionReset));
+        assert_eq!(refusal(&client, &dropped).await, None);
+        let mut admin = server.connection().await.expect("connect");
+        let _: () = redis::cmd("CONFIG")
+            .arg("SET")
+            .arg("maxclients")
+            .arg(1)
+            .query_async(&mut admin)
+            .await
+            .expect("config set");
+        assert_eq!(
+            refusal(&client, &dropped).await.as_deref(),
+            Some("ERR max number of clients reached")
+        );
+    }
 
     #[test]
     fn client_errors_name_the_problem_without_the_password() {

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use redis::aio::{ConnectionManager, MultiplexedConnection};
-use redis::{Client, RedisError};
+use redis::{Client, RedisError, Value};
 
 use super::connect;
 use super::keys::{active_key, cancel_key, doorbell_channel, fresh_token};
@@ -228,39 +228,74 @@ impl Producer {
     }
 
     /// Submits many requests in one round trip (one MULTI per request, pipelined).
-    /// Each request gets its own outcome; validation errors do not stop the others.
+    /// Each request gets its own outcome; validation errors do not stop the others, and neither
+    /// does Redis refusing one request's transaction (`OOM` at `maxmemory`, say: the refused
+    /// request is not queued, since Redis discards a transaction with a refused command whole,
+    /// and its outcome says why), so a caller knows exactly which to submit again. An outer
+    /// error means the replies are unknown.
     pub async fn submit_many(
         &self,
         reqs: Vec<NewRequest>,
     ) -> Result<Vec<Result<Submitted, ProducerError>>, ProducerError> {
+        /// Replies per request: MULTI, DEL, SET, ZADD, EXEC.
+        const REPLIES: usize = 5;
         let now = unix_ms();
         let mut pipe = redis::pipe();
+        pipe.ignore_errors();
         let mut outcomes = Vec::with_capacity(reqs.len());
         for req in reqs {
             let deadline = req.deadline;
             match self.prepare(req, now) {
                 Ok((member, ttl_ms, submitted)) => {
-                    pipe.cmd("MULTI").ignore();
-                    pipe.cmd("DEL").arg(cancel_key(&submitted.id)).ignore();
+                    pipe.cmd("MULTI");
+                    pipe.cmd("DEL").arg(cancel_key(&submitted.id));
                     pipe.cmd("SET")
                         .arg(active_key(&submitted.id))
                         .arg(&submitted.request_token)
                         .arg("PX")
-                        .arg(ttl_ms)
-                        .ignore();
+                        .arg(ttl_ms);
                     pipe.cmd("ZADD")
                         .arg(&self.request_queue)
                         .arg(deadline)
-                        .arg(member)
-                        .ignore();
-                    pipe.cmd("EXEC").ignore();
+                        .arg(member);
+                    pipe.cmd("EXEC");
                     outcomes.push(Ok(submitted));
                 }
                 Err(e) => outcomes.push(Err(e)),
             }
         }
-        if outcomes.iter().any(Result::is_ok) {
-            let _: () = pipe.query_async(&mut self.con.clone()).await?;
+        let sent = outcomes.iter().filter(|o| o.is_ok()).count();
+        if sent == 0 {
+            return Ok(outcomes);
+        }
+        let replies: Vec<Value> = pipe.query_async(&mut self.con.clone()).await?;
+        if replies.len() != sent * REPLIES {
+            return Err(ProducerError::Redis(RedisError::from((
+                redis::ErrorKind::Client,
+                "unexpected number of replies to a submission",
+            ))));
+        }
+        let mut queued = 0;
+        let mut each = replies.chunks(REPLIES);
+        for outcome in outcomes.iter_mut().filter(|o| o.is_ok()) {
+            let Some(replies) = each.next() else { break };
+            // The first refusal is the reason (an EXEC after one is only EXECABORT).
+            let refusal = replies.iter().find_map(|v| match v {
+                Value::ServerError(e) => Some(e.clone()),
+                _ => None,
+            });
+            match (refusal, replies.last()) {
+                (None, Some(Value::Array(_))) => queued += 1,
+                (Some(e), _) => *outcome = Err(ProducerError::Redis(e.into())),
+                (None, _) => {
+                    *outcome = Err(ProducerError::Redis(RedisError::from((
+                        redis::ErrorKind::Client,
+                        "the submission's transaction was not executed",
+                    ))))
+                }
+            }
+        }
+        if queued > 0 {
             self.ring().await;
         }
         Ok(outcomes)

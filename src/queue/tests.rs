@@ -10,7 +10,7 @@ use redis::AsyncCommands;
 use serde_json::value::RawValue;
 
 use super::dead::DeadRecord;
-use super::producer::{unix_ms, Producer};
+use super::producer::{unix_ms, Producer, ProducerError};
 use super::*;
 use crate::testkit::RedisServer;
 use crate::wire::{Envelope, NewRequest, ResultMessage};
@@ -1747,4 +1747,35 @@ async fn census_runs_on_a_read_only_replica() {
     })
     .await;
     assert_eq!(seen, 11, "one pending, one claimed");
+}
+
+/// With Redis out of memory, a batch of submissions comes back with one refusal per request,
+/// naming `OOM`, and none is queued; once memory is free, the same batch is queued whole, once.
+/// Before, the first refusal failed the whole call: every line of the batch was "in doubt",
+/// though Redis had refused each one, and a partly refused batch could not be told apart from a
+/// partly queued one (submitting it again made second generations of the queued requests).
+#[tokio::test]
+async fn submissions_refused_for_memory_each_say_so_and_nothing_is_queued() {
+    let mut r = rig(30_000, 5).await;
+    out_of_memory(&mut r.con).await;
+    let batch = || vec![request("a", 60), request("b", 60)];
+    let outcomes = r.producer.submit_many(batch()).await.unwrap();
+    assert_eq!(outcomes.len(), 2);
+    for outcome in &outcomes {
+        match outcome {
+            Err(ProducerError::Redis(e)) => assert!(e.to_string().contains("OOM"), "{e}"),
+            other => panic!("refused for memory: {other:?}"),
+        }
+    }
+    assert_eq!(zcard(&mut r.con, Q).await, 0);
+    let _: () = redis::cmd("CONFIG")
+        .arg("SET")
+        .arg("maxmemory")
+        .arg(0)
+        .query_async(&mut r.con)
+        .await
+        .unwrap();
+    let outcomes = r.producer.submit_many(batch()).await.unwrap();
+    assert!(outcomes.iter().all(Result::is_ok), "{outcomes:?}");
+    assert_eq!(zcard(&mut r.con, Q).await, 2);
 }

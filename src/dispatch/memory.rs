@@ -1,0 +1,187 @@
+//! Redis's memory policy, watched: inferq's promises rest on Redis keeping every key it was
+//! given, which `maxmemory-policy noeviction` guarantees and an evicting policy does not. Under
+//! `allkeys-*` Redis deletes any key once `maxmemory` is reached (a queue, its claims, a result
+//! list: requests and results vanish without a trace); under `volatile-*` it deletes keys that
+//! carry a TTL (cancel markers, the redis-pubsub admit markers).
+//!
+//! In: the processor's connection. Out: log lines only. At start-up ([`check_at_start`]) the
+//! policy is read once (`INFO memory`, which a least-privilege user may run where `CONFIG` is
+//! refused) and an evicting one is warned about before the processor says it is ready. While it
+//! runs ([`watch`]), the policy and the server's `evicted_keys` count are read every
+//! [`WATCH_EVERY`]: a policy changed at run time is warned about, and keys evicted under an
+//! evicting policy are an error naming how many. Nothing here changes how work moves: whether
+//! to run on such a Redis is the operator's decision, and the log tells them what it costs.
+
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+
+use crate::queue::traced::Con;
+
+/// How often the policy and the eviction count are read while the processor runs.
+pub const WATCH_EVERY: Duration = Duration::from_secs(5);
+
+/// What `INFO memory` and `INFO stats` say about evictions.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct MemoryState {
+    /// `maxmemory_policy`, when Redis told it.
+    pub policy: Option<String>,
+    /// `maxmemory` in bytes (0: no limit), when Redis told it.
+    pub maxmemory: Option<u64>,
+    /// `evicted_keys` since the server started, when Redis told it.
+    pub evicted: Option<u64>,
+}
+
+/// What an eviction policy can take from inferq, or `None` for `noeviction`.
+pub fn policy_risk(policy: &str) -> Option<&'static str> {
+    if policy == "noeviction" {
+        None
+    } else if policy.starts_with("allkeys-") {
+        Some(
+            "once maxmemory is reached Redis deletes any key: queued requests, claims and \
+             result lists can vanish without a result (set maxmemory-policy noeviction)",
+        )
+    } else {
+        Some(
+            "once maxmemory is reached Redis deletes keys that carry a TTL: a cancel marker can \
+             vanish before its request is cancelled, and a redis-pubsub message be admitted \
+             twice (set maxmemory-policy noeviction)",
+        )
+    }
+}
+
+/// The value of `field` in an `INFO` reply.
+fn info_field<'a>(info: &'a str, field: &str) -> Option<&'a str> {
+    info.lines().find_map(|line| {
+        line.strip_prefix(field)
+            .and_then(|rest| rest.strip_prefix(':'))
+            .map(str::trim)
+    })
+}
+
+/// Reads the memory policy and the eviction count. An `INFO` section Redis refuses leaves its
+/// fields `None`; the error is returned only when both are refused.
+pub async fn read(con: &Con) -> Result<MemoryState, redis::RedisError> {
+    let mut con = con.clone();
+    let memory: Result<String, _> = redis::cmd("INFO").arg("memory").query_async(&mut con).await;
+    let stats: Result<String, _> = redis::cmd("INFO").arg("stats").query_async(&mut con).await;
+    if let (Err(e), Err(_)) = (&memory, &stats) {
+        return Err(e.clone());
+    }
+    let memory = memory.unwrap_or_default();
+    let stats = stats.unwrap_or_default();
+    Ok(MemoryState {
+        policy: info_field(&memory, "maxmemory_policy").map(str::to_owned),
+        maxmemory: info_field(&memory, "maxmemory").and_then(|v| v.parse().ok()),
+        evicted: info_field(&stats, "evicted_keys").and_then(|v| v.parse().ok()),
+    })
+}
+
+/// Warns when Redis runs with an evicting policy. Returns what was read, for [`watch`] to go on
+/// from (`None` when Redis would not say).
+pub async fn check_at_start(con: &Con) -> Option<MemoryState> {
+    match read(con).await {
+        Ok(state) => {
+            warn_policy(&state);
+            Some(state)
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot ask Redis for its maxmemory-policy (INFO memory); if it evicts keys, requests and results can vanish");
+            None
+        }
+    }
+}
+
+fn warn_policy(state: &MemoryState) {
+    let Some(policy) = state.policy.as_deref() else {
+        return;
+    };
+    if let Some(risk) = policy_risk(policy) {
+        tracing::warn!(
+            maxmemory_policy = policy,
+            maxmemory = state.maxmemory.unwrap_or(0),
+            "Redis runs with an evicting maxmemory-policy: {risk}"
+        );
+    }
+}
+
+/// Reads the policy and the eviction count every [`WATCH_EVERY`] until `stop`: a policy that
+/// changed is warned about as at start-up, and keys evicted since the last look under an
+/// evicting policy are an error. `last` is what [`check_at_start`] read.
+pub async fn watch(con: Con, mut last: Option<MemoryState>, stop: CancellationToken) {
+    loop {
+        tokio::select! {
+            biased;
+            _ = stop.cancelled() => return,
+            _ = tokio::time::sleep(WATCH_EVERY) => {}
+        }
+        // A failed read (Redis down, INFO refused) is someone else's to report.
+        let Ok(now) = read(&con).await else {
+            continue;
+        };
+        let before = last.as_ref();
+        if before.and_then(|b| b.policy.as_deref()) != now.policy.as_deref() {
+            warn_policy(&now);
+        }
+        let evicting = now.policy.as_deref().and_then(policy_risk).is_some();
+        // A count lower than the last (a restarted server, CONFIG RESETSTAT) starts again.
+        let since = match (before.and_then(|b| b.evicted), now.evicted) {
+            (Some(b), Some(n)) if n >= b => n - b,
+            (_, Some(n)) if before.is_none() => n,
+            _ => 0,
+        };
+        if evicting && since > 0 {
+            tracing::error!(
+                evicted_keys = since,
+                maxmemory_policy = now.policy.as_deref().unwrap_or(""),
+                "Redis evicted keys to stay under maxmemory: requests, claims or results of inferq's queues may be gone without a result (set maxmemory-policy noeviction)"
+            );
+        }
+        last = Some(now);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testkit::RedisServer;
+
+    #[test]
+    fn only_noeviction_is_safe() {
+        assert_eq!(policy_risk("noeviction"), None);
+        assert!(policy_risk("allkeys-lru").is_some_and(|r| r.contains("queued requests")));
+        assert!(policy_risk("volatile-ttl").is_some_and(|r| r.contains("TTL")));
+    }
+
+    #[test]
+    fn reads_fields_of_an_info_reply() {
+        let info = "# Memory\r\nmaxmemory:1024\r\nmaxmemory_human:1.00K\r\nmaxmemory_policy:allkeys-lru\r\n";
+        assert_eq!(info_field(info, "maxmemory"), Some("1024"));
+        assert_eq!(info_field(info, "maxmemory_policy"), Some("allkeys-lru"));
+        assert_eq!(info_field(info, "evicted_keys"), None);
+    }
+
+    /// The policy and the eviction count come from a real server, and follow `CONFIG SET`.
+    #[tokio::test]
+    async fn reads_the_policy_and_evictions_of_a_real_server() {
+        let server = RedisServer::start().expect("redis-server");
+        let client = server.client().expect("client");
+        let con = Con::plain(
+            crate::queue::connect::manager(&client)
+                .await
+                .expect("connect"),
+        );
+        let state = read(&con).await.expect("info");
+        assert_eq!(state.policy.as_deref(), Some("noeviction"));
+        assert_eq!(state.evicted, Some(0));
+        let _: () = redis::cmd("CONFIG")
+            .arg("SET")
+            .arg("maxmemory-policy")
+            .arg("allkeys-lru")
+            .query_async(&mut con.clone())
+            .await
+            .expect("config set");
+        let state = read(&con).await.expect("info");
+        assert_eq!(state.policy.as_deref(), Some("allkeys-lru"));
+    }
+}
