@@ -5,7 +5,7 @@
 use serde::Deserialize;
 use serde_json::Value;
 
-use super::gate::{parse_gate, GateSpec};
+use super::gate::{parse_gate, GateSpec, GateType};
 use super::json::decode;
 use super::transport::DEFAULT_POOL_ID;
 use super::ConfigError;
@@ -85,9 +85,38 @@ pub(crate) fn parse_pools(
             &at("gate_params"),
             warnings,
         )?;
+        if let Some(limit) = gate.as_ref().and_then(refusing_limit) {
+            if limit < u64::from(workers) {
+                warnings.push(format!(
+                    "{}: local-max-concurrency in classifying mode with limit {limit} below the \
+                     pool's {workers} workers: while every permit is held, each request a spare \
+                     worker takes is refused, goes back to its queue and is claimed again about \
+                     every 50 ms (counted anew in llm_d_async_async_request_total each time, as in \
+                     Go); \"gating_mode\":\"blocking\" makes it wait for a permit instead",
+                    at("gate_params")
+                ));
+            }
+        }
         pools.push(PoolConfig { id, workers, gate });
     }
     Ok(pools)
+}
+
+/// The `limit` of a `local-max-concurrency` gate that refuses when full (classifying mode, the
+/// default), as far as it can be read here (the gate factory validates it).
+fn refusing_limit(gate: &GateSpec) -> Option<u64> {
+    if gate.kind != GateType::LocalMaxConcurrency {
+        return None;
+    }
+    let mode = gate.params.get("gating_mode").and_then(Value::as_str);
+    if !matches!(mode, None | Some("" | "classifying")) {
+        return None;
+    }
+    match gate.params.get("limit")? {
+        Value::Number(n) => n.as_u64(),
+        Value::String(s) => s.trim().parse().ok(),
+        _ => None,
+    }
 }
 
 #[cfg(test)]
@@ -114,6 +143,30 @@ mod tests {
             pools[1].gate.as_ref().map(|g| g.kind),
             Some(GateType::LocalMaxConcurrency)
         );
+    }
+
+    /// A classifying local-max-concurrency gate that will refuse the pool's own workers is
+    /// named with what it costs; one that blocks, or that has a permit per worker, is not.
+    #[test]
+    fn a_refusing_gate_narrower_than_its_pool_is_warned_about() {
+        let warned = |gate: &str, workers: u32| {
+            let text = format!(
+                r#"[{{"id":"p","workers":{workers},"gate_type":"local-max-concurrency","gate_params":{gate}}}]"#
+            );
+            let mut warnings = Vec::new();
+            parse_pools(&text, &mut warnings).unwrap();
+            warnings
+        };
+        let w = warned(r#"{"limit":8}"#, 16);
+        assert_eq!(w.len(), 1, "{w:?}");
+        assert!(
+            w[0].starts_with("pools[0].gate_params: local-max-concurrency in classifying mode with limit 8 below the pool's 16 workers"),
+            "{w:?}"
+        );
+        assert!(w[0].contains(r#""gating_mode":"blocking""#), "{w:?}");
+        assert_eq!(warned(r#"{"limit":"8","gating_mode":"classifying"}"#, 16).len(), 1);
+        assert!(warned(r#"{"limit":8,"gating_mode":"blocking"}"#, 16).is_empty());
+        assert!(warned(r#"{"limit":16}"#, 16).is_empty());
     }
 
     #[test]
