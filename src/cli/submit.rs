@@ -155,7 +155,7 @@ pub async fn submit(args: SubmitArgs) -> Result<(), Failure> {
                 Err(e) => {
                     refused += 1;
                     if let ProducerError::Redis(e) = &e {
-                        // Redis refused the request (OOM at maxmemory, NOPERM): not queued.
+                        // Redis refused the request (OOM at maxmemory, NOPERM, WRONGTYPE): not queued.
                         redis_refused.get_or_insert_with(|| (line, e.to_string()));
                     }
                     bar.suspend(|| tell!("inferq submit: line {line}: {e}"));
@@ -172,7 +172,7 @@ pub async fn submit(args: SubmitArgs) -> Result<(), Failure> {
     if let Some((line, e)) = redis_refused {
         return Err(Failure::from(anyhow::anyhow!(
             "Redis refused request(s), the first at line {line}: {e}; refused lines were not queued \
-             (submit them again once Redis takes writes)"
+             (submit them again once Redis takes them)"
         )));
     }
     if refused > 0 {

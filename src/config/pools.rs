@@ -164,7 +164,10 @@ mod tests {
             "{w:?}"
         );
         assert!(w[0].contains(r#""gating_mode":"blocking""#), "{w:?}");
-        assert_eq!(warned(r#"{"limit":"8","gating_mode":"classifying"}"#, 16).len(), 1);
+        assert_eq!(
+            warned(r#"{"limit":"8","gating_mode":"classifying"}"#, 16).len(),
+            1
+        );
         assert!(warned(r#"{"limit":8,"gating_mode":"blocking"}"#, 16).is_empty());
         assert!(warned(r#"{"limit":16}"#, 16).is_empty());
     }

@@ -279,8 +279,15 @@ impl Producer {
         let mut each = replies.chunks(REPLIES);
         for outcome in outcomes.iter_mut().filter(|o| o.is_ok()) {
             let Some(replies) = each.next() else { break };
-            // The first refusal is the reason (an EXEC after one is only EXECABORT).
-            let refusal = replies.iter().find_map(|v| match v {
+            // The first refusal is the reason (an EXEC after one is only EXECABORT). A command
+            // that fails only as it runs (`WRONGTYPE` when the queue name holds another type)
+            // is an error inside EXEC's reply, with the commands before it done: the request
+            // is not queued either.
+            let exec_errors = match replies.last() {
+                Some(Value::Array(executed)) => executed.as_slice(),
+                _ => &[],
+            };
+            let refusal = replies.iter().chain(exec_errors).find_map(|v| match v {
                 Value::ServerError(e) => Some(e.clone()),
                 _ => None,
             });

@@ -1779,3 +1779,30 @@ async fn submissions_refused_for_memory_each_say_so_and_nothing_is_queued() {
     assert!(outcomes.iter().all(Result::is_ok), "{outcomes:?}");
     assert_eq!(zcard(&mut r.con, Q).await, 2);
 }
+
+/// A submission whose transaction Redis ran but whose `ZADD` it refused at run time (the queue
+/// name holds another type, `--queue` naming a list by mistake, say) is not queued, and its
+/// outcome says so with Redis's `WRONGTYPE`; it was counted as submitted, and `inferq submit`
+/// exited 0 having queued nothing.
+#[tokio::test]
+async fn a_submission_whose_zadd_fails_in_its_transaction_is_refused() {
+    let mut r = rig(30_000, 5).await;
+    let _: () = r.con.rpush(Q, "not a sorted set").await.unwrap();
+    let outcomes = r
+        .producer
+        .submit_many(vec![request("a", 60), request("b", 60)])
+        .await
+        .unwrap();
+    assert_eq!(outcomes.len(), 2);
+    for outcome in &outcomes {
+        match outcome {
+            Err(ProducerError::Redis(e)) => assert!(e.to_string().contains("WRONGTYPE"), "{e}"),
+            other => panic!("refused by Redis: {other:?}"),
+        }
+    }
+    let single = r.producer.submit(request("c", 60)).await;
+    assert!(
+        matches!(&single, Err(ProducerError::Redis(e)) if e.to_string().contains("WRONGTYPE")),
+        "{single:?}"
+    );
+}
