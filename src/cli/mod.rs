@@ -352,3 +352,24 @@ mod tests {
         assert_eq!(hint(&["run", "--metrics-endpoint-auth=false"]), None);
     }
 }
+
+#[cfg(test)]
+mod status_args {
+    use clap::Parser as _;
+
+    use super::Cli;
+
+    /// `inferq status --watch 1s --samples 0` asks for no count at all: it is bad input (exit
+    /// 2), where it used to count once and exit 0 as if `--samples 1` had been given.
+    #[test]
+    fn zero_samples_is_refused() {
+        let parse = |samples: &str| {
+            Cli::try_parse_from(["inferq", "status", "--watch", "1s", "--samples", samples])
+                .map(|_| ())
+                .map_err(|e| e.to_string())
+        };
+        assert_eq!(parse("1"), Ok(()));
+        let refused = parse("0").unwrap_err();
+        assert!(refused.contains("--samples"), "{refused}");
+    }
+}

@@ -31,8 +31,8 @@ pub struct StatusArgs {
     /// Count again at this interval (e.g. 2s) until interrupted.
     #[arg(long, value_parser = positive_duration)]
     pub watch: Option<Duration>,
-    /// With --watch: stop after this many counts.
-    #[arg(long, requires = "watch")]
+    /// With --watch: stop after this many counts (at least 1).
+    #[arg(long, requires = "watch", value_parser = clap::value_parser!(u64).range(1..))]
     pub samples: Option<u64>,
 }
 

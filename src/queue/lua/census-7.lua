@@ -11,6 +11,7 @@
     KEYS[5] dead          list  dead-letter records
     KEYS[6] deliveries    hash  claim key -> lease expiries so far
     KEYS[7] result list   list  (optional) where the queue's results are pushed
+    ARGV: none
 
   Output: { Redis time in ms, pending, pending whose deadline passed, claimed, claims whose lease
   ran out (not yet reclaimed), parked, parked whose backoff elapsed, dead, unfinished requests
