@@ -124,12 +124,7 @@ pub async fn watch(con: Con, mut last: Option<MemoryState>, stop: CancellationTo
             warn_policy(&now);
         }
         let evicting = now.policy.as_deref().and_then(policy_risk).is_some();
-        // A count lower than the last (a restarted server, CONFIG RESETSTAT) starts again.
-        let since = match (before.and_then(|b| b.evicted), now.evicted) {
-            (Some(b), Some(n)) if n >= b => n - b,
-            (_, Some(n)) if before.is_none() => n,
-            _ => 0,
-        };
+        let since = evicted_since(before, &now);
         if evicting && since > 0 {
             tracing::error!(
                 evicted_keys = since,
@@ -138,6 +133,18 @@ pub async fn watch(con: Con, mut last: Option<MemoryState>, stop: CancellationTo
             );
         }
         last = Some(now);
+    }
+}
+
+/// Keys evicted between two reads. A count lower than the last is a restarted server (or
+/// `CONFIG RESETSTAT`): all of its evictions are new. Without a last count (start-up could not
+/// read one) the first is only a baseline: the server may have evicted them long before inferq
+/// started, and naming them as just evicted would send an operator after a loss that is not one.
+fn evicted_since(before: Option<&MemoryState>, now: &MemoryState) -> u64 {
+    match (before.and_then(|b| b.evicted), now.evicted) {
+        (Some(b), Some(n)) if n >= b => n - b,
+        (Some(_), Some(n)) => n,
+        _ => 0,
     }
 }
 
@@ -159,6 +166,23 @@ mod tests {
         assert_eq!(info_field(info, "maxmemory"), Some("1024"));
         assert_eq!(info_field(info, "maxmemory_policy"), Some("allkeys-lru"));
         assert_eq!(info_field(info, "evicted_keys"), None);
+    }
+
+    /// Evictions are counted between two reads; a first read after a start-up that could not
+    /// read the count is a baseline (it used to be reported whole, evictions from before inferq
+    /// started included), and a count that went down (a restarted server) is all new.
+    #[test]
+    fn evictions_are_counted_from_the_last_read() {
+        let at = |evicted: Option<u64>| MemoryState {
+            policy: Some("allkeys-lru".to_owned()),
+            maxmemory: Some(1 << 20),
+            evicted,
+        };
+        assert_eq!(evicted_since(Some(&at(Some(10))), &at(Some(15))), 5);
+        assert_eq!(evicted_since(Some(&at(Some(10))), &at(Some(10))), 0);
+        assert_eq!(evicted_since(None, &at(Some(1_000))), 0);
+        assert_eq!(evicted_since(Some(&at(None)), &at(Some(1_000))), 0);
+        assert_eq!(evicted_since(Some(&at(Some(1_000))), &at(Some(3))), 3);
     }
 
     /// The policy and the eviction count come from a real server, and follow `CONFIG SET`.
