@@ -113,7 +113,12 @@ fn refusing_limit(gate: &GateSpec) -> Option<u64> {
         return None;
     }
     match gate.params.get("limit")? {
-        Value::Number(n) => n.as_u64(),
+        // The gate takes an integral float (`8.0`) too.
+        Value::Number(n) => n.as_u64().or_else(|| {
+            n.as_f64()
+                .filter(|f| f.fract() == 0.0 && (0.0..9.0e15).contains(f))
+                .map(|f| f as u64)
+        }),
         Value::String(s) => s.trim().parse().ok(),
         _ => None,
     }
@@ -170,6 +175,8 @@ mod tests {
         );
         assert!(warned(r#"{"limit":8,"gating_mode":"blocking"}"#, 16).is_empty());
         assert!(warned(r#"{"limit":16}"#, 16).is_empty());
+        // The gate reads 8.0 as 8, so the warning does too.
+        assert_eq!(warned(r#"{"limit":8.0}"#, 16).len(), 1);
     }
 
     #[test]
