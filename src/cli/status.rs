@@ -10,7 +10,6 @@ use std::io::IsTerminal;
 use std::time::Duration;
 
 use anyhow::Context;
-use serde_json::json;
 
 use super::{Failure, RedisConn};
 use crate::queue::census::{census, Census};
@@ -42,6 +41,16 @@ fn positive_duration(text: &str) -> Result<Duration, String> {
         Ok(_) => Err("must be at least 100ms".to_owned()),
         Err(e) => Err(e.to_string()),
     }
+}
+
+/// One JSONL line: the queue, then its counts, then (watching) the drain rate.
+#[derive(serde::Serialize)]
+struct Line<'a> {
+    queue: &'a str,
+    #[serde(flatten)]
+    census: &'a Census,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    drained_per_s: Option<f64>,
 }
 
 const HEADER: [&str; 10] = [
@@ -80,17 +89,13 @@ pub async fn status(args: StatusArgs) -> Result<(), Failure> {
         if table {
             print_table(&rows, args.watch.is_some());
         } else {
-            for (queue, c, rate) in &rows {
-                let mut line = json!({"queue": queue});
-                if let (Some(fields), Ok(serde_json::Value::Object(counts))) =
-                    (line.as_object_mut(), serde_json::to_value(c))
-                {
-                    fields.extend(counts);
-                    if let Some(rate) = rate {
-                        fields.insert("drained_per_s".to_owned(), json!(rate));
-                    }
-                }
-                say!("{line}");
+            for (queue, census, rate) in &rows {
+                let line = Line {
+                    queue,
+                    census,
+                    drained_per_s: *rate,
+                };
+                say!("{}", serde_json::to_string(&line)?);
             }
         }
         taken += 1;
