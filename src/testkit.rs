@@ -333,6 +333,21 @@ impl Drop for RedisServer {
     }
 }
 
+/// `CONFIG SET name value` on a live server: how tests impose a limit (`maxmemory`,
+/// `maxclients`, `min-replicas-to-write`) or switch a feature (keyspace events) mid-run.
+pub async fn config_set<C, V>(con: &mut C, name: &str, value: V) -> redis::RedisResult<()>
+where
+    C: redis::aio::ConnectionLike + Send,
+    V: redis::ToRedisArgs + Send + Sync,
+{
+    redis::cmd("CONFIG")
+        .arg("SET")
+        .arg(name)
+        .arg(value)
+        .query_async(con)
+        .await
+}
+
 /// Whether a server's log says it could not listen because its port was taken (by another
 /// process, between [`free_port`] and its bind): the caller starts it again on another port.
 pub fn port_taken(log: &str) -> bool {

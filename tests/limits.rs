@@ -54,11 +54,7 @@ async fn wait_log(p: &Processor, needle: &str, limit: Duration) -> bool {
 }
 
 async fn config_set(admin: &mut MultiplexedConnection, key: &str, value: &str) {
-    let _: () = redis::cmd("CONFIG")
-        .arg("SET")
-        .arg(key)
-        .arg(value)
-        .query_async(admin)
+    inferq::testkit::config_set(admin, key, value)
         .await
         .unwrap();
 }

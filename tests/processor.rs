@@ -696,11 +696,7 @@ fn wakeups(metrics: &str, source: &str) -> f64 {
 async fn wake_ups_bring_new_work_without_waiting_the_poll_interval() {
     let redis = RedisServer::start().unwrap();
     let mut con = con(&redis).await;
-    let _: () = redis::cmd("CONFIG")
-        .arg("SET")
-        .arg("notify-keyspace-events")
-        .arg("Kz")
-        .query_async(&mut con)
+    inferq::testkit::config_set(&mut con, "notify-keyspace-events", "Kz")
         .await
         .unwrap();
     let gw = Gateway::start().await;

@@ -5,7 +5,7 @@
 //! carry a TTL (cancel markers, the redis-pubsub admit markers).
 //!
 //! In: the processor's connection. Out: log lines only. At start-up ([`check_at_start`]) the
-//! policy is read once (`INFO memory`, which a least-privilege user may run where `CONFIG` is
+//! policy is read once (`INFO memory stats`, which a least-privilege user may run where `CONFIG` is
 //! refused) and an evicting one is warned about before the processor says it is ready. While it
 //! runs ([`watch`]), the policy and the server's `evicted_keys` count are read every
 //! [`WATCH_EVERY`]: a policy changed at run time is warned about, and keys evicted under an
@@ -59,21 +59,19 @@ fn info_field<'a>(info: &'a str, field: &str) -> Option<&'a str> {
     })
 }
 
-/// Reads the memory policy and the eviction count. An `INFO` section Redis refuses leaves its
-/// fields `None`; the error is returned only when both are refused.
+/// Reads the memory policy and the eviction count (`INFO memory stats`, one call). A field Redis
+/// does not report is `None`.
 pub async fn read(con: &Con) -> Result<MemoryState, redis::RedisError> {
-    let mut con = con.clone();
-    let memory: Result<String, _> = redis::cmd("INFO").arg("memory").query_async(&mut con).await;
-    let stats: Result<String, _> = redis::cmd("INFO").arg("stats").query_async(&mut con).await;
-    if let (Err(e), Err(_)) = (&memory, &stats) {
-        return Err(e.clone());
-    }
-    let memory = memory.unwrap_or_default();
-    let stats = stats.unwrap_or_default();
+    // Both sections in one call (Redis 7 and Valkey take several section names).
+    let info: String = redis::cmd("INFO")
+        .arg("memory")
+        .arg("stats")
+        .query_async(&mut con.clone())
+        .await?;
     Ok(MemoryState {
-        policy: info_field(&memory, "maxmemory_policy").map(str::to_owned),
-        maxmemory: info_field(&memory, "maxmemory").and_then(|v| v.parse().ok()),
-        evicted: info_field(&stats, "evicted_keys").and_then(|v| v.parse().ok()),
+        policy: info_field(&info, "maxmemory_policy").map(str::to_owned),
+        maxmemory: info_field(&info, "maxmemory").and_then(|v| v.parse().ok()),
+        evicted: info_field(&info, "evicted_keys").and_then(|v| v.parse().ok()),
     })
 }
 
@@ -198,11 +196,7 @@ mod tests {
         let state = read(&con).await.expect("info");
         assert_eq!(state.policy.as_deref(), Some("noeviction"));
         assert_eq!(state.evicted, Some(0));
-        let _: () = redis::cmd("CONFIG")
-            .arg("SET")
-            .arg("maxmemory-policy")
-            .arg("allkeys-lru")
-            .query_async(&mut con.clone())
+        crate::testkit::config_set(&mut con.clone(), "maxmemory-policy", "allkeys-lru")
             .await
             .expect("config set");
         let state = read(&con).await.expect("info");

@@ -222,11 +222,7 @@ mod tests {
             redis::RedisError::from(std::io::Error::from(std::io::ErrorKind::ConnectionReset));
         assert_eq!(refusal(&client, &dropped).await, None);
         let mut admin = server.connection().await.expect("connect");
-        let _: () = redis::cmd("CONFIG")
-            .arg("SET")
-            .arg("maxclients")
-            .arg(1)
-            .query_async(&mut admin)
+        crate::testkit::config_set(&mut admin, "maxclients", 1)
             .await
             .expect("config set");
         assert_eq!(

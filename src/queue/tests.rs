@@ -12,7 +12,7 @@ use serde_json::value::RawValue;
 use super::dead::DeadRecord;
 use super::producer::{unix_ms, Producer, ProducerError};
 use super::*;
-use crate::testkit::RedisServer;
+use crate::testkit::{config_set, RedisServer};
 use crate::wire::{Envelope, NewRequest, ResultMessage};
 
 const Q: &str = "q";
@@ -336,16 +336,7 @@ async fn renew_keeps_leases_while_redis_is_out_of_memory() {
     let held = claim_head(&r.queue, 10).await;
     let fences: Vec<Fence> = held.iter().map(|h| h.fence.clone()).collect();
     let before: f64 = r.con.zscore("q:claims-idx", &fences[0].key).await.unwrap();
-    let _: () = redis::cmd("CONFIG")
-        .arg("SET")
-        .arg("maxmemory")
-        .arg(1)
-        .query_async(&mut r.con)
-        .await
-        .unwrap();
-    let refused: redis::RedisResult<()> = r.con.set("grow", "x").await;
-    let e = refused.expect_err("Redis is out of memory");
-    assert_eq!(e.code(), Some("OOM"), "{e}");
+    out_of_memory(&mut r.con).await;
     tokio::time::sleep(Duration::from_millis(20)).await;
     assert_eq!(r.queue.renew(&fences).await.unwrap(), vec![true; 2]);
     let after: f64 = r.con.zscore("q:claims-idx", &fences[0].key).await.unwrap();
@@ -1565,12 +1556,9 @@ async fn a_refused_write_publishes_nothing() {
         ack(&held[0], &ResultMessage::http("a", 200, b"{}")),
         ack(&held[1], &ResultMessage::http("b", 200, b"{}")),
     ];
-    let replicas = |n: u32| {
-        let mut cmd = redis::cmd("CONFIG");
-        cmd.arg("SET").arg("min-replicas-to-write").arg(n);
-        cmd
-    };
-    let _: () = replicas(1).query_async(&mut r.con).await.unwrap();
+    let _: () = config_set(&mut r.con, "min-replicas-to-write", 1)
+        .await
+        .unwrap();
     for _ in 0..3 {
         let statuses = queue.finish(&batch).await.unwrap();
         assert!(
@@ -1580,7 +1568,9 @@ async fn a_refused_write_publishes_nothing() {
             "{statuses:?}"
         );
     }
-    let _: () = replicas(0).query_async(&mut r.con).await.unwrap();
+    let _: () = config_set(&mut r.con, "min-replicas-to-write", 0)
+        .await
+        .unwrap();
     assert_eq!(
         queue.finish(&batch).await.unwrap(),
         [Finished::Published, Finished::Published]
@@ -1597,13 +1587,7 @@ async fn a_refused_write_publishes_nothing() {
 
 /// Puts Redis out of memory (noeviction, `maxmemory` 1 byte): a plain write is refused `OOM`.
 async fn out_of_memory(con: &mut redis::aio::ConnectionManager) {
-    let _: () = redis::cmd("CONFIG")
-        .arg("SET")
-        .arg("maxmemory")
-        .arg(1)
-        .query_async(con)
-        .await
-        .unwrap();
+    config_set(con, "maxmemory", 1).await.unwrap();
     let refused: redis::RedisResult<()> = con.set("grow", "x").await;
     assert_eq!(refused.expect_err("out of memory").code(), Some("OOM"));
 }
@@ -1721,9 +1705,7 @@ async fn census_counts_each_place_and_what_needs_attention() {
 #[tokio::test]
 async fn census_runs_on_a_read_only_replica() {
     let mut r = rig(30_000, 5).await;
-    let _: () = redis::cmd("CONFIG")
-        .arg(&["SET", "repl-diskless-sync-delay", "0"])
-        .query_async(&mut r.con)
+    config_set(&mut r.con, "repl-diskless-sync-delay", 0)
         .await
         .unwrap();
     submit_and_claim(&r, &["a"]).await;
@@ -1768,13 +1750,7 @@ async fn submissions_refused_for_memory_each_say_so_and_nothing_is_queued() {
         }
     }
     assert_eq!(zcard(&mut r.con, Q).await, 0);
-    let _: () = redis::cmd("CONFIG")
-        .arg("SET")
-        .arg("maxmemory")
-        .arg(0)
-        .query_async(&mut r.con)
-        .await
-        .unwrap();
+    config_set(&mut r.con, "maxmemory", 0).await.unwrap();
     let outcomes = r.producer.submit_many(batch()).await.unwrap();
     assert!(outcomes.iter().all(Result::is_ok), "{outcomes:?}");
     assert_eq!(zcard(&mut r.con, Q).await, 2);
