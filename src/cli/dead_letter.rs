@@ -9,7 +9,6 @@
 use std::io::{IsTerminal, Write};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use anyhow::Context;
 use serde_json::json;
 
 use super::Failure;
@@ -80,12 +79,7 @@ pub enum Action {
 }
 
 async fn open(target: &Target) -> Result<DeadLetters, Failure> {
-    let (url, tls) = target.redis.url_and_tls()?;
-    // The error names the URL or the TLS flag at fault.
-    let client = crate::queue::connect::client(&url, &tls).map_err(Failure::bad_input)?;
-    let con = crate::queue::connect::manager(&client)
-        .await
-        .context("cannot connect to Redis")?;
+    let con = target.redis.connect().await?;
     Ok(DeadLetters::new(con, &target.queue))
 }
 

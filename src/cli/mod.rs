@@ -125,6 +125,18 @@ impl RedisConn {
         };
         Ok((url, tls))
     }
+
+    /// A connection to this Redis for the operator's commands (`dead-letter`, `status`); a bad
+    /// URL or TLS file is bad input.
+    pub async fn connect(&self) -> Result<redis::aio::ConnectionManager, Failure> {
+        use anyhow::Context;
+        let (url, tls) = self.url_and_tls()?;
+        // The error names the URL or the TLS flag at fault.
+        let client = crate::queue::connect::client(&url, &tls).map_err(Failure::bad_input)?;
+        Ok(crate::queue::connect::manager(&client)
+            .await
+            .context("cannot connect to Redis")?)
+    }
 }
 
 /// Where the producer-side commands find Redis and the queues.

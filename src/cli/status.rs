@@ -67,11 +67,7 @@ const HEADER: [&str; 10] = [
 ];
 
 pub async fn status(args: StatusArgs) -> Result<(), Failure> {
-    let (url, tls) = args.redis.url_and_tls()?;
-    let client = crate::queue::connect::client(&url, &tls).map_err(Failure::bad_input)?;
-    let mut con = crate::queue::connect::manager(&client)
-        .await
-        .context("cannot connect to Redis")?;
+    let mut con = args.redis.connect().await?;
     let table = !args.json && std::io::stdout().is_terminal();
     let mut last: Vec<Option<Census>> = vec![None; args.queue.len()];
     let mut taken = 0u64;
