@@ -9,6 +9,7 @@ use super::gate::{parse_gate, GateSpec, GateType};
 use super::json::decode;
 use super::transport::DEFAULT_POOL_ID;
 use super::ConfigError;
+use crate::dispatch::gates::params::Params;
 
 /// One worker pool.
 #[derive(Debug, Clone, PartialEq)]
@@ -103,25 +104,19 @@ pub(crate) fn parse_pools(
 }
 
 /// The `limit` of a `local-max-concurrency` gate that refuses when full (classifying mode, the
-/// default), as far as it can be read here (the gate factory validates it).
+/// default), read with the gate's own parameter coercion (the gate factory validates it).
 fn refusing_limit(gate: &GateSpec) -> Option<u64> {
     if gate.kind != GateType::LocalMaxConcurrency {
         return None;
     }
-    let mode = gate.params.get("gating_mode").and_then(Value::as_str);
-    if !matches!(mode, None | Some("" | "classifying")) {
+    let p = Params::new("local-max-concurrency", &gate.params);
+    if p.string_or("gating_mode", "classifying") != "classifying" {
         return None;
     }
-    match gate.params.get("limit")? {
-        // The gate takes an integral float (`8.0`) too.
-        Value::Number(n) => n.as_u64().or_else(|| {
-            n.as_f64()
-                .filter(|f| f.fract() == 0.0 && (0.0..9.0e15).contains(f))
-                .map(|f| f as u64)
-        }),
-        Value::String(s) => s.trim().parse().ok(),
-        _ => None,
-    }
+    p.int("limit")
+        .ok()
+        .flatten()
+        .and_then(|n| u64::try_from(n).ok())
 }
 
 #[cfg(test)]
