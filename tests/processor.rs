@@ -1111,17 +1111,10 @@ async fn a_closed_log_pipe_neither_kills_the_processor_nor_deafens_it() {
         closed_output: true,
         ..ProcessorOpts::default()
     };
-    let mut p = Processor::start(&redis, &gateway, &opts).await;
-    producer(&redis, "request-sortedset")
-        .await
-        .submit(request("piped", 60, "{}"))
-        .await
-        .unwrap();
-    let mut con = con(&redis).await;
-    let got = wait_results(&mut con, 1, Duration::from_secs(10)).await;
+    // Serves the request, then exits 0 on SIGTERM.
+    one_request_then_stop(&redis, &gateway, &opts, "piped").await;
+    let got = results(&mut con(&redis).await).await;
     assert_eq!(got[0].status_code, 200);
-    p.signal("TERM");
-    assert_eq!(p.wait_exit(Duration::from_secs(15)).await, Some(0));
 }
 
 /// Rule 10 when Redis refuses the dead list: a member that is not a request, which Redis will not
