@@ -1,7 +1,7 @@
 //! End-to-end tests of a processor against a Redis at its resource limits: `maxclients`
 //! reached (at start-up and while running, after its connections were killed), an evicting
 //! `maxmemory-policy`, and a `client-output-buffer-limit pubsub` too small for a burst of
-//! keyspace events. Each runs a real redis-server, the test gateway and `inferq run`, and checks
+//! keyspace events, an open-file limit smaller than the workers need. Each runs a real redis-server, the test gateway and `inferq run`, and checks
 //! that every request gets exactly one result, that `/readyz` and the log name what is wrong
 //! while it lasts, and that the processor recovers by itself.
 
@@ -271,4 +271,71 @@ async fn a_wake_up_subscription_cut_by_the_output_buffer_limit_is_reported() {
     seen.dedup();
     assert_eq!(seen.len(), ids.len(), "one result each");
     assert_eq!(got.len(), ids.len(), "no duplicates");
+}
+
+/// The open-file limit of a running process (`soft`, `hard`), from `/proc/<pid>/limits`.
+fn open_files(pid: u32) -> Option<(String, String)> {
+    let limits = std::fs::read_to_string(format!("/proc/{pid}/limits")).ok()?;
+    let line = limits.lines().find(|l| l.starts_with("Max open files"))?;
+    let mut fields = line.split_whitespace().skip(3);
+    Some((fields.next()?.to_owned(), fields.next()?.to_owned()))
+}
+
+/// A hard open-file limit below what the workers need (1,024 workers, `ulimit -n 256`): the
+/// processor says so at start-up, naming the limit and the need, instead of running silently
+/// with gateway connects failing and its probes refused; and every request still gets its one
+/// result.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_open_file_limit_below_the_workers_need_is_named_at_start() {
+    let redis = RedisServer::start().unwrap();
+    let gw = Gateway::start().await;
+    let opts = ProcessorOpts {
+        concurrency: 1024,
+        ulimit: Some("-n 256"),
+        ..Default::default()
+    };
+    let p = Processor::start(&redis, &gw, &opts).await;
+    assert_eq!(
+        open_files(p.pid()),
+        Some(("256".to_owned(), "256".to_owned()))
+    );
+    let log = p.log();
+    assert!(
+        log.contains("the open-file limit (RLIMIT_NOFILE, ulimit -n) is 256 (hard limit 256), but 1024 workers need about 1088"),
+        "no warning naming the limit; log:\n{log}"
+    );
+    let producer = producer(&redis, &opts.queue).await;
+    for i in 0..20 {
+        producer
+            .submit(request(&format!("fd-{i}"), 600, r#"{"prompt":"x"}"#))
+            .await
+            .unwrap();
+    }
+    let mut con = con(&redis).await;
+    let results = wait_results(&mut con, 20, Duration::from_secs(30)).await;
+    let mut ids: Vec<String> = results.iter().map(|r| r.id.clone()).collect();
+    ids.sort();
+    ids.dedup();
+    assert_eq!(ids.len(), 20);
+}
+
+/// A soft open-file limit below the hard one is raised to it at start-up, as the Go runtime
+/// does, so `ulimit -Sn 256` under a hard limit with room costs nothing and warns of nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_soft_open_file_limit_is_raised_to_the_hard_one() {
+    let redis = RedisServer::start().unwrap();
+    let gw = Gateway::start().await;
+    let opts = ProcessorOpts {
+        concurrency: 1024,
+        ulimit: Some("-Sn 256 && ulimit -Hn 2048"),
+        ..Default::default()
+    };
+    let p = Processor::start(&redis, &gw, &opts).await;
+    assert_eq!(
+        open_files(p.pid()),
+        Some(("2048".to_owned(), "2048".to_owned()))
+    );
+    let log = p.log();
+    assert!(log.contains("raised the open-file limit"), "log:\n{log}");
+    assert!(!log.contains("workers need about"), "log:\n{log}");
 }

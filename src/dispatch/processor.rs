@@ -139,6 +139,14 @@ fn queue_gate_error(q: &crate::config::QueueConfig, e: gates::GateError) -> Disp
 pub async fn run(config: RunConfig, shutdown: CancellationToken) -> Result<(), DispatchError> {
     let metrics = Arc::new(Metrics::new());
     let transport = &config.transport;
+    // Before anything opens a descriptor: every busy worker holds a gateway connection.
+    let fds = crate::ops::fd_limit::raise();
+    if fds.soft != fds.before {
+        tracing::info!(from = ?fds.before, to = ?fds.soft, "raised the open-file limit (RLIMIT_NOFILE) to its hard limit");
+    }
+    if let Some(warning) = crate::ops::fd_limit::shortfall(&fds, config.total_workers()) {
+        tracing::warn!("{warning}");
+    }
     let client = connect::client(transport.url.expose(), &config.redis_tls)
         .map_err(|e| DispatchError::Config(e.to_string()))?;
     let gateway_client = GatewayClient::new(

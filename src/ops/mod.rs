@@ -7,6 +7,7 @@
 pub mod accept;
 pub mod encoding;
 pub mod exposition;
+pub mod fd_limit;
 pub mod gofloat;
 pub mod health;
 pub mod listen;

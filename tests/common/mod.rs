@@ -247,6 +247,8 @@ pub struct ProcessorOpts {
     /// Standard output and error are pipes whose reader is gone (as under `| head`), instead of
     /// the log file.
     pub closed_output: bool,
+    /// `ulimit` arguments the processor starts under (`"-n 256"`), through `sh`.
+    pub ulimit: Option<&'static str>,
 }
 
 impl Default for ProcessorOpts {
@@ -267,6 +269,7 @@ impl Default for ProcessorOpts {
             transport_args: None,
             env: Vec::new(),
             closed_output: false,
+            ulimit: None,
         }
     }
 }
@@ -326,7 +329,18 @@ impl Processor {
         );
         let log = tempfile::NamedTempFile::new().unwrap();
         let pools = tempfile::NamedTempFile::new().unwrap();
-        let mut command = Command::new(env!("CARGO_BIN_EXE_inferq"));
+        let mut command = match opts.ulimit {
+            Some(limit) => {
+                let mut sh = Command::new("sh");
+                sh.args([
+                    "-c",
+                    &format!("ulimit {limit} && exec \"$0\" \"$@\""),
+                    env!("CARGO_BIN_EXE_inferq"),
+                ]);
+                sh
+            }
+            None => Command::new(env!("CARGO_BIN_EXE_inferq")),
+        };
         command.arg("run");
         if let Some(json) = &opts.pools {
             std::fs::write(pools.path(), json).unwrap();
