@@ -24,6 +24,9 @@ pub struct QueueCtx {
     pub queue: Queue,
     pub holdings: Holdings,
     pub outbox: UnboundedSender<Outgoing>,
+    /// The bytes of outcomes in the outbox, which finished workers wait on (see
+    /// [`super::outbox`]).
+    pub outbox_load: Arc<super::outbox::Load>,
     pub labels: QueueLabels,
     pub metrics: Arc<Metrics>,
     /// The per-request series of this queue, resolved once.
@@ -119,9 +122,11 @@ impl QueueCtx {
         self.holdings.mark_finishing(finish.fence());
         // The outbox lives until every holder has finished, so the send only fails after a
         // shutdown that already gave up; the lease then returns the claim to pending.
+        let charge = self.outbox_load.charge(finish.size());
         let _ = self.outbox.send(Outgoing {
             finish,
             last_chance,
+            charge,
         });
     }
 

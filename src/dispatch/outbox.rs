@@ -11,6 +11,12 @@
 //! last-chance slot (see [`super::last_chance`]): a crash before the write would still charge the
 //! request a delivery.
 //!
+//! The outbox is bounded by bytes: while more than [`MAX_WAITING_BYTES`] of outcomes wait, a
+//! worker that finished waits before it takes the next request (see [`Load`]), so a gateway
+//! that answers faster than Redis takes the results (large results, a slow Redis) slows the
+//! workers instead of piling results up in memory; a round trip writes at most
+//! [`MAX_BATCH_BYTES`] (and at least one outcome).
+//!
 //! An outcome Redis refuses for itself, not for an outage (a result list outside this user's
 //! rights), is handled by whose list it is. For a list this queue is configured with, the fix is
 //! the operator's and every request would meet the same refusal: the outcomes are kept and
@@ -22,11 +28,12 @@
 //! sent again.
 
 use std::collections::VecDeque;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::mpsc::UnboundedReceiver;
+use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use super::context::QueueCtx;
@@ -37,10 +44,67 @@ use crate::queue::{Finish, Finished};
 /// Most outcomes written per round trip.
 pub const MAX_BATCH: usize = 256;
 
-/// One outcome on its way, with the last-chance slot of its job if it held one.
+/// Bytes of outcomes waiting to be written past which finished workers wait for room.
+pub const MAX_WAITING_BYTES: usize = 64 << 20;
+/// Most bytes of outcomes written per round trip (a bigger single outcome goes alone).
+pub const MAX_BATCH_BYTES: usize = 16 << 20;
+
+/// One outcome on its way, with the last-chance slot of its job if it held one, and its share
+/// of the outbox's [`Load`] (returned when it is dropped: written or given up).
 pub struct Outgoing {
     pub finish: Finish,
     pub last_chance: Option<Slot>,
+    pub charge: Charge,
+}
+
+/// The bytes of the outcomes a queue's outbox holds.
+#[derive(Debug, Default)]
+pub struct Load {
+    bytes: AtomicUsize,
+    drained: Notify,
+}
+
+impl Load {
+    /// Counts `bytes` more until the returned charge is dropped.
+    pub fn charge(self: &Arc<Self>, bytes: usize) -> Charge {
+        self.bytes.fetch_add(bytes, Ordering::SeqCst);
+        Charge {
+            load: self.clone(),
+            bytes,
+        }
+    }
+
+    /// The bytes held now.
+    pub fn bytes(&self) -> usize {
+        self.bytes.load(Ordering::SeqCst)
+    }
+
+    /// Returns once no more than `limit` bytes are held.
+    pub async fn room(&self, limit: usize) {
+        loop {
+            let drained = self.drained.notified();
+            tokio::pin!(drained);
+            drained.as_mut().enable();
+            if self.bytes() <= limit {
+                return;
+            }
+            drained.await;
+        }
+    }
+}
+
+/// One outcome's share of a [`Load`].
+#[derive(Debug)]
+pub struct Charge {
+    load: Arc<Load>,
+    bytes: usize,
+}
+
+impl Drop for Charge {
+    fn drop(&mut self) {
+        self.load.bytes.fetch_sub(self.bytes, Ordering::SeqCst);
+        self.load.drained.notify_waiters();
+    }
 }
 
 impl std::borrow::Borrow<Finish> for Outgoing {
@@ -92,7 +156,7 @@ pub async fn run_outbox(
             report(&ctx, &mut reported, None);
             continue;
         }
-        let n = waiting.len().min(MAX_BATCH);
+        let n = batch_len(&waiting);
         let batch: Vec<Outgoing> = waiting.drain(..n).collect();
         match ctx.queue.finish(&batch).await {
             Ok(statuses) => {
@@ -115,9 +179,11 @@ pub async fn run_outbox(
                                 continue;
                             }
                             if let Some(instead) = instead_of_refused(&ctx, f, &e).await {
+                                let charge = ctx.outbox_load.charge(instead.size());
                                 waiting.push_back(Outgoing {
                                     finish: instead,
                                     last_chance: o.last_chance,
+                                    charge,
                                 });
                                 continue;
                             }
@@ -160,6 +226,21 @@ pub async fn run_outbox(
         depth.set(i64::try_from(waiting.len()).unwrap_or(i64::MAX));
     }
     depth.set(0);
+}
+
+/// How many outcomes from the front of `waiting` the next round trip writes: at most
+/// [`MAX_BATCH`], and no more than [`MAX_BATCH_BYTES`] unless the first alone is bigger.
+fn batch_len(waiting: &VecDeque<Outgoing>) -> usize {
+    let mut bytes = 0usize;
+    let mut n = 0;
+    for o in waiting.iter().take(MAX_BATCH) {
+        bytes = bytes.saturating_add(o.charge.bytes);
+        if n > 0 && bytes > MAX_BATCH_BYTES {
+            break;
+        }
+        n += 1;
+    }
+    n
 }
 
 /// Puts `outcomes` back at the front of `waiting`, in their order, and waits `backoff` before
@@ -241,4 +322,28 @@ async fn instead_of_refused(ctx: &QueueCtx, f: &Finish, refusal: &str) -> Option
         .get_or_create(&ctx.labels.with_outcome("result_refused"))
         .inc();
     Some(bury)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn room_waits_until_the_held_bytes_drop_to_the_limit() {
+        let load = Arc::new(Load::default());
+        let first = load.charge(60);
+        let second = load.charge(60);
+        assert_eq!(load.bytes(), 120);
+        let waiter = tokio::spawn({
+            let load = load.clone();
+            async move { load.room(100).await }
+        });
+        tokio::task::yield_now().await;
+        assert!(!waiter.is_finished());
+        drop(first);
+        assert_eq!(load.bytes(), 60);
+        assert!(waiter.await.is_ok());
+        drop(second);
+        assert_eq!(load.bytes(), 0);
+    }
 }

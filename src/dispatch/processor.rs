@@ -300,6 +300,7 @@ pub async fn run(config: RunConfig, shutdown: CancellationToken) -> Result<(), D
             },
             holdings: Holdings::new(config.claim.lease),
             outbox: outbox_tx,
+            outbox_load: Arc::default(),
             series: metrics.queue_series(&labels),
             labels,
             metrics: metrics.clone(),
@@ -475,8 +476,16 @@ async fn run_pool(
             },
         };
         let env = env.clone();
+        let ctx = job.ctx.clone();
+        let stop = stop.clone();
         tracker.spawn(async move {
             work(job, env).await;
+            // The worker is free only once its queue's outbox has room: results the gateway
+            // sends faster than Redis takes them slow the pool down instead of piling up.
+            tokio::select! {
+                _ = ctx.outbox_load.room(super::outbox::MAX_WAITING_BYTES) => {}
+                _ = stop.cancelled() => {}
+            }
             drop(permit);
         });
     }

@@ -164,6 +164,18 @@ pub enum Finish {
 }
 
 impl Finish {
+    /// The bytes this outcome carries to Redis (its result, record or member).
+    pub fn size(&self) -> usize {
+        match self {
+            Finish::Ack { id, result, .. } => id.len() + result.len(),
+            Finish::Bury {
+                id, result, record, ..
+            } => id.len() + result.len() + record.len(),
+            Finish::Park { member, .. } => member.len(),
+            Finish::Release { .. } => 0,
+        }
+    }
+
     /// For a bury whose result Redis refused to take (say, the message names a result list this
     /// user may not write): the same bury without the result, its record saying why, so the
     /// member still reaches the dead list instead of coming back at every lease expiry.
