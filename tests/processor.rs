@@ -160,6 +160,77 @@ async fn rate_limited_with_retry_after() {
     assert!(p.metrics().await.contains("llm_d_async_async_shedded_requests_total{pool_name=\"default\",queue_id=\"request-sortedset\",queue_name=\"request-sortedset\"} 1"));
 }
 
+/// A parked retry goes back to pending when it is due, not when the promoter next happens to
+/// look: with a reclaim interval of a minute (the idle promoter's longest sleep), the 503's
+/// retry still comes after Go's first backoff of [2, 4) s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_parked_retry_runs_when_due_however_long_the_idle_promoter_sleeps() {
+    let redis = RedisServer::start().unwrap();
+    let gw = Gateway::start().await;
+    gw.script(
+        "due",
+        vec![Reply::status(503, "busy"), Reply::ok(r#"{"ok":true}"#)],
+    );
+    let opts = ProcessorOpts {
+        lease_s: 60.0,
+        reclaim_ms: 60_000,
+        ..ProcessorOpts::default()
+    };
+    let _p = Processor::start(&redis, &gw, &opts).await;
+    // Idle first, so the promoter is in its long sleep when the retry is parked.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    producer(&redis, Q)
+        .await
+        .submit(request("due", 120, "{}"))
+        .await
+        .unwrap();
+    let mut con = con(&redis).await;
+    let got = wait_results(&mut con, 1, Duration::from_secs(30)).await;
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].status_code, 200);
+    let seen = gw.seen("due");
+    assert_eq!(seen.len(), 2);
+    let gap = seen[1].at - seen[0].at;
+    assert!(
+        gap >= Duration::from_millis(1900) && gap < Duration::from_secs(10),
+        "the retry is due after [2, 4) s and runs then, not at the minute: {gap:?}"
+    );
+}
+
+/// An idle queue costs Redis little: the promoter looks once per reclaim interval when nothing
+/// is parked, instead of every poll interval (here 50 ms: 40 `ZRANGEBYSCORE`s a second, two
+/// per pass, before).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_queue_is_not_searched_for_retries_every_poll() {
+    let redis = RedisServer::start().unwrap();
+    let gw = Gateway::start().await;
+    let _p = Processor::start(&redis, &gw, &ProcessorOpts::default()).await;
+    let mut con = con(&redis).await;
+    let _: () = redis::cmd("CONFIG")
+        .arg("RESETSTAT")
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    let searches: u64 = info
+        .lines()
+        .find_map(|l| l.strip_prefix("cmdstat_zrangebyscore:calls="))
+        .and_then(|rest| rest.split(',').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0);
+    // A promote pass (two searches) and a reclaim pass (one) per 5 s interval, two of each at
+    // most in 3 s.
+    assert!(
+        searches <= 6,
+        "{searches} ZRANGEBYSCOREs in 3 s on an idle queue"
+    );
+}
+
 /// A 4xx other than 429 is terminal: one attempt, the status and body as the result.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn client_error_is_terminal() {

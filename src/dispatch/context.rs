@@ -34,6 +34,9 @@ pub struct QueueCtx {
     /// Rung when work may have arrived (doorbell, keyspace event, local requeue): the consumer
     /// polls at once instead of waiting out its interval. Rings coalesce into one poll.
     pub wake: tokio::sync::Notify,
+    /// Rung when this instance parked a retry: the promoter, which otherwise sleeps until the
+    /// earliest parked entry is due, looks again.
+    pub parked: tokio::sync::Notify,
     /// Whether the wake-up listener is subscribed: while it is, a consumer with nothing to do
     /// may wait its whole `poll_interval` for a ring.
     pub listening: std::sync::atomic::AtomicBool,

@@ -81,6 +81,10 @@ impl Load {
 
     /// Returns once no more than `limit` bytes are held.
     pub async fn room(&self, limit: usize) {
+        // The usual case, without registering a waiter.
+        if self.bytes() <= limit {
+            return;
+        }
         loop {
             let drained = self.drained.notified();
             tokio::pin!(drained);
@@ -164,11 +168,14 @@ pub async fn run_outbox(
                 // kept and retried, as in an outage (see the module comment).
                 let mut kept: Vec<Outgoing> = Vec::new();
                 let mut refusal: Option<(String, String)> = None;
+                let mut parked = false;
                 for (o, status) in batch.into_iter().zip(statuses) {
                     let f = &o.finish;
                     let own_list = configured_list(&ctx, f);
                     match status {
-                        Finished::Published => {}
+                        Finished::Published => {
+                            parked |= matches!(f, Finish::Park { .. });
+                        }
                         Finished::NotYours => {
                             ctx.series.fenced.get().inc();
                         }
@@ -191,6 +198,9 @@ pub async fn run_outbox(
                         }
                     }
                     ctx.holdings.remove(f.fence());
+                }
+                if parked {
+                    ctx.parked.notify_one();
                 }
                 match refusal {
                     None => {

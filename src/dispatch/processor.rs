@@ -305,6 +305,7 @@ pub async fn run(config: RunConfig, shutdown: CancellationToken) -> Result<(), D
             labels,
             metrics: metrics.clone(),
             wake: tokio::sync::Notify::new(),
+            parked: tokio::sync::Notify::new(),
             listening: std::sync::atomic::AtomicBool::new(false),
             default_result_list: transport.result_queue_name.clone(),
             default_url,

@@ -218,6 +218,12 @@ fn finish_taken(ctx: &QueueCtx, taken: TakenOver, taken_at: Instant) {
 }
 
 /// Moves due retries (ours, and this queue's entries in the Go retry set) back to pending.
+///
+/// Between passes it sleeps until the earliest entry left is due (by Redis time), woken early
+/// when this instance parks a retry, but never longer than the reclaim interval (retries another
+/// instance parked before it died), and never shorter than `every` while entries it does not
+/// move are due (another queue's in the Go retry set). An idle queue so costs one pass per
+/// reclaim interval instead of one every `every`.
 pub async fn promoter(
     ctx: Arc<QueueCtx>,
     every: Duration,
@@ -225,29 +231,44 @@ pub async fn promoter(
     default_queue: bool,
     stop: CancellationToken,
 ) {
-    while tick(&stop, every).await {
-        loop {
-            match ctx
-                .queue
-                .promote(PROMOTE_BATCH, go_retry_set.as_deref(), default_queue)
-                .await
-            {
-                Ok(n) if n as usize >= PROMOTE_BATCH => {
+    let longest = ctx.queue.settings().reclaim_interval.max(every);
+    loop {
+        let sleep = match ctx
+            .queue
+            .promote(PROMOTE_BATCH, go_retry_set.as_deref(), default_queue)
+            .await
+        {
+            Ok(p) => {
+                if p.moved > 0 {
                     ctx.wake.notify_one();
+                }
+                if p.moved as usize >= PROMOTE_BATCH {
                     continue;
                 }
-                Ok(n) => {
-                    if n > 0 {
-                        ctx.wake.notify_one();
-                    }
-                    break;
-                }
-                Err(e) => {
-                    tracing::debug!(queue = %ctx.queue.name(), error = %e, "promote failed; will retry");
-                    break;
-                }
+                promote_sleep(p.until_due, every, longest)
             }
+            Err(e) => {
+                tracing::debug!(queue = %ctx.queue.name(), error = %e, "promote failed; will retry");
+                every
+            }
+        };
+        tokio::select! {
+            biased;
+            _ = stop.cancelled() => return,
+            _ = ctx.parked.notified() => {}
+            _ = tokio::time::sleep(sleep) => {}
         }
+    }
+}
+
+/// How long the promoter sleeps after a pass that left the earliest entry `until_due` away.
+fn promote_sleep(until_due: Option<Duration>, every: Duration, longest: Duration) -> Duration {
+    match until_due {
+        None => longest,
+        // Due already yet not moved: another queue's entry in the Go retry set, which is
+        // looked at again at the Go processor's pace.
+        Some(d) if d.is_zero() => every,
+        Some(d) => d.min(longest),
     }
 }
 
@@ -263,5 +284,40 @@ pub async fn backlog(ctx: Arc<QueueCtx>, every: Duration, stop: CancellationToke
         if !tick(&stop, every).await {
             return;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_idle_promoter_sleeps_until_the_earliest_retry_is_due_at_most_the_longest_pause() {
+        let every = Duration::from_millis(500);
+        let longest = Duration::from_secs(5);
+        assert_eq!(
+            promote_sleep(None, every, longest),
+            longest,
+            "nothing parked"
+        );
+        assert_eq!(
+            promote_sleep(Some(Duration::from_millis(1200)), every, longest),
+            Duration::from_millis(1200),
+            "wakes when the retry is due, not a tick later"
+        );
+        assert_eq!(
+            promote_sleep(Some(Duration::from_millis(3)), every, longest),
+            Duration::from_millis(3)
+        );
+        assert_eq!(
+            promote_sleep(Some(Duration::from_secs(60)), every, longest),
+            longest,
+            "an instance that died before it moved its retries"
+        );
+        assert_eq!(
+            promote_sleep(Some(Duration::ZERO), every, longest),
+            every,
+            "due yet not ours: Go's pace, not a spin"
+        );
     }
 }

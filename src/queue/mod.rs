@@ -31,7 +31,7 @@ mod tests;
 
 pub use keys::QueueKeys;
 pub use moves::{
-    Claimed, Fence, Finish, Finished, Held, Peeked, Queue, QueueError, Reclaimed, SetAside,
-    TakenOver, Takeover,
+    Claimed, Fence, Finish, Finished, Held, Peeked, Promoted, Queue, QueueError, Reclaimed,
+    SetAside, TakenOver, Takeover,
 };
 pub use settings::ClaimSettings;

@@ -132,6 +132,16 @@ pub struct Reclaimed {
     pub taken_over: Vec<TakenOver>,
 }
 
+/// What one promote pass did.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Promoted {
+    /// Due retries moved back to pending.
+    pub moved: u64,
+    /// How long until the earliest entry left in parked or the Go retry set is due (by Redis
+    /// time; zero when one is due already); `None` when both are empty.
+    pub until_due: Option<std::time::Duration>,
+}
+
 /// How one generation ends.
 #[derive(Debug, Clone)]
 pub enum Finish {
@@ -792,7 +802,7 @@ impl Queue {
         limit: usize,
         go_retry_set: Option<&str>,
         default_for_go_retries: bool,
-    ) -> Result<u64, QueueError> {
+    ) -> Result<Promoted, QueueError> {
         let mut keys = vec![self.keys.parked.as_str(), self.keys.pending.as_str()];
         if let Some(set) = go_retry_set {
             keys.push(set);
@@ -806,10 +816,15 @@ impl Queue {
         let cmd = SCRIPTS.promote.cmd(&keys, &args);
         let reply = SCRIPTS.promote.run(&mut self.con.clone(), &cmd).await?;
         match int_array(&reply).as_deref() {
-            Some(&[moved, next]) => {
+            Some(&[moved, next, until_due]) => {
                 self.go_retry_scan
                     .store(u64::try_from(next).unwrap_or(0), Ordering::Relaxed);
-                Ok(u64::try_from(moved).unwrap_or(0))
+                Ok(Promoted {
+                    moved: u64::try_from(moved).unwrap_or(0),
+                    until_due: u64::try_from(until_due)
+                        .ok()
+                        .map(std::time::Duration::from_millis),
+                })
             }
             _ => Err(bad_reply("promote", &reply)),
         }

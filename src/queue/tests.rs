@@ -707,16 +707,23 @@ async fn park_then_promote_when_due() {
         .await
         .unwrap());
     assert_eq!(hlen(&mut r.con, "q:claimed").await, 0);
-    assert_eq!(
-        r.queue.promote(10, None, true).await.unwrap(),
-        0,
-        "not due yet"
+    let early = r.queue.promote(10, None, true).await.unwrap();
+    assert_eq!(early.moved, 0, "not due yet");
+    let until_due = early.until_due.unwrap();
+    assert!(
+        until_due > Duration::ZERO && until_due <= Duration::from_secs(2),
+        "the parked retry is due within its backoff: {until_due:?}"
     );
     let promoted = first_nonzero("the retry to be due", || async {
-        r.queue.promote(10, None, true).await.unwrap()
+        r.queue.promote(10, None, true).await.unwrap().moved
     })
     .await;
     assert_eq!(promoted, 1);
+    assert_eq!(
+        r.queue.promote(10, None, true).await.unwrap().until_due,
+        None,
+        "nothing is parked any more"
+    );
     let pending = r.queue.peek(10).await.unwrap();
     assert_eq!(pending.len(), 1);
     assert_eq!(pending[0].score, held.envelope.request.deadline as f64);
@@ -765,7 +772,8 @@ async fn promote_moves_due_entries_out_of_the_go_retry_set() {
         r.queue
             .promote(10, Some("retry-sortedset"), false)
             .await
-            .unwrap(),
+            .unwrap()
+            .moved,
         1
     );
     let score: f64 = r.con.zscore(Q, &ours).await.unwrap();
@@ -776,11 +784,30 @@ async fn promote_moves_due_entries_out_of_the_go_retry_set() {
         r.queue
             .promote(10, Some("retry-sortedset"), true)
             .await
-            .unwrap(),
+            .unwrap()
+            .moved,
         1
     );
     assert_eq!(zcard(&mut r.con, "retry-sortedset").await, 2);
     assert_eq!(zcard(&mut r.con, Q).await, 2);
+    // Another queue's entry is due and stays: the promoter looks again at the Go pace.
+    let left = r
+        .queue
+        .promote(10, Some("retry-sortedset"), true)
+        .await
+        .unwrap();
+    assert_eq!(left.until_due, Some(Duration::ZERO));
+    let _: () = r.con.zrem("retry-sortedset", &other).await.unwrap();
+    let left = r
+        .queue
+        .promote(10, Some("retry-sortedset"), true)
+        .await
+        .unwrap();
+    let until_due = left.until_due.unwrap();
+    assert!(
+        until_due > Duration::from_secs(50) && until_due <= Duration::from_secs(60),
+        "the one entry left is due in a minute: {until_due:?}"
+    );
 }
 
 /// Rule 8: release hands unstarted claims back at once, at their original score, without
@@ -1140,7 +1167,7 @@ async fn promote_and_requeue_into_a_pending_key_of_the_wrong_type_lose_nothing()
     assert_eq!(still_dead, 1);
 
     let _: () = r.con.del(Q).await.unwrap();
-    assert_eq!(r.queue.promote(10, None, false).await.unwrap(), 1);
+    assert_eq!(r.queue.promote(10, None, false).await.unwrap().moved, 1);
     let requeued = dead_letters.requeue(&listed[0], unix_ms()).await;
     assert!(matches!(requeued, Ok(Ok(_))), "{requeued:?}");
     assert_eq!(zcard(&mut r.con, Q).await, 2);
@@ -1185,7 +1212,8 @@ async fn promote_scans_past_other_queues_go_retries() {
             .queue
             .promote(10, Some("retry-sortedset"), false)
             .await
-            .unwrap();
+            .unwrap()
+            .moved;
     }
     assert_eq!(moved, 3);
     assert_eq!(zcard(&mut r.con, Q).await, 3);
@@ -1244,7 +1272,8 @@ async fn a_nan_deadline_is_not_lost_by_promote_or_reclaim() {
         r.queue
             .promote(10, Some("retry-sortedset"), false)
             .await
-            .unwrap(),
+            .unwrap()
+            .moved,
         1
     );
     let score: Option<f64> = r.con.zscore(Q, parked).await.unwrap();
@@ -1612,7 +1641,7 @@ async fn promote_and_reclaim_work_while_redis_is_out_of_memory() {
         .unwrap());
     tokio::time::sleep(Duration::from_millis(300)).await;
     out_of_memory(&mut r.con).await;
-    assert_eq!(r.queue.promote(10, None, true).await.unwrap(), 1);
+    assert_eq!(r.queue.promote(10, None, true).await.unwrap().moved, 1);
     assert_eq!(r.queue.reclaim(10).await.unwrap().requeued, 1);
     assert_eq!(zcard(&mut r.con, Q).await, 2, "both are pending again");
     assert_eq!(zcard(&mut r.con, "q:parked").await, 0);

@@ -20,10 +20,13 @@
             are passed over call by call instead of hiding them
 
   Output: { number of members moved to pending, where the next scan of the Go retry set starts
-  (0: this one reached its end) }, or a WRONGTYPE error (nothing moved) when pending holds
-  another type than a sorted set.
+  (0: this one reached its end), milliseconds until the earliest entry left in parked or the Go
+  retry set is due (0: one is due already, say another queue's Go retry; -1: both are empty) },
+  or a WRONGTYPE error (nothing moved) when pending holds another type than a sorted set.
+  The third lets an idle promoter sleep until there is something to move.
 ]]
-local now = nowMs() / 1000
+local nowAt = nowMs()
+local now = nowAt / 1000
 local limit = tonumber(ARGV[1])
 local moved = 0
 local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, limit)
@@ -69,4 +72,18 @@ if KEYS[3] then
     nextScan = from + passed - removed
   end
 end
-return { moved, nextScan }
+-- When the earliest entry left is due: parked's own, or the Go retry set's (any queue's).
+local untilDue = -1
+for k = 1, 3, 2 do
+  if KEYS[k] then
+    local first = redis.call('ZRANGE', KEYS[k], 0, 0, 'WITHSCORES')
+    local at = first[2] and tonumber(first[2])
+    if at then
+      local wait = math.max(0, math.ceil(at * 1000 - nowAt))
+      if untilDue < 0 or wait < untilDue then
+        untilDue = wait
+      end
+    end
+  end
+end
+return { moved, nextScan, untilDue }
