@@ -571,3 +571,87 @@ async fn queued_in_db(con: &mut redis::aio::ConnectionManager, db: u32) -> (u64,
         .await
         .unwrap()
 }
+
+/// Ctrl-C (SIGINT) or SIGTERM stops `results --consumer` as its timeout does: it gives its
+/// name up, so a consumer restarted under the name starts at once (before, the signal killed
+/// it and the restart waited up to 15 s for the old lease), and what it had taken is kept.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn results_consumer_gives_its_name_up_on_a_signal() {
+    use std::process::{Command, Stdio};
+    use std::time::{Duration, Instant};
+    let redis = RedisServer::start().unwrap();
+    let mut con = common::con(&redis).await;
+    for sig in ["-INT", "-TERM"] {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_inferq"))
+            .args(["results", "--timeout", "60s", "--consumer", "w1"])
+            .env("REDIS_URL", redis.url())
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        // Signalled once it waits in its blocking move, holding the name.
+        let started = Instant::now();
+        loop {
+            let clients: String = redis::cmd("CLIENT")
+                .arg("LIST")
+                .query_async(&mut con)
+                .await
+                .unwrap();
+            if clients.contains("cmd=blmove") {
+                break;
+            }
+            assert!(started.elapsed() < Duration::from_secs(20), "{clients}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let held: bool = con.exists("result-list:taken:w1:lease").await.unwrap();
+        assert!(held, "{sig}: the name is leased while the consumer runs");
+        assert!(Command::new("kill")
+            .args([sig, &child.id().to_string()])
+            .status()
+            .unwrap()
+            .success());
+        let signalled = Instant::now();
+        let status = loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                break status;
+            }
+            assert!(
+                signalled.elapsed() < Duration::from_secs(10),
+                "{sig}: results still runs 10 s after the signal"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        let mut err = String::new();
+        std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
+        assert_eq!(status.code(), Some(1), "{sig}: {err}");
+        assert!(err.contains("stopped by a signal"), "{sig}: {err}");
+        let held: bool = con.exists("result-list:taken:w1:lease").await.unwrap();
+        assert!(!held, "{sig}: the name is given up at once: {err}");
+    }
+    // A successor under the name starts at once and gets what waits.
+    let _: () = con
+        .lpush(
+            "result-list",
+            ResultMessage::http("a", 200, b"{}").to_json(),
+        )
+        .await
+        .unwrap();
+    let started = Instant::now();
+    let out = inferq(
+        &redis,
+        &["results", "-n", "1", "--timeout", "10s", "--consumer", "w1"],
+        "",
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "the restart waited {:?} for the name",
+        started.elapsed()
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("\"id\":\"a\""));
+}

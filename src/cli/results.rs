@@ -2,13 +2,15 @@
 //! destructively (Go's BRPOP); `--consumer NAME` takes results reliably into an in-progress
 //! list under a leased name (a second live consumer of the name is refused), acknowledges each
 //! once written and flushed, and at start hands back what a previous consumer of that name took
-//! but never acknowledged.
+//! but never acknowledged. SIGINT or SIGTERM stops it between results, as the timeout does:
+//! a reliable consumer gives its name up, so a successor under the name starts at once.
 
 use std::io::Write;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
+use tokio_util::sync::CancellationToken;
 
 use super::{Failure, RedisArgs};
 
@@ -62,6 +64,10 @@ pub async fn results(args: ResultsArgs) -> Result<(), Failure> {
         }
         None => None,
     };
+    // Only from here: a signal while the name is still awaited ends the process as before.
+    let stop = CancellationToken::new();
+    tokio::spawn(watch_signals(stop.clone()));
+    let mut interrupted = false;
     while args.count == 0 || written < args.count {
         let left = args.timeout.saturating_sub(started.elapsed());
         if left.is_zero() {
@@ -72,9 +78,21 @@ pub async fn results(args: ResultsArgs) -> Result<(), Failure> {
             .max(Duration::from_millis(10));
         // Either way a result is written as it was stored (fields inferq does not know kept),
         // and one that does not parse is written too, with a warning, rather than lost.
-        let taken = match reliable.as_mut() {
-            Some(c) => c.take(wait).await.context("take failed")?,
-            None => popper.pop_raw(wait).await.context("pop failed")?,
+        // A signal ends the wait, never a write and its acknowledgement. A result Redis moved
+        // for the abandoned wait stays in the taken list and is handed back at the next start
+        // (in plain mode it is lost with the connection, as with Go's BRPOP).
+        let taken = tokio::select! {
+            biased;
+            () = stop.cancelled() => {
+                interrupted = true;
+                break;
+            }
+            taken = async {
+                match reliable.as_mut() {
+                    Some(c) => c.take(wait).await.context("take failed"),
+                    None => popper.pop_raw(wait).await.context("pop failed"),
+                }
+            } => taken?,
         };
         let Some(taken) = taken else {
             continue;
@@ -98,6 +116,13 @@ pub async fn results(args: ResultsArgs) -> Result<(), Failure> {
             tracing::warn!(error = %e, "could not give the consumer name up");
         }
     }
+    if interrupted {
+        tell!("inferq results: stopped by a signal after {written} result(s)");
+        return Err(Failure {
+            code: 1,
+            error: anyhow::anyhow!("stopped by a signal"),
+        });
+    }
     if args.count > 0 && written < args.count {
         tell!(
             "inferq results: timed out after {written} of {} results",
@@ -109,4 +134,13 @@ pub async fn results(args: ResultsArgs) -> Result<(), Failure> {
         });
     }
     Ok(())
+}
+
+/// The first SIGINT or SIGTERM stops the loop; a second exits at once (giving the name up can
+/// wait on a Redis that does not answer).
+async fn watch_signals(stop: CancellationToken) {
+    super::run::wait_for_signal().await;
+    stop.cancel();
+    super::run::wait_for_signal().await;
+    std::process::exit(1);
 }

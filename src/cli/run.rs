@@ -32,7 +32,8 @@ async fn watch_signals(shutdown: CancellationToken) {
     std::process::exit(1);
 }
 
-async fn wait_for_signal() {
+/// The next SIGTERM or SIGINT.
+pub(super) async fn wait_for_signal() {
     #[cfg(unix)]
     {
         use tokio::signal::unix::{signal, SignalKind};
