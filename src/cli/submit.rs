@@ -116,10 +116,11 @@ pub async fn submit(args: SubmitArgs) -> Result<(), Failure> {
     let mut refused = 0u64;
     // The first request Redis refused (its line, and why).
     let mut redis_refused: Option<(usize, String)> = None;
-    let mut pending = requests;
-    while !pending.is_empty() {
-        let rest = pending.split_off(pending.len().min(args.batch.max(1)));
-        let chunk = std::mem::replace(&mut pending, rest);
+    // Taken a batch at a time from the front (splitting the rest off a Vec copied all that was
+    // left at every batch: a million lines took two minutes instead of about twenty seconds).
+    let mut pending = requests.into_iter().peekable();
+    while pending.peek().is_some() {
+        let chunk: Vec<_> = pending.by_ref().take(args.batch.max(1)).collect();
         let lines: Vec<usize> = chunk.iter().map(|(line, _)| *line).collect();
         let sent = producer
             .submit_many(chunk.into_iter().map(|(_, r)| r).collect())
@@ -131,7 +132,7 @@ pub async fn submit(args: SubmitArgs) -> Result<(), Failure> {
                 // and what was never sent, so a rerun can start at the right line.
                 bar.finish_and_clear();
                 let (first, last) = (lines.first().copied(), lines.last().copied());
-                let not_sent = pending.first().map(|(line, _)| *line);
+                let not_sent = pending.peek().map(|(line, _)| *line);
                 say!(
                     "{}",
                     serde_json::json!({"submitted": submitted, "refused": refused + bad.len() as u64, "queue": producer.request_queue(), "in_doubt_lines": [first, last], "not_sent_from_line": not_sent})
