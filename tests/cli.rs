@@ -226,6 +226,57 @@ async fn submit_native_and_openai_batch_lines() {
     );
 }
 
+/// `--skip-invalid` over a file read in several batches: every good line is queued once, in
+/// line order, whatever bad, blank and CRLF lines lie between them; the bad ones are named and
+/// counted as refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn submit_skips_bad_lines_of_a_file_across_batches() {
+    let redis = RedisServer::start().unwrap();
+    let mut input: Vec<u8> = Vec::new();
+    let mut good = Vec::new();
+    for i in 0..23 {
+        match i % 5 {
+            1 => input.extend_from_slice(b"{\"id\": not json}\n"),
+            2 => input.extend_from_slice(b"\n  \n"),
+            3 => input.extend_from_slice(b"{\"id\":\"bad\xff\",\"timeout_s\":60}\n"),
+            _ => {
+                good.push(format!("s{i}"));
+                input.extend_from_slice(
+                    format!(
+                        "{{\"id\":\"s{i}\",\"deadline\":{},\"payload\":{{}}}}\r\n",
+                        4_000_000_000u64 + i
+                    )
+                    .as_bytes(),
+                );
+            }
+        }
+    }
+    let file = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(file.path(), &input).unwrap();
+    let path = file.path().display().to_string();
+    let out = inferq(
+        &redis,
+        &["submit", "-f", &path, "--batch", "2", "--skip-invalid"],
+        "",
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    let summary: serde_json::Value =
+        serde_json::from_str(String::from_utf8_lossy(&out.stdout).trim()).unwrap();
+    assert_eq!(summary["submitted"].as_u64(), Some(good.len() as u64));
+    assert_eq!(summary["refused"].as_u64(), Some(9), "{summary}");
+    // Lines count blank ones: entry i % 5 == 1 is the first bad line at line 2.
+    assert!(err.contains("line 2:"), "{err}");
+    assert!(err.contains("not valid UTF-8"), "{err}");
+    let mut con = common::con(&redis).await;
+    let members: Vec<String> = con.zrange("request-sortedset", 0, -1).await.unwrap();
+    let ids: Vec<String> = members
+        .iter()
+        .map(|m| Envelope::decode(m.as_bytes()).unwrap().request.id)
+        .collect();
+    assert_eq!(ids, good, "each good line once, by deadline = line order");
+}
+
 /// `results` writes JSONL; the reliable mode hands back what a dead consumer took.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn results_writes_jsonl_and_reliable_mode_survives_a_dead_consumer() {

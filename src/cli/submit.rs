@@ -1,7 +1,10 @@
 //! `inferq submit` and `inferq cancel`: the Go producer's writes from the command line.
-//! Submit reads every line first and submits nothing if any line is bad (unless told to skip
-//! bad lines), then writes in pipelined batches with a progress bar on a terminal.
+//! Submit checks every line first and submits nothing if any line is bad (unless told to skip
+//! bad lines), then writes in pipelined batches with a progress bar on a terminal. A file is
+//! read twice (checked, then streamed), so memory does not grow with its length; standard
+//! input is held whole.
 
+use std::collections::HashSet;
 use std::io::{BufRead, IsTerminal};
 use std::path::PathBuf;
 
@@ -41,14 +44,118 @@ pub struct CancelArgs {
     pub ids: Vec<String>,
 }
 
-/// Reads every line, then parses them all against one clock reading taken once the input has
-/// ended (a `timeout_s` counts from submission, however slowly the lines arrived). A line that
-/// is not UTF-8 is a bad line like any other. The requests keep their line numbers.
-/// The requests with their line numbers, and the bad lines.
-type Input = (Vec<(usize, NewRequest)>, Vec<LineError>);
+/// Reads the input's lines, skipping blank ones; a line that is not UTF-8 is a bad line like
+/// any other.
+struct LineReader {
+    reader: Box<dyn BufRead>,
+    line_no: usize,
+    buf: Vec<u8>,
+}
 
+impl LineReader {
+    fn new(reader: Box<dyn BufRead>) -> LineReader {
+        LineReader {
+            reader,
+            line_no: 0,
+            buf: Vec::new(),
+        }
+    }
+
+    /// The next non-blank line, with its number; `None` at the end.
+    fn next_line(&mut self) -> std::io::Result<Option<(usize, Result<&str, LineError>)>> {
+        loop {
+            self.buf.clear();
+            if self.reader.read_until(b'\n', &mut self.buf)? == 0 {
+                return Ok(None);
+            }
+            self.line_no += 1;
+            if !matches!(std::str::from_utf8(&self.buf), Ok(text) if text.trim().is_empty()) {
+                break;
+            }
+        }
+        let line = self.line_no;
+        Ok(Some(match std::str::from_utf8(&self.buf) {
+            Ok(text) => (line, Ok(text.trim_end_matches(['\n', '\r']))),
+            Err(e) => (
+                line,
+                Err(LineError {
+                    line,
+                    reason: format!("not valid UTF-8 ({e})"),
+                }),
+            ),
+        }))
+    }
+}
+
+/// The requests to submit, in line order.
+enum Requests {
+    /// Standard input, read whole before anything is submitted (it cannot be read twice).
+    Held(std::vec::IntoIter<(usize, NewRequest)>),
+    /// A file, checked whole first, then read again and parsed as it is submitted, so memory
+    /// does not grow with its length. The lines the check found bad are passed over.
+    Streamed {
+        lines: LineReader,
+        bad: HashSet<usize>,
+        now_s: i64,
+        default_timeout_s: f64,
+    },
+}
+
+/// One step through [`Requests`].
+enum Next {
+    Request(usize, NewRequest),
+    /// A line that was good when checked and is not now (the file changed meanwhile).
+    Bad(LineError),
+    /// The file could not be read on from this line.
+    Unreadable(usize, std::io::Error),
+    End,
+}
+
+impl Requests {
+    fn next(&mut self) -> Next {
+        let line = match self {
+            Requests::Held(_) => 0,
+            Requests::Streamed { lines, .. } => lines.line_no + 1,
+        };
+        self.read_on().unwrap_or_else(|e| Next::Unreadable(line, e))
+    }
+
+    fn read_on(&mut self) -> std::io::Result<Next> {
+        match self {
+            Requests::Held(held) => Ok(held
+                .next()
+                .map_or(Next::End, |(line, r)| Next::Request(line, r))),
+            Requests::Streamed {
+                lines,
+                bad,
+                now_s,
+                default_timeout_s,
+            } => loop {
+                let Some((line_no, text)) = lines.next_line()? else {
+                    return Ok(Next::End);
+                };
+                if bad.contains(&line_no) {
+                    continue;
+                }
+                return Ok(
+                    match text.and_then(|t| parse_line(line_no, t, *now_s, *default_timeout_s)) {
+                        Ok(r) => Next::Request(line_no, r),
+                        Err(e) => Next::Bad(e),
+                    },
+                );
+            },
+        }
+    }
+}
+
+/// The requests with how many there are, and the bad lines (by line number).
+type Input = (Requests, usize, Vec<LineError>);
+
+/// Checks every line, parsing them all against one clock reading, taken once standard input
+/// has ended (a `timeout_s` counts from submission, however slowly the lines arrived) or
+/// before a file is read (the same reading serves both of its passes).
 fn read_input(args: &SubmitArgs) -> Result<Input, Failure> {
-    let mut reader: Box<dyn BufRead> = match &args.file {
+    let file = match &args.file {
         // A directory opens, then fails at the first read: refuse it as the bad input it is.
         Some(p) if p.is_dir() => {
             return Err(Failure::bad_input(anyhow::anyhow!(
@@ -56,48 +163,57 @@ fn read_input(args: &SubmitArgs) -> Result<Input, Failure> {
                 p.display()
             )))
         }
-        Some(p) if p.as_os_str() != "-" => Box::new(std::io::BufReader::new(
-            std::fs::File::open(p)
-                .with_context(|| format!("cannot open {}", p.display()))
-                .map_err(Failure::bad_input)?,
-        )),
-        _ => Box::new(std::io::stdin().lock()),
+        Some(p) if p.as_os_str() != "-" => Some(p),
+        _ => None,
     };
-    let mut lines = Vec::new();
+    let open = |p: &PathBuf| -> Result<LineReader, Failure> {
+        let f = std::fs::File::open(p)
+            .with_context(|| format!("cannot open {}", p.display()))
+            .map_err(Failure::bad_input)?;
+        Ok(LineReader::new(Box::new(std::io::BufReader::new(f))))
+    };
     let mut bad = Vec::new();
-    let mut buf = Vec::new();
-    for line_no in 1.. {
-        buf.clear();
-        if reader
-            .read_until(b'\n', &mut buf)
-            .context("cannot read input")?
-            == 0
-        {
-            break;
+    let Some(path) = file else {
+        let mut lines = LineReader::new(Box::new(std::io::stdin().lock()));
+        let mut texts = Vec::new();
+        while let Some((line_no, text)) = lines.next_line().context("cannot read input")? {
+            match text {
+                Ok(t) => texts.push((line_no, t.to_owned())),
+                Err(e) => bad.push(e),
+            }
         }
-        match std::str::from_utf8(&buf) {
-            Ok(text) if text.trim().is_empty() => {}
-            Ok(text) => lines.push((line_no, text.trim_end_matches(['\n', '\r']).to_owned())),
-            Err(e) => bad.push(LineError {
-                line: line_no,
-                reason: format!("not valid UTF-8 ({e})"),
-            }),
+        let now_s = crate::queue::producer::unix_ms() / 1000;
+        let mut good = Vec::with_capacity(texts.len());
+        for (line_no, text) in texts {
+            match parse_line(line_no, &text, now_s, args.default_timeout_s) {
+                Ok(r) => good.push((line_no, r)),
+                Err(e) => bad.push(e),
+            }
         }
-    }
+        bad.sort_by_key(|e| e.line);
+        let n = good.len();
+        return Ok((Requests::Held(good.into_iter()), n, bad));
+    };
     let now_s = crate::queue::producer::unix_ms() / 1000;
-    let mut good = Vec::with_capacity(lines.len());
-    for (line_no, text) in lines {
-        match parse_line(line_no, &text, now_s, args.default_timeout_s) {
-            Ok(r) => good.push((line_no, r)),
+    let mut lines = open(path)?;
+    let mut good = 0;
+    while let Some((line_no, text)) = lines.next_line().context("cannot read input")? {
+        match text.and_then(|t| parse_line(line_no, t, now_s, args.default_timeout_s)) {
+            Ok(_) => good += 1,
             Err(e) => bad.push(e),
         }
     }
-    bad.sort_by_key(|e| e.line);
-    Ok((good, bad))
+    let requests = Requests::Streamed {
+        lines: open(path)?,
+        bad: bad.iter().map(|e| e.line).collect(),
+        now_s,
+        default_timeout_s: args.default_timeout_s,
+    };
+    Ok((requests, good, bad))
 }
 
 pub async fn submit(args: SubmitArgs) -> Result<(), Failure> {
-    let (requests, bad) = read_input(&args)?;
+    let (mut requests, count, bad) = read_input(&args)?;
     for e in bad.iter().take(20) {
         tell!("inferq submit: {e}");
     }
@@ -111,16 +227,34 @@ pub async fn submit(args: SubmitArgs) -> Result<(), Failure> {
         )));
     }
     let producer = args.redis.producer().await?;
-    let bar = progress(requests.len() as u64);
+    let bar = progress(count as u64);
     let mut submitted = 0u64;
     let mut refused = 0u64;
     // The first request Redis refused (its line, and why).
     let mut redis_refused: Option<(usize, String)> = None;
-    // Taken a batch at a time from the front (splitting the rest off a Vec copied all that was
-    // left at every batch: a million lines took two minutes instead of about twenty seconds).
-    let mut pending = requests.into_iter().peekable();
-    while pending.peek().is_some() {
-        let chunk: Vec<_> = pending.by_ref().take(args.batch.max(1)).collect();
+    // A batch at a time, with the step after it looked at already: where a failed batch
+    // leaves the rest of the input.
+    let mut ahead = requests.next();
+    while !matches!(ahead, Next::End | Next::Unreadable(..)) {
+        let mut chunk = Vec::new();
+        while chunk.len() < args.batch.max(1) {
+            match std::mem::replace(&mut ahead, requests.next()) {
+                Next::Request(line, r) => chunk.push((line, r)),
+                Next::Bad(e) => {
+                    refused += 1;
+                    bar.suspend(|| {
+                        tell!("inferq submit: {e} (the file changed since it was checked)")
+                    });
+                }
+                Next::End | Next::Unreadable(..) => break,
+            }
+            if matches!(ahead, Next::End | Next::Unreadable(..)) {
+                break;
+            }
+        }
+        if chunk.is_empty() {
+            continue;
+        }
         let lines: Vec<usize> = chunk.iter().map(|(line, _)| *line).collect();
         let sent = producer
             .submit_many(chunk.into_iter().map(|(_, r)| r).collect())
@@ -132,7 +266,11 @@ pub async fn submit(args: SubmitArgs) -> Result<(), Failure> {
                 // and what was never sent, so a rerun can start at the right line.
                 bar.finish_and_clear();
                 let (first, last) = (lines.first().copied(), lines.last().copied());
-                let not_sent = pending.peek().map(|(line, _)| *line);
+                let not_sent = match &ahead {
+                    Next::Request(line, _) | Next::Unreadable(line, _) => Some(*line),
+                    Next::Bad(e) => Some(e.line),
+                    Next::End => None,
+                };
                 say!(
                     "{}",
                     serde_json::json!({"submitted": submitted, "refused": refused + bad.len() as u64, "queue": producer.request_queue(), "in_doubt_lines": [first, last], "not_sent_from_line": not_sent})
@@ -166,6 +304,16 @@ pub async fn submit(args: SubmitArgs) -> Result<(), Failure> {
         }
     }
     bar.finish_and_clear();
+    if let Next::Unreadable(line, e) = ahead {
+        say!(
+            "{}",
+            serde_json::json!({"submitted": submitted, "refused": refused + bad.len() as u64, "queue": producer.request_queue(), "not_sent_from_line": line})
+        );
+        return Err(Failure::from(anyhow::anyhow!(
+            "cannot read the input on from line {line} ({e}) after {submitted} request(s) were \
+             submitted; lines from {line} on were not sent"
+        )));
+    }
     say!(
         "{}",
         serde_json::json!({"submitted": submitted, "refused": refused + bad.len() as u64, "queue": producer.request_queue()})
