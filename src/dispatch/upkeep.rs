@@ -219,11 +219,13 @@ fn finish_taken(ctx: &QueueCtx, taken: TakenOver, taken_at: Instant) {
 
 /// Moves due retries (ours, and this queue's entries in the Go retry set) back to pending.
 ///
-/// Between passes it sleeps until the earliest entry left is due (by Redis time), woken early
-/// when this instance parks a retry, but never longer than the reclaim interval (retries another
-/// instance parked before it died), and never shorter than `every` while entries it does not
-/// move are due (another queue's in the Go retry set). An idle queue so costs one pass per
-/// reclaim interval instead of one every `every`.
+/// Between passes it sleeps until the earliest entry left is due (by Redis time), but never
+/// longer than the reclaim interval (retries another instance parked before it died), and
+/// never shorter than `every` while entries it does not move are due (another queue's in the Go
+/// retry set). When this instance parks a retry it looks again within `every`, as often as it
+/// looked before it slept, and not sooner: a pool gate's refusals, parked for 50 ms, so come
+/// back at most once per `every` each. An idle queue costs one pass per reclaim interval
+/// instead of one every `every`.
 pub async fn promoter(
     ctx: Arc<QueueCtx>,
     every: Duration,
@@ -252,11 +254,16 @@ pub async fn promoter(
                 every
             }
         };
-        tokio::select! {
-            biased;
-            _ = stop.cancelled() => return,
-            _ = ctx.parked.notified() => {}
-            _ = tokio::time::sleep(sleep) => {}
+        let mut next_pass = tokio::time::Instant::now() + sleep;
+        loop {
+            tokio::select! {
+                biased;
+                _ = stop.cancelled() => return,
+                _ = tokio::time::sleep_until(next_pass) => break,
+                _ = ctx.parked.notified() => {
+                    next_pass = next_pass.min(tokio::time::Instant::now() + every);
+                }
+            }
         }
     }
 }
