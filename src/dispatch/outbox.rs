@@ -11,11 +11,11 @@
 //! last-chance slot (see [`super::last_chance`]): a crash before the write would still charge the
 //! request a delivery.
 //!
-//! The outbox is bounded by bytes: while more than [`MAX_WAITING_BYTES`] of outcomes wait, a
-//! worker that finished waits before it takes the next request (see [`Load`]), so a gateway
-//! that answers faster than Redis takes the results (large results, a slow Redis) slows the
-//! workers instead of piling results up in memory; a round trip writes at most
-//! [`MAX_BATCH_BYTES`] (and at least one outcome).
+//! The outbox is bounded by bytes: while more than [`MAX_WAITING_BYTES`] of outcomes wait, the
+//! pool starts none of the queue's requests (see [`Load`]), so a gateway that answers faster
+//! than Redis takes the results (large results, a slow Redis) slows the pool instead of piling
+//! results up in memory; a round trip writes at most [`MAX_BATCH_BYTES`] (and at least one
+//! outcome).
 //!
 //! An outcome Redis refuses for itself, not for an outage (a result list outside this user's
 //! rights), is handled by whose list it is. For a list this queue is configured with, the fix is
@@ -57,17 +57,34 @@ pub struct Outgoing {
     pub charge: Charge,
 }
 
-/// The bytes of the outcomes a queue's outbox holds.
-#[derive(Debug, Default)]
+/// The bytes of the outcomes a queue's outbox holds, against the bound past which its pool
+/// starts none of the queue's requests.
+#[derive(Debug)]
 pub struct Load {
     bytes: AtomicUsize,
+    limit: usize,
+    /// Rung when the bytes fall from above the limit to it or below.
     drained: Notify,
 }
 
+impl Default for Load {
+    fn default() -> Self {
+        Load::new(MAX_WAITING_BYTES)
+    }
+}
+
 impl Load {
+    pub fn new(limit: usize) -> Load {
+        Load {
+            bytes: AtomicUsize::new(0),
+            limit,
+            drained: Notify::new(),
+        }
+    }
+
     /// Counts `bytes` more until the returned charge is dropped.
     pub fn charge(self: &Arc<Self>, bytes: usize) -> Charge {
-        self.bytes.fetch_add(bytes, Ordering::SeqCst);
+        self.bytes.fetch_add(bytes, Ordering::AcqRel);
         Charge {
             load: self.clone(),
             bytes,
@@ -76,20 +93,21 @@ impl Load {
 
     /// The bytes held now.
     pub fn bytes(&self) -> usize {
-        self.bytes.load(Ordering::SeqCst)
+        self.bytes.load(Ordering::Acquire)
     }
 
-    /// Returns once no more than `limit` bytes are held.
-    pub async fn room(&self, limit: usize) {
-        // The usual case, without registering a waiter.
-        if self.bytes() <= limit {
-            return;
-        }
+    /// Whether no more than the limit is held.
+    pub fn has_room(&self) -> bool {
+        self.bytes() <= self.limit
+    }
+
+    /// Returns once no more than the limit is held.
+    pub async fn room(&self) {
         loop {
             let drained = self.drained.notified();
             tokio::pin!(drained);
             drained.as_mut().enable();
-            if self.bytes() <= limit {
+            if self.has_room() {
                 return;
             }
             drained.await;
@@ -106,8 +124,11 @@ pub struct Charge {
 
 impl Drop for Charge {
     fn drop(&mut self) {
-        self.load.bytes.fetch_sub(self.bytes, Ordering::SeqCst);
-        self.load.drained.notify_waiters();
+        let before = self.load.bytes.fetch_sub(self.bytes, Ordering::AcqRel);
+        // Only a fall to the limit can end a wait: the usual drop rings no one.
+        if before > self.load.limit && before - self.bytes <= self.load.limit {
+            self.load.drained.notify_waiters();
+        }
     }
 }
 
@@ -340,13 +361,14 @@ mod tests {
 
     #[tokio::test]
     async fn room_waits_until_the_held_bytes_drop_to_the_limit() {
-        let load = Arc::new(Load::default());
+        let load = Arc::new(Load::new(100));
         let first = load.charge(60);
         let second = load.charge(60);
         assert_eq!(load.bytes(), 120);
+        assert!(!load.has_room());
         let waiter = tokio::spawn({
             let load = load.clone();
-            async move { load.room(100).await }
+            async move { load.room().await }
         });
         tokio::task::yield_now().await;
         assert!(!waiter.is_finished());

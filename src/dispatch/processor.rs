@@ -476,17 +476,19 @@ async fn run_pool(
                 None => break,
             },
         };
+        // A request starts only while its queue's outbox has room: results the gateway sends
+        // faster than Redis takes them slow the pool down instead of piling up.
+        if !job.ctx.outbox_load.has_room() {
+            let ctx = job.ctx.clone();
+            tokio::select! {
+                biased;
+                _ = stop.cancelled() => break,
+                _ = ctx.outbox_load.room() => {}
+            }
+        }
         let env = env.clone();
-        let ctx = job.ctx.clone();
-        let stop = stop.clone();
         tracker.spawn(async move {
             work(job, env).await;
-            // The worker is free only once its queue's outbox has room: results the gateway
-            // sends faster than Redis takes them slow the pool down instead of piling up.
-            tokio::select! {
-                _ = ctx.outbox_load.room(super::outbox::MAX_WAITING_BYTES) => {}
-                _ = stop.cancelled() => {}
-            }
             drop(permit);
         });
     }
