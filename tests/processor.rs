@@ -212,17 +212,7 @@ async fn an_idle_queue_is_not_searched_for_retries_every_poll() {
         .await
         .unwrap();
     tokio::time::sleep(Duration::from_secs(3)).await;
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query_async(&mut con)
-        .await
-        .unwrap();
-    let searches: u64 = info
-        .lines()
-        .find_map(|l| l.strip_prefix("cmdstat_zrangebyscore:calls="))
-        .and_then(|rest| rest.split(',').next())
-        .and_then(|n| n.parse().ok())
-        .unwrap_or(0);
+    let searches = command_calls(&mut con, "zrangebyscore").await;
     // A promote pass (two searches) and a reclaim pass (one) per 5 s interval, two of each at
     // most in 3 s.
     assert!(
@@ -1275,24 +1265,9 @@ async fn a_head_of_last_chance_requests_neither_hides_work_nor_spins() {
         "one last chance at a time"
     );
 
-    let peeks = |info: String| -> u64 {
-        info.lines()
-            .find_map(|l| l.strip_prefix("cmdstat_zrange:calls="))
-            .and_then(|rest| rest.split(',').next())
-            .and_then(|n| n.parse().ok())
-            .unwrap_or(0)
-    };
-    let info = || async {
-        let info: String = redis::cmd("INFO")
-            .arg("commandstats")
-            .query_async(&mut con.clone())
-            .await
-            .unwrap();
-        info
-    };
-    let before = peeks(info().await);
+    let before = command_calls(&mut con, "zrange").await;
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let during = peeks(info().await) - before;
+    let during = command_calls(&mut con, "zrange").await - before;
     // A look per 50 ms poll interval, a page or two each: about 80. Spinning, it was tens of
     // thousands.
     assert!(during < 400, "{during} peeks in 2 s; log:\n{}", p.log());

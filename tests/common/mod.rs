@@ -529,6 +529,22 @@ pub async fn con(redis: &RedisServer) -> redis::aio::ConnectionManager {
 }
 
 /// Raw result JSON strings on `list`, oldest first.
+/// How many times Redis has run `command` (lower case; inside scripts too) since its statistics
+/// were last reset (`INFO commandstats`).
+pub async fn command_calls(con: &mut redis::aio::ConnectionManager, command: &str) -> u64 {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(con)
+        .await
+        .unwrap();
+    let prefix = format!("cmdstat_{command}:calls=");
+    info.lines()
+        .find_map(|l| l.strip_prefix(prefix.as_str()))
+        .and_then(|rest| rest.split(',').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
+}
+
 pub async fn raw_results(con: &mut redis::aio::ConnectionManager, list: &str) -> Vec<String> {
     let mut v: Vec<String> = con.lrange(list, 0, -1).await.unwrap();
     v.reverse();
