@@ -237,7 +237,8 @@ pub async fn submit(args: SubmitArgs) -> Result<(), Failure> {
     let mut ahead = requests.next();
     while !matches!(ahead, Next::End | Next::Unreadable(..)) {
         let mut chunk = Vec::new();
-        while chunk.len() < args.batch.max(1) {
+        while chunk.len() < args.batch.max(1) && !matches!(ahead, Next::End | Next::Unreadable(..))
+        {
             match std::mem::replace(&mut ahead, requests.next()) {
                 Next::Request(line, r) => chunk.push((line, r)),
                 Next::Bad(e) => {
@@ -246,10 +247,8 @@ pub async fn submit(args: SubmitArgs) -> Result<(), Failure> {
                         tell!("inferq submit: {e} (the file changed since it was checked)")
                     });
                 }
-                Next::End | Next::Unreadable(..) => break,
-            }
-            if matches!(ahead, Next::End | Next::Unreadable(..)) {
-                break;
+                // Not reached: the loop stops at them.
+                Next::End | Next::Unreadable(..) => {}
             }
         }
         if chunk.is_empty() {

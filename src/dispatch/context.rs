@@ -24,8 +24,8 @@ pub struct QueueCtx {
     pub queue: Queue,
     pub holdings: Holdings,
     pub outbox: UnboundedSender<Outgoing>,
-    /// The bytes of outcomes in the outbox, which finished workers wait on (see
-    /// [`super::outbox`]).
+    /// The bytes of outcomes in the outbox: while over its bound, the pool starts none of this
+    /// queue's requests (see [`super::outbox`]).
     pub outbox_load: Arc<super::outbox::Load>,
     pub labels: QueueLabels,
     pub metrics: Arc<Metrics>,

@@ -479,11 +479,10 @@ async fn run_pool(
         // A request starts only while its queue's outbox has room: results the gateway sends
         // faster than Redis takes them slow the pool down instead of piling up.
         if !job.ctx.outbox_load.has_room() {
-            let ctx = job.ctx.clone();
             tokio::select! {
                 biased;
                 _ = stop.cancelled() => break,
-                _ = ctx.outbox_load.room() => {}
+                _ = job.ctx.outbox_load.room() => {}
             }
         }
         let env = env.clone();
