@@ -1,11 +1,11 @@
 //! `inferq submit` and `inferq cancel`: the Go producer's writes from the command line.
 //! Submit checks every line first and submits nothing if any line is bad (unless told to skip
-//! bad lines), then writes in pipelined batches with a progress bar on a terminal. A file is
-//! read twice (checked, then streamed), so memory does not grow with its length; standard
-//! input is held whole.
+//! bad lines), then writes in pipelined batches with a progress bar on a terminal. The input is
+//! read twice (checked, then streamed), so memory does not grow with its length: a file where
+//! it lies, standard input from an unnamed temporary file it is first copied to.
 
 use std::collections::HashSet;
-use std::io::{BufRead, IsTerminal};
+use std::io::{BufRead, IsTerminal, Read, Seek, Write};
 use std::path::PathBuf;
 
 use anyhow::Context;
@@ -87,18 +87,14 @@ impl LineReader {
     }
 }
 
-/// The requests to submit, in line order.
-enum Requests {
-    /// Standard input, read whole before anything is submitted (it cannot be read twice).
-    Held(std::vec::IntoIter<(usize, NewRequest)>),
-    /// A file, checked whole first, then read again and parsed as it is submitted, so memory
-    /// does not grow with its length. The lines the check found bad are passed over.
-    Streamed {
-        lines: LineReader,
-        bad: HashSet<usize>,
-        now_s: i64,
-        default_timeout_s: f64,
-    },
+/// The requests to submit, in line order: the input, checked whole first, then read again and
+/// parsed as it is submitted, so memory does not grow with its length. The lines the check
+/// found bad are passed over.
+struct Requests {
+    lines: LineReader,
+    bad: HashSet<usize>,
+    now_s: i64,
+    default_timeout_s: f64,
 }
 
 /// One step through [`Requests`].
@@ -113,38 +109,81 @@ enum Next {
 
 impl Requests {
     fn next(&mut self) -> Next {
-        let line = match self {
-            Requests::Held(_) => 0,
-            Requests::Streamed { lines, .. } => lines.line_no + 1,
-        };
+        let line = self.lines.line_no + 1;
         self.read_on().unwrap_or_else(|e| Next::Unreadable(line, e))
     }
 
     fn read_on(&mut self) -> std::io::Result<Next> {
-        match self {
-            Requests::Held(held) => Ok(held
-                .next()
-                .map_or(Next::End, |(line, r)| Next::Request(line, r))),
-            Requests::Streamed {
-                lines,
-                bad,
-                now_s,
-                default_timeout_s,
-            } => loop {
-                let Some((line_no, text)) = lines.next_line()? else {
-                    return Ok(Next::End);
-                };
-                if bad.contains(&line_no) {
-                    continue;
-                }
-                return Ok(
-                    match text.and_then(|t| parse_line(line_no, t, *now_s, *default_timeout_s)) {
-                        Ok(r) => Next::Request(line_no, r),
-                        Err(e) => Next::Bad(e),
-                    },
-                );
-            },
+        loop {
+            let Some((line_no, text)) = self.lines.next_line()? else {
+                return Ok(Next::End);
+            };
+            if self.bad.contains(&line_no) {
+                continue;
+            }
+            return Ok(
+                match text.and_then(|t| parse_line(line_no, t, self.now_s, self.default_timeout_s))
+                {
+                    Ok(r) => Next::Request(line_no, r),
+                    Err(e) => Next::Bad(e),
+                },
+            );
         }
+    }
+}
+
+/// Where the input's lines are read from, once to check them and once to submit them.
+enum Source {
+    /// A file given with `--file`, opened afresh for each read.
+    Path(PathBuf),
+    /// Standard input, copied to an unnamed temporary file (deleted when closed) before the
+    /// first read, since it cannot be read twice. Each read rewinds it.
+    Spool(std::fs::File),
+}
+
+impl Source {
+    /// Copies standard input to an unnamed file in the temporary directory (`TMPDIR`).
+    fn spool_stdin() -> Result<Source, Failure> {
+        let dir = std::env::temp_dir();
+        let cannot_write = |e: std::io::Error| {
+            Failure::from(anyhow::anyhow!(
+                "cannot copy standard input to a temporary file in {} ({e}); nothing was \
+                 submitted (set TMPDIR to a directory with room, or give the input with --file)",
+                dir.display()
+            ))
+        };
+        let mut spool = tempfile::tempfile_in(&dir).map_err(cannot_write)?;
+        let mut stdin = std::io::stdin().lock();
+        let mut buf = vec![0; 64 << 10];
+        loop {
+            let n = match stdin.read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(Failure::from(anyhow::anyhow!("cannot read input: {e}"))),
+            };
+            spool.write_all(&buf[..n]).map_err(cannot_write)?;
+        }
+        Ok(Source::Spool(spool))
+    }
+
+    /// A reader from the input's first line.
+    fn open(&self) -> Result<LineReader, Failure> {
+        let file = match self {
+            Source::Path(p) => std::fs::File::open(p)
+                .with_context(|| format!("cannot open {}", p.display()))
+                .map_err(Failure::bad_input)?,
+            Source::Spool(spool) => {
+                // The clone shares the spool's offset: the reads are one after the other.
+                let mut f = spool
+                    .try_clone()
+                    .context("cannot read standard input back from its temporary file")?;
+                f.rewind()
+                    .context("cannot read standard input back from its temporary file")?;
+                f
+            }
+        };
+        Ok(LineReader::new(Box::new(std::io::BufReader::new(file))))
     }
 }
 
@@ -153,9 +192,9 @@ type Input = (Requests, usize, Vec<LineError>);
 
 /// Checks every line, parsing them all against one clock reading, taken once standard input
 /// has ended (a `timeout_s` counts from submission, however slowly the lines arrived) or
-/// before a file is read (the same reading serves both of its passes).
+/// before a file is read. The same reading serves both reads of the input.
 fn read_input(args: &SubmitArgs) -> Result<Input, Failure> {
-    let file = match &args.file {
+    let source = match &args.file {
         // A directory opens, then fails at the first read: refuse it as the bad input it is.
         Some(p) if p.is_dir() => {
             return Err(Failure::bad_input(anyhow::anyhow!(
@@ -163,48 +202,22 @@ fn read_input(args: &SubmitArgs) -> Result<Input, Failure> {
                 p.display()
             )))
         }
-        Some(p) if p.as_os_str() != "-" => Some(p),
-        _ => None,
-    };
-    let open = |p: &PathBuf| -> Result<LineReader, Failure> {
-        let f = std::fs::File::open(p)
-            .with_context(|| format!("cannot open {}", p.display()))
-            .map_err(Failure::bad_input)?;
-        Ok(LineReader::new(Box::new(std::io::BufReader::new(f))))
-    };
-    let mut bad = Vec::new();
-    let Some(path) = file else {
-        let mut lines = LineReader::new(Box::new(std::io::stdin().lock()));
-        let mut texts = Vec::new();
-        while let Some((line_no, text)) = lines.next_line().context("cannot read input")? {
-            match text {
-                Ok(t) => texts.push((line_no, t.to_owned())),
-                Err(e) => bad.push(e),
-            }
-        }
-        let now_s = crate::queue::producer::unix_ms() / 1000;
-        let mut good = Vec::with_capacity(texts.len());
-        for (line_no, text) in texts {
-            match parse_line(line_no, &text, now_s, args.default_timeout_s) {
-                Ok(r) => good.push((line_no, r)),
-                Err(e) => bad.push(e),
-            }
-        }
-        bad.sort_by_key(|e| e.line);
-        let n = good.len();
-        return Ok((Requests::Held(good.into_iter()), n, bad));
+        Some(p) if p.as_os_str() != "-" => Source::Path(p.clone()),
+        _ => Source::spool_stdin()?,
     };
     let now_s = crate::queue::producer::unix_ms() / 1000;
-    let mut lines = open(path)?;
+    let mut bad = Vec::new();
     let mut good = 0;
+    let mut lines = source.open()?;
     while let Some((line_no, text)) = lines.next_line().context("cannot read input")? {
         match text.and_then(|t| parse_line(line_no, t, now_s, args.default_timeout_s)) {
             Ok(_) => good += 1,
             Err(e) => bad.push(e),
         }
     }
-    let requests = Requests::Streamed {
-        lines: open(path)?,
+    drop(lines);
+    let requests = Requests {
+        lines: source.open()?,
         bad: bad.iter().map(|e| e.line).collect(),
         now_s,
         default_timeout_s: args.default_timeout_s,
