@@ -467,6 +467,63 @@ async fn results_gives_up_on_a_redis_that_stops_answering() {
     }
 }
 
+/// A Redis frozen before `results` has connected (it accepts the connection and never
+/// answers): the timeout bounds the start too, so the command gives up at it and says so
+/// (before, it waited for the connection's own timeout: 6.5 s for a 1 s `--timeout`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn results_gives_up_at_its_timeout_on_a_redis_frozen_before_it_answers() {
+    use std::process::{Command, Stdio};
+    use std::time::{Duration, Instant};
+    for (mode, args) in [
+        ("plain", &["results", "--timeout", "1s"][..]),
+        (
+            "reliable",
+            &["results", "--timeout", "1s", "--consumer", "w1"][..],
+        ),
+    ] {
+        let redis = RedisServer::start().unwrap();
+        let pid = redis.pid().unwrap().to_string();
+        let signal = |sig: &str| {
+            assert!(Command::new("kill")
+                .args([sig, pid.as_str()])
+                .status()
+                .unwrap()
+                .success());
+        };
+        signal("-STOP");
+        let mut child = Command::new(env!("CARGO_BIN_EXE_inferq"))
+            .args(args)
+            .env("REDIS_URL", redis.url())
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let frozen = Instant::now();
+        let status = loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                break Some(status);
+            }
+            if frozen.elapsed() > Duration::from_secs(30) {
+                break None;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        signal("-CONT");
+        let Some(status) = status else {
+            let _ = child.kill();
+            panic!("{mode}: results still waits 30 s after its 1 s timeout");
+        };
+        let mut err = String::new();
+        std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
+        assert_eq!(status.code(), Some(1), "{mode}: {err}");
+        assert!(
+            err.contains("Redis did not answer within the timeout (1s); no result was taken"),
+            "{mode}: {err}"
+        );
+    }
+}
+
 /// Plain `results` (Go's destructive pop) writes each result as it was stored, fields inferq
 /// does not know included, and writes an entry that does not parse too, with a warning, and
 /// goes on (before: the popped entry was lost, the run stopped with exit 1, and known results

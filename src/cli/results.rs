@@ -35,7 +35,7 @@ pub struct ResultsArgs {
 }
 
 pub async fn results(args: ResultsArgs) -> Result<(), Failure> {
-    let producer = args.redis.producer().await?;
+    let started = Instant::now();
     let mut out: Box<dyn Write> = match &args.output {
         Some(p) => Box::new(
             std::fs::OpenOptions::new()
@@ -47,9 +47,27 @@ pub async fn results(args: ResultsArgs) -> Result<(), Failure> {
         ),
         None => Box::new(std::io::stdout().lock()),
     };
-    let started = Instant::now();
     let mut written = 0u64;
-    let mut popper = producer.popper().await.context("cannot connect to Redis")?;
+    // The timeout bounds the connection too: a Redis that accepts connections and never
+    // answers (frozen) is given up at the timeout. Waiting for a consumer name is bounded by
+    // the name's own lease instead (below).
+    let connected = tokio::time::timeout(args.timeout, async {
+        let producer = args.redis.producer().await?;
+        let popper = producer.popper().await.context("cannot connect to Redis")?;
+        Ok::<_, Failure>((producer, popper))
+    })
+    .await;
+    let Ok(connected) = connected else {
+        tell!(
+            "inferq results: Redis did not answer within the timeout ({}); no result was taken",
+            humantime::format_duration(args.timeout)
+        );
+        return Err(Failure {
+            code: 1,
+            error: anyhow::anyhow!("timed out before Redis answered"),
+        });
+    };
+    let (producer, mut popper) = connected?;
     let mut reliable = match &args.consumer {
         Some(name) => {
             let mut c = producer
