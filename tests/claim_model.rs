@@ -57,7 +57,7 @@
 //!   different request tokens), `B#1` is another request, and `M#1` is malformed (exercises
 //!   `dead_letter`).
 //! - `max_deliveries` = 2: the first lease expiry of a generation sends it back to pending, the
-//!   second to dead (as `reclaim-6.lua` counts: the expiry that brings the count to
+//!   second to dead (as `reclaim-7.lua` counts: the expiry that brings the count to
 //!   `max_deliveries` buries).
 //! - At most [`ModelCfg::max_tokens`] = 4 owner tokens are minted over a run (each `claim` and
 //!   each re-owning `reclaim` mints one), so at most four claims happen: enough for every

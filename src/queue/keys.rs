@@ -20,6 +20,10 @@ pub struct QueueKeys {
     pub scores: String,
     /// hash claim key -> lease expiries so far (inferq).
     pub deliveries: String,
+    /// zset claim key -> the generation's deadline, Unix seconds: one entry per field of
+    /// `deliveries`, so a count is dropped once its deadline has passed even when the generation
+    /// left pending without a finish (a producer's own `ZREM`) (inferq).
+    pub deliveries_idx: String,
     /// zset member -> due time: retries waiting out their backoff (inferq).
     pub parked: String,
     /// list of dead-letter records, newest first (inferq).
@@ -36,6 +40,7 @@ impl QueueKeys {
             idx: derived("claims-idx"),
             scores: derived("claim-scores"),
             deliveries: derived("deliveries"),
+            deliveries_idx: derived("deliveries-idx"),
             parked: derived("parked"),
             dead: derived("dead"),
         }
@@ -49,7 +54,7 @@ impl QueueKeys {
     }
 
     /// Every key, for slot checks and ACL rules.
-    pub fn all(&self) -> [&str; 8] {
+    pub fn all(&self) -> [&str; 9] {
         [
             &self.pending,
             &self.claimed,
@@ -57,6 +62,7 @@ impl QueueKeys {
             &self.idx,
             &self.scores,
             &self.deliveries,
+            &self.deliveries_idx,
             &self.parked,
             &self.dead,
         ]

@@ -341,6 +341,10 @@ const ADMIT_MARGIN_S: u64 = 600;
 /// Longest an admit marker lives, whatever the deadline.
 const ADMIT_LONGEST_S: u64 = 7 * 24 * 3600;
 
+/// The keys every `finish` call passes before its result lists and producer keys (see
+/// `finish-9.lua`).
+const FINISH_FIXED_KEYS: usize = 9;
+
 /// Most members claimed per script call (Lua's `unpack` takes a few thousand values at most).
 pub const TAKE_CHUNK: usize = 500;
 
@@ -621,6 +625,7 @@ impl Queue {
             k.pending.clone(),
             k.parked.clone(),
             k.dead.clone(),
+            k.deliveries_idx.clone(),
         ];
         // Per item: (index of its result list, index of its producer keys, backoff) as text;
         // Lua indexes KEYS from 1, so an index is the length of `keys` after a push.
@@ -640,10 +645,13 @@ impl Queue {
                     ..
                 } => {
                     let pushes = !matches!(f, Finish::Bury { result, .. } if result.is_empty());
-                    let list = match keys[8..].iter().position(|k| k == result_list) {
+                    let list = match keys[FINISH_FIXED_KEYS..]
+                        .iter()
+                        .position(|k| k == result_list)
+                    {
                         // A bury without a result names no list: the call needs no right to it.
                         _ if !pushes => 0,
-                        Some(at) => at + 9,
+                        Some(at) => at + FINISH_FIXED_KEYS + 1,
                         None => {
                             keys.push(result_list.clone());
                             keys.len()
@@ -859,6 +867,7 @@ impl Queue {
             &k.scores,
             &k.deliveries,
             &k.pending,
+            &k.deliveries_idx,
         ];
         let mut args = vec![
             limit.to_string(),

@@ -113,7 +113,7 @@ pub static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
     finish: Script::new(
         "finish",
         &[NOW_MS, DEADLINE_OF, WRITABLE, DELIVER],
-        lua!("finish-8"),
+        lua!("finish-9"),
     ),
     promote: Script::new(
         "promote",
@@ -128,7 +128,7 @@ pub static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
     reclaim: Script::new(
         "reclaim",
         &[NOW_MS, DROP_CLAIM, DEADLINE_OF, WRITABLE],
-        lua!("reclaim-6"),
+        lua!("reclaim-7"),
     ),
     dead_letter: Script::new("deadLetter", &[WRITABLE, DELIVER], lua!("deadLetter-3")),
     cancel: Script::new("cancel", &[], lua!("cancel-2")),

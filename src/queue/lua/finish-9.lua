@@ -20,7 +20,9 @@
     KEYS[6] pending      zset  (release)
     KEYS[7] parked       zset  member -> due time, Unix seconds (park; inferq only)
     KEYS[8] dead list    (bury; inferq only, newest first)
-    KEYS[9..] result lists (consumers BRPOP them; LPUSH keeps FIFO order), then the producer's
+    KEYS[9] deliveries-idx zset claim key -> deadline of each delivery count (inferq only; see
+            reclaim), whose entries of acked and buried generations go with their counts
+    KEYS[10..] result lists (consumers BRPOP them; LPUSH keeps FIFO order), then the producer's
             request-active:<id> / request-cancel:<id> pairs of acked and buried generations
     ARGV: per item 8 fields:
       kind      "ack" | "bury" | "park" | "release"
@@ -66,7 +68,8 @@ end
 if used.release then kinds[6] = 'zset' end
 if used.park then kinds[7] = 'zset' end
 if used.bury then kinds[8] = 'list' end
-local refused = wrongTypeOf(kinds, 8)
+if used.ack or used.bury then kinds[9] = 'zset' end
+local refused = wrongTypeOf(kinds, 9)
 if refused then
   return refused
 end
@@ -176,6 +179,7 @@ if #drop > 0 then
 end
 if #finished > 0 then
   redis.call('HDEL', KEYS[5], unpack(finished))
+  redis.call('ZREM', KEYS[9], unpack(finished))
 end
 for _, listAt in ipairs(pushOrder) do
   if listAt < 0 then

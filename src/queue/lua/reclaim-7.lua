@@ -12,14 +12,21 @@
   Taking over is itself a fenced claim: if the caller dies before finishing, the new lease
   expires and the next reclaim does the same again.
 
+  Every delivery count is indexed by its generation's deadline (KEYS[7]), and each call drops up
+  to ARGV[1] counts whose deadline has passed. finish drops a count when its generation is acked
+  or buried, but a generation can also leave pending without a finish (its producer ZREMs it);
+  past its deadline a count decides nothing (an expired claim is finished as DEADLINE_EXCEEDED
+  whatever its count), so dropping it then keeps the hash from growing with such generations.
+
   Input:
     KEYS[1] claimed      hash
     KEYS[2] claim-owners hash
     KEYS[3] claims-idx   zset
     KEYS[4] claim-scores hash
-    KEYS[5] deliveries   hash
+    KEYS[5] deliveries   hash  claim key -> lease expiries so far
     KEYS[6] pending      zset
-    ARGV[1] batch limit
+    KEYS[7] deliveries-idx zset claim key -> the generation's deadline, Unix seconds
+    ARGV[1] batch limit (of expired claims, and of passed delivery counts dropped)
     ARGV[2] max deliveries
     ARGV[3] lease in ms for taken-over claims
     ARGV[4..] fresh owner tokens, one per possible take-over (at least ARGV[1] of them)
@@ -37,7 +44,7 @@ local out = { 0, -1 }
 local nextToken = 4
 -- Before the first write, every key written must take its write (see writable).
 if #expired > 0 then
-  local refused = wrongTypeOf({ 'hash', 'hash', 'zset', 'hash', 'hash', 'zset' }, 6)
+  local refused = wrongTypeOf({ 'hash', 'hash', 'zset', 'hash', 'hash', 'zset', 'zset' }, 7)
   if refused then
     return refused
   end
@@ -63,6 +70,9 @@ for _, ck in ipairs(expired) do
     local deliveries = math.floor(counted) + 1
     redis.call('HSET', KEYS[5], ck, deliveries)
     local deadline = deadlineOf(member)
+    -- A member without a readable deadline is dead-lettered once pending: its count goes at the
+    -- next call.
+    redis.call('ZADD', KEYS[7], deadline or 0, ck)
     local reason = nil
     if deadline and deadline <= nowS then
       reason = 'deadline'
@@ -86,6 +96,13 @@ for _, ck in ipairs(expired) do
       out[1] = out[1] + 1
     end
   end
+end
+-- Delivery counts of generations whose deadline has passed (see the header). Reads before any
+-- write, and removals only, so this works on a full Redis too.
+local passed = redis.call('ZRANGEBYSCORE', KEYS[7], '-inf', nowS, 'LIMIT', 0, tonumber(ARGV[1]))
+if #passed > 0 then
+  redis.call('HDEL', KEYS[5], unpack(passed))
+  redis.call('ZREM', KEYS[7], unpack(passed))
 end
 local earliest = redis.call('ZRANGE', KEYS[3], 0, 0, 'WITHSCORES')
 if earliest[2] then
