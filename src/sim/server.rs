@@ -18,7 +18,7 @@ use std::sync::{Arc, PoisonError, RwLock};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use axum::body::Bytes;
-use axum::extract::{ConnectInfo, State};
+use axum::extract::{ConnectInfo, DefaultBodyLimit, State};
 use axum::http::header::{CONTENT_TYPE, RETRY_AFTER};
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -107,8 +107,13 @@ pub fn router(state: Arc<SimState>) -> Router {
         .route("/metrics", get(metrics))
         .route("/healthz", get(|| async { StatusCode::OK }))
         .fallback(not_found)
+        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .with_state(state)
 }
+
+/// The longest request body the simulator reads: a long-context prompt as big as the processor
+/// sends (a member of up to 16 MiB) fits, where axum's own 2 MB limit answered 413.
+pub const MAX_BODY_BYTES: usize = 64 << 20;
 
 async fn completions(
     State(state): State<Arc<SimState>>,

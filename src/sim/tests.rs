@@ -158,6 +158,24 @@ async fn max_tokens_is_capped() {
 }
 
 #[tokio::test]
+async fn a_long_context_prompt_of_several_megabytes_is_answered() {
+    let sim = start(SimConfig::instant()).await;
+    let prompt = "word ".repeat(2_000_000);
+    let body = json!({"model": "tiny-llm", "max_tokens": 4, "prompt": prompt});
+    let resp = client()
+        .post(format!("{}/v1/completions", sim.base_url()))
+        .header("content-type", "application/json")
+        .body(to_body(&body))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let answer = from_body(&resp.bytes().await.unwrap());
+    assert_eq!(answer["usage"]["prompt_tokens"], 2_500_001);
+    sim.stop().await;
+}
+
+#[tokio::test]
 async fn bad_bodies_unknown_paths_and_health() {
     let sim = start(SimConfig::instant()).await;
     let c = client();
