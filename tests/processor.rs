@@ -1410,3 +1410,53 @@ async fn in_flight(
     gw.wait_seen(id, Duration::from_secs(10)).await;
     p
 }
+
+/// Long-context prompts of 1 MiB, a batch size of 256 and one busy worker: the requests claimed
+/// and waiting for a worker are bounded by their bytes (64 MiB), not by the pool channel's two
+/// batches (512 requests, 512 MiB of prompts held in the processor and in Redis's claims), and
+/// every request still gets exactly one result with its prompt sent unchanged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn big_prompts_waiting_for_a_worker_are_bounded_by_bytes() {
+    let redis = RedisServer::start().unwrap();
+    let gw = Gateway::start().await;
+    // The first request holds the only worker while the consumer fills its pool.
+    gw.script(
+        "big-000",
+        vec![Reply::ok(r#"{"ok":1}"#).after(Duration::from_secs(3))],
+    );
+    let opts = ProcessorOpts {
+        concurrency: 1,
+        batch_size: 256,
+        ..ProcessorOpts::default()
+    };
+    let producer = producer(&redis, Q).await;
+    let payload = format!(r#"{{"prompt":"{}"}}"#, "x".repeat(1 << 20));
+    const N: usize = 100;
+    for i in 0..N {
+        // Earlier ids have earlier deadlines: big-000 is claimed first.
+        let req = request(&format!("big-{i:03}"), 600 + i as i64, &payload);
+        producer.submit(req).await.unwrap();
+    }
+    let _p = Processor::start(&redis, &gw, &opts).await;
+    gw.wait_seen("big-000", Duration::from_secs(20)).await;
+    let mut con = con(&redis).await;
+    let mut most_claimed = 0u64;
+    while gw.seen("big-001").is_empty() {
+        // (A read Redis is too busy to answer in time is skipped.)
+        if let Ok(claimed) = con.hlen::<_, u64>(format!("{Q}:claimed")).await {
+            most_claimed = most_claimed.max(claimed);
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // 64 MiB of 1 MiB prompts waiting, one more past the bound, one at the worker, one
+    // between the pool and the worker.
+    assert!(
+        most_claimed <= 67,
+        "{most_claimed} of {N} big requests claimed while one worker was busy"
+    );
+    let got = wait_results(&mut con, N, Duration::from_secs(60)).await;
+    let ids: std::collections::BTreeSet<_> = got.iter().map(|r| r.id.clone()).collect();
+    assert_eq!((got.len(), ids.len()), (N, N), "one result per request");
+    assert!(got.iter().all(|r| r.status_code == 200));
+    assert_eq!(&gw.seen("big-050")[0].body[..], payload.as_bytes());
+}

@@ -14,6 +14,13 @@
 //! once per tick), and a poll that found only such requests waits like an empty one, so a
 //! refused head costs the gate, Redis and the decision counters what it costs under Go.
 //! While the queue's outbox cannot write results, it claims nothing.
+//!
+//! Claims are bounded by bytes as well as by count, so long-context prompts of megabytes are
+//! no heavier on the processor or on Redis than small ones: while more than
+//! [`MAX_WAITING_BYTES`] of claimed members wait in the pool channel for a worker, it claims
+//! nothing, and a poll claims no more than the room left (but at least one member). A poll
+//! peeks at as many members as the room left holds at the size of the largest member of the
+//! previous poll, so a queue of big members is not read in whole batches either.
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
@@ -48,6 +55,8 @@ pub async fn run_consumer(
 ) {
     let mut failures = 0u32;
     let mut idle = FIRST_IDLE_PAUSE;
+    // The largest member the last poll peeked at (0: none yet).
+    let mut largest = 0usize;
     let mut away = TurnedAway::default();
     loop {
         // While the outbox cannot write results, claiming more would only pile up finished work
@@ -71,6 +80,15 @@ pub async fn run_consumer(
                 Err(_) => return,
             },
         };
+        // Claimed members waiting for a worker are bounded by bytes too.
+        if !ctx.intake_load.has_room() {
+            tokio::select! {
+                biased;
+                _ = stop.cancelled() => return,
+                _ = ctx.intake_load.room() => {}
+            }
+        }
+        let budget = MAX_WAITING_BYTES.saturating_sub(ctx.intake_load.bytes());
         let mut want = room.min(polling.batch).max(1);
         // Set when the queue gate's budget cut this poll below a full batch: the budget is then
         // a rate (Go takes floor(batch × budget) once per `poll_interval` tick), so the next
@@ -99,7 +117,11 @@ pub async fn run_consumer(
             want = want.min(allowed);
         }
         away.forget_before(tokio::time::Instant::now());
-        let pause = match poll_once(&ctx, &tx, want, &mut away, polling.interval).await {
+        let bound = Bound {
+            budget,
+            largest: &mut largest,
+        };
+        let pause = match poll_once(&ctx, &tx, want, bound, &mut away, polling.interval).await {
             Ok(Polled {
                 seen,
                 admitted,
@@ -186,6 +208,28 @@ const STALLED_PAUSE: Duration = Duration::from_millis(100);
 /// The first pause after a poll that found less than a full batch, when no wake-ups arrive.
 const FIRST_IDLE_PAUSE: Duration = Duration::from_millis(10);
 
+/// Bytes of claimed members waiting in a queue's pool channel for a worker past which its
+/// consumer claims no more (a poll may pass it by one member).
+pub const MAX_WAITING_BYTES: usize = 64 << 20;
+
+/// How many bytes of members one poll may claim, and the size of the largest member the last
+/// poll peeked at, which sizes this poll's peek (and is updated by it).
+struct Bound<'a> {
+    budget: usize,
+    largest: &'a mut usize,
+}
+
+impl Bound<'_> {
+    /// How many members a peek may ask for, at most `page`: as many as the budget holds at the
+    /// size of the largest member seen last, at least one.
+    fn page(&self, page: usize) -> usize {
+        match self.budget.checked_div(*self.largest) {
+            Some(fits) => page.min(fits.max(1)),
+            None => page,
+        }
+    }
+}
+
 /// What one poll saw and did.
 struct Polled {
     /// Members peeked, over every page.
@@ -240,6 +284,7 @@ async fn poll_once(
     ctx: &Arc<QueueCtx>,
     tx: &Sender<Job>,
     want: usize,
+    bound: Bound<'_>,
     away: &mut TurnedAway,
     interval: Duration,
 ) -> Result<Polled, QueueError> {
@@ -248,6 +293,10 @@ async fn poll_once(
     } else {
         want
     };
+    // Bytes of the candidates so far, and whether the budget ended the poll before `want`.
+    let mut bytes = 0usize;
+    let mut spent = false;
+    let mut largest = 0usize;
     let mut window = 0;
     let mut seen = 0;
     let mut candidates = Vec::with_capacity(want);
@@ -258,14 +307,23 @@ async fn poll_once(
     // refused request does not block the requests behind it. Ranks shift as other instances
     // claim and producers add: a member missed is seen next poll, and one seen twice is
     // claimed once (the claim script answers "gone" for the second).
-    while candidates.len() < want && window < MAX_LOOK {
-        let asked = page.min(MAX_LOOK - window);
+    while candidates.len() < want && window < MAX_LOOK && !spent {
+        let asked = bound.page(page).min(MAX_LOOK - window);
         let peeked = ctx.queue.peek_from(window, asked).await?;
         window += asked;
         seen += peeked.len();
         let full = peeked.len() == asked;
+        largest = peeked
+            .iter()
+            .map(|p| p.member.len())
+            .fold(largest, usize::max);
         for Peeked { member, .. } in peeked {
             if candidates.len() >= want {
+                break;
+            }
+            // Past the budget: this member and those behind it wait for the next poll.
+            if !candidates.is_empty() && bytes.saturating_add(member.len()) > bound.budget {
+                spent = true;
                 break;
             }
             let env = match Envelope::decode(&member) {
@@ -296,6 +354,7 @@ async fn poll_once(
             }
             match admit(ctx, env).await {
                 Ok((env, admission)) => {
+                    bytes = bytes.saturating_add(member.len());
                     candidates.push((member, env));
                     admissions.push(admission);
                 }
@@ -310,6 +369,13 @@ async fn poll_once(
         }
         // A long head of them is crossed in few round trips.
         page = page.max((page * 2).min(1000));
+    }
+    if seen > 0 {
+        *bound.largest = largest;
+    }
+    if spent {
+        // The budget, not the queue, ended this poll: look again as soon as there is room.
+        window = seen;
     }
     if seen == 0 {
         return Ok(Polled {
@@ -330,9 +396,12 @@ async fn poll_once(
     }
     let admitted = candidates.len();
     let taken_at = Instant::now();
+    let sizes: Vec<usize> = candidates.iter().map(|(member, _)| member.len()).collect();
     let claimed = ctx.queue.claim(candidates).await?;
     let now_ms = crate::queue::producer::unix_ms();
-    for ((claim, admission), slot) in claimed.into_iter().zip(admissions).zip(slots) {
+    for (((claim, admission), slot), size) in
+        claimed.into_iter().zip(admissions).zip(slots).zip(sizes)
+    {
         let Claimed::Held(held) = claim else {
             // Not ours after all: undo the gate's reservations now.
             Decision::release_all(admission.releases).await;
@@ -367,6 +436,7 @@ async fn poll_once(
             job.publish(ResultMessage::deadline_exceeded(&id));
         } else {
             ctx.series.queue_depth.get().inc();
+            job.wait_for_worker(size);
             if let Err(returned) = tx.send(job).await {
                 // The pool is gone (shutdown): dropping the job releases its claim.
                 ctx.series.queue_depth.get().dec();

@@ -27,6 +27,9 @@ pub struct QueueCtx {
     /// The bytes of outcomes in the outbox: while over its bound, the pool starts none of this
     /// queue's requests (see [`super::outbox`]).
     pub outbox_load: Arc<super::outbox::Load>,
+    /// The bytes of the members claimed and waiting in the pool channel for a worker: while
+    /// over its bound the consumer claims no more (see [`super::consumer`]).
+    pub intake_load: Arc<super::outbox::Load>,
     pub labels: QueueLabels,
     pub metrics: Arc<Metrics>,
     /// The per-request series of this queue, resolved once.
@@ -195,6 +198,9 @@ pub struct Job {
     /// The last-chance slot, when this request is on its last delivery; freed when its outcome
     /// is written (or the job ends without one).
     last_chance: Option<Slot>,
+    /// The bytes of its member counted in the queue's `intake_load` while it waits for a
+    /// worker (0 once a worker took it up).
+    waiting: usize,
     done: bool,
 }
 
@@ -207,7 +213,23 @@ impl Job {
             claimed_at: Instant::now(),
             releases,
             last_chance: None,
+            waiting: 0,
             done: false,
+        }
+    }
+
+    /// Counts the job's member against its queue's `intake_load` until a worker takes it up.
+    pub fn wait_for_worker(&mut self, bytes: usize) {
+        self.started();
+        self.waiting = bytes;
+        self.ctx.intake_load.add(bytes);
+    }
+
+    /// A worker took the job up: it no longer counts as waiting.
+    pub fn started(&mut self) {
+        let bytes = std::mem::take(&mut self.waiting);
+        if bytes > 0 {
+            self.ctx.intake_load.sub(bytes);
         }
     }
 
@@ -280,6 +302,7 @@ impl Job {
 
 impl Drop for Job {
     fn drop(&mut self) {
+        self.started();
         if !self.done {
             self.hand_over(Finish::Release {
                 fence: self.held.fence.clone(),

@@ -84,10 +84,25 @@ impl Load {
 
     /// Counts `bytes` more until the returned charge is dropped.
     pub fn charge(self: &Arc<Self>, bytes: usize) -> Charge {
-        self.bytes.fetch_add(bytes, Ordering::AcqRel);
+        self.add(bytes);
         Charge {
             load: self.clone(),
             bytes,
+        }
+    }
+
+    /// Counts `bytes` more until [`Load::sub`] takes them off (for a holder that knows its
+    /// load without a [`Charge`]).
+    pub fn add(&self, bytes: usize) {
+        self.bytes.fetch_add(bytes, Ordering::AcqRel);
+    }
+
+    /// Takes off `bytes` that [`Load::add`] counted.
+    pub fn sub(&self, bytes: usize) {
+        let before = self.bytes.fetch_sub(bytes, Ordering::AcqRel);
+        // Only a fall to the limit can end a wait: the usual drop rings no one.
+        if before > self.limit && before - bytes <= self.limit {
+            self.drained.notify_waiters();
         }
     }
 
@@ -124,11 +139,7 @@ pub struct Charge {
 
 impl Drop for Charge {
     fn drop(&mut self) {
-        let before = self.load.bytes.fetch_sub(self.bytes, Ordering::AcqRel);
-        // Only a fall to the limit can end a wait: the usual drop rings no one.
-        if before > self.load.limit && before - self.bytes <= self.load.limit {
-            self.load.drained.notify_waiters();
-        }
+        self.load.sub(self.bytes);
     }
 }
 

@@ -12,12 +12,12 @@ use tokio::sync::{mpsc, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use super::consumer::{run_consumer, Polling};
+use super::consumer::{self, run_consumer, Polling};
 use super::context::{Job, QueueCtx};
 use super::gates::{self, Gate, GateEnv, GateOwner};
 use super::holdings::{Abort, Holdings};
 use super::merge::{tier_bucket, Merge, RandomRobin, TierPriority};
-use super::outbox::run_outbox;
+use super::outbox::{run_outbox, Load};
 use super::trace::RequestTracer;
 use super::upkeep;
 use super::worker::{work, WorkerEnv};
@@ -301,6 +301,7 @@ pub async fn run(config: RunConfig, shutdown: CancellationToken) -> Result<(), D
             holdings: Holdings::new(config.claim.lease),
             outbox: outbox_tx,
             outbox_load: Arc::default(),
+            intake_load: Arc::new(Load::new(consumer::MAX_WAITING_BYTES)),
             series: metrics.queue_series(&labels),
             labels,
             metrics: metrics.clone(),
@@ -487,6 +488,8 @@ async fn run_pool(
         }
         let env = env.clone();
         tracker.spawn(async move {
+            let mut job = job;
+            job.started();
             work(job, env).await;
             drop(permit);
         });

@@ -348,6 +348,11 @@ const FINISH_FIXED_KEYS: usize = 9;
 /// Most members claimed per script call (Lua's `unpack` takes a few thousand values at most).
 pub const TAKE_CHUNK: usize = 500;
 
+/// Most bytes of members claimed per script call (a bigger single member goes alone): the
+/// script holds its arguments several times over while it runs, and Redis serves no other
+/// client meanwhile.
+pub const TAKE_CHUNK_BYTES: usize = 16 << 20;
+
 /// Whether Redis refused a call for good (a script error, an ACL refusal), as opposed to the
 /// transport failing or Redis being briefly unable (loading, read-only), where the reply is
 /// unknown or the call is worth repeating.
@@ -486,7 +491,8 @@ impl Queue {
     }
 
     /// Claims a batch of decoded members: pending -> claimed, checking each one's cancel
-    /// marker in the same step. One script call per [`TAKE_CHUNK`] members.
+    /// marker in the same step. One script call per [`TAKE_CHUNK`] members or
+    /// [`TAKE_CHUNK_BYTES`] of them, whichever comes first.
     pub async fn claim(
         &self,
         members: Vec<(Vec<u8>, Envelope)>,
@@ -494,7 +500,16 @@ impl Queue {
         let mut out = Vec::with_capacity(members.len());
         let mut members = members.into_iter().peekable();
         while members.peek().is_some() {
-            let chunk: Vec<(Vec<u8>, Envelope)> = members.by_ref().take(TAKE_CHUNK).collect();
+            let mut chunk: Vec<(Vec<u8>, Envelope)> =
+                Vec::with_capacity(members.len().min(TAKE_CHUNK));
+            let mut bytes = 0usize;
+            while let Some((member, _)) = members.peek() {
+                bytes = bytes.saturating_add(member.len());
+                if chunk.len() == TAKE_CHUNK || (!chunk.is_empty() && bytes > TAKE_CHUNK_BYTES) {
+                    break;
+                }
+                chunk.extend(members.next());
+            }
             out.extend(self.take(chunk).await?);
         }
         Ok(out)

@@ -239,6 +239,8 @@ pub struct ProcessorOpts {
     pub redis_url: Option<String>,
     /// The transport's `poll_interval_ms`.
     pub poll_interval_ms: u64,
+    /// The transport's `batch_size`.
+    pub batch_size: u32,
     /// Flags that name the transport instead of `--transport`/`--transport-config` with the
     /// JSON above (a Go deployment's legacy flags).
     pub transport_args: Option<Vec<String>>,
@@ -266,6 +268,7 @@ impl Default for ProcessorOpts {
             extra_args: Vec::new(),
             redis_url: None,
             poll_interval_ms: 50,
+            batch_size: 10,
             transport_args: None,
             env: Vec::new(),
             closed_output: false,
@@ -317,9 +320,10 @@ impl Processor {
         let health_port = free_port().unwrap();
         let metrics_port = free_port().unwrap();
         let config = format!(
-            r#"{{"url":"{}","poll_interval_ms":{},"batch_size":10,"claim_lease_ttl_seconds":{},"claim_reclaim_interval_ms":{}{},"queues":[{{"queue_name":"{}","igw_base_url":"{}","inference_objective":"batch-obj"{}}}]}}"#,
+            r#"{{"url":"{}","poll_interval_ms":{},"batch_size":{},"claim_lease_ttl_seconds":{},"claim_reclaim_interval_ms":{}{},"queues":[{{"queue_name":"{}","igw_base_url":"{}","inference_objective":"batch-obj"{}}}]}}"#,
             opts.redis_url.clone().unwrap_or_else(|| redis.url()),
             opts.poll_interval_ms,
+            opts.batch_size,
             opts.lease_s,
             opts.reclaim_ms,
             opts.extra_transport_fields,
