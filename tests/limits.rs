@@ -339,3 +339,51 @@ async fn a_soft_open_file_limit_is_raised_to_the_hard_one() {
     assert!(log.contains("raised the open-file limit"), "log:\n{log}");
     assert!(!log.contains("workers need about"), "log:\n{log}");
 }
+
+/// A result bigger than Redis's `proto-max-bulk-len` (an operator set it to its 1 MiB minimum):
+/// Redis closes the connection at every write that carries it, which looks like an outage. The
+/// outbox writes it alone, so the small results that shared its batch land, and once Redis has
+/// closed the connection on it three times while still answering PING, the request gets an
+/// `INFERENCE_ERROR` result saying why instead of holding the queue's outbox forever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_result_bigger_than_redis_takes_ends_with_an_error_and_holds_nothing_back() {
+    let redis =
+        RedisServer::start_with_args(vec!["--proto-max-bulk-len".into(), "1mb".into()]).unwrap();
+    let gw = Gateway::start().await;
+    let huge = format!(r#"{{"text":"{}"}}"#, "y".repeat(1_500_000));
+    gw.script("huge", vec![Reply::ok(&huge)]);
+    let opts = ProcessorOpts {
+        queue: "big-results".into(),
+        ..ProcessorOpts::default()
+    };
+    let p = Processor::start(&redis, &gw, &opts).await;
+    let producer = producer(&redis, &opts.queue).await;
+    let mut ids = vec!["huge".to_owned()];
+    ids.extend((0..5).map(|i| format!("small-{i}")));
+    let requests: Vec<_> = ids
+        .iter()
+        .map(|id| request(id, 600, r#"{"prompt":"p"}"#))
+        .collect();
+    producer.submit_many(requests).await.unwrap();
+    let mut con = con(&redis).await;
+    let got = wait_results(&mut con, ids.len(), Duration::from_secs(60)).await;
+    let mut seen: Vec<&str> = got.iter().map(|r| r.id.as_str()).collect();
+    seen.sort_unstable();
+    let mut want: Vec<&str> = ids.iter().map(String::as_str).collect();
+    want.sort_unstable();
+    assert_eq!(seen, want, "one result per request; log:\n{}", p.log());
+    for r in &got {
+        if r.id == "huge" {
+            assert_eq!(r.error_code, "INFERENCE_ERROR");
+            assert!(
+                r.error_message.contains("proto-max-bulk-len"),
+                "{}",
+                r.error_message
+            );
+        } else {
+            assert_eq!(r.status_code, 200, "{r:?}");
+        }
+    }
+    let claimed: u64 = con.hlen("big-results:claimed").await.unwrap();
+    assert_eq!(claimed, 0);
+}

@@ -17,6 +17,17 @@
 //! results up in memory; a round trip writes at most [`MAX_BATCH_BYTES`] (and at least one
 //! outcome).
 //!
+//! An outcome of 1 MiB or more ([`BIG_OUTCOME`]) can be bigger than Redis takes in one
+//! argument (`proto-max-bulk-len`, `client-query-buffer-limit`, whose least values are 1 MiB):
+//! Redis then closes the connection at every write carrying it, which looks like an outage.
+//! When a write with such an outcome in it loses the connection, the outcomes of that write
+//! are written one at a time, so the others land; and when Redis closed the connection on the
+//! same big outcome alone [`TOO_BIG_TRIES`] times in a row while it answered `PING` in
+//! between, the outcome is replaced by one Redis takes (see [`Finish::too_big_for_redis`]):
+//! the request ends with an `INFERENCE_ERROR` that says why, instead of holding the queue's
+//! outbox, and so its claims, forever. When Redis's answer arrives before it closes the
+//! connection (`Protocol error: invalid bulk length`), the big outcome is replaced at once.
+//!
 //! An outcome Redis refuses for itself, not for an outage (a result list outside this user's
 //! rights), is handled by whose list it is. For a list this queue is configured with, the fix is
 //! the operator's and every request would meet the same refusal: the outcomes are kept and
@@ -48,6 +59,14 @@ pub const MAX_BATCH: usize = 256;
 pub const MAX_WAITING_BYTES: usize = 64 << 20;
 /// Most bytes of outcomes written per round trip (a bigger single outcome goes alone).
 pub const MAX_BATCH_BYTES: usize = 16 << 20;
+
+/// Outcomes this big may exceed what Redis takes in one argument (see the module comment).
+pub const BIG_OUTCOME: usize = 1 << 20;
+/// Writes of a big outcome alone that Redis cut, while answering `PING`, before it is replaced.
+pub const TOO_BIG_TRIES: u32 = 3;
+/// What Redis answers (when its answer arrives before it closes the connection) to an argument
+/// over `proto-max-bulk-len`: `Protocol error: invalid bulk length`.
+const OVERSIZE_REFUSAL: &str = "Protocol error";
 
 /// One outcome on its way, with the last-chance slot of its job if it held one, and its share
 /// of the outbox's [`Load`] (returned when it is dropped: written or given up).
@@ -159,6 +178,10 @@ pub async fn run_outbox(
     let mut waiting: VecDeque<Outgoing> = VecDeque::new();
     let mut backoff = Duration::from_millis(50);
     let mut refused_in_a_row = 0u32;
+    // Round trips still to make one outcome at a time (after a write with a big outcome in it
+    // lost the connection), and how often in a row a big outcome alone lost it.
+    let mut alone = 0usize;
+    let mut cut_alone = 0u32;
     // Whether /readyz was told that Redis refuses (or does not take) this queue's results.
     let mut reported = false;
     let depth = ctx.metrics.outbox_depth.get_or_create(&ctx.labels).clone();
@@ -192,16 +215,33 @@ pub async fn run_outbox(
             report(&ctx, &mut reported, None);
             continue;
         }
-        let n = batch_len(&waiting);
-        let batch: Vec<Outgoing> = waiting.drain(..n).collect();
+        let n = if alone > 0 { 1 } else { batch_len(&waiting) };
+        let mut batch: Vec<Outgoing> = waiting.drain(..n).collect();
         match ctx.queue.finish(&batch).await {
             Ok(statuses) => {
+                alone = alone.saturating_sub(1);
+                cut_alone = 0;
                 // Outcomes for a result list this queue is configured with that Redis refused:
                 // kept and retried, as in an outage (see the module comment).
                 let mut kept: Vec<Outgoing> = Vec::new();
                 let mut refusal: Option<(String, String)> = None;
                 let mut parked = false;
                 for (o, status) in batch.into_iter().zip(statuses) {
+                    // Redis said the outcome is too big for it: no try will do better.
+                    let (o, status) = match status {
+                        Finished::Failed(e)
+                            if o.finish.size() >= BIG_OUTCOME && e.contains(OVERSIZE_REFUSAL) =>
+                        {
+                            match too_big(&ctx, &o.finish, &format!("Redis refused it ({e})")) {
+                                Some(instead) => {
+                                    waiting.push_back(o.replaced(&ctx, instead));
+                                    continue;
+                                }
+                                None => (o, Finished::Failed(e)),
+                            }
+                        }
+                        status => (o, status),
+                    };
                     let f = &o.finish;
                     let own_list = configured_list(&ctx, f);
                     match status {
@@ -252,6 +292,26 @@ pub async fn run_outbox(
                 }
             }
             Err(e) => {
+                if e.lost_redis() && batch.iter().any(|o| o.finish.size() >= BIG_OUTCOME) {
+                    if batch.len() > 1 {
+                        alone = alone.max(batch.len());
+                    } else if answers_ping(&ctx).await {
+                        cut_alone += 1;
+                        if cut_alone >= TOO_BIG_TRIES {
+                            cut_alone = 0;
+                            if let Some(o) = batch.pop() {
+                                let cause = format!("Redis closed the connection at each of {TOO_BIG_TRIES} writes of it while it answered PING");
+                                match too_big(&ctx, &o.finish, &cause) {
+                                    Some(instead) => {
+                                        waiting.push_front(o.replaced(&ctx, instead));
+                                        continue;
+                                    }
+                                    None => batch.push(o),
+                                }
+                            }
+                        }
+                    }
+                }
                 ctx.note_failure(&e);
                 // The consumer claims nothing meanwhile, so its polls cannot report this.
                 // Either way `/readyz` says so: a write that times out while PING still
@@ -268,6 +328,43 @@ pub async fn run_outbox(
         depth.set(i64::try_from(waiting.len()).unwrap_or(i64::MAX));
     }
     depth.set(0);
+}
+
+/// Whether Redis answers `PING` within about half a second (the connection it just closed is
+/// opened again meanwhile).
+async fn answers_ping(ctx: &QueueCtx) -> bool {
+    for _ in 0..5 {
+        if ctx.queue.ping().await.is_ok() {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    false
+}
+
+/// What to write instead of `f`, an outcome Redis will not take for its size; `None` when
+/// nothing better can be written (a park or a release, which carries no result: its lease runs
+/// out and the request is redelivered).
+fn too_big(ctx: &QueueCtx, f: &Finish, cause: &str) -> Option<Finish> {
+    let size = f.size();
+    let why = format!(
+        "the result ({size} bytes) could not be written to Redis: {cause}; is its proto-max-bulk-len or client-query-buffer-limit smaller than the result?"
+    );
+    let instead = f.too_big_for_redis(&why)?;
+    tracing::error!(queue = %ctx.queue.name(), bytes = size, "Redis will not take a result this big; publishing an INFERENCE_ERROR instead");
+    Some(instead)
+}
+
+impl Outgoing {
+    /// This outcome's place, last-chance slot included, taken by `instead`.
+    fn replaced(self, ctx: &QueueCtx, instead: Finish) -> Outgoing {
+        let charge = ctx.outbox_load.charge(instead.size());
+        Outgoing {
+            finish: instead,
+            last_chance: self.last_chance,
+            charge,
+        }
+    }
 }
 
 /// How many outcomes from the front of `waiting` the next round trip writes: at most

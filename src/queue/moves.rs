@@ -18,7 +18,7 @@ use super::keys::{active_key, cancel_key, claim_key, fresh_token, QueueKeys};
 use super::scripts::SCRIPTS;
 use super::settings::ClaimSettings;
 use super::traced::Con;
-use crate::wire::{Envelope, ResultMessage};
+use crate::wire::{Envelope, ErrorCode, ResultMessage};
 
 /// Errors of the queue layer.
 #[derive(Debug, thiserror::Error)]
@@ -255,6 +255,30 @@ impl Finish {
             result_list,
             record.to_json(),
         ))
+    }
+
+    /// For an ack or a bury Redis will not take because of its size (it closes the connection
+    /// at every write carrying it: a result over `proto-max-bulk-len`): the same ack with an
+    /// `INFERENCE_ERROR` result saying `why`, or the same bury without its result. `None` for a
+    /// park or a release.
+    pub fn too_big_for_redis(&self, why: &str) -> Option<Finish> {
+        match self {
+            Finish::Ack {
+                fence,
+                id,
+                request_token,
+                result_list,
+                ..
+            } => Some(Finish::Ack {
+                fence: fence.clone(),
+                id: id.clone(),
+                request_token: request_token.clone(),
+                result_list: result_list.clone(),
+                result: ResultMessage::error(id, ErrorCode::InferenceError, why).to_json(),
+            }),
+            Finish::Bury { .. } => self.bury_without_result(why),
+            Finish::Park { .. } | Finish::Release { .. } => None,
+        }
     }
 
     /// The result list an ack or a bury with a result pushes to.
