@@ -20,7 +20,8 @@
 //! [`MAX_WAITING_BYTES`] of claimed members wait in the pool channel for a worker, it claims
 //! nothing, and a poll claims no more than the room left (but at least one member). A poll
 //! peeks at as many members as the room left holds at the size of the largest member of the
-//! previous poll, so a queue of big members is not read in whole batches either.
+//! previous poll ([`FIRST_LOOK`] members while none has been seen; halved for each poll that
+//! failed in a row), so a queue of big members is not read in whole batches either.
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
@@ -120,6 +121,7 @@ pub async fn run_consumer(
         let bound = Bound {
             budget,
             largest: &mut largest,
+            failures,
         };
         let pause = match poll_once(&ctx, &tx, want, bound, &mut away, polling.interval).await {
             Ok(Polled {
@@ -212,21 +214,34 @@ const FIRST_IDLE_PAUSE: Duration = Duration::from_millis(10);
 /// consumer claims no more (a poll may pass it by one member).
 pub const MAX_WAITING_BYTES: usize = 64 << 20;
 
+/// How many members a peek asks for while their size is unknown (no member seen yet): a queue
+/// of members of many megabytes is not first read a whole batch at a time.
+const FIRST_LOOK: usize = 16;
+
 /// How many bytes of members one poll may claim, and the size of the largest member the last
 /// poll peeked at, which sizes this poll's peek (and is updated by it).
 struct Bound<'a> {
     budget: usize,
     largest: &'a mut usize,
+    /// Polls failed in a row before this one: each halves the peek, so a read too big for
+    /// Redis to answer in time (or at all) is not asked for again and again at the same size.
+    failures: u32,
 }
 
 impl Bound<'_> {
     /// How many members a peek may ask for, at most `page`: as many as the budget holds at the
-    /// size of the largest member seen last, at least one.
-    fn page(&self, page: usize) -> usize {
-        match self.budget.checked_div(*self.largest) {
-            Some(fits) => page.min(fits.max(1)),
-            None => page,
-        }
+    /// size of the largest member seen (last poll, or this one so far), [`FIRST_LOOK`] while
+    /// none has been seen, halved for each poll failed in a row; at least one.
+    fn page(&self, page: usize, seen_largest: usize) -> usize {
+        let known = (*self.largest).max(seen_largest);
+        let fits = match self.budget.checked_div(known) {
+            Some(fits) => fits.max(1),
+            None => FIRST_LOOK,
+        };
+        page.min(fits)
+            .checked_shr(self.failures)
+            .unwrap_or(0)
+            .max(1)
     }
 }
 
@@ -308,7 +323,7 @@ async fn poll_once(
     // claim and producers add: a member missed is seen next poll, and one seen twice is
     // claimed once (the claim script answers "gone" for the second).
     while candidates.len() < want && window < MAX_LOOK && !spent {
-        let asked = bound.page(page).min(MAX_LOOK - window);
+        let asked = bound.page(page, largest).min(MAX_LOOK - window);
         let peeked = ctx.queue.peek_from(window, asked).await?;
         window += asked;
         seen += peeked.len();
@@ -679,4 +694,46 @@ async fn dead_letter(ctx: &QueueCtx, member: &[u8], reason: &str) -> Result<(), 
         tracing::warn!(queue = %ctx.queue.name(), id = %record.id, %reason, "dead-lettered a member that is not a valid request");
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn page(budget: usize, largest: usize, failures: u32, seen: usize, page: usize) -> usize {
+        let mut largest = largest;
+        Bound {
+            budget,
+            largest: &mut largest,
+            failures,
+        }
+        .page(page, seen)
+    }
+
+    #[test]
+    fn a_peek_is_sized_by_the_bytes_it_may_claim() {
+        let mib = 1 << 20;
+        // Small members: the batch.
+        assert_eq!(page(64 * mib, 300, 0, 0, 256), 256);
+        // 8 MB members: as many as 64 MiB holds.
+        assert_eq!(page(64 * mib, 8 * mib, 0, 0, 256), 8);
+        // Bigger than the whole budget, or no budget left: still one.
+        assert_eq!(page(64 * mib, 100 * mib, 0, 0, 256), 1);
+        assert_eq!(page(0, 300, 0, 0, 256), 1);
+        // Nothing seen yet: a first look, not a whole batch; a small batch as it is.
+        assert_eq!(page(64 * mib, 0, 0, 0, 256), FIRST_LOOK);
+        assert_eq!(page(64 * mib, 0, 0, 0, 10), 10);
+        // A big member seen earlier in this poll counts as the last poll's would.
+        assert_eq!(page(64 * mib, 300, 0, 16 * mib, 256), 4);
+    }
+
+    #[test]
+    fn failed_polls_in_a_row_shrink_the_peek_to_one() {
+        let mib = 1 << 20;
+        assert_eq!(page(64 * mib, 300, 1, 0, 256), 128);
+        assert_eq!(page(64 * mib, 300, 3, 0, 256), 32);
+        assert_eq!(page(64 * mib, 300, 8, 0, 256), 1);
+        assert_eq!(page(64 * mib, 300, 10_000, 0, 256), 1);
+        assert_eq!(page(64 * mib, 0, 2, 0, 256), FIRST_LOOK / 4);
+    }
 }
