@@ -13,6 +13,37 @@ fn inferq(redis: &RedisServer, args: &[&str], stdin: &str) -> Output {
     common::cli(args, &[("REDIS_URL", &redis.url())], stdin)
 }
 
+/// Sends `sig` (`-STOP`, `-CONT`) to the process `pid`.
+fn signal(pid: &str, sig: &str) {
+    assert!(std::process::Command::new("kill")
+        .args([sig, pid])
+        .status()
+        .unwrap()
+        .success());
+}
+
+/// Waits up to `limit` for `child` to exit: its status and standard error, or `None` (and the
+/// child killed) when it did not exit in time.
+async fn exit_within(
+    child: &mut std::process::Child,
+    limit: std::time::Duration,
+) -> Option<(std::process::ExitStatus, String)> {
+    let started = std::time::Instant::now();
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if started.elapsed() > limit {
+            let _ = child.kill();
+            return None;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    };
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
+    Some((status, err))
+}
+
 /// `submit` said it submitted nothing, and the queue is indeed empty.
 async fn assert_nothing_submitted(redis: &RedisServer, err: &str) {
     assert!(err.contains("nothing was submitted"), "{err}");
@@ -437,31 +468,12 @@ async fn results_gives_up_on_a_redis_that_stops_answering() {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         let pid = redis.pid().unwrap().to_string();
-        let signal = |sig: &str| {
-            assert!(Command::new("kill")
-                .args([sig, pid.as_str()])
-                .status()
-                .unwrap()
-                .success());
-        };
-        signal("-STOP");
-        let frozen = Instant::now();
-        let status = loop {
-            if let Some(status) = child.try_wait().unwrap() {
-                break Some(status);
-            }
-            if frozen.elapsed() > Duration::from_secs(30) {
-                break None;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        };
-        signal("-CONT");
-        let Some(status) = status else {
-            let _ = child.kill();
+        signal(&pid, "-STOP");
+        let exited = exit_within(&mut child, Duration::from_secs(30)).await;
+        signal(&pid, "-CONT");
+        let Some((status, err)) = exited else {
             panic!("{mode}: results still waits 30 s after its 2 s timeout");
         };
-        let mut err = String::new();
-        std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
         assert_eq!(status.code(), Some(1), "{mode}: {err}");
         assert!(err.contains("no answer within"), "{mode}: {err}");
     }
@@ -473,7 +485,7 @@ async fn results_gives_up_on_a_redis_that_stops_answering() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn results_gives_up_at_its_timeout_on_a_redis_frozen_before_it_answers() {
     use std::process::{Command, Stdio};
-    use std::time::{Duration, Instant};
+    use std::time::Duration;
     for (mode, args) in [
         ("plain", &["results", "--timeout", "1s"][..]),
         (
@@ -483,14 +495,7 @@ async fn results_gives_up_at_its_timeout_on_a_redis_frozen_before_it_answers() {
     ] {
         let redis = RedisServer::start().unwrap();
         let pid = redis.pid().unwrap().to_string();
-        let signal = |sig: &str| {
-            assert!(Command::new("kill")
-                .args([sig, pid.as_str()])
-                .status()
-                .unwrap()
-                .success());
-        };
-        signal("-STOP");
+        signal(&pid, "-STOP");
         let mut child = Command::new(env!("CARGO_BIN_EXE_inferq"))
             .args(args)
             .env("REDIS_URL", redis.url())
@@ -499,23 +504,11 @@ async fn results_gives_up_at_its_timeout_on_a_redis_frozen_before_it_answers() {
             .stderr(Stdio::piped())
             .spawn()
             .unwrap();
-        let frozen = Instant::now();
-        let status = loop {
-            if let Some(status) = child.try_wait().unwrap() {
-                break Some(status);
-            }
-            if frozen.elapsed() > Duration::from_secs(30) {
-                break None;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        };
-        signal("-CONT");
-        let Some(status) = status else {
-            let _ = child.kill();
+        let exited = exit_within(&mut child, Duration::from_secs(30)).await;
+        signal(&pid, "-CONT");
+        let Some((status, err)) = exited else {
             panic!("{mode}: results still waits 30 s after its 1 s timeout");
         };
-        let mut err = String::new();
-        std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
         assert_eq!(status.code(), Some(1), "{mode}: {err}");
         assert!(
             err.contains("Redis did not answer within the timeout (1s); no result was taken"),
