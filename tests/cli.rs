@@ -22,6 +22,18 @@ fn signal(pid: &str, sig: &str) {
         .success());
 }
 
+/// `inferq results` with `args` on `redis`, its standard error piped for [`exit_within`].
+fn spawn_results(redis: &RedisServer, args: &[&str]) -> std::process::Child {
+    std::process::Command::new(env!("CARGO_BIN_EXE_inferq"))
+        .args(args)
+        .env("REDIS_URL", redis.url())
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
 /// Waits up to `limit` for `child` to exit: its status and standard error, or `None` (and the
 /// child killed) when it did not exit in time.
 async fn exit_within(
@@ -430,7 +442,6 @@ async fn results_writes_jsonl_and_reliable_mode_survives_a_dead_consumer() {
 /// Redis does not answer, a few seconds past its timeout (before, it waited for ever).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn results_gives_up_on_a_redis_that_stops_answering() {
-    use std::process::{Command, Stdio};
     use std::time::{Duration, Instant};
     for (mode, args, waiting_in) in [
         ("plain", &["results", "--timeout", "2s"][..], "cmd=brpop"),
@@ -441,14 +452,7 @@ async fn results_gives_up_on_a_redis_that_stops_answering() {
         ),
     ] {
         let redis = RedisServer::start().unwrap();
-        let mut child = Command::new(env!("CARGO_BIN_EXE_inferq"))
-            .args(args)
-            .env("REDIS_URL", redis.url())
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
+        let mut child = spawn_results(&redis, args);
         // Frozen only once the consumer waits in its blocking pop.
         let mut con = common::con(&redis).await;
         let started = Instant::now();
@@ -484,7 +488,6 @@ async fn results_gives_up_on_a_redis_that_stops_answering() {
 /// (before, it waited for the connection's own timeout: 6.5 s for a 1 s `--timeout`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn results_gives_up_at_its_timeout_on_a_redis_frozen_before_it_answers() {
-    use std::process::{Command, Stdio};
     use std::time::Duration;
     for (mode, args) in [
         ("plain", &["results", "--timeout", "1s"][..]),
@@ -496,14 +499,7 @@ async fn results_gives_up_at_its_timeout_on_a_redis_frozen_before_it_answers() {
         let redis = RedisServer::start().unwrap();
         let pid = redis.pid().unwrap().to_string();
         signal(&pid, "-STOP");
-        let mut child = Command::new(env!("CARGO_BIN_EXE_inferq"))
-            .args(args)
-            .env("REDIS_URL", redis.url())
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
+        let mut child = spawn_results(&redis, args);
         let exited = exit_within(&mut child, Duration::from_secs(30)).await;
         signal(&pid, "-CONT");
         let Some((status, err)) = exited else {

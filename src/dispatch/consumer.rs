@@ -89,7 +89,7 @@ pub async fn run_consumer(
                 _ = ctx.intake_load.room() => {}
             }
         }
-        let budget = MAX_WAITING_BYTES.saturating_sub(ctx.intake_load.bytes());
+        let budget = ctx.intake_load.room_left();
         let mut want = room.min(polling.batch).max(1);
         // Set when the queue gate's budget cut this poll below a full batch: the budget is then
         // a rate (Go takes floor(batch × budget) once per `poll_interval` tick), so the next

@@ -10,6 +10,7 @@ use tokio::sync::mpsc::UnboundedSender;
 use super::gates::{Decision, Gate, Release};
 use super::holdings::{Holdings, Ticket};
 use super::last_chance::{LastChance, Slot};
+use super::load::{Charge, Load};
 use super::outbox::Outgoing;
 use crate::config::QueueConfig;
 use crate::ops::metrics::QueueSeries;
@@ -26,10 +27,10 @@ pub struct QueueCtx {
     pub outbox: UnboundedSender<Outgoing>,
     /// The bytes of outcomes in the outbox: while over its bound, the pool starts none of this
     /// queue's requests (see [`super::outbox`]).
-    pub outbox_load: Arc<super::outbox::Load>,
+    pub outbox_load: Arc<Load>,
     /// The bytes of the members claimed and waiting in the pool channel for a worker: while
     /// over its bound the consumer claims no more (see [`super::consumer`]).
-    pub intake_load: Arc<super::outbox::Load>,
+    pub intake_load: Arc<Load>,
     pub labels: QueueLabels,
     pub metrics: Arc<Metrics>,
     /// The per-request series of this queue, resolved once.
@@ -198,9 +199,8 @@ pub struct Job {
     /// The last-chance slot, when this request is on its last delivery; freed when its outcome
     /// is written (or the job ends without one).
     last_chance: Option<Slot>,
-    /// The bytes of its member counted in the queue's `intake_load` while it waits for a
-    /// worker (0 once a worker took it up).
-    waiting: usize,
+    /// Its member's share of the queue's `intake_load` while it waits for a worker.
+    waiting: Option<Charge>,
     done: bool,
 }
 
@@ -213,24 +213,19 @@ impl Job {
             claimed_at: Instant::now(),
             releases,
             last_chance: None,
-            waiting: 0,
+            waiting: None,
             done: false,
         }
     }
 
     /// Counts the job's member against its queue's `intake_load` until a worker takes it up.
     pub fn wait_for_worker(&mut self, bytes: usize) {
-        self.started();
-        self.waiting = bytes;
-        self.ctx.intake_load.add(bytes);
+        self.waiting = Some(self.ctx.intake_load.charge(bytes));
     }
 
     /// A worker took the job up: it no longer counts as waiting.
     pub fn started(&mut self) {
-        let bytes = std::mem::take(&mut self.waiting);
-        if bytes > 0 {
-            self.ctx.intake_load.sub(bytes);
-        }
+        self.waiting = None;
     }
 
     /// Holds the queue's last-chance slot until the job is done.
@@ -302,7 +297,6 @@ impl Job {
 
 impl Drop for Job {
     fn drop(&mut self) {
-        self.started();
         if !self.done {
             self.hand_over(Finish::Release {
                 fence: self.held.fence.clone(),

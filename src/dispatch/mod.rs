@@ -20,6 +20,8 @@
 //! - [`worker`]: one request → one HTTP attempt → its next move.
 //! - [`trace`]: the request's OpenTelemetry spans and the trace headers sent to the gateway.
 //! - [`outbox`]: batched, outage-tolerant writing of outcomes.
+//! - [`load`]: the byte bounds on the members waiting for a worker and the outcomes waiting in
+//!   the outbox.
 //! - [`doorbell`]: wake-ups by pub/sub when work arrives; polling is the fallback.
 //! - [`ingress`]: Go's redis-pubsub transport: messages published on a queue's channel are
 //!   admitted into its durable pending set.
@@ -39,6 +41,7 @@ pub mod gates;
 pub mod holdings;
 pub mod ingress;
 pub mod last_chance;
+pub mod load;
 pub mod memory;
 pub mod merge;
 pub mod outbox;

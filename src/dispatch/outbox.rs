@@ -12,7 +12,7 @@
 //! request a delivery.
 //!
 //! The outbox is bounded by bytes: while more than [`MAX_WAITING_BYTES`] of outcomes wait, the
-//! pool starts none of the queue's requests (see [`Load`]), so a gateway that answers faster
+//! pool starts none of the queue's requests (see [`super::load`]), so a gateway that answers faster
 //! than Redis takes the results (large results, a slow Redis) slows the pool instead of piling
 //! results up in memory; a round trip writes at most [`MAX_BATCH_BYTES`] (and at least one
 //! outcome).
@@ -39,16 +39,16 @@
 //! sent again.
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::mpsc::UnboundedReceiver;
-use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use super::context::QueueCtx;
 use super::last_chance::Slot;
+use super::load::Charge;
 use crate::ops::Trouble;
 use crate::queue::{Finish, Finished};
 
@@ -69,97 +69,11 @@ pub const TOO_BIG_TRIES: u32 = 3;
 const OVERSIZE_REFUSAL: &str = "Protocol error";
 
 /// One outcome on its way, with the last-chance slot of its job if it held one, and its share
-/// of the outbox's [`Load`] (returned when it is dropped: written or given up).
+/// of the outbox's [`Load`](super::load::Load) (returned when it is dropped: written or given up).
 pub struct Outgoing {
     pub finish: Finish,
     pub last_chance: Option<Slot>,
     pub charge: Charge,
-}
-
-/// The bytes of the outcomes a queue's outbox holds, against the bound past which its pool
-/// starts none of the queue's requests.
-#[derive(Debug)]
-pub struct Load {
-    bytes: AtomicUsize,
-    limit: usize,
-    /// Rung when the bytes fall from above the limit to it or below.
-    drained: Notify,
-}
-
-impl Default for Load {
-    fn default() -> Self {
-        Load::new(MAX_WAITING_BYTES)
-    }
-}
-
-impl Load {
-    pub fn new(limit: usize) -> Load {
-        Load {
-            bytes: AtomicUsize::new(0),
-            limit,
-            drained: Notify::new(),
-        }
-    }
-
-    /// Counts `bytes` more until the returned charge is dropped.
-    pub fn charge(self: &Arc<Self>, bytes: usize) -> Charge {
-        self.add(bytes);
-        Charge {
-            load: self.clone(),
-            bytes,
-        }
-    }
-
-    /// Counts `bytes` more until [`Load::sub`] takes them off (for a holder that knows its
-    /// load without a [`Charge`]).
-    pub fn add(&self, bytes: usize) {
-        self.bytes.fetch_add(bytes, Ordering::AcqRel);
-    }
-
-    /// Takes off `bytes` that [`Load::add`] counted.
-    pub fn sub(&self, bytes: usize) {
-        let before = self.bytes.fetch_sub(bytes, Ordering::AcqRel);
-        // Only a fall to the limit can end a wait: the usual drop rings no one.
-        if before > self.limit && before - bytes <= self.limit {
-            self.drained.notify_waiters();
-        }
-    }
-
-    /// The bytes held now.
-    pub fn bytes(&self) -> usize {
-        self.bytes.load(Ordering::Acquire)
-    }
-
-    /// Whether no more than the limit is held.
-    pub fn has_room(&self) -> bool {
-        self.bytes() <= self.limit
-    }
-
-    /// Returns once no more than the limit is held.
-    pub async fn room(&self) {
-        loop {
-            let drained = self.drained.notified();
-            tokio::pin!(drained);
-            drained.as_mut().enable();
-            if self.has_room() {
-                return;
-            }
-            drained.await;
-        }
-    }
-}
-
-/// One outcome's share of a [`Load`].
-#[derive(Debug)]
-pub struct Charge {
-    load: Arc<Load>,
-    bytes: usize,
-}
-
-impl Drop for Charge {
-    fn drop(&mut self) {
-        self.load.sub(self.bytes);
-    }
 }
 
 impl std::borrow::Borrow<Finish> for Outgoing {
@@ -373,7 +287,7 @@ fn batch_len(waiting: &VecDeque<Outgoing>) -> usize {
     let mut bytes = 0usize;
     let mut n = 0;
     for o in waiting.iter().take(MAX_BATCH) {
-        bytes = bytes.saturating_add(o.charge.bytes);
+        bytes = bytes.saturating_add(o.charge.bytes());
         if n > 0 && bytes > MAX_BATCH_BYTES {
             break;
         }
@@ -461,29 +375,4 @@ async fn instead_of_refused(ctx: &QueueCtx, f: &Finish, refusal: &str) -> Option
         .get_or_create(&ctx.labels.with_outcome("result_refused"))
         .inc();
     Some(bury)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[tokio::test]
-    async fn room_waits_until_the_held_bytes_drop_to_the_limit() {
-        let load = Arc::new(Load::new(100));
-        let first = load.charge(60);
-        let second = load.charge(60);
-        assert_eq!(load.bytes(), 120);
-        assert!(!load.has_room());
-        let waiter = tokio::spawn({
-            let load = load.clone();
-            async move { load.room().await }
-        });
-        tokio::task::yield_now().await;
-        assert!(!waiter.is_finished());
-        drop(first);
-        assert_eq!(load.bytes(), 60);
-        assert!(waiter.await.is_ok());
-        drop(second);
-        assert_eq!(load.bytes(), 0);
-    }
 }

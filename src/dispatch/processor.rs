@@ -16,8 +16,9 @@ use super::consumer::{self, run_consumer, Polling};
 use super::context::{Job, QueueCtx};
 use super::gates::{self, Gate, GateEnv, GateOwner};
 use super::holdings::{Abort, Holdings};
+use super::load::Load;
 use super::merge::{tier_bucket, Merge, RandomRobin, TierPriority};
-use super::outbox::{run_outbox, Load};
+use super::outbox::{self, run_outbox};
 use super::trace::RequestTracer;
 use super::upkeep;
 use super::worker::{work, WorkerEnv};
@@ -300,7 +301,7 @@ pub async fn run(config: RunConfig, shutdown: CancellationToken) -> Result<(), D
             },
             holdings: Holdings::new(config.claim.lease),
             outbox: outbox_tx,
-            outbox_load: Arc::default(),
+            outbox_load: Arc::new(Load::new(outbox::MAX_WAITING_BYTES)),
             intake_load: Arc::new(Load::new(consumer::MAX_WAITING_BYTES)),
             series: metrics.queue_series(&labels),
             labels,
