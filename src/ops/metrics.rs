@@ -147,6 +147,7 @@ pub struct QueueSeries {
     pub inflight: Series<Gauge>,
     pub deliveries: Series<Counter>,
     pub fenced: Series<Counter>,
+    pub claims_lost: Series<Counter>,
 }
 
 /// Every metric the processor records.
@@ -195,6 +196,9 @@ pub struct Metrics {
     pub dead_letters: Family<OutcomeLabels, Counter>,
     /// Claims taken (each is one delivery attempt).
     pub deliveries: Counters,
+    /// Requests peeked and decoded for a claim that found them already taken by another
+    /// instance: the cost of instances racing for the same queue.
+    pub claims_lost: Counters,
     /// In-flight requests aborted, by reason: lost, cancelled, shutdown.
     pub aborted: Family<OutcomeLabels, Counter>,
     /// Wake-ups received, by source: doorbell, keyspace.
@@ -240,6 +244,7 @@ impl Metrics {
             outbox_dropped: Counters::default(),
             dead_letters: Family::default(),
             deliveries: Counters::default(),
+            claims_lost: Counters::default(),
             aborted: Family::default(),
             wakeups: Family::default(),
             pubsub_messages: Family::default(),
@@ -378,6 +383,11 @@ impl Metrics {
             m.deliveries.clone(),
         );
         r.register(
+            "inferq_claims_lost",
+            "Requests another instance claimed between this instance's peek and its claim",
+            m.claims_lost.clone(),
+        );
+        r.register(
             "inferq_aborted_requests",
             "In-flight requests aborted, by reason",
             m.aborted.clone(),
@@ -412,6 +422,7 @@ impl Metrics {
             inflight: Series::new(&self.inflight, labels),
             deliveries: Series::new(&self.deliveries, labels),
             fenced: Series::new(&self.fenced, labels),
+            claims_lost: Series::new(&self.claims_lost, labels),
         }
     }
 
