@@ -146,6 +146,24 @@ fn quick_bench_writes_every_figure() {
         assert!(!split["skipped_because"].as_str().unwrap().is_empty());
     }
 
+    // The fleet drains: one processor, then four sharing the same workers, each drain with its
+    // throughput and the requests the processors lost to one another's claims.
+    assert_eq!(r["fleet"]["measured"], Value::Bool(true), "{}", r["fleet"]);
+    let fleet = r["fleet"]["drains"].as_array().unwrap();
+    let sizes: Vec<u64> = fleet
+        .iter()
+        .map(|d| d["processors"].as_u64().unwrap())
+        .collect();
+    assert_eq!(sizes, [1, 4], "{}", r["fleet"]);
+    for (i, d) in fleet.iter().enumerate() {
+        assert!(number(&r, &format!("fleet.drains.{i}.requests_per_s")) > 0.0);
+        assert!(number(&r, &format!("fleet.drains.{i}.claims_lost_per_request")) >= 0.0);
+        assert_eq!(d["concurrency"], r["drains"][0]["concurrency"], "{d}");
+    }
+    // A lone processor has no one to lose a claim to.
+    assert_eq!(number(&r, "fleet.drains.0.claims_lost_per_request"), 0.0);
+    assert!(stdout.contains("fleet: "), "{stdout}");
+
     // Every open-loop request got its result and was seen by the gateway.
     let open = r["open_loop"].as_array().unwrap();
     assert_eq!(open.len(), 3);

@@ -5,8 +5,10 @@
 //! concurrency (requests/s, Redis commands per request, processor CPU and peak RSS, connections
 //! the gateway accepted); BullMQ's drain on the same Redis and node gateway when BullMQ is
 //! installed; the node drains of both again with the gateway on CPUs of its own (the split
-//! placement, see `placement`); open-loop submission at fixed rates (enqueue→dispatch and
-//! submit→result latency); redelivery after a kill -9.
+//! placement, see `placement`); one drain through the simulator by fleets of 1, 4 and 8
+//! processors sharing the workers (what instances racing for one queue cost); open-loop
+//! submission at fixed rates (enqueue→dispatch and submit→result latency); redelivery after a
+//! kill -9.
 //!
 //! In: [`BenchOptions`]. Out: a [`report::Report`] printed as a table with targets and
 //! pass/miss, written as `bench.json`, and plotted as `bench.png` in the output folder.
@@ -43,7 +45,7 @@ use redis::aio::MultiplexedConnection;
 
 use crate::testkit::{Fsync, RedisServer};
 use procs::{Gateway, GatewayKind, ProcessorSpec};
-use report::{BullmqSection, Ceilings, Report, Settings, SplitSection};
+use report::{BullmqSection, Ceilings, FleetSection, Report, Settings, SplitSection};
 
 /// How long a Redis reply of the bench's own connection may take.
 const FLUSH_LIMIT: Duration = Duration::from_secs(120);
@@ -114,6 +116,9 @@ pub struct BenchOptions {
     pub redelivery_requests: u64,
     /// Skip node (its gateway and BullMQ) even when installed.
     pub no_node: bool,
+    /// Processors per fleet drain (none: no fleet drains), and the requests of each.
+    pub fleet: Vec<u32>,
+    pub fleet_n: u64,
     pub bullmq_dir: Option<PathBuf>,
     /// Extra arguments for every `inferq run`.
     pub run_args: Vec<String>,
@@ -241,7 +246,7 @@ pub async fn run(opts: BenchOptions) -> Result<Report, BenchError> {
     let mut drains = Vec::new();
     for g in &gateways {
         for &n in &opts.drains {
-            let mut d = drain::run(&mut ctx, g, n, None)
+            let mut d = drain::run(&mut ctx, g, n, None, 1)
                 .await
                 .map_err(|e| e.during(format!("drain {n} via {}", g.kind.name())))?;
             d.ratio_to_gateway_ceiling = ceilings
@@ -301,6 +306,7 @@ pub async fn run(opts: BenchOptions) -> Result<Report, BenchError> {
         Some(node) => split_drains(&mut ctx, node, bull.as_ref().ok()).await?,
         None => SplitSection::skipped(no_node.to_owned()),
     };
+    let fleet = fleet_drains(&mut ctx, &gateways[gateways.len() - 1]).await?;
     drop(gateways);
 
     let open_sim = Gateway::sim(&ctx.http, &dir, 0).await?;
@@ -340,6 +346,7 @@ pub async fn run(opts: BenchOptions) -> Result<Report, BenchError> {
         census,
         bullmq,
         split,
+        fleet,
         open,
         redelivery,
         began.elapsed(),
@@ -356,6 +363,31 @@ pub async fn run(opts: BenchOptions) -> Result<Report, BenchError> {
         opts.out.join("bench.png").display()
     ));
     Ok(report)
+}
+
+/// One drain of `fleet_n` requests through `sim` by each fleet size: the run's workers shared by
+/// that many processors on one queue.
+async fn fleet_drains(ctx: &mut Ctx, sim: &Gateway) -> Result<FleetSection, BenchError> {
+    if ctx.opts.fleet.is_empty() {
+        return Ok(FleetSection::skipped("--no-fleet given".to_owned()));
+    }
+    let n = ctx.opts.fleet_n;
+    let mut drains = Vec::new();
+    for processors in ctx.opts.fleet.clone() {
+        let d = drain::run(ctx, sim, n, None, processors)
+            .await
+            .map_err(|e| e.during(format!("fleet drain of {n} by {processors} processors")))?;
+        say(format!(
+            "fleet drain {n} via sim by {processors} processors of {} workers: {:.0} req/s in {:.2} s, {} requests lost to another's claim per request",
+            d.concurrency / processors.max(1),
+            d.requests_per_s,
+            d.seconds,
+            d.claims_lost_per_request
+                .map_or("-".to_owned(), |l| format!("{l:.2}"))
+        ));
+        drains.push(d);
+    }
+    Ok(FleetSection::measured(n, drains))
 }
 
 /// BullMQ's drains of every N against `node`, its worker on `cpus` or on every CPU.
@@ -415,7 +447,7 @@ async fn split_drains(
     ));
     let mut drains = Vec::new();
     for n in ctx.opts.drains.clone() {
-        let d = drain::run(ctx, node, n, Some(&split.queue))
+        let d = drain::run(ctx, node, n, Some(&split.queue), 1)
             .await
             .map_err(|e| e.during(format!("split drain {n} via node")))?;
         say(format!(

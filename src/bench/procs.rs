@@ -317,6 +317,7 @@ impl ProcessorSpec {
 pub struct Processor {
     pub started: Instant,
     proc: ChildProc,
+    metrics: u16,
 }
 
 impl Processor {
@@ -355,7 +356,14 @@ impl Processor {
         let log = dir.join(format!("processor-{health}.log"));
         let started = Instant::now();
         let proc = ChildProc::spawn(command, log, "the processor (inferq run)")?;
-        Ok((Processor { started, proc }, health))
+        Ok((
+            Processor {
+                started,
+                proc,
+                metrics,
+            },
+            health,
+        ))
     }
 
     /// Starts `inferq run` and waits for `/readyz`.
@@ -373,6 +381,20 @@ impl Processor {
 
     pub fn usage(&self) -> Result<ProcUsage, BenchError> {
         self.proc.usage()
+    }
+
+    /// Its `inferq_claims_lost_total` over every queue: requests another instance claimed
+    /// between this one's peek and its claim (`None` when `/metrics` did not answer).
+    pub async fn claims_lost(&self, http: &reqwest::Client) -> Option<u64> {
+        let url = format!("http://127.0.0.1:{}/metrics", self.metrics);
+        let page = http.get(url).send().await.ok()?.text().await.ok()?;
+        Some(
+            page.lines()
+                .filter(|l| l.starts_with("inferq_claims_lost_total{"))
+                .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+                .map(|v| v as u64)
+                .sum(),
+        )
     }
 
     pub fn kill9(&mut self) {

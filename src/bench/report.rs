@@ -163,6 +163,37 @@ impl SplitSection {
     }
 }
 
+/// One drain by fleets of processors sharing the run's workers on one queue, through the
+/// simulator: what instances racing for the same requests cost (not one of the issue's
+/// targets).
+#[derive(Debug, Clone, Serialize)]
+pub struct FleetSection {
+    pub measured: bool,
+    pub skipped_because: Option<String>,
+    pub n: u64,
+    pub drains: Vec<Drain>,
+}
+
+impl FleetSection {
+    pub fn skipped(reason: String) -> FleetSection {
+        FleetSection {
+            measured: false,
+            skipped_because: Some(reason),
+            n: 0,
+            drains: Vec::new(),
+        }
+    }
+
+    pub fn measured(n: u64, drains: Vec<Drain>) -> FleetSection {
+        FleetSection {
+            measured: true,
+            skipped_because: None,
+            n,
+            drains,
+        }
+    }
+}
+
 /// One target of the issue and how this run did.
 #[derive(Debug, Clone, Serialize)]
 pub struct Target {
@@ -185,6 +216,7 @@ pub struct Report {
     pub command_census: Census,
     pub bullmq: BullmqSection,
     pub split: SplitSection,
+    pub fleet: FleetSection,
     pub open_loop: Vec<OpenLoop>,
     pub redelivery: Redelivery,
     pub targets: Vec<Target>,
@@ -201,6 +233,7 @@ impl Report {
         command_census: Census,
         bullmq: BullmqSection,
         split: SplitSection,
+        fleet: FleetSection,
         open_loop: Vec<OpenLoop>,
         redelivery: Redelivery,
         took: Duration,
@@ -214,6 +247,7 @@ impl Report {
             command_census,
             bullmq,
             split,
+            fleet,
             open_loop,
             redelivery,
             targets: Vec::new(),
@@ -504,6 +538,8 @@ impl Report {
         println!();
         self.print_split();
         println!();
+        self.print_fleet();
+        println!();
         println!(
             "open loop {:>8} {:>9} {:>9} {:>27} {:>27}",
             "offered",
@@ -579,6 +615,54 @@ impl Report {
                 split.bullmq.skipped_because.as_deref().unwrap_or("")
             );
         }
+    }
+
+    /// The fleet drains: one queue, the same workers, more processors sharing them.
+    fn print_fleet(&self) {
+        let fleet = &self.fleet;
+        if !fleet.measured {
+            println!(
+                "fleet: skipped ({})",
+                fleet.skipped_because.as_deref().unwrap_or("")
+            );
+            return;
+        }
+        println!(
+            "fleet: {} requests through sim, the same workers shared by processors on one queue",
+            fleet.n
+        );
+        println!(
+            "  {:>10} {:>12} {:>9} {:>10} {:>10} {:>15} {:>13} {:>11} {:>10} {:>9}",
+            "processors",
+            "workers each",
+            "req/s",
+            "calls/req",
+            "evals/req",
+            "processors µs",
+            "redis µs/req",
+            "all µs/req",
+            "lost/req",
+            "peak MiB"
+        );
+        for d in &fleet.drains {
+            println!(
+                "  {:>10} {:>12} {:>9.0} {:>10.2} {:>10.3} {:>15.1} {:>13.1} {:>11.1} {:>10} {:>9.1}",
+                d.processors,
+                d.concurrency / d.processors.max(1),
+                d.requests_per_s,
+                d.commands.per_request,
+                d.commands.script_calls_per_request,
+                d.cpu_s_per_1k * 1000.0,
+                d.redis_cpu_s_per_1k.map_or(f64::NAN, |s| s * 1000.0),
+                d.machine_cpu_us().unwrap_or(f64::NAN),
+                d.claims_lost_per_request
+                    .map_or("-".to_owned(), |l| format!("{l:.2}")),
+                d.peak_rss_mib
+            );
+        }
+        println!(
+            "  (processors µs: CPU per request of every processor together; lost/req: requests peeked and claimed for nothing because another processor claimed them first; peak MiB: the largest processor's)"
+        );
     }
 
     /// Writes the report as pretty JSON.

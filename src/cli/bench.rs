@@ -50,6 +50,16 @@ pub struct BenchArgs {
     /// Skip node (its gateway and BullMQ) even when installed.
     #[arg(long)]
     pub no_node: bool,
+    /// Processors of each fleet drain, which share the --concurrency workers on one queue
+    /// [default: 1,4,8; quick: 1,4].
+    #[arg(long, value_delimiter = ',', value_parser = clap::value_parser!(u32).range(1..))]
+    pub fleet: Option<Vec<u32>>,
+    /// Requests of each fleet drain [default: 100000; quick: 4000].
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    pub fleet_n: Option<u64>,
+    /// Skip the fleet drains.
+    #[arg(long, conflicts_with = "fleet")]
+    pub no_fleet: bool,
     /// Folder holding node_modules/bullmq [default: $BULLMQ_DIR or ~/.cache/inferq-bench/bullmq].
     #[arg(long)]
     pub bullmq_dir: Option<PathBuf>,
@@ -108,6 +118,13 @@ pub async fn bench(args: BenchArgs) -> Result<(), Failure> {
             .unwrap_or(if quick { 8 } else { 32 })
             .max(1),
         no_node: args.no_node,
+        fleet: if args.no_fleet {
+            Vec::new()
+        } else {
+            args.fleet
+                .unwrap_or_else(|| if quick { vec![1, 4] } else { vec![1, 4, 8] })
+        },
+        fleet_n: args.fleet_n.unwrap_or(if quick { 4000 } else { 100_000 }),
         bullmq_dir: args.bullmq_dir,
         run_args: args.run_arg,
     };
