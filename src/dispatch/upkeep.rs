@@ -196,7 +196,7 @@ async fn adopt_counts(ctx: &QueueCtx) -> bool {
             tracing::info!(queue = %ctx.queue.name(), indexed, "indexed delivery counts that had no deadline entry (left by an earlier release), so they go in time");
             true
         }
-        Err(e) => match e.redis_refusal().filter(|r| r.code() == Some("NOPERM")) {
+        Err(e) => match e.acl_refusal() {
             Some(refusal) => {
                 tracing::warn!(queue = %ctx.queue.name(), error = %refusal, "cannot index delivery counts left by an earlier release (the processor's ACL rule needs +hscan); those whose request left the queue without a result stay in Redis");
                 false

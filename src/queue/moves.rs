@@ -47,6 +47,18 @@ impl QueueError {
         }
     }
 
+    /// Redis's refusal of a command to this user by its ACL rule: `NOPERM` for a command sent
+    /// as is, or the error Redis 7 answers when a script calls one (`ERR The user executing the
+    /// script can't run this command or subcommand`). Such a call fails the same way until the
+    /// rule changes.
+    pub fn acl_refusal(&self) -> Option<&RedisError> {
+        self.redis_refusal().filter(|e| {
+            e.code() == Some("NOPERM")
+                || e.detail()
+                    .is_some_and(|d| d.contains("can't run this command"))
+        })
+    }
+
     /// Whether this call failing means Redis is out of reach or unable to write for now (down,
     /// unreachable, timing out, loading, a read-only replica), so that the owners of claims
     /// could not renew them either. Not a refusal of this caller alone (`NOPERM`, a script
