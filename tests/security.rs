@@ -350,6 +350,69 @@ async fn readyz_is_not_ready_while_redis_refuses_the_queue() {
     assert_eq!(done.status_code, 200, "{done:?}");
 }
 
+/// A processor user whose rule predates `+hscan` (README's rule of the previous release, kept
+/// through an upgrade): the processor serves the queue as before, says once that it cannot
+/// index the delivery counts an earlier release left, and stops asking. Before, it asked on
+/// every reclaim pass (13 refusals in Redis's ACL LOG within 7 s at a 500 ms interval) without
+/// a word in its log: Redis answers a script's refused command with `ERR`, not `NOPERM`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rule_without_hscan_is_refused_once_and_named_in_the_log() {
+    let (gw, _redis, mut admin, processor_url, producer_url) = rig().await;
+    acl(&mut admin, &["SETUSER", "inferq-processor", "-hscan"]).await;
+    // A count the previous release left, with no deadline entry.
+    let _: () = admin
+        .hset(format!("{Q}:deliveries"), "gone\0aaaa", 1)
+        .await
+        .unwrap();
+    let producer = Producer::connect(&producer_url, Q, "result-list")
+        .await
+        .unwrap();
+    producer
+        .submit(common::request("served", 120, "{}"))
+        .await
+        .unwrap();
+    let p = Proc::spawn(&transport(&processor_url, &gw.url(), 1.0, 5, ""), &[]);
+    p.wait_ready().await;
+    let done = wait_result(&mut admin, "served", Duration::from_secs(20)).await;
+    assert_eq!(done.status_code, 200, "{done:?}");
+    // A few reclaim passes (300 ms apart).
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    // Redis keeps like refusals as one ACL LOG entry with a count.
+    let log: Vec<Vec<redis::Value>> = redis::cmd("ACL")
+        .arg("LOG")
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    let field = |entry: &[redis::Value], name: &str| -> Option<redis::Value> {
+        entry.chunks(2).find_map(|kv| match kv {
+            [redis::Value::BulkString(k), v] if k == name.as_bytes() => Some(v.clone()),
+            _ => None,
+        })
+    };
+    let refusals: Vec<(String, i64)> = log
+        .iter()
+        .map(|entry| {
+            let object = match field(entry, "object") {
+                Some(redis::Value::BulkString(o)) => String::from_utf8_lossy(&o).into_owned(),
+                other => format!("{other:?}"),
+            };
+            let count = match field(entry, "count") {
+                Some(redis::Value::Int(n)) => n,
+                _ => -1,
+            };
+            (object, count)
+        })
+        .collect();
+    assert_eq!(refusals, vec![("hscan".to_owned(), 1)], "{log:?}");
+    let log = p.log();
+    assert_eq!(
+        log.matches("cannot index delivery counts").count(),
+        1,
+        "{log}"
+    );
+    assert!(log.contains("+hscan"), "{log}");
+}
+
 /// A processor user that may not write the queue's own result list (README's rule less
 /// `~result-list`): every result would be refused, so the processor keeps the results it has,
 /// claims no more work, and `/readyz` names the list; nothing is dead-lettered, and nothing is

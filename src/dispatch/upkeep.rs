@@ -120,6 +120,9 @@ pub async fn reclaimer(ctx: Arc<QueueCtx>, stop: CancellationToken) {
         .reclaim_interval
         .max(Duration::from_millis(50));
     let mut sleep = every;
+    // Indexing delivery counts that have no deadline entry goes on until Redis refuses it for
+    // good (a user whose ACL rule predates `+hscan`): said once, then left off.
+    let mut adopting = true;
     while tick(&stop, sleep).await {
         sleep = every;
         if ctx.outbox_stalled.load(Ordering::SeqCst) {
@@ -176,6 +179,34 @@ pub async fn reclaimer(ctx: Arc<QueueCtx>, stop: CancellationToken) {
                 break;
             }
         }
+        if adopting {
+            adopting = adopt_counts(&ctx).await;
+        }
+    }
+}
+
+/// One page of [`crate::queue::Queue::adopt_counts`]: delivery counts an earlier release left
+/// without a deadline entry (or one still running beside this one leaves) are indexed, so a
+/// reclaim pass drops them in time instead of keeping them for good. False once the user's
+/// ACL rule refuses it (the caller stops asking); other failures are tried again next pass.
+async fn adopt_counts(ctx: &QueueCtx) -> bool {
+    match ctx.queue.adopt_counts(RECLAIM_BATCH).await {
+        Ok(0) => true,
+        Ok(indexed) => {
+            tracing::info!(queue = %ctx.queue.name(), indexed, "indexed delivery counts that had no deadline entry (left by an earlier release), so they go in time");
+            true
+        }
+        Err(e) => match e.acl_refusal() {
+            Some(refusal) => {
+                tracing::warn!(queue = %ctx.queue.name(), error = %refusal, "cannot index delivery counts left by an earlier release (the processor's ACL rule needs +hscan); those whose request left the queue without a result stay in Redis");
+                false
+            }
+            None => {
+                ctx.note_failure(&e);
+                tracing::debug!(queue = %ctx.queue.name(), error = %e, "indexing delivery counts failed; will retry");
+                true
+            }
+        },
     }
 }
 

@@ -47,6 +47,18 @@ impl QueueError {
         }
     }
 
+    /// Redis's refusal of a command to this user by its ACL rule: `NOPERM` for a command sent
+    /// as is, or the error Redis 7 answers when a script calls one (`ERR The user executing the
+    /// script can't run this command or subcommand`). Such a call fails the same way until the
+    /// rule changes.
+    pub fn acl_refusal(&self) -> Option<&RedisError> {
+        self.redis_refusal().filter(|e| {
+            e.code() == Some("NOPERM")
+                || e.detail()
+                    .is_some_and(|d| d.contains("can't run this command"))
+        })
+    }
+
     /// Whether this call failing means Redis is out of reach or unable to write for now (down,
     /// unreachable, timing out, loading, a read-only replica), so that the owners of claims
     /// could not renew them either. Not a refusal of this caller alone (`NOPERM`, a script
@@ -357,6 +369,9 @@ pub struct Queue {
     publish_results: bool,
     /// Where the next promote's scan of the Go retry set starts (shared by the clones).
     go_retry_scan: Arc<AtomicU64>,
+    /// Where the next [`Queue::adopt_counts`] page of the delivery counts starts (an `HSCAN`
+    /// cursor, shared by the clones).
+    count_scan: Arc<AtomicU64>,
 }
 
 /// Seconds an admitted message's marker outlives its deadline (see `admit-1.lua`): far longer
@@ -364,6 +379,12 @@ pub struct Queue {
 const ADMIT_MARGIN_S: u64 = 600;
 /// Longest an admit marker lives, whatever the deadline.
 const ADMIT_LONGEST_S: u64 = 7 * 24 * 3600;
+
+/// How long a delivery count without a deadline entry is kept once [`Queue::adopt_counts`]
+/// indexes it, when its generation is not claimed (its deadline is in its member, which is not
+/// at hand): a day, the longest an OpenAI batch is given. Reclaim puts the real deadline in
+/// place the next time it counts a delivery of a generation still in the queue.
+pub const UNINDEXED_COUNT_LIFETIME: std::time::Duration = std::time::Duration::from_secs(24 * 3600);
 
 /// The keys every `finish` call passes before its result lists and producer keys (see
 /// `finish-9.lua`).
@@ -410,6 +431,7 @@ impl Queue {
             con: con.into(),
             publish_results: false,
             go_retry_scan: Arc::default(),
+            count_scan: Arc::default(),
         }
     }
 
@@ -892,6 +914,38 @@ impl Queue {
         let reply = SCRIPTS.release.run(&mut self.con.clone(), &cmd).await?;
         let statuses = int_array(&reply).ok_or_else(|| bad_reply("release", &reply))?;
         Ok(statuses.into_iter().map(|s| s == 1).collect())
+    }
+
+    /// Gives a deadline entry to the delivery counts of one `HSCAN` page of about `page` that
+    /// have none (written by a release before `<queue>:deliveries-idx`, or by one still running
+    /// beside this one), so that reclaim drops them in time like its own: by the deadline of a
+    /// claimed generation, or [`UNINDEXED_COUNT_LIFETIME`] from now for one that is not claimed.
+    /// Each call goes on where the last one stopped. Returns how many it indexed.
+    pub async fn adopt_counts(&self, page: usize) -> Result<u64, QueueError> {
+        let k = &self.keys;
+        let keys = [&k.deliveries, &k.deliveries_idx, &k.claimed];
+        let args = [
+            self.count_scan.load(Ordering::Relaxed).to_string(),
+            page.max(1).to_string(),
+            UNINDEXED_COUNT_LIFETIME.as_secs().to_string(),
+        ];
+        let cmd = SCRIPTS.adopt_counts.cmd(&keys, &args);
+        let reply = SCRIPTS
+            .adopt_counts
+            .run(&mut self.con.clone(), &cmd)
+            .await?;
+        let Value::Array(items) = &reply else {
+            return Err(bad_reply("adoptCounts", &reply));
+        };
+        let [cursor, Value::Int(indexed)] = items.as_slice() else {
+            return Err(bad_reply("adoptCounts", &reply));
+        };
+        let cursor = bytes(cursor)
+            .and_then(|c| std::str::from_utf8(c).ok())
+            .and_then(|c| c.parse::<u64>().ok())
+            .ok_or_else(|| bad_reply("adoptCounts", &reply))?;
+        self.count_scan.store(cursor, Ordering::Relaxed);
+        Ok(u64::try_from(*indexed).unwrap_or(0))
     }
 
     /// Expired leases -> pending, or taken over for the caller to finish (deadline passed or

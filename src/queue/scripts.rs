@@ -104,6 +104,7 @@ pub struct Scripts {
     pub drop_name: Script,
     pub admit: Script,
     pub census: Script,
+    pub adopt_counts: Script,
 }
 
 /// The scripts, built once.
@@ -140,12 +141,17 @@ pub static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
     admit: Script::new("admit", &[NOW_MS, DEADLINE_OF, WRITABLE], lua!("admit-1")),
     // No includes: its first line must be its `#!lua` flags.
     census: Script::new("census", &[], lua!("census-7")),
+    adopt_counts: Script::new(
+        "adoptCounts",
+        &[NOW_MS, DEADLINE_OF, WRITABLE],
+        lua!("adoptCounts-3"),
+    ),
 });
 
 impl Scripts {
     /// The processor's scripts (loaded at its start). The census is left out: only
     /// `inferq status` runs it, and its `#!lua` flags line needs Redis 7.
-    pub fn all(&self) -> [&Script; 14] {
+    pub fn all(&self) -> [&Script; 15] {
         [
             &self.take,
             &self.renew,
@@ -161,6 +167,7 @@ impl Scripts {
             &self.hold_name,
             &self.drop_name,
             &self.admit,
+            &self.adopt_counts,
         ]
     }
 

@@ -17,6 +17,7 @@
   or buried, but a generation can also leave pending without a finish (its producer ZREMs it);
   past its deadline a count decides nothing (an expired claim is finished as DEADLINE_EXCEEDED
   whatever its count), so dropping it then keeps the hash from growing with such generations.
+  Counts written without an entry (by a release before this index) are given one by adoptCounts.
 
   Input:
     KEYS[1] claimed      hash
