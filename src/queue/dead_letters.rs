@@ -384,7 +384,8 @@ mod tests {
             (args, url)
         };
         for (name, rules, purged) in [
-            ("no-del", &["-del"][..], None),
+            ("no-del", &["-del", "-unlink"][..], None),
+            ("no-unlink", &["-unlink"][..], Some(2)),
             ("no-multi", &["-multi", "-exec"][..], Some(2)),
         ] {
             let _: () = con.lpush("q:dead", &["r1", "r2"]).await.unwrap();
@@ -403,6 +404,27 @@ mod tests {
             assert_eq!(left, if purged.is_some() { 0 } else { 2 }, "{name}");
             let _: () = con.del("q:dead").await.unwrap();
         }
+    }
+
+    /// `purge --all` hands the list to Redis's background thread (UNLINK) instead of freeing it
+    /// in the command (DEL): a dead list of 300 MB held Redis 18 ms in DEL, and that grows with
+    /// its bytes.
+    #[tokio::test]
+    async fn purge_all_frees_the_list_in_the_background() {
+        let (_server, mut con, dead) = dead_list().await;
+        let records: Vec<String> = (0..100)
+            .map(|i| format!("{i}{}", "x".repeat(10_000)))
+            .collect();
+        let _: () = con.rpush(dead.key(), &records).await.unwrap();
+        assert_eq!(dead.purge_all().await.unwrap(), 100);
+        assert_eq!(con.llen::<_, u64>(dead.key()).await.unwrap(), 0);
+        let stats: String = redis::cmd("INFO")
+            .arg("commandstats")
+            .query_async(&mut con)
+            .await
+            .unwrap();
+        assert!(stats.contains("cmdstat_unlink:calls=1,"), "{stats}");
+        assert!(!stats.contains("cmdstat_del:"), "{stats}");
     }
 
     /// Purging each page after reading it (as `purge --older-than` and `requeue --all` do) moves
