@@ -161,18 +161,14 @@ async fn list(
         out.flush()?;
         Ok(shown == budget)
     };
-    match limit {
+    let mut pages = match limit {
         // Without --id only the newest are read.
-        Some(n) if ids.is_empty() => {
-            show(dead.newest(n).await?)?;
-        }
-        _ => {
-            let mut pages = dead.pages().await?;
-            while let Some(page) = pages.next().await? {
-                if show(page)? {
-                    break;
-                }
-            }
+        Some(n) if ids.is_empty() => dead.newest(n).await?,
+        _ => dead.pages().await?,
+    };
+    while let Some(page) = pages.next().await? {
+        if show(page)? {
+            break;
         }
     }
     if table {
@@ -256,25 +252,24 @@ pub async fn dead_letter(args: DeadLetterArgs) -> Result<(), Failure> {
                 (true, _, _) => dead.purge_all().await?,
                 (false, false, age) => {
                     let chosen = matching(&dead, &id).await?;
-                    let raws: Vec<&str> = chosen
+                    let old: Vec<&Listed> = chosen
                         .iter()
                         .filter(|e| age.is_none_or(|age| written_before(e, cutoff_ms(age))))
-                        .map(|e| e.raw.as_str())
                         .collect();
-                    dead.purge(&raws).await?
+                    dead.purge(&old).await?
                 }
-                // --older-than alone: a page at a time.
+                // --older-than alone: a page at a time, oldest first, so each old record is
+                // removed at the tail, where it is found at once.
                 (false, true, Some(age)) => {
                     let cutoff = cutoff_ms(age);
                     let mut purged = 0;
-                    let mut pages = dead.pages().await?;
+                    let mut pages = dead.oldest_pages().await?;
                     while let Some(page) = pages.next().await? {
-                        let raws: Vec<&str> = page
-                            .iter()
-                            .filter(|e| written_before(e, cutoff))
-                            .map(|e| e.raw.as_str())
-                            .collect();
-                        purged += dead.purge(&raws).await?;
+                        let old: Vec<&Listed> =
+                            page.iter().filter(|e| written_before(e, cutoff)).collect();
+                        let removed = dead.purge(&old).await?;
+                        purged += removed;
+                        pages.removed(usize::try_from(removed).unwrap_or(usize::MAX));
                     }
                     purged
                 }
