@@ -323,9 +323,64 @@ async fn submit_skips_bad_lines_of_a_file_across_batches() {
 /// Standard input is read twice like a file (checked whole, then streamed from a temporary
 /// copy), so `submit` does not hold it in memory: 100,000 piped lines peak at about the
 /// 12 MB of a small input, where holding them took about 40 MB.
+/// `inferq submit` reading `stdin`, run to its end: how it exited and its peak resident set in
+/// KiB (the kernel's account of it at exit).
+fn submit_peak_kib(redis: &RedisServer, stdin: std::fs::File) -> (std::process::ExitStatus, i64) {
+    use std::os::unix::process::ExitStatusExt;
+    // Reaped by wait4 below, which also reports its peak memory (std's wait does not).
+    #[allow(clippy::zombie_processes)]
+    let child = std::process::Command::new(env!("CARGO_BIN_EXE_inferq"))
+        .arg("submit")
+        .env("REDIS_URL", redis.url())
+        .stdin(stdin)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut status = 0;
+    let mut usage = std::mem::MaybeUninit::<libc::rusage>::zeroed();
+    // SAFETY: `usage` is a valid rusage to write into; the pid is our own unwaited child.
+    let waited = unsafe { libc::wait4(child.id() as i32, &mut status, 0, usage.as_mut_ptr()) };
+    assert_eq!(waited, child.id() as i32);
+    // SAFETY: wait4 filled it in.
+    let peak_kib = unsafe { usage.assume_init() }.ru_maxrss;
+    (std::process::ExitStatus::from_raw(status), peak_kib)
+}
+
+/// Big requests are sent a few megabytes at a time, whatever `--batch` says: 48 requests of
+/// 2 MiB are all queued while submit holds tens of megabytes. Before, a batch was 500 lines
+/// whatever their size, all held at once (60 requests of 4 MB: 729 MB; 500 near the 16 MiB
+/// limit would be gigabytes).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn submit_of_big_requests_holds_a_few_megabytes_not_a_batch() {
+    use std::io::Write;
+    let redis = RedisServer::start().unwrap();
+    let lines = 48;
+    let prompt = "p".repeat(2 << 20);
+    let file = tempfile::NamedTempFile::new().unwrap();
+    {
+        let mut w = std::io::BufWriter::new(std::fs::File::create(file.path()).unwrap());
+        for i in 0..lines {
+            writeln!(
+                w,
+                "{{\"id\":\"big{i}\",\"timeout_s\":600,\"payload\":{{\"prompt\":\"{prompt}\"}}}}"
+            )
+            .unwrap();
+        }
+    }
+    let (status, peak_kib) = submit_peak_kib(&redis, std::fs::File::open(file.path()).unwrap());
+    assert!(status.success(), "{status}");
+    let mut con = common::con(&redis).await;
+    let pending: u64 = con.zcard("request-sortedset").await.unwrap();
+    assert_eq!(pending, lines);
+    assert!(
+        peak_kib < 64 * 1024,
+        "submit peaked at {peak_kib} KiB for {lines} requests of 2 MiB"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn submit_from_stdin_does_not_hold_the_input_in_memory() {
-    use std::os::unix::process::ExitStatusExt;
     let redis = RedisServer::start().unwrap();
     let lines = 100_000;
     let mut input = String::new();
@@ -336,25 +391,7 @@ async fn submit_from_stdin_does_not_hold_the_input_in_memory() {
     }
     let file = tempfile::NamedTempFile::new().unwrap();
     std::fs::write(file.path(), &input).unwrap();
-    // Reaped by wait4 below, which also reports its peak memory (std's wait does not).
-    #[allow(clippy::zombie_processes)]
-    let child = std::process::Command::new(env!("CARGO_BIN_EXE_inferq"))
-        .arg("submit")
-        .env("REDIS_URL", redis.url())
-        .stdin(std::fs::File::open(file.path()).unwrap())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    // The child's peak resident set, from the kernel's account of it at exit.
-    let mut status = 0;
-    let mut usage = std::mem::MaybeUninit::<libc::rusage>::zeroed();
-    // SAFETY: `usage` is a valid rusage to write into; the pid is our own unwaited child.
-    let waited = unsafe { libc::wait4(child.id() as i32, &mut status, 0, usage.as_mut_ptr()) };
-    assert_eq!(waited, child.id() as i32);
-    // SAFETY: wait4 filled it in.
-    let peak_kib = unsafe { usage.assume_init() }.ru_maxrss;
-    let status = std::process::ExitStatus::from_raw(status);
+    let (status, peak_kib) = submit_peak_kib(&redis, std::fs::File::open(file.path()).unwrap());
     assert!(status.success(), "{status}");
     let mut con = common::con(&redis).await;
     let pending: u64 = con.zcard("request-sortedset").await.unwrap();
