@@ -196,7 +196,16 @@ async fn requeue(
         if stop.is_cancelled() {
             return Ok(());
         }
-        let line = match dead.requeue(e, unix_ms()).await? {
+        // A call Redis did not answer may have run: the record is then in pending and no
+        // longer dead, so a rerun does not requeue it twice, but it is not reported here.
+        let answer = dead.requeue(e, unix_ms()).await.inspect_err(|_| {
+            tell!(
+                "inferq dead-letter requeue: Redis did not answer the requeue of {:?}; it may or \
+                 may not be requeued (`inferq dead-letter list --id` shows whether it is still dead)",
+                id_of(e)
+            )
+        })?;
+        let line = match answer {
             Ok(r) => {
                 *requeued += 1;
                 json!({"id": r.id, "outcome": "requeued", "request_token": r.request_token, "deadline": r.deadline})
