@@ -30,9 +30,9 @@ pub struct SubmitArgs {
     #[arg(long, default_value_t = 3600.0)]
     pub default_timeout_s: f64,
     /// Submit the good lines and report the bad ones, instead of submitting nothing.
-    /// Requests per pipelined round trip (fewer when their payloads pass 4 MiB).
+    #[arg(long)]
     pub skip_invalid: bool,
-    /// Requests per pipelined round trip.
+    /// Requests per pipelined round trip (fewer when their payloads pass 4 MiB).
     #[arg(long, default_value_t = 500)]
     pub batch: usize,
 }
