@@ -323,9 +323,111 @@ async fn submit_skips_bad_lines_of_a_file_across_batches() {
 /// Standard input is read twice like a file (checked whole, then streamed from a temporary
 /// copy), so `submit` does not hold it in memory: 100,000 piped lines peak at about the
 /// 12 MB of a small input, where holding them took about 40 MB.
+/// `inferq submit` reading `stdin`, run to its end: how it exited and its peak resident set in
+/// KiB (the kernel's account of it at exit).
+fn submit_peak_kib(redis: &RedisServer, stdin: std::fs::File) -> (std::process::ExitStatus, i64) {
+    use std::os::unix::process::ExitStatusExt;
+    // Reaped by wait4 below, which also reports its peak memory (std's wait does not).
+    #[allow(clippy::zombie_processes)]
+    let child = std::process::Command::new(env!("CARGO_BIN_EXE_inferq"))
+        .arg("submit")
+        .env("REDIS_URL", redis.url())
+        .stdin(stdin)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut status = 0;
+    let mut usage = std::mem::MaybeUninit::<libc::rusage>::zeroed();
+    // SAFETY: `usage` is a valid rusage to write into; the pid is our own unwaited child.
+    let waited = unsafe { libc::wait4(child.id() as i32, &mut status, 0, usage.as_mut_ptr()) };
+    assert_eq!(waited, child.id() as i32);
+    // SAFETY: wait4 filled it in.
+    let peak_kib = unsafe { usage.assume_init() }.ru_maxrss;
+    (std::process::ExitStatus::from_raw(status), peak_kib)
+}
+
+/// Big requests are sent a few megabytes at a time, whatever `--batch` says: 48 requests of
+/// 2 MiB are all queued while submit holds tens of megabytes. Before, a batch was 500 lines
+/// whatever their size, all held at once (60 requests of 4 MB: 729 MB; 500 near the 16 MiB
+/// limit would be gigabytes).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn submit_of_big_requests_holds_a_few_megabytes_not_a_batch() {
+    use std::io::Write;
+    let redis = RedisServer::start().unwrap();
+    let lines = 48;
+    let prompt = "p".repeat(2 << 20);
+    let file = tempfile::NamedTempFile::new().unwrap();
+    {
+        let mut w = std::io::BufWriter::new(std::fs::File::create(file.path()).unwrap());
+        for i in 0..lines {
+            writeln!(
+                w,
+                "{{\"id\":\"big{i}\",\"timeout_s\":600,\"payload\":{{\"prompt\":\"{prompt}\"}}}}"
+            )
+            .unwrap();
+        }
+    }
+    let (status, peak_kib) = submit_peak_kib(&redis, std::fs::File::open(file.path()).unwrap());
+    assert!(status.success(), "{status}");
+    let mut con = common::con(&redis).await;
+    let pending: u64 = con.zcard("request-sortedset").await.unwrap();
+    assert_eq!(pending, lines);
+    assert!(
+        peak_kib < 64 * 1024,
+        "submit peaked at {peak_kib} KiB for {lines} requests of 2 MiB"
+    );
+}
+
+/// SIGTERM part-way through a submission stops it between two batches and prints the summary
+/// with the first line not sent: exactly the requests it counts are queued, so a rerun from
+/// that line neither loses nor repeats one. Before, the signal killed it with no summary.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn submit_stopped_by_a_signal_says_where_to_go_on_from() {
+    use std::io::Write;
+    let redis = RedisServer::start().unwrap();
+    let lines = 200_000u64;
+    let file = tempfile::NamedTempFile::new().unwrap();
+    {
+        let mut w = std::io::BufWriter::new(std::fs::File::create(file.path()).unwrap());
+        for i in 0..lines {
+            writeln!(
+                w,
+                "{{\"id\":\"s{i}\",\"timeout_s\":600,\"payload\":{{\"n\":{i}}}}}"
+            )
+            .unwrap();
+        }
+    }
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_inferq"))
+        .args(["submit", "--file"])
+        .arg(file.path())
+        .env("REDIS_URL", redis.url())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut con = common::con(&redis).await;
+    while con.zcard::<_, u64>("request-sortedset").await.unwrap() == 0 {
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    signal(&child.id().to_string(), "-TERM");
+    let (status, stderr) = exit_within(&mut child, std::time::Duration::from_secs(60))
+        .await
+        .expect("submit did not stop");
+    let mut stdout = String::new();
+    std::io::Read::read_to_string(&mut child.stdout.take().unwrap(), &mut stdout).unwrap();
+    assert_eq!(status.code(), Some(1), "{stderr}");
+    let summary: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
+    let submitted = summary["submitted"].as_u64().unwrap();
+    assert!(submitted < lines, "the signal came after the end");
+    assert_eq!(summary["not_sent_from_line"], submitted + 1, "{summary}");
+    let pending: u64 = con.zcard("request-sortedset").await.unwrap();
+    assert_eq!(pending, submitted);
+    assert!(stderr.contains("stopped by a signal"), "{stderr}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn submit_from_stdin_does_not_hold_the_input_in_memory() {
-    use std::os::unix::process::ExitStatusExt;
     let redis = RedisServer::start().unwrap();
     let lines = 100_000;
     let mut input = String::new();
@@ -336,25 +438,7 @@ async fn submit_from_stdin_does_not_hold_the_input_in_memory() {
     }
     let file = tempfile::NamedTempFile::new().unwrap();
     std::fs::write(file.path(), &input).unwrap();
-    // Reaped by wait4 below, which also reports its peak memory (std's wait does not).
-    #[allow(clippy::zombie_processes)]
-    let child = std::process::Command::new(env!("CARGO_BIN_EXE_inferq"))
-        .arg("submit")
-        .env("REDIS_URL", redis.url())
-        .stdin(std::fs::File::open(file.path()).unwrap())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    // The child's peak resident set, from the kernel's account of it at exit.
-    let mut status = 0;
-    let mut usage = std::mem::MaybeUninit::<libc::rusage>::zeroed();
-    // SAFETY: `usage` is a valid rusage to write into; the pid is our own unwaited child.
-    let waited = unsafe { libc::wait4(child.id() as i32, &mut status, 0, usage.as_mut_ptr()) };
-    assert_eq!(waited, child.id() as i32);
-    // SAFETY: wait4 filled it in.
-    let peak_kib = unsafe { usage.assume_init() }.ru_maxrss;
-    let status = std::process::ExitStatus::from_raw(status);
+    let (status, peak_kib) = submit_peak_kib(&redis, std::fs::File::open(file.path()).unwrap());
     assert!(status.success(), "{status}");
     let mut con = common::con(&redis).await;
     let pending: u64 = con.zcard("request-sortedset").await.unwrap();

@@ -473,3 +473,65 @@ fn valid_member(id: &str, token: &str, deadline: i64) -> Vec<u8> {
     };
     req.into_envelope(routing).unwrap().encode()
 }
+
+/// `requeue --all` stopped by SIGTERM part-way stops between two records and says what it
+/// did: every record it reported requeued is in pending, every other one is still in the dead
+/// list, and the summary counts them. Before, the signal killed it wherever it was, with no
+/// summary, and a record Redis had requeued could go unreported.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requeue_all_stopped_by_a_signal_reports_exactly_what_it_moved() {
+    use std::io::BufRead;
+    let redis = RedisServer::start().unwrap();
+    let mut con = common::con(&redis).await;
+    let deadline = unix_ms() / 1000 + 600;
+    const RECORDS: usize = 20_000;
+    let records: Vec<String> = (0..RECORDS)
+        .map(|i| {
+            let member = valid_member(
+                &format!("stop-{i}"),
+                "0123456789abcdef0123456789abcdef",
+                deadline,
+            );
+            DeadRecord::about(QUEUE, "delivery limit reached", &member, None)
+                .0
+                .to_json()
+        })
+        .collect();
+    for chunk in records.chunks(1000) {
+        let _: () = con.rpush(DEAD, chunk).await.unwrap();
+    }
+    let mut child = Command::new(env!("CARGO_BIN_EXE_inferq"))
+        .args(["dead-letter", "requeue", "--all"])
+        .env("REDIS_URL", redis.url())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdout = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut first = String::new();
+    stdout.read_line(&mut first).unwrap();
+    assert!(first.contains("\"requeued\""), "{first}");
+    assert!(Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap()
+        .success());
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut stdout, &mut rest).unwrap();
+    let out = child.wait_with_output().unwrap();
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    let reported = 1 + rest.lines().filter(|l| l.contains("\"requeued\"")).count();
+    assert!(reported < RECORDS, "the signal came after the end");
+    assert!(
+        stderr.contains(&format!("{reported} requeued, 0 refused")) && stderr.contains("signal"),
+        "{stderr}"
+    );
+    let pending: usize = con.zcard(QUEUE).await.unwrap();
+    let dead: usize = con.llen(DEAD).await.unwrap();
+    assert_eq!(
+        pending, reported,
+        "requeued but not reported, or reported but not requeued"
+    );
+    assert_eq!(dead, RECORDS - reported);
+}

@@ -3,13 +3,19 @@
 //! [`crate::queue::dead_letters`]; records enter as the JSON the processor wrote and leave as
 //! JSONL (or a table on a terminal), printed a page at a time as the list is read.
 //!
+//! `requeue` and `purge` stop between records on SIGINT or SIGTERM (a second signal exits at
+//! once) and still say what they did: every record is then either moved and reported, or left
+//! where it was.
+//!
 //! Exit codes: 0 done; 2 bad arguments, an `--id` that matches no record, or a selected record
-//! that cannot be requeued (each is named with the reason; the others are still requeued).
+//! that cannot be requeued (each is named with the reason; the others are still requeued); 1
+//! Redis failed, or a signal stopped it.
 
 use std::io::{IsTerminal, Write};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde_json::json;
+use tokio_util::sync::CancellationToken;
 
 use super::Failure;
 use crate::queue::dead_letters::{DeadLetters, Listed};
@@ -161,18 +167,14 @@ async fn list(
         out.flush()?;
         Ok(shown == budget)
     };
-    match limit {
+    let mut pages = match limit {
         // Without --id only the newest are read.
-        Some(n) if ids.is_empty() => {
-            show(dead.newest(n).await?)?;
-        }
-        _ => {
-            let mut pages = dead.pages().await?;
-            while let Some(page) = pages.next().await? {
-                if show(page)? {
-                    break;
-                }
-            }
+        Some(n) if ids.is_empty() => dead.newest(n).await?,
+        _ => dead.pages().await?,
+    };
+    while let Some(page) = pages.next().await? {
+        if show(page)? {
+            break;
         }
     }
     if table {
@@ -181,15 +183,29 @@ async fn list(
     Ok(())
 }
 
-/// Requeues `entries`, printing a line for each; the refusals are added to `refused`.
+/// Requeues `entries`, printing a line for each; the refusals are added to `refused`. Stops
+/// between two records once `stop` is cancelled.
 async fn requeue(
     dead: &DeadLetters,
     entries: &[Listed],
     requeued: &mut usize,
     refused: &mut Vec<String>,
+    stop: &CancellationToken,
 ) -> Result<(), Failure> {
     for e in entries {
-        let line = match dead.requeue(e, unix_ms()).await? {
+        if stop.is_cancelled() {
+            return Ok(());
+        }
+        // A call Redis did not answer may have run: the record is then in pending and no
+        // longer dead, so a rerun does not requeue it twice, but it is not reported here.
+        let answer = dead.requeue(e, unix_ms()).await.inspect_err(|_| {
+            tell!(
+                "inferq dead-letter requeue: Redis did not answer the requeue of {:?}; it may or \
+                 may not be requeued (`inferq dead-letter list --id` shows whether it is still dead)",
+                id_of(e)
+            )
+        })?;
+        let line = match answer {
             Ok(r) => {
                 *requeued += 1;
                 json!({"id": r.id, "outcome": "requeued", "request_token": r.request_token, "deadline": r.deadline})
@@ -219,21 +235,35 @@ pub async fn dead_letter(args: DeadLetterArgs) -> Result<(), Failure> {
         }
         Action::Requeue { target, id, all } => {
             let dead = open(&target).await?;
+            let stop = stop_on_signal();
             let (mut requeued, mut refused) = (0usize, Vec::new());
-            if all {
-                let mut pages = dead.pages().await?;
-                while let Some(page) = pages.next().await? {
-                    requeue(&dead, &page, &mut requeued, &mut refused).await?;
+            let done = async {
+                if all {
+                    let mut pages = dead.pages().await?;
+                    while let Some(page) = pages.next().await? {
+                        requeue(&dead, &page, &mut requeued, &mut refused, &stop).await?;
+                        if stop.is_cancelled() {
+                            break;
+                        }
+                    }
+                } else {
+                    let chosen = matching(&dead, &id).await?;
+                    requeue(&dead, &chosen, &mut requeued, &mut refused, &stop).await?;
                 }
-            } else {
-                let chosen = matching(&dead, &id).await?;
-                requeue(&dead, &chosen, &mut requeued, &mut refused).await?;
+                Ok::<_, Failure>(())
             }
+            .await;
             std::io::stdout().lock().flush()?;
+            // Said however it ended (a signal, Redis failing part-way): what was requeued is
+            // in pending under the tokens printed above, the rest is still in the dead list.
             tell!(
                 "inferq dead-letter requeue: {requeued} requeued, {} refused",
                 refused.len()
             );
+            done?;
+            if stop.is_cancelled() {
+                return Err(stopped());
+            }
             if refused.is_empty() {
                 return Ok(());
             }
@@ -252,41 +282,69 @@ pub async fn dead_letter(args: DeadLetterArgs) -> Result<(), Failure> {
             older_than: age,
         } => {
             let dead = open(&target).await?;
-            let purged = match (all, id.is_empty(), age) {
-                (true, _, _) => dead.purge_all().await?,
-                (false, false, age) => {
-                    let chosen = matching(&dead, &id).await?;
-                    let raws: Vec<&str> = chosen
-                        .iter()
-                        .filter(|e| age.is_none_or(|age| written_before(e, cutoff_ms(age))))
-                        .map(|e| e.raw.as_str())
-                        .collect();
-                    dead.purge(&raws).await?
-                }
-                // --older-than alone: a page at a time.
-                (false, true, Some(age)) => {
-                    let cutoff = cutoff_ms(age);
-                    let mut purged = 0;
-                    let mut pages = dead.pages().await?;
-                    while let Some(page) = pages.next().await? {
-                        let raws: Vec<&str> = page
+            let stop = stop_on_signal();
+            let mut purged = 0u64;
+            let done = async {
+                match (all, id.is_empty(), age) {
+                    (true, _, _) => purged = dead.purge_all().await?,
+                    (false, false, age) => {
+                        let chosen = matching(&dead, &id).await?;
+                        let old: Vec<&Listed> = chosen
                             .iter()
-                            .filter(|e| written_before(e, cutoff))
-                            .map(|e| e.raw.as_str())
+                            .filter(|e| age.is_none_or(|age| written_before(e, cutoff_ms(age))))
                             .collect();
-                        purged += dead.purge(&raws).await?;
+                        purged = dead.purge(&old).await?;
                     }
-                    purged
+                    // --older-than alone: a page at a time, oldest first, so each old record
+                    // is removed at the tail, where it is found at once.
+                    (false, true, Some(age)) => {
+                        let cutoff = cutoff_ms(age);
+                        let mut pages = dead.oldest_pages().await?;
+                        while let Some(page) = pages.next().await? {
+                            let old: Vec<&Listed> =
+                                page.iter().filter(|e| written_before(e, cutoff)).collect();
+                            let removed = dead.purge(&old).await?;
+                            purged += removed;
+                            pages.removed(usize::try_from(removed).unwrap_or(usize::MAX));
+                            if stop.is_cancelled() {
+                                break;
+                            }
+                        }
+                    }
+                    (false, true, None) => {
+                        return Err(Failure::bad_input(anyhow::anyhow!(
+                            "say which records to purge: --id, --older-than or --all"
+                        )))
+                    }
                 }
-                (false, true, None) => {
-                    return Err(Failure::bad_input(anyhow::anyhow!(
-                        "say which records to purge: --id, --older-than or --all"
-                    )))
-                }
-            };
-            say!("{}", json!({"purged": purged, "dead_list": dead.key()}));
+                Ok(())
+            }
+            .await;
+            // Said however it ended, so the count is known after a signal or a Redis failure.
+            if !matches!(&done, Err(f) if f.code == super::EXIT_BAD_INPUT) {
+                say!("{}", json!({"purged": purged, "dead_list": dead.key()}));
+            }
+            done?;
+            if stop.is_cancelled() {
+                return Err(stopped());
+            }
             Ok(())
         }
+    }
+}
+
+/// A token cancelled by the first SIGINT or SIGTERM; a second one exits at once.
+fn stop_on_signal() -> CancellationToken {
+    let stop = CancellationToken::new();
+    tokio::spawn(super::results::watch_signals(stop.clone()));
+    stop
+}
+
+fn stopped() -> Failure {
+    tell!("inferq dead-letter: stopped by a signal; the records not reported above are untouched");
+    Failure {
+        code: 1,
+        error: anyhow::anyhow!("stopped by a signal"),
     }
 }
 

@@ -156,7 +156,7 @@ pub async fn results(args: ResultsArgs) -> Result<(), Failure> {
 
 /// The first SIGINT or SIGTERM stops the loop; a second exits at once (giving the name up can
 /// wait on a Redis that does not answer).
-async fn watch_signals(stop: CancellationToken) {
+pub(super) async fn watch_signals(stop: CancellationToken) {
     super::run::wait_for_signal().await;
     stop.cancel();
     super::run::wait_for_signal().await;

@@ -22,8 +22,19 @@ use super::moves::QueueError;
 use super::scripts::SCRIPTS;
 use crate::wire::Envelope;
 
-/// Records read per `LRANGE`.
-const PAGE: isize = 1000;
+/// Records read per `LRANGE` at most.
+const PAGE: usize = 1000;
+/// Bytes a page is sized for: the next page asks for as many entries as fit when each is as big
+/// as the biggest of the page before, so one `LRANGE` of 100 KB prompts is 20 entries (2 MB,
+/// a few ms of Redis's time) and not 1,000 (100 MB: half a second during which Redis answers
+/// nobody, and as much memory in this process).
+const PAGE_BYTES: usize = 2 << 20;
+/// The first page of a reading, while no entry's size is known; each page may double the one
+/// before, up to [`PAGE`] and [`PAGE_BYTES`].
+const FIRST_PAGE: usize = 8;
+/// Entries removed per pipelined round trip: Redis runs a client's pipelined commands one after
+/// the other before it answers anyone else.
+const REMOVE_CHUNK: usize = 100;
 
 /// One entry of the dead list.
 #[derive(Debug, Clone)]
@@ -32,6 +43,12 @@ pub struct Listed {
     pub raw: String,
     /// The decoded record, or why the entry is not one (written by something else).
     pub record: Result<DeadRecord, String>,
+    /// How many entries were between it and the list's tail (its oldest end) when it was read.
+    /// Records are pushed at the head, so this only shrinks, as entries nearer the tail leave.
+    /// A removal scans from the end the entry is nearer: `LREM` looks at the list element by
+    /// element, and from the wrong end of a 200,000-record list that is 10 ms or more of
+    /// Redis's time per record.
+    pub from_tail: usize,
 }
 
 /// Why a record cannot be requeued (nothing was changed).
@@ -68,43 +85,109 @@ pub struct Requeued {
 }
 
 /// An entry as stored, with its record decoded (or why it is not one).
-fn listed(bytes: Vec<u8>) -> Listed {
+fn listed(bytes: Vec<u8>, from_tail: usize) -> Listed {
     let raw = String::from_utf8_lossy(&bytes).into_owned();
     let record = serde_json::from_str::<DeadRecord>(&raw).map_err(|e| e.to_string());
-    Listed { raw, record }
+    Listed {
+        raw,
+        record,
+        from_tail,
+    }
 }
 
-/// A reading of a dead list, newest first, one page per [`Pages::next`] (from
-/// [`DeadLetters::pages`]).
+/// The order a reading goes in (see [`DeadLetters::pages`] and [`DeadLetters::oldest_pages`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Order {
+    NewestFirst,
+    OldestFirst,
+}
+
+/// A reading of a dead list, one page per [`Pages::next`], each page sized by the bytes of the
+/// one before (see [`PAGE_BYTES`]), so neither Redis nor this process handles more than a few
+/// megabytes at a time however long the list and however big its records.
 pub struct Pages {
     key: String,
     con: ConnectionManager,
-    /// Entries not read yet: the oldest `left` of the list, whose places counted from the tail
-    /// stay put.
-    left: isize,
-    page: isize,
+    order: Order,
+    /// Entries not read yet, of those there were when the reading started.
+    left: usize,
+    /// Oldest first: entries read that are still in the list, between the tail and the next
+    /// page (the caller says how many it removed, [`Pages::removed`]).
+    behind: usize,
+    /// The most entries the reading still returns (a listing's `--limit`).
+    wanted: usize,
+    /// The most entries one `LRANGE` asks for.
+    most: usize,
+    /// How many entries the next `LRANGE` asks for.
+    size: usize,
 }
 
 impl Pages {
-    /// The next page, newest first; `None` once every entry there was is read.
+    /// The next page (newest first, or oldest first as the reading was opened); `None` once
+    /// every entry there was is read.
     pub async fn next(&mut self) -> Result<Option<Vec<Listed>>, QueueError> {
-        if self.left <= 0 {
+        let n = self.left.min(self.size).min(self.wanted);
+        if n == 0 {
             return Ok(None);
         }
-        let n = self.left.min(self.page);
-        let start = -self.left;
+        let place = |i: usize| -isize::try_from(i).unwrap_or(isize::MAX);
+        // Places counted from the tail: records are pushed at the head, which moves every place
+        // counted from the head while this reads.
+        let (start, stop) = match self.order {
+            // The newest of the entries not read yet, which are the oldest `left` of the list.
+            Order::NewestFirst => (place(self.left), place(self.left - n + 1)),
+            // The oldest entries not read yet: just past those read and kept.
+            Order::OldestFirst => (place(self.behind + n), place(self.behind + 1)),
+        };
         let entries: Vec<Vec<u8>> = redis::cmd("LRANGE")
             .arg(&self.key)
             .arg(start)
-            .arg(start + n - 1)
+            .arg(stop)
             .query_async(&mut self.con)
             .await?;
-        // Shorter than asked: older entries were removed meanwhile and the list ends sooner.
-        self.left = match entries.len() < usize::try_from(n).unwrap_or(usize::MAX) {
-            true => 0,
-            false => self.left - n,
+        let got = entries.len();
+        let biggest = entries.iter().map(Vec::len).max().unwrap_or(0);
+        let page: Vec<Listed> = match self.order {
+            Order::NewestFirst => entries
+                .into_iter()
+                .enumerate()
+                .map(|(i, e)| listed(e, self.left - 1 - i))
+                .collect(),
+            // LRANGE answers head first: the last entry is the oldest.
+            Order::OldestFirst => entries
+                .into_iter()
+                .rev()
+                .enumerate()
+                .map(|(i, e)| listed(e, self.behind + i))
+                .collect(),
         };
-        Ok(Some(entries.into_iter().map(listed).collect()))
+        // Shorter than asked: entries were removed meanwhile and the list ends sooner.
+        self.left = if got < n { 0 } else { self.left - n };
+        if self.order == Order::OldestFirst {
+            self.behind += got;
+        }
+        self.wanted = self.wanted.saturating_sub(got);
+        self.size = self
+            .most
+            .min(self.size.saturating_mul(2))
+            .min((PAGE_BYTES / biggest.max(1)).max(1));
+        Ok(Some(page))
+    }
+
+    /// The caller removed `n` of the entries read (oldest first: the next page starts that much
+    /// nearer the tail).
+    pub fn removed(&mut self, n: usize) {
+        self.behind = self.behind.saturating_sub(n);
+    }
+}
+
+/// `LREM`'s count for removing one copy of `entry`: scanning from the tail (-1) when it is
+/// nearer the tail of a list `len` long, from the head (1) otherwise.
+fn lrem_count(entry: &Listed, len: usize) -> i64 {
+    if entry.from_tail.saturating_mul(2) < len {
+        -1
+    } else {
+        1
     }
 }
 
@@ -138,19 +221,10 @@ impl DeadLetters {
         Ok(all)
     }
 
-    /// The `n` newest entries, newest first, read in one step (a listing with a limit need not
-    /// read the whole list).
-    pub async fn newest(&self, n: usize) -> Result<Vec<Listed>, QueueError> {
-        if n == 0 {
-            return Ok(Vec::new());
-        }
-        let entries: Vec<Vec<u8>> = redis::cmd("LRANGE")
-            .arg(&self.keys.dead)
-            .arg(0)
-            .arg(isize::try_from(n).unwrap_or(isize::MAX) - 1)
-            .query_async(&mut self.con.clone())
-            .await?;
-        Ok(entries.into_iter().map(listed).collect())
+    /// The `n` newest entries, newest first, a page at a time (a listing with a limit reads
+    /// no more than that).
+    pub async fn newest(&self, n: usize) -> Result<Pages, QueueError> {
+        self.reading(Order::NewestFirst, n, PAGE).await
     }
 
     /// The entries there are now, newest first, a page at a time, so a long dead list is never
@@ -160,20 +234,33 @@ impl DeadLetters {
     /// length is taken first, and each page is the newest of the entries not read yet, counted
     /// from the tail. Removing entries already read (requeue, purge) moves none of the others.
     pub async fn pages(&self) -> Result<Pages, QueueError> {
-        self.pages_of(PAGE).await
+        self.reading(Order::NewestFirst, usize::MAX, PAGE).await
     }
 
-    async fn pages_of(&self, page: isize) -> Result<Pages, QueueError> {
+    /// The entries there are now, oldest first, a page at a time from the tail: the order in
+    /// which to remove old records, since each is then at (or near) the tail, where `LREM`
+    /// finds it at once. The caller says after each page how many of its entries it removed
+    /// ([`Pages::removed`]); records pushed meanwhile are at the head and not read.
+    pub async fn oldest_pages(&self) -> Result<Pages, QueueError> {
+        self.reading(Order::OldestFirst, usize::MAX, PAGE).await
+    }
+
+    async fn reading(&self, order: Order, wanted: usize, most: usize) -> Result<Pages, QueueError> {
         let mut con = self.con.clone();
-        let left: isize = redis::cmd("LLEN")
+        let left: usize = redis::cmd("LLEN")
             .arg(&self.keys.dead)
             .query_async(&mut con)
             .await?;
+        let most = most.max(1);
         Ok(Pages {
             key: self.keys.dead.clone(),
             con,
+            order,
             left,
-            page: page.max(1),
+            behind: 0,
+            wanted,
+            most,
+            size: FIRST_PAGE.min(most),
         })
     }
 
@@ -224,13 +311,15 @@ impl DeadLetters {
             cancel_key(&id),
         ];
         let score = deadline.to_string();
-        let args: [&[u8]; 6] = [
+        let from_tail = listed.from_tail.to_string();
+        let args: [&[u8]; 7] = [
             listed.raw.as_bytes(),
             &member,
             score.as_bytes(),
             env.internal.request_token.as_bytes(),
             old_token.as_bytes(),
             ttl_ms.as_bytes(),
+            from_tail.as_bytes(),
         ];
         let cmd = SCRIPTS.requeue.cmd(&keys, &args);
         let reply = SCRIPTS.requeue.run(&mut self.con.clone(), &cmd).await?;
@@ -252,15 +341,25 @@ impl DeadLetters {
         })
     }
 
-    /// Removes these entries (each by its exact text); returns how many were still there.
-    pub async fn purge(&self, entries: &[&str]) -> Result<u64, QueueError> {
+    /// Removes these entries (each by its exact text, scanning from the end of the list it
+    /// was read nearer to: see [`Listed::from_tail`]), in the order given; returns how many were
+    /// still there.
+    pub async fn purge(&self, entries: &[&Listed]) -> Result<u64, QueueError> {
         let mut removed = 0u64;
-        for chunk in entries.chunks(500) {
+        let mut con = self.con.clone();
+        for chunk in entries.chunks(REMOVE_CHUNK) {
+            let len: usize = redis::cmd("LLEN")
+                .arg(&self.keys.dead)
+                .query_async(&mut con)
+                .await?;
             let mut pipe = redis::pipe();
-            for raw in chunk {
-                pipe.cmd("LREM").arg(&self.keys.dead).arg(1).arg(*raw);
+            for entry in chunk {
+                pipe.cmd("LREM")
+                    .arg(&self.keys.dead)
+                    .arg(lrem_count(entry, len))
+                    .arg(&entry.raw);
             }
-            let counts: Vec<u64> = pipe.query_async(&mut self.con.clone()).await?;
+            let counts: Vec<u64> = pipe.query_async(&mut con).await?;
             removed += counts.iter().sum::<u64>();
         }
         Ok(removed)
@@ -286,6 +385,7 @@ mod tests {
     use redis::AsyncCommands;
 
     use super::*;
+    use crate::queue::producer::unix_ms;
     use crate::testkit::RedisServer;
 
     /// A fresh Redis, a connection to it and the dead list of queue `q`.
@@ -308,9 +408,131 @@ mod tests {
         let raws = |entries: Vec<Listed>| entries.into_iter().map(|l| l.raw).collect::<Vec<_>>();
         let all = raws(dead.list().await.unwrap());
         assert_eq!(all[0], "r9");
-        assert_eq!(raws(dead.newest(3).await.unwrap()), all[..3]);
-        assert_eq!(raws(dead.newest(100).await.unwrap()), all);
-        assert!(dead.newest(0).await.unwrap().is_empty());
+        assert_eq!(
+            raws(read_all(dead.newest(3).await.unwrap()).await),
+            all[..3]
+        );
+        assert_eq!(raws(read_all(dead.newest(100).await.unwrap()).await), all);
+        assert!(read_all(dead.newest(0).await.unwrap()).await.is_empty());
+    }
+
+    /// Every page of a reading, one after the other.
+    async fn read_all(mut pages: Pages) -> Vec<Listed> {
+        let mut all = Vec::new();
+        while let Some(page) = pages.next().await.unwrap() {
+            all.extend(page);
+        }
+        all
+    }
+
+    /// A dead list of 100 KB records is read a few megabytes at a time, whichever way it is
+    /// read (all of it, `--limit`, oldest first), and every record once. Before, a page was
+    /// 1,000 records whatever their size: 100 MB in one LRANGE, which held Redis for half a
+    /// second (3,000 records of 100 KB: 510 ms, and 360 MB in the CLI).
+    #[tokio::test]
+    async fn pages_of_big_records_are_a_few_megabytes() {
+        let (_server, mut con, dead) = dead_list().await;
+        let records: Vec<String> = (0..120)
+            .map(|i| format!("{i:04}{}", "x".repeat(100_000)))
+            .collect();
+        let _: () = con.lpush(dead.key(), &records).await.unwrap();
+        let newest_first: Vec<&str> = records.iter().rev().map(String::as_str).collect();
+        for (how, mut pages, want) in [
+            ("all", dead.pages().await.unwrap(), newest_first.clone()),
+            (
+                "limit",
+                dead.newest(100).await.unwrap(),
+                newest_first[..100].to_vec(),
+            ),
+            (
+                "oldest",
+                dead.oldest_pages().await.unwrap(),
+                records.iter().map(String::as_str).collect(),
+            ),
+        ] {
+            let mut read = Vec::new();
+            while let Some(page) = pages.next().await.unwrap() {
+                let bytes: usize = page.iter().map(|l| l.raw.len()).sum();
+                assert!(bytes <= PAGE_BYTES, "{how}: one page of {bytes} bytes");
+                read.extend(page.into_iter().map(|l| l.raw));
+            }
+            assert_eq!(read, want, "{how}");
+        }
+    }
+
+    /// A removal takes the entry where it was read, scanning from the end of the list it is
+    /// nearer to: of two identical entries, one at each end, purging or requeueing the one read
+    /// at the tail leaves the head's. (Before, both scanned from the head: a record read at the
+    /// tail of a 200,000-record list cost a scan of the whole list, 10 ms or more of Redis's
+    /// time each, and `purge --older-than` of 100,000 such records never finished.)
+    #[tokio::test]
+    async fn an_entry_is_removed_at_the_end_it_was_read_from() {
+        let (_server, mut con, dead) = dead_list().await;
+        let member = format!(
+            r#"{{"internal":{{"request_token":"t1"}},"request_kind":"plain","data":{{"id":"twin","deadline":{},"payload":{{}}}}}}"#,
+            unix_ms() / 1000 + 600
+        );
+        let mut record = DeadRecord::new("q", "poison", member.as_bytes());
+        record.id = "twin".to_owned();
+        record.request_token = "t1".to_owned();
+        for twin in [record.to_json(), "plain twin".to_owned()] {
+            let filler: Vec<String> = (0..50).map(|i| format!("filler-{i}")).collect();
+            let _: () = con.del(dead.key()).await.unwrap();
+            let _: () = con.rpush(dead.key(), &twin).await.unwrap();
+            let _: () = con.rpush(dead.key(), &filler).await.unwrap();
+            let _: () = con.rpush(dead.key(), &twin).await.unwrap();
+            let mut pages = dead.oldest_pages().await.unwrap();
+            let page = pages.next().await.unwrap().unwrap();
+            let oldest = &page[0];
+            assert_eq!((oldest.raw.as_str(), oldest.from_tail), (twin.as_str(), 0));
+            if oldest.record.is_ok() {
+                let requeued = dead.requeue(oldest, unix_ms()).await.unwrap();
+                assert!(requeued.is_ok(), "{requeued:?}");
+            } else {
+                assert_eq!(dead.purge(&[oldest]).await.unwrap(), 1);
+            }
+            let left: Vec<String> = con.lrange(dead.key(), 0, -1).await.unwrap();
+            assert_eq!(left.len(), 51);
+            assert_eq!(left[0], twin, "the head's copy was removed");
+            assert_eq!(left[50], "filler-49");
+        }
+    }
+
+    /// Reading oldest first and purging some of each page (as `purge --older-than` does) reads
+    /// every entry that was there once, oldest first, removes exactly the chosen ones, and
+    /// reads none pushed meanwhile.
+    #[tokio::test]
+    async fn oldest_first_pages_survive_the_removal_of_some_of_what_was_read() {
+        let (_server, mut con, dead) = dead_list().await;
+        let old: Vec<String> = (0..2500).map(|i| format!("e-{i:04}")).collect();
+        // e-0000 is the oldest: at the tail.
+        let _: () = con.lpush(dead.key(), &old).await.unwrap();
+        let mut pages = dead
+            .reading(Order::OldestFirst, usize::MAX, 100)
+            .await
+            .unwrap();
+        let mut read = Vec::new();
+        while let Some(page) = pages.next().await.unwrap() {
+            assert!(page.len() <= 100);
+            let _: () = con.lpush(dead.key(), "pushed meanwhile").await.unwrap();
+            let chosen: Vec<&Listed> = page
+                .iter()
+                .filter(|l| l.raw.ends_with(['0', '5']))
+                .collect();
+            let removed = dead.purge(&chosen).await.unwrap();
+            assert_eq!(removed, chosen.len() as u64);
+            pages.removed(chosen.len());
+            read.extend(page.into_iter().map(|l| l.raw));
+        }
+        assert_eq!(read, old);
+        let left: Vec<String> = con.lrange(dead.key(), 0, -1).await.unwrap();
+        let kept: Vec<&String> = left.iter().filter(|r| r.starts_with("e-")).collect();
+        let want: Vec<&String> = old
+            .iter()
+            .rev()
+            .filter(|r| !r.ends_with(['0', '5']))
+            .collect();
+        assert_eq!(kept, want);
     }
 
     /// A listing taken while processors keep pushing records shows each record that was there
@@ -339,7 +561,10 @@ mod tests {
         while con.llen::<_, usize>(dead.key()).await.unwrap() < 2100 {
             tokio::task::yield_now().await;
         }
-        let mut pages = dead.pages_of(100).await.unwrap();
+        let mut pages = dead
+            .reading(Order::NewestFirst, usize::MAX, 100)
+            .await
+            .unwrap();
         let mut listed = Vec::new();
         while let Some(page) = pages.next().await.unwrap() {
             assert!(page.len() <= 100);
@@ -384,7 +609,8 @@ mod tests {
             (args, url)
         };
         for (name, rules, purged) in [
-            ("no-del", &["-del"][..], None),
+            ("no-del", &["-del", "-unlink"][..], None),
+            ("no-unlink", &["-unlink"][..], Some(2)),
             ("no-multi", &["-multi", "-exec"][..], Some(2)),
         ] {
             let _: () = con.lpush("q:dead", &["r1", "r2"]).await.unwrap();
@@ -405,6 +631,27 @@ mod tests {
         }
     }
 
+    /// `purge --all` hands the list to Redis's background thread (UNLINK) instead of freeing it
+    /// in the command (DEL): a dead list of 300 MB held Redis 18 ms in DEL, and that grows with
+    /// its bytes.
+    #[tokio::test]
+    async fn purge_all_frees_the_list_in_the_background() {
+        let (_server, mut con, dead) = dead_list().await;
+        let records: Vec<String> = (0..100)
+            .map(|i| format!("{i}{}", "x".repeat(10_000)))
+            .collect();
+        let _: () = con.rpush(dead.key(), &records).await.unwrap();
+        assert_eq!(dead.purge_all().await.unwrap(), 100);
+        assert_eq!(con.llen::<_, u64>(dead.key()).await.unwrap(), 0);
+        let stats: String = redis::cmd("INFO")
+            .arg("commandstats")
+            .query_async(&mut con)
+            .await
+            .unwrap();
+        assert!(stats.contains("cmdstat_unlink:calls=1,"), "{stats}");
+        assert!(!stats.contains("cmdstat_del:"), "{stats}");
+    }
+
     /// Purging each page after reading it (as `purge --older-than` and `requeue --all` do) moves
     /// none of the entries still to read: every entry is read once and the list ends empty.
     #[tokio::test]
@@ -412,11 +659,14 @@ mod tests {
         let (_server, mut con, dead) = dead_list().await;
         let old: Vec<String> = (0..2500).map(|i| format!("e-{i:04}")).collect();
         let _: () = con.lpush(dead.key(), &old).await.unwrap();
-        let mut pages = dead.pages_of(100).await.unwrap();
+        let mut pages = dead
+            .reading(Order::NewestFirst, usize::MAX, 100)
+            .await
+            .unwrap();
         let mut read = Vec::new();
         while let Some(page) = pages.next().await.unwrap() {
-            let raws: Vec<&str> = page.iter().map(|l| l.raw.as_str()).collect();
-            assert_eq!(dead.purge(&raws).await.unwrap(), raws.len() as u64);
+            let entries: Vec<&Listed> = page.iter().collect();
+            assert_eq!(dead.purge(&entries).await.unwrap(), page.len() as u64);
             read.extend(page.into_iter().map(|l| l.raw));
         }
         let newest_first: Vec<String> = old.iter().rev().cloned().collect();

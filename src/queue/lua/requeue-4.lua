@@ -17,6 +17,9 @@
     ARGV[4] the fresh request token
     ARGV[5] the dead generation's request token ("" for a member written without one)
     ARGV[6] milliseconds until the deadline (lifetime of the active key, as the producer sets)
+    ARGV[7] how many entries were between the record and the dead list's tail when it was read:
+            LREM scans from the end the record is nearer (one record deep in a long list costs
+            a scan of the list from the wrong end)
 
   Output:
      1  requeued
@@ -38,7 +41,11 @@ end
 if ARGV[5] ~= '' and redis.call('GET', KEYS[4]) == ARGV[5] then
   return -2
 end
-if redis.call('LREM', KEYS[1], 1, ARGV[1]) == 0 then
+local fromHead = 1
+if (tonumber(ARGV[7]) or 0) * 2 < redis.call('LLEN', KEYS[1]) then
+  fromHead = -1
+end
+if redis.call('LREM', KEYS[1], fromHead, ARGV[1]) == 0 then
   return 0
 end
 redis.call('ZADD', KEYS[2], ARGV[3], ARGV[2])
