@@ -347,27 +347,30 @@ fn submit_peak_kib(redis: &RedisServer, stdin: std::fs::File) -> (std::process::
     (std::process::ExitStatus::from_raw(status), peak_kib)
 }
 
+/// A temporary file of `lines` lines, line `i` made by `line(i)`, written as it is made.
+fn jsonl_file(lines: u64, line: impl Fn(u64) -> String) -> tempfile::NamedTempFile {
+    use std::io::Write;
+    let file = tempfile::NamedTempFile::new().unwrap();
+    let mut w = std::io::BufWriter::new(std::fs::File::create(file.path()).unwrap());
+    for i in 0..lines {
+        writeln!(w, "{}", line(i)).unwrap();
+    }
+    w.flush().unwrap();
+    file
+}
+
 /// Big requests are sent a few megabytes at a time, whatever `--batch` says: 48 requests of
 /// 2 MiB are all queued while submit holds tens of megabytes. Before, a batch was 500 lines
 /// whatever their size, all held at once (60 requests of 4 MB: 729 MB; 500 near the 16 MiB
 /// limit would be gigabytes).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn submit_of_big_requests_holds_a_few_megabytes_not_a_batch() {
-    use std::io::Write;
     let redis = RedisServer::start().unwrap();
     let lines = 48;
     let prompt = "p".repeat(2 << 20);
-    let file = tempfile::NamedTempFile::new().unwrap();
-    {
-        let mut w = std::io::BufWriter::new(std::fs::File::create(file.path()).unwrap());
-        for i in 0..lines {
-            writeln!(
-                w,
-                "{{\"id\":\"big{i}\",\"timeout_s\":600,\"payload\":{{\"prompt\":\"{prompt}\"}}}}"
-            )
-            .unwrap();
-        }
-    }
+    let file = jsonl_file(lines, |i| {
+        format!("{{\"id\":\"big{i}\",\"timeout_s\":600,\"payload\":{{\"prompt\":\"{prompt}\"}}}}")
+    });
     let (status, peak_kib) = submit_peak_kib(&redis, std::fs::File::open(file.path()).unwrap());
     assert!(status.success(), "{status}");
     let mut con = common::con(&redis).await;
@@ -384,20 +387,11 @@ async fn submit_of_big_requests_holds_a_few_megabytes_not_a_batch() {
 /// that line neither loses nor repeats one. Before, the signal killed it with no summary.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn submit_stopped_by_a_signal_says_where_to_go_on_from() {
-    use std::io::Write;
     let redis = RedisServer::start().unwrap();
     let lines = 200_000u64;
-    let file = tempfile::NamedTempFile::new().unwrap();
-    {
-        let mut w = std::io::BufWriter::new(std::fs::File::create(file.path()).unwrap());
-        for i in 0..lines {
-            writeln!(
-                w,
-                "{{\"id\":\"s{i}\",\"timeout_s\":600,\"payload\":{{\"n\":{i}}}}}"
-            )
-            .unwrap();
-        }
-    }
+    let file = jsonl_file(lines, |i| {
+        format!("{{\"id\":\"s{i}\",\"timeout_s\":600,\"payload\":{{\"n\":{i}}}}}")
+    });
     let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_inferq"))
         .args(["submit", "--file"])
         .arg(file.path())

@@ -111,6 +111,18 @@ enum Next {
     End,
 }
 
+impl Next {
+    /// The input line this step is about (`None` at the end): where a stopped submission goes
+    /// on from.
+    fn line(&self) -> Option<usize> {
+        match self {
+            Next::Request(line, _) | Next::Unreadable(line, _) => Some(*line),
+            Next::Bad(e) => Some(e.line),
+            Next::End => None,
+        }
+    }
+}
+
 impl Requests {
     fn next(&mut self) -> Next {
         let line = self.lines.line_no + 1;
@@ -264,11 +276,7 @@ pub async fn submit(args: SubmitArgs) -> Result<(), Failure> {
     while !matches!(ahead, Next::End | Next::Unreadable(..)) {
         if stop.is_cancelled() {
             bar.finish_and_clear();
-            let not_sent = match &ahead {
-                Next::Request(line, _) | Next::Unreadable(line, _) => Some(*line),
-                Next::Bad(e) => Some(e.line),
-                Next::End => None,
-            };
+            let not_sent = ahead.line();
             say!(
                 "{}",
                 serde_json::json!({"submitted": submitted, "refused": refused + bad.len() as u64, "queue": producer.request_queue(), "not_sent_from_line": not_sent})
@@ -317,11 +325,7 @@ pub async fn submit(args: SubmitArgs) -> Result<(), Failure> {
                 // and what was never sent, so a rerun can start at the right line.
                 bar.finish_and_clear();
                 let (first, last) = (lines.first().copied(), lines.last().copied());
-                let not_sent = match &ahead {
-                    Next::Request(line, _) | Next::Unreadable(line, _) => Some(*line),
-                    Next::Bad(e) => Some(e.line),
-                    Next::End => None,
-                };
+                let not_sent = ahead.line();
                 say!(
                     "{}",
                     serde_json::json!({"submitted": submitted, "refused": refused + bad.len() as u64, "queue": producer.request_queue(), "in_doubt_lines": [first, last], "not_sent_from_line": not_sent})
