@@ -347,6 +347,17 @@ fn submit_peak_kib(redis: &RedisServer, stdin: std::fs::File) -> (std::process::
     (std::process::ExitStatus::from_raw(status), peak_kib)
 }
 
+/// `inferq submit` of `file` on standard input, which must succeed and queue all its `lines`;
+/// its peak resident set in KiB.
+async fn submit_every_line(redis: &RedisServer, file: &tempfile::NamedTempFile, lines: u64) -> i64 {
+    let (status, peak_kib) = submit_peak_kib(redis, std::fs::File::open(file.path()).unwrap());
+    assert!(status.success(), "{status}");
+    let mut con = common::con(redis).await;
+    let pending: u64 = con.zcard("request-sortedset").await.unwrap();
+    assert_eq!(pending, lines);
+    peak_kib
+}
+
 /// A temporary file of `lines` lines, line `i` made by `line(i)`, written as it is made.
 fn jsonl_file(lines: u64, line: impl Fn(u64) -> String) -> tempfile::NamedTempFile {
     use std::io::Write;
@@ -371,11 +382,7 @@ async fn submit_of_big_requests_holds_a_few_megabytes_not_a_batch() {
     let file = jsonl_file(lines, |i| {
         format!("{{\"id\":\"big{i}\",\"timeout_s\":600,\"payload\":{{\"prompt\":\"{prompt}\"}}}}")
     });
-    let (status, peak_kib) = submit_peak_kib(&redis, std::fs::File::open(file.path()).unwrap());
-    assert!(status.success(), "{status}");
-    let mut con = common::con(&redis).await;
-    let pending: u64 = con.zcard("request-sortedset").await.unwrap();
-    assert_eq!(pending, lines);
+    let peak_kib = submit_every_line(&redis, &file, lines).await;
     assert!(
         peak_kib < 64 * 1024,
         "submit peaked at {peak_kib} KiB for {lines} requests of 2 MiB"
@@ -424,19 +431,10 @@ async fn submit_stopped_by_a_signal_says_where_to_go_on_from() {
 async fn submit_from_stdin_does_not_hold_the_input_in_memory() {
     let redis = RedisServer::start().unwrap();
     let lines = 100_000;
-    let mut input = String::new();
-    for i in 0..lines {
-        input.push_str(&format!(
-            "{{\"id\":\"r{i}\",\"timeout_s\":600,\"payload\":{{\"model\":\"m\",\"messages\":[{{\"role\":\"user\",\"content\":\"summarise document {i} of the batch\"}}]}}}}\n"
-        ));
-    }
-    let file = tempfile::NamedTempFile::new().unwrap();
-    std::fs::write(file.path(), &input).unwrap();
-    let (status, peak_kib) = submit_peak_kib(&redis, std::fs::File::open(file.path()).unwrap());
-    assert!(status.success(), "{status}");
-    let mut con = common::con(&redis).await;
-    let pending: u64 = con.zcard("request-sortedset").await.unwrap();
-    assert_eq!(pending, lines);
+    let file = jsonl_file(lines, |i| {
+        format!("{{\"id\":\"r{i}\",\"timeout_s\":600,\"payload\":{{\"model\":\"m\",\"messages\":[{{\"role\":\"user\",\"content\":\"summarise document {i} of the batch\"}}]}}}}")
+    });
+    let peak_kib = submit_every_line(&redis, &file, lines).await;
     assert!(
         peak_kib < 25 * 1024,
         "submit peaked at {peak_kib} KiB for {lines} lines on standard input"
