@@ -113,6 +113,28 @@ pub struct RedisConn {
         requires = "redis_tls_cert"
     )]
     pub redis_tls_key: Option<std::path::PathBuf>,
+    /// How Redis is deployed, as the transport config's `mode`: standalone, cluster (the URL's
+    /// host and --redis-addrs are seed nodes) or sentinel (they are sentinels).
+    #[arg(
+        long,
+        env = "REDIS_MODE",
+        value_name = "MODE",
+        default_value = "standalone"
+    )]
+    pub redis_mode: String,
+    /// More seed nodes or sentinels beside the URL's host, as `host:port` (comma-separated or
+    /// repeated), as the transport config's `addrs`.
+    #[arg(
+        long,
+        env = "REDIS_ADDRS",
+        value_name = "HOST:PORT",
+        value_delimiter = ','
+    )]
+    pub redis_addrs: Vec<String>,
+    /// The name the sentinels monitor the primary under (sentinel mode only), as the transport
+    /// config's `master_name`.
+    #[arg(long, env = "REDIS_MASTER_NAME", value_name = "NAME")]
+    pub redis_master_name: Option<String>,
 }
 
 impl RedisConn {
@@ -126,16 +148,29 @@ impl RedisConn {
         Ok((url, tls))
     }
 
-    /// A connection to this Redis for the operator's commands (`dead-letter`, `status`); a bad
-    /// URL or TLS file is bad input.
-    pub async fn connect(&self) -> Result<redis::aio::ConnectionManager, Failure> {
-        use anyhow::Context;
+    /// Where these flags say Redis is; a bad URL, TLS file or mode combination is bad input
+    /// that names the flag.
+    pub fn target(&self) -> Result<crate::queue::target::Target, Failure> {
         let (url, tls) = self.url_and_tls()?;
+        let topology =
+            crate::config::topology::resolve_topology(&crate::config::topology::TopologyFields {
+                mode: Some(&self.redis_mode),
+                addrs: &self.redis_addrs,
+                master_name: self.redis_master_name.as_deref(),
+                url: &url,
+                names: crate::config::topology::FLAG_FIELDS,
+            })
+            .map_err(Failure::bad_input)?;
         // The error names the URL or the TLS flag at fault.
-        let client = crate::queue::connect::client(&url, &tls).map_err(Failure::bad_input)?;
-        Ok(crate::queue::connect::manager(&client)
-            .await
-            .context("cannot connect to Redis")?)
+        crate::queue::target::Target::new(&url, &tls, topology).map_err(Failure::bad_input)
+    }
+
+    /// A connection to this Redis for the operator's commands (`dead-letter`, `status`); a bad
+    /// URL, TLS file or mode is bad input.
+    pub async fn connect(&self) -> Result<crate::queue::target::Link, Failure> {
+        use anyhow::Context;
+        let target = self.target()?;
+        Ok(target.connect().await.context("cannot connect to Redis")?)
     }
 }
 
@@ -156,10 +191,9 @@ impl RedisArgs {
     /// A producer on these queues.
     pub async fn producer(&self) -> Result<crate::queue::producer::Producer, Failure> {
         use anyhow::Context;
-        let (url, tls) = self.conn.url_and_tls()?;
-        Ok(crate::queue::producer::Producer::connect_tls(
-            &url,
-            &tls,
+        let target = self.conn.target()?;
+        Ok(crate::queue::producer::Producer::connect_target(
+            &target,
             &self.queue,
             &self.result_queue,
         )

@@ -12,7 +12,7 @@ use std::time::Duration;
 use anyhow::Context;
 
 use super::{Failure, RedisConn};
-use crate::queue::census::{census, Census};
+use crate::queue::census::{census_on, Census};
 
 #[derive(Debug, clap::Args)]
 pub struct StatusArgs {
@@ -74,7 +74,7 @@ pub async fn status(args: StatusArgs) -> Result<(), Failure> {
     loop {
         let mut rows = Vec::with_capacity(args.queue.len());
         for (queue, last) in args.queue.iter().zip(last.iter_mut()) {
-            let now = census(&mut con, queue, args.result_queue.as_deref())
+            let now = census_on(&mut con, queue, args.result_queue.as_deref())
                 .await
                 .map_err(|e| refused_hint(e.to_string()))
                 .with_context(|| format!("cannot count queue {queue:?}"))?;

@@ -34,6 +34,7 @@ pub mod otel;
 pub mod pools;
 mod redis_url;
 pub mod run;
+pub mod topology;
 pub mod transform;
 pub mod transport;
 

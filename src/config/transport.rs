@@ -16,7 +16,9 @@ use crate::queue::QueueKeys;
 use super::claim::ClaimFields;
 use super::gate::{parse_gate, GateSpec};
 use super::redis_url::check_redis_url;
+use super::topology::{resolve_topology, TopologyFields, CONFIG_FIELDS};
 use super::{redact_url, ConfigError};
+use crate::queue::target::Topology;
 
 /// Default retry sorted set, shared by all queues of a transport.
 pub const DEFAULT_RETRY_QUEUE: &str = "retry-sortedset";
@@ -101,8 +103,11 @@ pub const DEFAULT_RESULT_CHANNEL: &str = "result-queue";
 pub struct SortedSetConfig {
     /// Which Go transport producers and consumers speak.
     pub kind: TransportKind,
-    /// Where Redis is (`redis://`, `rediss://` or `unix://`).
+    /// Where Redis is (`redis://`, `rediss://` or `unix://`): the server, the first seed node
+    /// of a cluster, or the first sentinel.
     pub url: RedisUrl,
+    /// Go's `mode`, `addrs` and `master_name`: one server, a cluster or a Sentinel primary.
+    pub topology: Topology,
     /// The Go retry sorted set; inferq moves due entries out of it so a mixed fleet loses nothing.
     pub retry_queue_name: String,
     /// Result list used when neither the queue nor the message names one.
@@ -152,6 +157,12 @@ pub struct QueueConfig {
 pub(crate) struct RawSortedSet {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub url: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mode: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub addrs: Option<Vec<String>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub master_name: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub retry_queue_name: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -228,6 +239,13 @@ pub(crate) fn resolve(
     };
     let url = check_redis_url(&url, url_field, warnings)
         .map_err(|reason| ConfigError::invalid(url_field, reason))?;
+    let topology = resolve_topology(&TopologyFields {
+        mode: raw.mode.as_deref(),
+        addrs: raw.addrs.as_deref().unwrap_or_default(),
+        master_name: raw.master_name.as_deref(),
+        url: &url,
+        names: CONFIG_FIELDS,
+    })?;
 
     let retry_queue_name =
         non_empty(raw.retry_queue_name).unwrap_or_else(|| DEFAULT_RETRY_QUEUE.to_owned());
@@ -285,6 +303,7 @@ pub(crate) fn resolve(
     let config = SortedSetConfig {
         kind: TransportKind::SortedSet,
         url: RedisUrl(url),
+        topology,
         retry_queue_name,
         result_queue_name,
         poll_interval: Duration::from_millis(poll_interval_ms),
@@ -337,6 +356,14 @@ pub(crate) fn resolve_pubsub(
     }
     // `resolve` refuses two queues of one channel (a duplicate queue name).
     let (mut config, claim) = resolve(raw, env, warnings)?;
+    if config.topology.is_cluster() {
+        // A result published to no listener is kept on a list named after its channel, in
+        // another slot than the queue's: no one script could do both.
+        return Err(ConfigError::unsupported(
+            "mode",
+            "cluster with --transport redis-pubsub; use redis-sortedset on a Redis Cluster",
+        ));
+    }
     config.kind = TransportKind::PubSub;
     for q in &mut config.queues {
         q.result_queue_name = Some(config.result_queue_name.clone());
@@ -481,10 +508,11 @@ fn check_derived_keys(
         }
     }
     for (j, q) in queues.iter().enumerate() {
-        let keys = QueueKeys::new(&q.queue_name);
-        let derived = keys.all();
+        // Either layout: a config that names no mode may still meet a cluster later.
+        let plain = QueueKeys::new(&q.queue_name);
+        let tagged = QueueKeys::clustered(&q.queue_name);
         for (field, name) in &configured {
-            if derived[1..].contains(name) {
+            if plain.all()[1..].contains(name) || tagged.all()[1..].contains(name) {
                 return Err(ConfigError::invalid(
                     field.as_str(),
                     format!(

@@ -28,8 +28,12 @@ use super::subscription::{self, Next};
 use crate::queue::keys::doorbell_channel;
 
 /// Listens until `stop` is cancelled, reconnecting when the connection drops.
-pub async fn listen(client: redis::Client, queues: Vec<Arc<QueueCtx>>, stop: CancellationToken) {
-    let db = client.get_connection_info().redis_settings().db();
+pub async fn listen(
+    client: crate::queue::target::Target,
+    queues: Vec<Arc<QueueCtx>>,
+    stop: CancellationToken,
+) {
+    let db = client.client().get_connection_info().redis_settings().db();
     let mut warned = false;
     let mut losses = Losses::default();
     let mut pause = Duration::from_millis(500);

@@ -45,7 +45,7 @@ const WAITING: usize = 4 * ADMIT_BATCH;
 /// is made, so a producer waiting for readiness publishes to a listening instance.
 pub fn start(
     tracker: &TaskTracker,
-    client: redis::Client,
+    client: crate::queue::target::Target,
     queues: Vec<Arc<QueueCtx>>,
     stop: CancellationToken,
 ) {
@@ -59,7 +59,11 @@ pub fn start(
     tracker.spawn(listen(client, queues, stop));
 }
 
-async fn listen(client: redis::Client, queues: Vec<Arc<QueueCtx>>, stop: CancellationToken) {
+async fn listen(
+    client: crate::queue::target::Target,
+    queues: Vec<Arc<QueueCtx>>,
+    stop: CancellationToken,
+) {
     let admitters = TaskTracker::new();
     let mut routes: HashMap<Vec<u8>, mpsc::Sender<Vec<u8>>> = HashMap::new();
     for ctx in &queues {
@@ -86,7 +90,7 @@ fn subscription_name(queues: &[Arc<QueueCtx>]) -> String {
 }
 
 async fn subscribe_loop(
-    client: &redis::Client,
+    client: &crate::queue::target::Target,
     queues: &[Arc<QueueCtx>],
     routes: &HashMap<Vec<u8>, mpsc::Sender<Vec<u8>>>,
     stop: &CancellationToken,

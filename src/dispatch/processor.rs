@@ -27,6 +27,7 @@ use crate::gateway::{self, GatewayClient, GatewayTls};
 use crate::ops::{
     metrics::PoolLabels, otel::Otel, serve_health, serve_metrics, Metrics, QueueLabels, Readiness,
 };
+use crate::queue::target::{Link, Target};
 use crate::queue::{connect, scripts::SCRIPTS, traced::Con, Queue};
 
 /// Why the processor could not run.
@@ -71,13 +72,13 @@ fn gateway_tls(tls: &Option<TlsFiles>) -> GatewayTls {
 }
 
 async fn connect_until_up(
-    client: &redis::Client,
+    target: &Target,
     readiness: &Readiness,
     shutdown: &CancellationToken,
-) -> Option<redis::aio::ConnectionManager> {
+) -> Option<Link> {
     let mut attempt = 0u32;
     loop {
-        match connect::manager(client).await {
+        match target.connect().await {
             Ok(mut con) => match SCRIPTS.load_all(&mut con).await {
                 Ok(()) => {
                     readiness.set_problem(None);
@@ -85,7 +86,7 @@ async fn connect_until_up(
                 }
                 // Logged before /readyz says so, so whoever reads it finds the log line too.
                 Err(e) => {
-                    let e = connect::explained(client, &e).await;
+                    let e = connect::explained(target.client(), &e).await;
                     if attempt % 10 == 0 {
                         tracing::warn!(error = %e, "cannot load scripts into Redis; retrying (not ready meanwhile)");
                     }
@@ -94,9 +95,12 @@ async fn connect_until_up(
             },
             Err(e) => {
                 // A server at maxclients shows only as a reset: it is asked why.
-                let e = connect::explained(client, &e).await;
+                let e = match e.redis() {
+                    Some(re) => connect::explained(target.client(), re).await,
+                    None => e.to_string(),
+                };
                 if attempt % 10 == 0 {
-                    tracing::warn!(error = %e, "cannot reach Redis; retrying (not ready meanwhile)");
+                    tracing::warn!(error = %e, mode = target.topology().mode(), "cannot reach Redis; retrying (not ready meanwhile)");
                 }
                 readiness.set_problem(Some(format!("redis: cannot connect: {e}")));
             }
@@ -109,7 +113,9 @@ async fn connect_until_up(
     }
 }
 
-async fn refuse_cluster(con: &mut redis::aio::ConnectionManager) -> Result<(), DispatchError> {
+/// A server in cluster mode given as standalone or Sentinel would refuse the first script that
+/// touches two slots: refused at start-up instead, saying what to set.
+async fn refuse_cluster(con: &mut Link) -> Result<(), DispatchError> {
     let info: String = match redis::cmd("INFO").arg("cluster").query_async(con).await {
         Ok(info) => info,
         Err(e) => {
@@ -121,9 +127,8 @@ async fn refuse_cluster(con: &mut redis::aio::ConnectionManager) -> Result<(), D
     };
     if info.contains("cluster_enabled:1") {
         return Err(DispatchError::Config(
-            "url: this Redis runs in cluster mode, which inferq does not drive yet; use a \
-             standalone or replicated Redis (queue names with a {hash tag} keep every key of a \
-             queue in one slot for when cluster support lands)"
+            "mode: this Redis runs in cluster mode; set \"mode\": \"cluster\" in the transport \
+             config (and seed nodes in \"addrs\")"
                 .to_owned(),
         ));
     }
@@ -148,8 +153,13 @@ pub async fn run(config: RunConfig, shutdown: CancellationToken) -> Result<(), D
     if let Some(warning) = crate::ops::fd_limit::shortfall(&fds, config.total_workers()) {
         tracing::warn!("{warning}");
     }
-    let client = connect::client(transport.url.expose(), &config.redis_tls)
-        .map_err(|e| DispatchError::Config(e.to_string()))?;
+    let target = Target::new(
+        transport.url.expose(),
+        &config.redis_tls,
+        transport.topology.clone(),
+    )
+    .map_err(|e| DispatchError::Config(e.to_string()))?;
+    let client = target.client().clone();
     let gateway_client = GatewayClient::new(
         &gateway_tls(&config.tls),
         usize::try_from(config.total_workers()).unwrap_or(64),
@@ -214,12 +224,14 @@ pub async fn run(config: RunConfig, shutdown: CancellationToken) -> Result<(), D
             source,
         })?;
 
-    tracing::info!(transport = transport.kind.name(), redis = %transport.url.redacted(), queues = transport.queues.len(), "inferq starting");
-    let Some(mut con) = connect_until_up(&client, &readiness, &shutdown).await else {
+    tracing::info!(transport = transport.kind.name(), redis = %transport.url.redacted(), mode = transport.topology.mode(), queues = transport.queues.len(), "inferq starting");
+    let Some(mut con) = connect_until_up(&target, &readiness, &shutdown).await else {
         servers.cancel();
         return Ok(());
     };
-    refuse_cluster(&mut con).await?;
+    if !target.is_cluster() {
+        refuse_cluster(&mut con).await?;
+    }
     readiness.set_connection(con.clone(), client.clone());
     let otel = match &config.otel {
         Some(settings) => {
@@ -395,7 +407,7 @@ pub async fn run(config: RunConfig, shutdown: CancellationToken) -> Result<(), D
     ));
     // Wake-ups stop with claiming: a shutting-down consumer has nothing to wake for.
     upkeep_tasks.spawn(super::doorbell::listen(
-        client.clone(),
+        target.clone(),
         ctxs.clone(),
         stop_claiming.clone(),
     ));
@@ -403,7 +415,7 @@ pub async fn run(config: RunConfig, shutdown: CancellationToken) -> Result<(), D
     if transport.kind == TransportKind::PubSub {
         super::ingress::start(
             &upkeep_tasks,
-            client.clone(),
+            target.clone(),
             ctxs.clone(),
             stop_claiming.clone(),
         );

@@ -7,13 +7,22 @@ use futures::{Stream, StreamExt};
 use tokio_util::sync::CancellationToken;
 
 /// A pub/sub connection subscribed to every channel in `channels`; `None` once `stop` is
-/// cancelled.
+/// cancelled. The node is asked of `target` at every subscription: the primary Sentinel names
+/// now, or a cluster node that answers.
 pub async fn subscribe<'a>(
-    client: &redis::Client,
+    target: &crate::queue::target::Target,
     channels: impl IntoIterator<Item = &'a [u8]>,
     stop: &CancellationToken,
 ) -> Option<redis::RedisResult<redis::aio::PubSub>> {
     let subscribing = async {
+        let client = target.node_client().await.map_err(|e| match e {
+            crate::queue::target::LinkError::Redis(e) => e,
+            other => redis::RedisError::from((
+                redis::ErrorKind::Io,
+                "no node to subscribe on",
+                crate::config::redact_in_text(&other.to_string()),
+            )),
+        })?;
         let mut pubsub = client.get_async_pubsub().await?;
         for channel in channels {
             pubsub.subscribe(channel).await?;

@@ -179,6 +179,16 @@ pub async fn reclaimer(ctx: Arc<QueueCtx>, stop: CancellationToken) {
                 break;
             }
         }
+        // On a cluster: results a finisher staged but did not push (it died between steps).
+        match ctx.queue.settle_staged().await {
+            Ok(0) => {}
+            Ok(n) => {
+                tracing::info!(queue = %ctx.queue.name(), settled = n, "delivered results whose finisher stopped half-way")
+            }
+            Err(e) => {
+                tracing::debug!(queue = %ctx.queue.name(), error = %e, "settling staged results failed; will retry")
+            }
+        }
         if adopting {
             adopting = adopt_counts(&ctx).await;
         }

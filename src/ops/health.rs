@@ -19,7 +19,6 @@ use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::any;
 use axum::Router;
-use redis::aio::ConnectionManager;
 use tokio_util::sync::CancellationToken;
 
 use super::encoding::Coding;
@@ -29,7 +28,7 @@ use super::metrics::Metrics;
 #[derive(Clone, Default)]
 pub struct Readiness {
     started: Arc<AtomicBool>,
-    con: Arc<OnceLock<ConnectionManager>>,
+    con: Arc<OnceLock<crate::queue::traced::Con>>,
     /// The client `con` was made with, to ask a server that drops new connections why.
     client: Arc<OnceLock<redis::Client>>,
     /// Why the processor could not start yet (e.g. Redis refuses the TLS handshake), shown by
@@ -55,8 +54,8 @@ impl Readiness {
     }
 
     /// The connection `/readyz` PINGs, once there is one, and the client it was made with.
-    pub fn set_connection(&self, con: ConnectionManager, client: redis::Client) {
-        let _ = self.con.set(con);
+    pub fn set_connection(&self, con: impl Into<crate::queue::traced::Con>, client: redis::Client) {
+        let _ = self.con.set(con.into());
         let _ = self.client.set(client);
     }
 

@@ -11,6 +11,7 @@ use redis::Value;
 use super::keys::QueueKeys;
 use super::moves::QueueError;
 use super::scripts::SCRIPTS;
+use super::target::Link;
 
 /// Where a queue's requests are, at one instant of Redis's clock.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
@@ -45,13 +46,39 @@ impl Census {
     }
 }
 
-/// Takes the census of `queue` (and the length of `results`, a list, when given).
+/// Takes the census of `queue` (and the length of `results`, a list, when given) on a
+/// standalone or Sentinel-managed Redis.
 pub async fn census<C: ConnectionLike>(
     con: &mut C,
     queue: &str,
     results: Option<&str>,
 ) -> Result<Census, QueueError> {
-    let keys = QueueKeys::new(queue);
+    census_of(con, &QueueKeys::new(queue), results).await
+}
+
+/// [`census`] on any [`Link`]. On a cluster the result list is in a slot of its own, so its
+/// length is read apart from the script (a moment later).
+pub async fn census_on(
+    con: &mut Link,
+    queue: &str,
+    results: Option<&str>,
+) -> Result<Census, QueueError> {
+    if !con.is_cluster() {
+        return census(con, queue, results).await;
+    }
+    let mut census = census_of(con, &QueueKeys::clustered(queue), None).await?;
+    if let Some(list) = results {
+        let n: u64 = redis::cmd("LLEN").arg(list).query_async(con).await?;
+        census.results = Some(n);
+    }
+    Ok(census)
+}
+
+async fn census_of<C: ConnectionLike>(
+    con: &mut C,
+    keys: &QueueKeys,
+    results: Option<&str>,
+) -> Result<Census, QueueError> {
     let mut names = vec![
         keys.pending.as_str(),
         &keys.claimed,

@@ -156,8 +156,11 @@ pub fn client(url: &str, tls: &RedisTls) -> Result<Client, ConnectError> {
         shown: shown(),
         reason: crate::config::redact_in_text(&e.to_string()),
     })?;
-    let insecure = match info.addr() {
-        ConnectionAddr::TcpTls { insecure, .. } => *insecure,
+    match info.addr() {
+        ConnectionAddr::TcpTls { insecure: true, .. } => {
+            return Err(ConnectError::Insecure { shown: shown() })
+        }
+        ConnectionAddr::TcpTls { .. } => {}
         _ => {
             if tls.is_configured() {
                 return Err(ConnectError::NotTls { shown: shown() });
@@ -167,10 +170,14 @@ pub fn client(url: &str, tls: &RedisTls) -> Result<Client, ConnectError> {
                 reason: crate::config::redact_in_text(&e.to_string()),
             });
         }
-    };
-    if insecure {
-        return Err(ConnectError::Insecure { shown: shown() });
     }
+    Client::build_with_tls(info, certificates(tls)?)
+        .map_err(|e| ConnectError::Tls(crate::config::redact_in_text(&e.to_string())))
+}
+
+/// The TLS material of [`client`] for a TLS client: `--redis-tls-ca-cert`'s CA alone when one
+/// is given, otherwise the default roots, and the client certificate when one is given.
+fn certificates(tls: &RedisTls) -> Result<TlsCertificates, ConnectError> {
     let read = |flag: &'static str, path: &PathBuf| {
         std::fs::read(path).map_err(|source| ConnectError::Read {
             flag,
@@ -189,14 +196,22 @@ pub fn client(url: &str, tls: &RedisTls) -> Result<Client, ConnectError> {
         }),
         None => None,
     };
-    Client::build_with_tls(
-        info,
-        TlsCertificates {
-            client_tls,
-            root_cert: Some(root_cert),
-        },
-    )
-    .map_err(|e| ConnectError::Tls(crate::config::redact_in_text(&e.to_string())))
+    Ok(TlsCertificates {
+        client_tls,
+        root_cert: Some(root_cert),
+    })
+}
+
+/// The TLS material a cluster client needs beside its seed URLs: `None` unless `client` (built
+/// by [`client`]) speaks TLS.
+pub fn tls_certificates(
+    client: &Client,
+    tls: &RedisTls,
+) -> Result<Option<TlsCertificates>, ConnectError> {
+    match client.get_connection_info().addr() {
+        ConnectionAddr::TcpTls { .. } => Ok(Some(certificates(tls)?)),
+        _ => Ok(None),
+    }
 }
 
 #[cfg(test)]

@@ -13,7 +13,7 @@
 //! `DEAD_LETTERED` / `INVALID_REQUEST` result, then the new generation's result — exactly as
 //! when a producer re-submits an id.
 
-use redis::aio::ConnectionManager;
+use super::target::Link;
 use redis::Value;
 
 use super::dead::DeadRecord;
@@ -107,7 +107,7 @@ enum Order {
 /// megabytes at a time however long the list and however big its records.
 pub struct Pages {
     key: String,
-    con: ConnectionManager,
+    con: Link,
     order: Order,
     /// Entries not read yet, of those there were when the reading started.
     left: usize,
@@ -195,13 +195,14 @@ fn lrem_count(entry: &Listed, len: usize) -> i64 {
 #[derive(Clone)]
 pub struct DeadLetters {
     keys: QueueKeys,
-    con: ConnectionManager,
+    con: Link,
 }
 
 impl DeadLetters {
-    pub fn new(con: ConnectionManager, queue_name: &str) -> DeadLetters {
+    pub fn new(con: impl Into<Link>, queue_name: &str) -> DeadLetters {
+        let con = con.into();
         DeadLetters {
-            keys: QueueKeys::new(queue_name),
+            keys: QueueKeys::for_layout(queue_name, con.is_cluster()),
             con,
         }
     }
@@ -304,12 +305,31 @@ impl DeadLetters {
             .unwrap_or_default();
         let deadline = env.request.deadline;
         let ttl_ms = (deadline.saturating_mul(1000) - now_ms).max(1).to_string();
-        let keys = [
-            self.keys.dead.clone(),
-            self.keys.pending.clone(),
-            active_key(&id),
-            cancel_key(&id),
-        ];
+        let cluster = self.con.is_cluster();
+        let mut keys = vec![self.keys.dead.clone(), self.keys.pending.clone()];
+        if cluster {
+            // The markers live in other slots: checked here, the active one written after.
+            let mut con = self.con.clone();
+            let (active, cancel): (Option<String>, Option<String>) = (
+                redis::cmd("GET")
+                    .arg(active_key(&id))
+                    .query_async(&mut con)
+                    .await?,
+                redis::cmd("GET")
+                    .arg(cancel_key(&id))
+                    .query_async(&mut con)
+                    .await?,
+            );
+            if active.as_ref().is_some_and(|a| *a != old_token) {
+                return Ok(Err(Unrequeueable::NewerGeneration(id)));
+            }
+            if !old_token.is_empty() && cancel.as_deref() == Some(old_token.as_str()) {
+                return Ok(Err(Unrequeueable::Cancelled));
+            }
+        } else {
+            keys.push(active_key(&id));
+            keys.push(cancel_key(&id));
+        }
         let score = deadline.to_string();
         let from_tail = listed.from_tail.to_string();
         let args: [&[u8]; 7] = [
@@ -323,6 +343,15 @@ impl DeadLetters {
         ];
         let cmd = SCRIPTS.requeue.cmd(&keys, &args);
         let reply = SCRIPTS.requeue.run(&mut self.con.clone(), &cmd).await?;
+        if cluster && reply == Value::Int(1) {
+            let _: () = redis::cmd("SET")
+                .arg(active_key(&id))
+                .arg(&env.internal.request_token)
+                .arg("PX")
+                .arg(&ttl_ms)
+                .query_async(&mut self.con.clone())
+                .await?;
+        }
         Ok(match reply {
             Value::Int(1) => Ok(Requeued {
                 id,

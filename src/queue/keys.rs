@@ -4,10 +4,18 @@
 //! bookkeeping uses the names the Go durable-claims version uses, so Go and inferq instances can
 //! share a queue; inferq's extra keys are ones Go ignores. Every derived key starts with the
 //! queue name, so a `{hash tag}` in it keeps all of a queue's keys in one Redis Cluster slot.
+//!
+//! On a Redis Cluster every private key of a queue is named by Go's `slotKey` rule
+//! ([`slot_key`]): `{<queue>}:claimed` and so on, inferq's own bookkeeping too, so each move of a
+//! queue stays one script in one slot. The pending set, result lists, `retry-sortedset` and the
+//! producer's `request-active:`/`request-cancel:` markers keep their plain names everywhere;
+//! standalone and Sentinel keep today's names for everything.
 
 /// All keys a queue's scripts touch (result lists are per message and passed separately).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct QueueKeys {
+    /// What every private key starts with: the queue name, hash-tagged on a cluster.
+    pub prefix: String,
     /// zset member -> deadline: requests waiting to be claimed.
     pub pending: String,
     /// hash claim key -> member (Go: `<queue>:claimed`).
@@ -28,12 +36,53 @@ pub struct QueueKeys {
     pub parked: String,
     /// list of dead-letter records, newest first (inferq).
     pub dead: String,
+    /// hash claim key -> result staged for a result list in another cluster slot, between the
+    /// finish that dropped its claim and the push (inferq; see `finish-11.lua`).
+    pub finishing: String,
+    /// zset claim key -> when its result was staged, Unix ms, for upkeep to settle the ones a
+    /// finisher left (inferq).
+    pub finishing_idx: String,
+}
+
+/// Go's `slotKey`: `{k}`, unless `k` already holds a non-empty `{…}` hash tag, then `k` as it
+/// is. `{k}` hashes like `k` itself, so a queue's tagged keys share the slot of its plain
+/// pending set.
+pub fn slot_key(k: &str) -> String {
+    if let Some(open) = k.find('{') {
+        if let Some(close) = k[open + 1..].find('}') {
+            if close > 0 {
+                return k.to_owned();
+            }
+        }
+    }
+    format!("{{{k}}}")
 }
 
 impl QueueKeys {
+    /// The keys of `queue` on a standalone or Sentinel-managed Redis.
     pub fn new(queue: &str) -> QueueKeys {
-        let derived = |suffix: &str| format!("{queue}:{suffix}");
+        QueueKeys::named(queue, queue)
+    }
+
+    /// The keys of `queue` on a Redis Cluster: every private key hash-tagged by [`slot_key`].
+    pub fn clustered(queue: &str) -> QueueKeys {
+        QueueKeys::named(queue, &slot_key(queue))
+    }
+
+    /// The keys of `queue`, for a cluster or not.
+    pub fn for_layout(queue: &str, cluster: bool) -> QueueKeys {
+        if cluster {
+            QueueKeys::clustered(queue)
+        } else {
+            QueueKeys::new(queue)
+        }
+    }
+
+    /// `queue`'s keys whose private ones start with `prefix`.
+    fn named(queue: &str, prefix: &str) -> QueueKeys {
+        let derived = |suffix: &str| format!("{prefix}:{suffix}");
         QueueKeys {
+            prefix: prefix.to_owned(),
             pending: queue.to_owned(),
             claimed: derived("claimed"),
             owners: derived("claim-owners"),
@@ -43,6 +92,8 @@ impl QueueKeys {
             deliveries_idx: derived("deliveries-idx"),
             parked: derived("parked"),
             dead: derived("dead"),
+            finishing: derived("finishing"),
+            finishing_idx: derived("finishing-idx"),
         }
     }
 
@@ -50,11 +101,11 @@ impl QueueKeys {
     /// of its bytes: `<queue>:seen:<sha1>`.
     pub fn seen(&self, message: &[u8]) -> String {
         let digest = sha1_smol::Sha1::from(message).digest().to_string();
-        format!("{}:seen:{digest}", self.pending)
+        format!("{}:seen:{digest}", self.prefix)
     }
 
     /// Every key, for slot checks and ACL rules.
-    pub fn all(&self) -> [&str; 9] {
+    pub fn all(&self) -> [&str; 11] {
         [
             &self.pending,
             &self.claimed,
@@ -65,14 +116,23 @@ impl QueueKeys {
             &self.deliveries_idx,
             &self.parked,
             &self.dead,
+            &self.finishing,
+            &self.finishing_idx,
         ]
     }
 }
 
 /// The pub/sub channel rung when work is added to `queue` (inferq only; it starts with the
-/// queue name, so a `{hash tag}` in the name is kept).
+/// queue name, so a `{hash tag}` in the name is kept). A channel is no key: the name is the same
+/// on a cluster, whose every node hears every `PUBLISH`.
 pub fn doorbell_channel(queue: &str) -> String {
     format!("{queue}:doorbell")
+}
+
+/// The markers of results pushed to `list` by the cross-slot finish (`deliverOnce-2.lua`):
+/// `{<list>}:delivered`, in the list's slot.
+pub fn delivered_key(list: &str) -> String {
+    format!("{}:delivered", slot_key(list))
 }
 
 /// The producer's cancellation keys for a request id (Go names).
@@ -114,6 +174,31 @@ mod tests {
         assert_eq!(k.owners, "{tenant-a}jobs:claim-owners");
         assert_eq!(k.idx, "{tenant-a}jobs:claims-idx");
         assert!(k.all().iter().all(|key| key.starts_with("{tenant-a}")));
+    }
+
+    #[test]
+    fn cluster_keys_follow_gos_slot_key() {
+        assert_eq!(slot_key("q"), "{q}");
+        assert_eq!(slot_key("{pool-a}:results"), "{pool-a}:results");
+        assert_eq!(slot_key("a{b"), "{a{b}");
+        assert_eq!(slot_key("a{}b"), "{a{}b}");
+        let k = QueueKeys::clustered("request-sortedset");
+        assert_eq!(k.pending, "request-sortedset");
+        assert_eq!(k.claimed, "{request-sortedset}:claimed");
+        assert_eq!(k.owners, "{request-sortedset}:claim-owners");
+        assert_eq!(k.idx, "{request-sortedset}:claims-idx");
+        assert_eq!(k.dead, "{request-sortedset}:dead");
+        assert_eq!(k.parked, "{request-sortedset}:parked");
+        let slot = crate::config::hash_slot("request-sortedset");
+        assert!(k
+            .all()
+            .iter()
+            .all(|key| crate::config::hash_slot(key) == slot));
+        assert_eq!(crate::config::hash_slot(&k.seen(b"m")), slot);
+        // Standalone and Sentinel keep today's names.
+        assert_eq!(QueueKeys::new("q").claimed, "q:claimed");
+        // A name with its own tag is the same either way.
+        assert_eq!(QueueKeys::clustered("{t}q"), QueueKeys::new("{t}q"));
     }
 
     #[test]

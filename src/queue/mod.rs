@@ -16,6 +16,7 @@
 
 pub mod census;
 pub mod connect;
+pub mod cross_slot;
 pub mod dead;
 pub mod dead_letters;
 pub mod keys;
@@ -23,7 +24,9 @@ pub mod moves;
 pub mod producer;
 pub mod reliable;
 pub mod scripts;
+pub mod sentinel;
 pub mod settings;
+pub mod target;
 pub mod traced;
 
 #[cfg(test)]

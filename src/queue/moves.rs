@@ -361,9 +361,13 @@ pub enum Finished {
 /// One queue's moves.
 #[derive(Clone)]
 pub struct Queue {
-    keys: QueueKeys,
+    pub(super) keys: QueueKeys,
     settings: ClaimSettings,
-    con: Con,
+    pub(super) con: Con,
+    /// A Redis Cluster: keys are hash-tagged, and what lives in other slots than the queue's
+    /// (cancel markers, result lists of another tag, the Go retry set) is reached in steps of
+    /// its own (see [`super::cross_slot`]).
+    pub(super) cluster: bool,
     /// Results are PUBLISHed on a channel of the result list's name (redis-pubsub) instead of
     /// LPUSHed; one no subscriber hears is kept in the list.
     publish_results: bool,
@@ -388,7 +392,7 @@ pub const UNINDEXED_COUNT_LIFETIME: std::time::Duration = std::time::Duration::f
 
 /// The keys every `finish` call passes before its result lists and producer keys (see
 /// `finish-9.lua`).
-const FINISH_FIXED_KEYS: usize = 9;
+const FINISH_FIXED_KEYS: usize = 11;
 
 /// Most members claimed per script call (Lua's `unpack` takes a few thousand values at most).
 pub const TAKE_CHUNK: usize = 500;
@@ -401,7 +405,7 @@ pub const TAKE_CHUNK_BYTES: usize = 16 << 20;
 /// Whether Redis refused a call for good (a script error, an ACL refusal), as opposed to the
 /// transport failing or Redis being briefly unable (loading, read-only), where the reply is
 /// unknown or the call is worth repeating.
-fn is_refusal(e: &RedisError) -> bool {
+pub(super) fn is_refusal(e: &RedisError) -> bool {
     use redis::{ErrorKind, ServerErrorKind as S};
     if e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal() || e.is_timeout() {
         return false;
@@ -425,10 +429,13 @@ fn ms(d: std::time::Duration) -> u64 {
 
 impl Queue {
     pub fn new(con: impl Into<Con>, queue_name: &str, settings: ClaimSettings) -> Queue {
+        let con = con.into();
+        let cluster = con.is_cluster();
         Queue {
-            keys: QueueKeys::new(queue_name),
+            keys: QueueKeys::for_layout(queue_name, cluster),
             settings,
-            con: con.into(),
+            con,
+            cluster,
             publish_results: false,
             go_retry_scan: Arc::default(),
             count_scan: Arc::default(),
@@ -582,12 +589,20 @@ impl Queue {
         ];
         let lease = ms(self.settings.lease).to_string();
         let mut cancel_at: Vec<String> = Vec::with_capacity(members.len());
-        for (_, env) in &members {
-            if env.internal.request_token.is_empty() {
-                cancel_at.push("0".to_owned());
-            } else {
-                keys.push(cancel_key(&env.request.id));
-                cancel_at.push(keys.len().to_string());
+        if self.cluster {
+            // The markers live in other slots: read first, passed in as a verdict.
+            let envelopes: Vec<&Envelope> = members.iter().map(|(_, env)| env).collect();
+            for cancelled in self.cancelled(&envelopes).await? {
+                cancel_at.push(if cancelled { "-1" } else { "0" }.to_owned());
+            }
+        } else {
+            for (_, env) in &members {
+                if env.internal.request_token.is_empty() {
+                    cancel_at.push("0".to_owned());
+                } else {
+                    keys.push(cancel_key(&env.request.id));
+                    cancel_at.push(keys.len().to_string());
+                }
             }
         }
         let mut args: Vec<&[u8]> = Vec::with_capacity(1 + members.len() * 5);
@@ -687,6 +702,8 @@ impl Queue {
             k.parked.clone(),
             k.dead.clone(),
             k.deliveries_idx.clone(),
+            k.finishing.clone(),
+            k.finishing_idx.clone(),
         ];
         // Per item: (index of its result list, index of its producer keys, backoff) as text;
         // Lua indexes KEYS from 1, so an index is the length of `keys` after a push.
@@ -712,6 +729,8 @@ impl Queue {
                     {
                         // A bury without a result names no list: the call needs no right to it.
                         _ if !pushes => 0,
+                        // A list in another cluster slot: the result is staged (index 0).
+                        _ if self.staged(result_list) => 0,
                         Some(at) => at + FINISH_FIXED_KEYS + 1,
                         None => {
                             keys.push(result_list.clone());
@@ -724,7 +743,8 @@ impl Queue {
                     } else {
                         i64::try_from(list).unwrap_or(0)
                     };
-                    let forget = if request_token.is_empty() {
+                    // On a cluster the markers are cleared after the call (`forget-1.lua`).
+                    let forget = if request_token.is_empty() || self.cluster {
                         0
                     } else {
                         keys.push(active_key(id));
@@ -740,8 +760,15 @@ impl Queue {
             };
             numbers.push([list.to_string(), forget.to_string(), backoff.to_string()]);
         }
+        // What a staged item carries instead of its result: the list and the result together.
+        let staged: Vec<Option<String>> = batch
+            .iter()
+            .map(|f| super::cross_slot::staging(f.borrow(), |list| self.staged(list)))
+            .collect();
         let mut args: Vec<&[u8]> = Vec::with_capacity(batch.len() * 8);
-        for (f, [list, forget, backoff]) in batch.iter().map(Borrow::borrow).zip(&numbers) {
+        for ((f, [list, forget, backoff]), staged) in
+            batch.iter().map(Borrow::borrow).zip(&numbers).zip(&staged)
+        {
             let item: [&[u8]; 8] = match f {
                 Finish::Ack {
                     fence,
@@ -753,7 +780,7 @@ impl Queue {
                     fence.key.as_bytes(),
                     fence.token.as_bytes(),
                     list.as_bytes(),
-                    result.as_bytes(),
+                    staged.as_deref().unwrap_or(result).as_bytes(),
                     b"",
                     forget.as_bytes(),
                     request_token.as_bytes(),
@@ -769,7 +796,7 @@ impl Queue {
                     fence.key.as_bytes(),
                     fence.token.as_bytes(),
                     list.as_bytes(),
-                    result.as_bytes(),
+                    staged.as_deref().unwrap_or(result).as_bytes(),
                     record.as_bytes(),
                     forget.as_bytes(),
                     request_token.as_bytes(),
@@ -809,7 +836,7 @@ impl Queue {
             Value::Array(items) if items.len() == batch.len() => items,
             _ => return Err(bad_reply("finish", &reply)),
         };
-        statuses
+        let finished: Vec<Finished> = statuses
             .iter()
             .zip(batch.iter().map(Borrow::borrow))
             .map(|(s, f)| match s {
@@ -827,7 +854,11 @@ impl Queue {
                 ))),
                 _ => Err(bad_reply("finish", &reply)),
             })
-            .collect()
+            .collect::<Result<_, _>>()?;
+        if self.cluster {
+            self.after_cluster_finish(batch, &staged, &finished).await;
+        }
+        Ok(finished)
     }
 
     /// The member a retry parks: the same generation with `retry_count` bumped.
@@ -873,8 +904,16 @@ impl Queue {
         default_for_go_retries: bool,
     ) -> Result<Promoted, QueueError> {
         let mut keys = vec![self.keys.parked.as_str(), self.keys.pending.as_str()];
-        if let Some(set) = go_retry_set {
-            keys.push(set);
+        let mut go_moved = 0;
+        match go_retry_set {
+            // In a slot of its own on a cluster: moved in steps of its own.
+            Some(set) if self.cluster => {
+                go_moved = self
+                    .promote_go_retries(set, limit, default_for_go_retries)
+                    .await?;
+            }
+            Some(set) => keys.push(set),
+            None => {}
         }
         let args = [
             limit.max(1).to_string(),
@@ -889,7 +928,7 @@ impl Queue {
                 self.go_retry_scan
                     .store(u64::try_from(next).unwrap_or(0), Ordering::Relaxed);
                 Ok(Promoted {
-                    moved: u64::try_from(moved).unwrap_or(0),
+                    moved: u64::try_from(moved).unwrap_or(0) + go_moved,
                     until_due: u64::try_from(until_due)
                         .ok()
                         .map(std::time::Duration::from_millis),
@@ -1025,13 +1064,39 @@ impl Queue {
             Some((list, msg)) => (list.to_owned(), msg.to_json()),
             None => (self.keys.dead.clone(), String::new()),
         };
-        let keys = [&self.keys.pending, &self.keys.dead, &list];
-        let publish: &[u8] = if self.publish_results {
-            b"publish"
-        } else {
-            b""
+        let k = &self.keys;
+        let keys = [&k.pending, &k.dead, &list, &k.finishing, &k.finishing_idx];
+        // On a cluster, a result list in another slot gets its result staged, then delivered.
+        let staged = match result {
+            Some((list, msg)) if self.staged(list) => Some((
+                claim_key(&msg.id, "", member),
+                super::cross_slot::staging(
+                    &Finish::Ack {
+                        fence: Fence {
+                            key: String::new(),
+                            token: String::new(),
+                        },
+                        id: msg.id.clone(),
+                        request_token: String::new(),
+                        result_list: list.to_owned(),
+                        result: json.clone(),
+                    },
+                    |_| true,
+                )
+                .unwrap_or_default(),
+            )),
+            _ => None,
         };
-        let args: [&[u8]; 4] = [member, record.as_bytes(), json.as_bytes(), publish];
+        let mode: &[u8] = match (&staged, self.publish_results) {
+            (Some(_), _) => b"stage",
+            (None, true) => b"publish",
+            (None, false) => b"",
+        };
+        let (ck, carried) = match &staged {
+            Some((ck, value)) => (ck.as_bytes(), value.as_bytes()),
+            None => (&b""[..], json.as_bytes()),
+        };
+        let args: [&[u8]; 5] = [member, record.as_bytes(), carried, mode, ck];
         let cmd = SCRIPTS.dead_letter.cmd(&keys, &args);
         let reply = match SCRIPTS.dead_letter.run(&mut self.con.clone(), &cmd).await {
             Ok(reply) => reply,
@@ -1043,7 +1108,12 @@ impl Queue {
             Err(e) => return Err(e.into()),
         };
         match reply {
-            Value::Int(1) => Ok(SetAside::Moved),
+            Value::Int(1) => {
+                if let Some((ck, value)) = staged {
+                    self.settle_one(ck, value).await;
+                }
+                Ok(SetAside::Moved)
+            }
             Value::Int(0) => Ok(SetAside::Gone),
             Value::Int(-1) => Ok(SetAside::ResultRefused(format!(
                 "WRONGTYPE the result list {list:?} holds another type than a list"

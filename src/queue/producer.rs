@@ -8,12 +8,13 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use redis::aio::{ConnectionManager, MultiplexedConnection};
-use redis::{Client, RedisError, Value};
+use futures::future::join_all;
+use redis::{RedisError, Value};
 
 use super::connect;
 use super::keys::{active_key, cancel_key, doorbell_channel, fresh_token};
 use super::scripts::SCRIPTS;
+use super::target::{Link, LinkError, Target, Topology};
 use crate::wire::{MemberError, NewRequest, ResultMessage, Routing};
 
 pub use super::reliable::ReliableConsumer;
@@ -28,6 +29,8 @@ pub enum ProducerError {
     Redis(#[from] RedisError),
     #[error(transparent)]
     Connect(#[from] connect::ConnectError),
+    #[error(transparent)]
+    Link(#[from] LinkError),
     #[error("request ID is required")]
     MissingId,
     #[error("deadline is required and must be a positive Unix timestamp")]
@@ -80,8 +83,8 @@ pub(super) async fn blocking_pop<T>(
 /// Submits to one request queue and reads one result list.
 #[derive(Clone)]
 pub struct Producer {
-    client: Client,
-    con: ConnectionManager,
+    target: Target,
+    con: Link,
     request_queue: String,
     result_queue: String,
     /// Whether to ring the queue's doorbell after submitting (off once Redis refused it).
@@ -158,13 +161,26 @@ impl Producer {
         request_queue: &str,
         result_queue: &str,
     ) -> Result<Producer, ProducerError> {
+        Self::connect_target(
+            &Target::new(url, tls, Topology::Standalone)?,
+            request_queue,
+            result_queue,
+        )
+        .await
+    }
+
+    /// [`Producer::connect`] to any [`Target`]: one server, a cluster, or a Sentinel primary.
+    pub async fn connect_target(
+        target: &Target,
+        request_queue: &str,
+        result_queue: &str,
+    ) -> Result<Producer, ProducerError> {
         if result_queue.is_empty() {
             return Err(ProducerError::NoResultQueue);
         }
-        let client = connect::client(url, tls)?;
-        let con = connect::manager(&client).await?;
+        let con = target.connect().await?;
         Ok(Producer {
-            client,
+            target: target.clone(),
             con,
             request_queue: if request_queue.is_empty() {
                 "request-sortedset".to_owned()
@@ -239,6 +255,9 @@ impl Producer {
     ) -> Result<Vec<Result<Submitted, ProducerError>>, ProducerError> {
         /// Replies per request: MULTI, DEL, SET, ZADD, EXEC.
         const REPLIES: usize = 5;
+        if self.con.is_cluster() {
+            return self.submit_many_in_steps(reqs).await;
+        }
         let now = unix_ms();
         let mut pipe = redis::pipe();
         pipe.ignore_errors();
@@ -308,6 +327,82 @@ impl Producer {
         Ok(outcomes)
     }
 
+    /// [`Producer::submit_many`] on a Redis Cluster, where the markers and the queue live in
+    /// different slots and no transaction can hold them all: each request's `DEL
+    /// request-cancel:<id>` and `SET request-active:<id>` first (one command each, all at once),
+    /// then one pipeline of `ZADD`s to the queue's slot for those whose markers were written.
+    /// A request is queued only after its marker, so a cancel always finds what it cancels.
+    async fn submit_many_in_steps(
+        &self,
+        reqs: Vec<NewRequest>,
+    ) -> Result<Vec<Result<Submitted, ProducerError>>, ProducerError> {
+        let now = unix_ms();
+        let mut outcomes = Vec::with_capacity(reqs.len());
+        let mut ready = Vec::new();
+        for req in reqs {
+            let deadline = req.deadline;
+            match self.prepare(req, now) {
+                Ok((member, ttl_ms, submitted)) => {
+                    ready.push((outcomes.len(), deadline, member, ttl_ms));
+                    outcomes.push(Ok(submitted));
+                }
+                Err(e) => outcomes.push(Err(e)),
+            }
+        }
+        let marks = ready.iter().map(|(at, _, _, ttl_ms)| {
+            let mut con = self.con.clone();
+            let (id, token) = match &outcomes[*at] {
+                Ok(s) => (s.id.clone(), s.request_token.clone()),
+                Err(_) => (String::new(), String::new()),
+            };
+            let ttl_ms = *ttl_ms;
+            async move {
+                let _: i64 = redis::cmd("DEL")
+                    .arg(cancel_key(&id))
+                    .query_async(&mut con)
+                    .await?;
+                redis::cmd("SET")
+                    .arg(active_key(&id))
+                    .arg(token)
+                    .arg("PX")
+                    .arg(ttl_ms)
+                    .query_async::<()>(&mut con)
+                    .await
+            }
+        });
+        let marked = join_all(marks).await;
+        let mut pipe = redis::pipe();
+        pipe.ignore_errors();
+        let mut queued_at = Vec::new();
+        for ((at, deadline, member, _), mark) in ready.iter().zip(marked) {
+            match mark {
+                Ok(()) => {
+                    pipe.cmd("ZADD")
+                        .arg(&self.request_queue)
+                        .arg(*deadline)
+                        .arg(member);
+                    queued_at.push(*at);
+                }
+                Err(e) => outcomes[*at] = Err(ProducerError::Redis(e)),
+            }
+        }
+        if queued_at.is_empty() {
+            return Ok(outcomes);
+        }
+        let replies: Vec<Value> = pipe.query_async(&mut self.con.clone()).await?;
+        let mut queued = 0;
+        for (at, reply) in queued_at.into_iter().zip(replies) {
+            match reply {
+                Value::ServerError(e) => outcomes[at] = Err(ProducerError::Redis(e.into())),
+                _ => queued += 1,
+            }
+        }
+        if queued > 0 {
+            self.ring().await;
+        }
+        Ok(outcomes)
+    }
+
     /// Publishes requests on the request queue's name as a channel, as Go's redis-pubsub
     /// producer does (one pipelined `PUBLISH` each): inferq instances subscribed to it admit
     /// them into the durable queue of that name. Unlike [`Producer::submit_many`], nothing is
@@ -317,7 +412,7 @@ impl Producer {
         reqs: Vec<NewRequest>,
     ) -> Result<Vec<Result<Published, ProducerError>>, ProducerError> {
         let now = unix_ms();
-        let keys = super::QueueKeys::new(&self.request_queue);
+        let keys = super::QueueKeys::for_layout(&self.request_queue, self.con.is_cluster());
         let mut pipe = redis::pipe();
         let mut outcomes = Vec::with_capacity(reqs.len());
         for req in reqs {
@@ -374,6 +469,24 @@ impl Producer {
                 out.push(false);
                 continue;
             }
+            if con.is_cluster() {
+                // The two markers are in different slots: read, then mark, as Go does there.
+                let active: Option<String> = redis::cmd("GET")
+                    .arg(active_key(id))
+                    .query_async(&mut con)
+                    .await?;
+                if let Some(token) = &active {
+                    let _: () = redis::cmd("SET")
+                        .arg(cancel_key(id))
+                        .arg(token)
+                        .arg("EX")
+                        .arg(CANCEL_MARKER_TTL_SECS)
+                        .query_async(&mut con)
+                        .await?;
+                }
+                out.push(active.is_some());
+                continue;
+            }
             let cmd = SCRIPTS
                 .cancel
                 .cmd(&[active_key(id), cancel_key(id)], &[CANCEL_MARKER_TTL_SECS]);
@@ -383,8 +496,8 @@ impl Producer {
         Ok(out)
     }
 
-    async fn blocking(&self) -> Result<MultiplexedConnection, ProducerError> {
-        Ok(connect::blocking(&self.client).await?)
+    async fn blocking(&self) -> Result<Link, ProducerError> {
+        Ok(self.target.blocking().await?)
     }
 
     /// Pops one result (Go's destructive `BRPOP`): `None` after `timeout` without one.
@@ -431,7 +544,7 @@ impl Producer {
 
 /// Pops results destructively (`BRPOP`), as Go consumers do.
 pub struct Popper {
-    con: MultiplexedConnection,
+    con: Link,
     results: String,
     /// Set once a pop got no answer: a later reply on this connection could carry a result
     /// Redis already popped, which nobody would read, so the popper refuses to go on.

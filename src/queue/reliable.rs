@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use redis::aio::{ConnectionManager, MultiplexedConnection};
+use super::target::Link;
 
 use super::keys::fresh_token;
 use super::producer::{blocking_pop, ProducerError, TakenResult};
@@ -32,8 +32,8 @@ const ASK_AGAIN: Duration = Duration::from_millis(250);
 
 /// Takes results reliably under a leased consumer name; see the module comment.
 pub struct ReliableConsumer {
-    con: ConnectionManager,
-    blocking: MultiplexedConnection,
+    con: Link,
+    blocking: Link,
     name: String,
     results: String,
     taken: String,
@@ -47,13 +47,19 @@ impl ReliableConsumer {
     /// Takes the name's lease (waiting up to `patience` for one another holds: a stopped
     /// consumer's lapses within [`NAME_LEASE`]) and starts renewing it.
     pub(super) async fn open(
-        mut con: ConnectionManager,
-        blocking: MultiplexedConnection,
+        mut con: Link,
+        blocking: Link,
         result_list: &str,
         name: &str,
         patience: Duration,
     ) -> Result<ReliableConsumer, ProducerError> {
-        let taken = format!("{result_list}:taken:{name}");
+        // On a cluster the taken list shares the result list's slot (BLMOVE, handBack).
+        let prefix = if con.is_cluster() {
+            super::keys::slot_key(result_list)
+        } else {
+            result_list.to_owned()
+        };
+        let taken = format!("{prefix}:taken:{name}");
         let lease = format!("{taken}:lease");
         let token = fresh_token();
         let started = Instant::now();
@@ -163,11 +169,7 @@ impl Drop for ReliableConsumer {
 }
 
 /// One `holdName` call: whether this token holds the lease now.
-async fn hold(
-    con: &mut ConnectionManager,
-    lease: &str,
-    token: &str,
-) -> Result<bool, ProducerError> {
+async fn hold(con: &mut Link, lease: &str, token: &str) -> Result<bool, ProducerError> {
     let ms = NAME_LEASE.as_millis().to_string();
     let cmd = SCRIPTS.hold_name.cmd(&[lease], &[token, ms.as_str()]);
     Ok(matches!(
@@ -178,7 +180,7 @@ async fn hold(
 
 /// Renews the lease until it is found in another's hands (then `lost` is set). A Redis error is
 /// tried again at the next tick: the lease outlasts several.
-async fn renew(mut con: ConnectionManager, lease: String, token: String, lost: Arc<AtomicBool>) {
+async fn renew(mut con: Link, lease: String, token: String, lost: Arc<AtomicBool>) {
     loop {
         tokio::time::sleep(RENEW_EVERY).await;
         match hold(&mut con, &lease, &token).await {
@@ -201,7 +203,7 @@ mod tests {
 
     const RESULTS: &str = "results";
 
-    async fn setup() -> (RedisServer, Producer, MultiplexedConnection) {
+    async fn setup() -> (RedisServer, Producer, redis::aio::MultiplexedConnection) {
         let server = RedisServer::start().expect("redis-server");
         let producer = Producer::connect(&server.url(), "q", RESULTS)
             .await

@@ -105,6 +105,10 @@ pub struct Scripts {
     pub admit: Script,
     pub census: Script,
     pub adopt_counts: Script,
+    pub deliver_once: Script,
+    pub unstage: Script,
+    pub forget: Script,
+    pub stale_staged: Script,
 }
 
 /// The scripts, built once.
@@ -114,7 +118,7 @@ pub static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
     finish: Script::new(
         "finish",
         &[NOW_MS, DEADLINE_OF, WRITABLE, DELIVER],
-        lua!("finish-9"),
+        lua!("finish-11"),
     ),
     promote: Script::new(
         "promote",
@@ -131,7 +135,11 @@ pub static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
         &[NOW_MS, DROP_CLAIM, DEADLINE_OF, WRITABLE],
         lua!("reclaim-7"),
     ),
-    dead_letter: Script::new("deadLetter", &[WRITABLE, DELIVER], lua!("deadLetter-3")),
+    dead_letter: Script::new(
+        "deadLetter",
+        &[NOW_MS, WRITABLE, DELIVER],
+        lua!("deadLetter-5"),
+    ),
     cancel: Script::new("cancel", &[], lua!("cancel-2")),
     hand_back: Script::new("handBack", &[], lua!("handBack-2")),
     requeue: Script::new("requeue", &[WRITABLE], lua!("requeue-4")),
@@ -146,12 +154,16 @@ pub static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
         &[NOW_MS, DEADLINE_OF, WRITABLE],
         lua!("adoptCounts-3"),
     ),
+    deliver_once: Script::new("deliverOnce", &[NOW_MS, WRITABLE], lua!("deliverOnce-2")),
+    unstage: Script::new("unstage", &[], lua!("unstage-3")),
+    forget: Script::new("forget", &[], lua!("forget-1")),
+    stale_staged: Script::new("staleStaged", &[NOW_MS], lua!("staleStaged-2")),
 });
 
 impl Scripts {
     /// The processor's scripts (loaded at its start). The census is left out: only
     /// `inferq status` runs it, and its `#!lua` flags line needs Redis 7.
-    pub fn all(&self) -> [&Script; 15] {
+    pub fn all(&self) -> [&Script; 19] {
         [
             &self.take,
             &self.renew,
@@ -168,6 +180,10 @@ impl Scripts {
             &self.drop_name,
             &self.admit,
             &self.adopt_counts,
+            &self.deliver_once,
+            &self.unstage,
+            &self.forget,
+            &self.stale_staged,
         ]
     }
 

@@ -19,24 +19,34 @@ use redis::aio::{ConnectionLike, ConnectionManager};
 use redis::{Arg, Cmd, ConnectionAddr, ConnectionInfo, Pipeline, RedisError, RedisFuture, Value};
 
 use super::scripts::SCRIPTS;
+use super::target::Link;
 
 /// A connection to Redis that may trace the commands it sends; cheap to clone (clones share
 /// the connection).
 #[derive(Clone)]
 pub struct Con {
-    inner: ConnectionManager,
+    inner: Link,
     spans: Option<Arc<CommandSpans>>,
 }
 
 impl Con {
     /// A connection whose commands make no spans.
-    pub fn plain(inner: ConnectionManager) -> Con {
-        Con { inner, spans: None }
+    pub fn plain(inner: impl Into<Link>) -> Con {
+        Con {
+            inner: inner.into(),
+            spans: None,
+        }
+    }
+
+    /// Whether this connection goes to a Redis Cluster, whose keys are hash-tagged.
+    pub fn is_cluster(&self) -> bool {
+        self.inner.is_cluster()
     }
 
     /// A connection that makes a span of every command with `tracer`; `info` names the server
     /// in the spans.
-    pub fn traced(inner: ConnectionManager, tracer: SdkTracer, info: &ConnectionInfo) -> Con {
+    pub fn traced(inner: impl Into<Link>, tracer: SdkTracer, info: &ConnectionInfo) -> Con {
+        let inner = inner.into();
         let mut common = vec![
             KeyValue::new("db.system", "redis"),
             KeyValue::new("db.namespace", info.redis_settings().db().to_string()),
@@ -60,6 +70,12 @@ impl Con {
 
 impl From<ConnectionManager> for Con {
     fn from(inner: ConnectionManager) -> Con {
+        Con::plain(inner)
+    }
+}
+
+impl From<Link> for Con {
+    fn from(inner: Link) -> Con {
         Con::plain(inner)
     }
 }

@@ -11,6 +11,8 @@
     KEYS[2] pending              zset member -> score (deadline)
     KEYS[3] request-active:<id>  the producer's active generation
     KEYS[4] request-cancel:<id>  the producer's cancel marker
+            (KEYS[3] and KEYS[4] are left out on a Redis Cluster, where they live in other
+            slots: the caller checks them before and writes the active marker after)
     ARGV[1] the dead record JSON, exactly as stored in the list
     ARGV[2] the new member (same data bytes, fresh request_token, retry_count 0)
     ARGV[3] its score: the request's deadline, Unix seconds
@@ -34,12 +36,14 @@
 if not writable(KEYS[2], 'zset') then
   return wrongType(KEYS[2], 'zset')
 end
-local active = redis.call('GET', KEYS[3])
-if active and active ~= ARGV[5] then
-  return -1
-end
-if ARGV[5] ~= '' and redis.call('GET', KEYS[4]) == ARGV[5] then
-  return -2
+if KEYS[3] then
+  local active = redis.call('GET', KEYS[3])
+  if active and active ~= ARGV[5] then
+    return -1
+  end
+  if ARGV[5] ~= '' and redis.call('GET', KEYS[4]) == ARGV[5] then
+    return -2
+  end
 end
 local fromHead = 1
 if (tonumber(ARGV[7]) or 0) * 2 < redis.call('LLEN', KEYS[1]) then
@@ -49,5 +53,7 @@ if redis.call('LREM', KEYS[1], fromHead, ARGV[1]) == 0 then
   return 0
 end
 redis.call('ZADD', KEYS[2], ARGV[3], ARGV[2])
-redis.call('SET', KEYS[3], ARGV[4], 'PX', ARGV[6])
+if KEYS[3] then
+  redis.call('SET', KEYS[3], ARGV[4], 'PX', ARGV[6])
+end
 return 1

@@ -16,7 +16,9 @@
     KEYS[6..] request-cancel:<id> of the members that carry a request token (Go producer keys)
     ARGV[1] lease in milliseconds
     ARGV[2..] per member 5 fields: member, claim key (id NUL request_token), fresh owner token,
-              index into KEYS of its cancel marker (0: none), its request token
+              index into KEYS of its cancel marker (0: none; -1: the caller read the marker
+              itself and found this generation cancelled, as on a Redis Cluster, where the
+              markers live in other slots), its request token
 
   Output: { now_ms, status per member }, status:
      2  claimed by this token, and the producer has cancelled this generation
@@ -74,7 +76,7 @@ for i = 1, n do
     origin[#origin + 1] = ck
     origin[#origin + 1] = score
     seenClaim[ck] = true
-    if cancelAt > 0 and requestToken ~= '' and markers[cancelAt] == requestToken then
+    if cancelAt < 0 or (cancelAt > 0 and requestToken ~= '' and markers[cancelAt] == requestToken) then
       out[#out + 1] = 2
     else
       out[#out + 1] = 1

@@ -22,17 +22,23 @@
     KEYS[8] dead list    (bury; inferq only, newest first)
     KEYS[9] deliveries-idx zset claim key -> deadline of each delivery count (inferq only; see
             reclaim), whose entries of acked and buried generations go with their counts
-    KEYS[10..] result lists (consumers BRPOP them; LPUSH keeps FIFO order), then the producer's
+    KEYS[10] finishing    hash  claim key -> staged result (cluster only; see below)
+    KEYS[11] finishing-idx zset claim key -> when it was staged, Unix ms (cluster only)
+    KEYS[12..] result lists (consumers BRPOP them; LPUSH keeps FIFO order), then the producer's
             request-active:<id> / request-cancel:<id> pairs of acked and buried generations
     ARGV: per item 8 fields:
       kind      "ack" | "bury" | "park" | "release"
       claim key
       owner token
       ack, bury: index into KEYS of the result list, negated when the result is published on
-                 the channel of that name instead (redis-pubsub; see deliver); park: the member
-                 to park (same generation, retry_count bumped); release: ""
-      ack: result JSON (Go ResultMessage); bury: result JSON or "" when the member has no
-           readable id; park: backoff in milliseconds; release: ""
+                 the channel of that name instead (redis-pubsub; see deliver), or 0 to stage the
+                 result instead of pushing it (a Redis Cluster whose result list is in another
+                 slot: the result goes to KEYS[10] under the claim key, in this same step, and
+                 the caller pushes it with deliverOnce-2 and drops it with unstage-3; upkeep
+                 finishes any staged result its finisher left); park: the member to park (same
+                 generation, retry_count bumped); release: ""
+      ack: result JSON (Go ResultMessage), or what to stage; bury: the same, or "" when the
+           member has no readable id; park: backoff in milliseconds; release: ""
       bury: dead-letter record JSON; otherwise ""
       ack, bury: index into KEYS of request-active:<id> (request-cancel:<id> follows it), or 0
       ack, bury: the generation's request token: the two keys are deleted only where they still
@@ -69,7 +75,19 @@ if used.release then kinds[6] = 'zset' end
 if used.park then kinds[7] = 'zset' end
 if used.bury then kinds[8] = 'list' end
 if used.ack or used.bury then kinds[9] = 'zset' end
-local refused = wrongTypeOf(kinds, 9)
+local staging = false
+for i = 1, n do
+  local b = (i - 1) * W
+  local kind = ARGV[b + 1]
+  if (kind == 'ack' or kind == 'bury') and ARGV[b + 4] == '0' and ARGV[b + 5] ~= '' then
+    staging = true
+  end
+end
+if staging then
+  kinds[10] = 'hash'
+  kinds[11] = 'zset'
+end
+local refused = wrongTypeOf(kinds, 11)
 if refused then
   return refused
 end
@@ -78,7 +96,7 @@ local publishing = false
 for i = 1, n do
   local b = (i - 1) * W
   local kind = ARGV[b + 1]
-  if (kind == 'ack' or kind == 'bury') and ARGV[b + 5] ~= '' then
+  if (kind == 'ack' or kind == 'bury') and ARGV[b + 5] ~= '' and ARGV[b + 4] ~= '0' then
     local listAt = tonumber(ARGV[b + 4])
     if unwritable[listAt] == nil then
       unwritable[listAt] = not writable(KEYS[math.abs(listAt)], 'list')
@@ -114,6 +132,7 @@ end
 
 local now = nil
 local drop, finished, pushes, pushOrder, dead, parked, pending, forget = {}, {}, {}, {}, {}, {}, {}, {}
+local staged, stagedAt = {}, {}
 local seen = {}
 local function push(listAt, value)
   if not pushes[listAt] then
@@ -148,7 +167,13 @@ for i = 1, n do
     if kind == 'ack' or kind == 'bury' then
       finished[#finished + 1] = ck
       -- A published result that no subscriber heard is kept on the list of its channel.
-      if result and heard ~= true then
+      if result and listAt == 0 then
+        now = now or nowMs()
+        staged[#staged + 1] = ck
+        staged[#staged + 1] = result
+        stagedAt[#stagedAt + 1] = now
+        stagedAt[#stagedAt + 1] = ck
+      elseif result and heard ~= true then
         push(listAt, result)
       end
       if kind == 'bury' then
@@ -190,6 +215,10 @@ for _, listAt in ipairs(pushOrder) do
 end
 if #dead > 0 then
   redis.call('LPUSH', KEYS[8], unpack(dead))
+end
+if #staged > 0 then
+  redis.call('HSET', KEYS[10], unpack(staged))
+  redis.call('ZADD', KEYS[11], unpack(stagedAt))
 end
 if #parked > 0 then
   redis.call('ZADD', KEYS[7], unpack(parked))

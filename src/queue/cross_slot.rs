@@ -1,0 +1,380 @@
+//! The moves of a queue on a Redis Cluster that reach keys in other slots than the queue's:
+//! the producer's cancel markers, result lists with another hash tag, and the markers cleared
+//! after a finish. One script can only touch one slot, so these take steps of their own, each
+//! safe to repeat and to be cut short by a crash.
+//!
+//! **One terminal record per generation, across slots.** A finish whose result list is in
+//! another slot runs in three steps:
+//!
+//! 1. *stage* (queue slot, fenced: `finish-11.lua`, `deadLetter-5.lua`): the claim is dropped
+//!    and the result is kept in `{q}:finishing` under the claim key, in one script. From here
+//!    on no owner can move the generation again, so no second result can be made for it.
+//! 2. *deliver once* (result list's slot: `deliverOnce-2.lua`): the result is pushed unless the
+//!    list's `{<list>}:delivered` markers already hold the claim key; the push leaves that
+//!    marker. Repeating the step pushes nothing.
+//! 3. *unstage* (queue slot: `unstage-3.lua`): the staged result is dropped (or, when the list
+//!    refuses it, set aside in the dead list, result kept).
+//!
+//! A finisher that dies between steps leaves a staged result; any instance's upkeep
+//! ([`Queue::settle_staged`]) takes those older than the queue's lease and runs steps 2 and 3
+//! for them. A finisher that took longer than half that lease since its stage leaves its push
+//! to upkeep, so the two hardly ever overlap; when they do, the marker makes the second push a
+//! no-op. Markers are kept [`delivered_retention`] (at least ten minutes): a generation could be
+//! pushed twice only by a push delayed in transit for longer than that.
+//!
+//! Result lists named with the queue's tag (`{q}:results`) stay on the one-script path of a
+//! single server; this module is not used for them.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use futures::future::join_all;
+use redis::Value;
+use serde::{Deserialize, Serialize};
+
+use super::dead::DeadRecord;
+use super::keys::{active_key, cancel_key, delivered_key};
+use super::moves::{Finish, Finished, Queue, QueueError};
+use super::scripts::SCRIPTS;
+use crate::config::hash_slot;
+use crate::wire::Envelope;
+
+/// What a staged result holds: where it goes, and what.
+#[derive(Debug, Serialize, Deserialize)]
+struct Staged {
+    list: String,
+    result: String,
+}
+
+/// Most staged results one upkeep pass settles.
+const SETTLE_BATCH: usize = 200;
+
+/// How long the markers of delivered results are kept: ten leases, at least ten minutes.
+pub fn delivered_retention(lease: Duration) -> Duration {
+    lease.saturating_mul(10).max(Duration::from_secs(600))
+}
+
+/// The value a finish stages for `f` instead of its result, when `staged(list)` says its result
+/// list is in another slot; `None` when it pushes (or carries) no result there.
+pub(super) fn staging(f: &Finish, staged: impl Fn(&str) -> bool) -> Option<String> {
+    let (list, result) = match f {
+        Finish::Ack {
+            result_list,
+            result,
+            ..
+        }
+        | Finish::Bury {
+            result_list,
+            result,
+            ..
+        } if !result.is_empty() => (result_list, result),
+        _ => return None,
+    };
+    staged(list).then(|| {
+        serde_json::to_string(&Staged {
+            list: list.clone(),
+            result: result.clone(),
+        })
+        .unwrap_or_default()
+    })
+}
+
+impl Queue {
+    /// Whether a result for `list` is staged: on a cluster, when `list` hashes to another slot
+    /// than the queue.
+    pub(super) fn staged(&self, list: &str) -> bool {
+        self.cluster && hash_slot(list) != hash_slot(&self.keys.pending)
+    }
+
+    /// Whether the producer has cancelled each generation, read from its `request-cancel:<id>`
+    /// marker (a generation without a request token cannot be cancelled).
+    pub(super) async fn cancelled(&self, envelopes: &[&Envelope]) -> Result<Vec<bool>, QueueError> {
+        let reads = envelopes.iter().map(|env| {
+            let mut con = self.con.clone();
+            async move {
+                if env.internal.request_token.is_empty() {
+                    return Ok(false);
+                }
+                let marker: Option<String> = redis::cmd("GET")
+                    .arg(cancel_key(&env.request.id))
+                    .query_async(&mut con)
+                    .await?;
+                Ok::<_, QueueError>(marker.as_deref() == Some(env.internal.request_token.as_str()))
+            }
+        });
+        join_all(reads).await.into_iter().collect()
+    }
+
+    /// Steps 2 and 3 for the results `finish` staged, then the producer's markers of every
+    /// generation it finished. Failures are left to upkeep (staged results) or to the markers'
+    /// own expiry, and logged.
+    pub(super) async fn after_cluster_finish<F: std::borrow::Borrow<Finish>>(
+        &self,
+        batch: &[F],
+        staged: &[Option<String>],
+        finished: &[Finished],
+    ) {
+        let started = Instant::now();
+        let mut settle = Vec::new();
+        let mut forget = Vec::new();
+        for ((f, staged), done) in batch.iter().map(|f| f.borrow()).zip(staged).zip(finished) {
+            if *done != Finished::Published {
+                continue;
+            }
+            if let Some(staged) = staged {
+                settle.push((f.fence().key.clone(), staged.clone()));
+            }
+            if let Finish::Ack {
+                id, request_token, ..
+            }
+            | Finish::Bury {
+                id, request_token, ..
+            } = f
+            {
+                if !request_token.is_empty() {
+                    forget.push((id.as_str(), request_token.as_str()));
+                }
+            }
+        }
+        if !settle.is_empty() && started.elapsed() < self.settings().lease / 2 {
+            if let Err(e) = self.settle(settle).await {
+                tracing::debug!(error = %e, queue = %self.name(), "staged results left to upkeep");
+            }
+        }
+        self.forget_markers(&forget).await;
+    }
+
+    /// Steps 2 and 3 for one staged result; a failure leaves it to upkeep.
+    pub(super) async fn settle_one(&self, ck: String, value: String) {
+        if let Err(e) = self.settle(vec![(ck, value)]).await {
+            tracing::debug!(error = %e, queue = %self.name(), "a staged result is left to upkeep");
+        }
+    }
+
+    /// Compare-and-delete of `request-active:<id>` and `request-cancel:<id>` for each finished
+    /// `(id, request token)`.
+    pub(super) async fn forget_markers(&self, finished: &[(&str, &str)]) {
+        let calls = finished.iter().flat_map(|(id, token)| {
+            [active_key(id), cancel_key(id)].map(|key| {
+                let mut con = self.con.clone();
+                let token = (*token).to_owned();
+                async move {
+                    let cmd = SCRIPTS.forget.cmd(&[key], &[token]);
+                    SCRIPTS.forget.run(&mut con, &cmd).await
+                }
+            })
+        });
+        for answer in join_all(calls).await {
+            if let Err(e) = answer {
+                tracing::debug!(error = %e, "a finished request's marker is left to expire");
+            }
+        }
+    }
+
+    /// Steps 2 and 3 for staged results `(claim key, staged value)`.
+    async fn settle(&self, items: Vec<(String, String)>) -> Result<u64, QueueError> {
+        let mut by_list: BTreeMap<String, Vec<(String, String)>> = BTreeMap::new();
+        let mut unreadable = Vec::new();
+        for (ck, value) in items {
+            match serde_json::from_str::<Staged>(&value) {
+                Ok(s) => by_list.entry(s.list).or_default().push((ck, s.result)),
+                Err(e) => {
+                    unreadable.push((ck, format!("staged result does not parse: {e}"), value))
+                }
+            }
+        }
+        let retention = delivered_retention(self.settings().lease)
+            .as_millis()
+            .to_string();
+        let deliveries = by_list.into_iter().map(|(list, items)| {
+            let mut con = self.con.clone();
+            let retention = retention.clone();
+            async move {
+                let keys = [list.clone(), delivered_key(&list)];
+                let mut args: Vec<&str> = vec![&retention];
+                for (ck, result) in &items {
+                    args.push(ck);
+                    args.push(result);
+                }
+                let cmd = SCRIPTS.deliver_once.cmd(&keys, &args);
+                let answer = SCRIPTS.deliver_once.run(&mut con, &cmd).await;
+                (list, items, answer)
+            }
+        });
+        let mut unstage: Vec<(String, String)> = Vec::new();
+        let mut first_error = None;
+        for (list, items, answer) in join_all(deliveries).await {
+            match answer {
+                Ok(Value::Array(_)) => {
+                    unstage.extend(items.into_iter().map(|(ck, _)| (ck, String::new())))
+                }
+                Ok(other) => {
+                    first_error.get_or_insert(QueueError::Reply {
+                        script: "deliverOnce",
+                        detail: format!("{other:?}"),
+                    });
+                }
+                // Redis refuses the list for good (another type, an ACL rule): set aside.
+                Err(e) if super::moves::is_refusal(&e) => {
+                    for (ck, result) in items {
+                        let why = format!("its result could not be published to {list:?}: {e}");
+                        unstage.push((ck.clone(), self.refused_record(&ck, &why, result)));
+                    }
+                }
+                Err(e) => {
+                    first_error.get_or_insert(QueueError::Redis(e));
+                }
+            }
+        }
+        for (ck, why, value) in unreadable {
+            unstage.push((ck.clone(), self.refused_record(&ck, &why, value)));
+        }
+        let dropped = self.unstage(&unstage).await?;
+        match first_error {
+            Some(e) => Err(e),
+            None => Ok(dropped),
+        }
+    }
+
+    /// The dead-letter record of a staged result its list would not take.
+    fn refused_record(&self, ck: &str, why: &str, result: String) -> String {
+        let mut record = DeadRecord::new(self.name(), why, b"");
+        let (id, token) = ck.split_once('\0').unwrap_or((ck, ""));
+        record.id = id.to_owned();
+        if !token.starts_with("sha1:") {
+            record.request_token = token.to_owned();
+        }
+        record.result = result;
+        record.to_json()
+    }
+
+    async fn unstage(&self, items: &[(String, String)]) -> Result<u64, QueueError> {
+        if items.is_empty() {
+            return Ok(0);
+        }
+        let k = &self.keys;
+        let keys = [&k.finishing, &k.finishing_idx, &k.dead];
+        let args: Vec<&str> = items
+            .iter()
+            .flat_map(|(ck, record)| [ck.as_str(), record.as_str()])
+            .collect();
+        let cmd = SCRIPTS.unstage.cmd(&keys, &args);
+        match SCRIPTS.unstage.run(&mut self.con.clone(), &cmd).await? {
+            Value::Int(n) => Ok(u64::try_from(n).unwrap_or(0)),
+            other => Err(QueueError::Reply {
+                script: "unstage",
+                detail: format!("{other:?}"),
+            }),
+        }
+    }
+
+    /// Upkeep: settles the results staged longer ago than the queue's lease (by Redis time),
+    /// whose finisher died (or stalled) between the steps; at most [`SETTLE_BATCH`] a call.
+    /// Returns how many it settled. A no-op off a cluster.
+    pub async fn settle_staged(&self) -> Result<u64, QueueError> {
+        if !self.cluster {
+            return Ok(0);
+        }
+        let k = &self.keys;
+        let age = self.settings().lease.as_millis().to_string();
+        let cmd = SCRIPTS.stale_staged.cmd(
+            &[&k.finishing, &k.finishing_idx],
+            &[age, SETTLE_BATCH.to_string()],
+        );
+        let reply = SCRIPTS
+            .stale_staged
+            .run(&mut self.con.clone(), &cmd)
+            .await?;
+        let Value::Array(flat) = &reply else {
+            return Err(QueueError::Reply {
+                script: "staleStaged",
+                detail: format!("{reply:?}"),
+            });
+        };
+        let text = |v: &Value| match v {
+            Value::BulkString(b) => Some(String::from_utf8_lossy(b).into_owned()),
+            _ => None,
+        };
+        let mut items = Vec::with_capacity(flat.len() / 2);
+        for pair in flat.chunks(2) {
+            if let [ck, value] = pair {
+                if let (Some(ck), Some(value)) = (text(ck), text(value)) {
+                    items.push((ck, value));
+                }
+            }
+        }
+        if items.is_empty() {
+            return Ok(0);
+        }
+        self.settle(items).await
+    }
+
+    /// Due entries of the Go retry set (`retry-sortedset`, in a slot of its own) -> this queue,
+    /// in two steps as Go's own retry mover takes them: `ZADD` to pending first, then `ZREM`
+    /// from the retry set, so a crash between the two leaves the member in both (run again,
+    /// at worst) and never in neither. Only members naming this queue move (and, when
+    /// `default_queue`, those naming none). Returns how many moved.
+    pub(super) async fn promote_go_retries(
+        &self,
+        set: &str,
+        limit: usize,
+        default_queue: bool,
+    ) -> Result<u64, QueueError> {
+        let mut con = self.con.clone();
+        let now = super::producer::unix_ms() as f64 / 1000.0;
+        let due: Vec<Vec<u8>> = redis::cmd("ZRANGE")
+            .arg(set)
+            .arg("-inf")
+            .arg(format!("{now:.6}"))
+            .arg("BYSCORE")
+            .arg("LIMIT")
+            .arg(0)
+            .arg(limit.max(1) * 4)
+            .query_async(&mut con)
+            .await?;
+        let mut moved = 0;
+        for member in due {
+            let (origin, deadline) = origin_and_deadline(&member);
+            let ours = match origin.as_deref() {
+                Some("") | None => default_queue,
+                Some(name) => name == self.keys.pending,
+            };
+            if !ours {
+                continue;
+            }
+            let _: i64 = redis::cmd("ZADD")
+                .arg(&self.keys.pending)
+                .arg(deadline.unwrap_or(0))
+                .arg(&member)
+                .query_async(&mut con)
+                .await?;
+            let _: i64 = redis::cmd("ZREM")
+                .arg(set)
+                .arg(&member)
+                .query_async(&mut con)
+                .await?;
+            moved += 1;
+            if moved >= limit.max(1) as u64 {
+                break;
+            }
+        }
+        Ok(moved)
+    }
+}
+
+/// A Go retry member's origin queue (`internal.request_queue_name`; `None` when it does not
+/// parse) and deadline (`data.deadline`), read loosely: a member that does not decode still
+/// moves, to be dead-lettered by the consumer with a reason.
+fn origin_and_deadline(member: &[u8]) -> (Option<String>, Option<i64>) {
+    let Ok(v) = serde_json::from_slice::<serde_json::Value>(member) else {
+        return (None, None);
+    };
+    let origin = v
+        .pointer("/internal/request_queue_name")
+        .map(|o| o.as_str().unwrap_or_default().to_owned())
+        .or_else(|| Some(String::new()));
+    let deadline = v
+        .pointer("/data/deadline")
+        .and_then(serde_json::Value::as_i64);
+    (origin, deadline)
+}
