@@ -297,10 +297,16 @@ pub struct Processor {
 
 impl Processor {
     pub async fn start(redis: &RedisServer, gateway: &Gateway, opts: &ProcessorOpts) -> Processor {
+        Self::start_at(&redis.url(), gateway, opts).await
+    }
+
+    /// [`Processor::start`] against the Redis at `url` (a cluster's seed, a sentinel), unless
+    /// `opts.redis_url` names another.
+    pub async fn start_at(url: &str, gateway: &Gateway, opts: &ProcessorOpts) -> Processor {
         // A port found free can still be bound by another process before the processor binds
         // it; the processor then exits saying so, and is started again on new ports.
         for _ in 0..3 {
-            let mut p = Self::spawn(redis, gateway, opts);
+            let mut p = Self::spawn_at(url, gateway, opts);
             match p.wait_ready_or_exit().await {
                 Start::Ready => return p,
                 Start::Exited(_) if port_taken(&p.log()) => continue,
@@ -317,11 +323,16 @@ impl Processor {
     /// Starts a processor without waiting for it to be ready (tests of an unready one use it
     /// directly).
     pub fn spawn(redis: &RedisServer, gateway: &Gateway, opts: &ProcessorOpts) -> Processor {
+        Self::spawn_at(&redis.url(), gateway, opts)
+    }
+
+    /// [`Processor::spawn`] against the Redis at `url`.
+    pub fn spawn_at(url: &str, gateway: &Gateway, opts: &ProcessorOpts) -> Processor {
         let health_port = free_port().unwrap();
         let metrics_port = free_port().unwrap();
         let config = format!(
             r#"{{"url":"{}","poll_interval_ms":{},"batch_size":{},"claim_lease_ttl_seconds":{},"claim_reclaim_interval_ms":{}{},"queues":[{{"queue_name":"{}","igw_base_url":"{}","inference_objective":"batch-obj"{}}}]}}"#,
-            opts.redis_url.clone().unwrap_or_else(|| redis.url()),
+            opts.redis_url.clone().unwrap_or_else(|| url.to_owned()),
             opts.poll_interval_ms,
             opts.batch_size,
             opts.lease_s,
@@ -623,7 +634,10 @@ pub fn cli(args: &[&str], env: &[(&str, &str)], stdin: &str) -> Output {
         .env_remove("REDIS_URL")
         .env_remove("REDIS_TLS_CA_CERT")
         .env_remove("REDIS_TLS_CERT")
-        .env_remove("REDIS_TLS_KEY");
+        .env_remove("REDIS_TLS_KEY")
+        .env_remove("REDIS_MODE")
+        .env_remove("REDIS_ADDRS")
+        .env_remove("REDIS_MASTER_NAME");
     for (k, v) in env {
         command.env(k, v);
     }
