@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# Installs redis-server from Debian's packages when it is missing. Never starts the system
-# service: tests and the demo start their own servers on free ports.
+# Installs redis-server from Debian's packages when it is missing (and redis-cli, which the
+# cluster fixture creates clusters with: Debian's redis-tools, a dependency of redis-server).
+# Never starts the system service: tests and the demo start their own servers on free ports.
 set -euo pipefail
-if command -v redis-server >/dev/null 2>&1; then
+if command -v redis-server >/dev/null 2>&1 && command -v redis-cli >/dev/null 2>&1; then
   exit 0
 fi
-echo "redis-server not found: installing Debian's redis-server package" >&2
+echo "redis-server or redis-cli not found: installing Debian's redis-server and redis-tools" >&2
 SUDO=""
 if [ "$(id -u)" != "0" ]; then SUDO="sudo"; fi
 export DEBIAN_FRONTEND=noninteractive
@@ -16,6 +17,7 @@ if [ ! -e /usr/sbin/policy-rc.d ]; then
   $SUDO chmod +x /usr/sbin/policy-rc.d
   trap '$SUDO rm -f /usr/sbin/policy-rc.d' EXIT
 fi
-$SUDO apt-get install -y -qq redis-server >/dev/null
+$SUDO apt-get install -y -qq redis-server redis-tools >/dev/null
 command -v redis-server >/dev/null
+command -v redis-cli >/dev/null
 redis-server --version
