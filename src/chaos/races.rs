@@ -231,6 +231,7 @@ pub async fn run(url: &str, queue: &str, count: u64, seed: u64) -> Result<RaceRe
             lease: stale_lease,
             reclaim_interval: Duration::from_millis(100),
             max_deliveries: u32::MAX,
+            replica_wait: None,
         },
     );
     let b = Queue::new(
@@ -240,6 +241,7 @@ pub async fn run(url: &str, queue: &str, count: u64, seed: u64) -> Result<RaceRe
             lease: Duration::from_secs(60),
             reclaim_interval: Duration::from_millis(100),
             max_deliveries: u32::MAX,
+            replica_wait: None,
         },
     );
 

@@ -35,6 +35,14 @@ pub struct SubmitArgs {
     /// Requests per pipelined round trip (fewer when their payloads pass 4 MiB).
     #[arg(long, default_value_t = 500)]
     pub batch: usize,
+    /// Report a request submitted only once this many replicas hold it (Redis `WAIT`), so a
+    /// fail-over cannot lose it; 0 waits for none. Those that reach fewer in time are refused
+    /// with the reason (they are queued on the primary, but may be lost).
+    #[arg(long, default_value_t = 0, value_name = "N")]
+    pub replica_wait: i64,
+    /// How long --replica-wait waits for the replicas, in milliseconds [default: 1000].
+    #[arg(long, value_name = "MS")]
+    pub replica_wait_timeout_ms: Option<i64>,
 }
 
 #[derive(Debug, clap::Args)]
@@ -261,7 +269,13 @@ pub async fn submit(args: SubmitArgs) -> Result<(), Failure> {
             bad.len()
         )));
     }
-    let producer = args.redis.producer().await?;
+    let wait = crate::config::claim::resolve_replica_wait(
+        Some(args.replica_wait),
+        args.replica_wait_timeout_ms,
+        ("--replica-wait", "--replica-wait-timeout-ms"),
+    )
+    .map_err(Failure::bad_input)?;
+    let producer = args.redis.producer().await?.with_replica_wait(wait);
     // SIGINT or SIGTERM stops it between two batches, with the summary saying where.
     let stop = CancellationToken::new();
     tokio::spawn(super::results::watch_signals(stop.clone()));

@@ -16,6 +16,48 @@ pub(crate) struct ClaimFields {
     pub lease_seconds: Option<f64>,
     pub reclaim_interval_ms: Option<i64>,
     pub max_deliveries: Option<i64>,
+    /// `replica_wait` (inferq): replicas a finish waits for.
+    pub replica_wait: Option<i64>,
+    /// `replica_wait_timeout_ms` (inferq): how long it waits for them.
+    pub replica_wait_timeout_ms: Option<i64>,
+}
+
+/// How long a replica wait lasts unless `replica_wait_timeout_ms` says otherwise.
+pub const DEFAULT_REPLICA_WAIT_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// The replica wait of `replicas` (none when 0 or absent) with `timeout_ms` (default 1 s);
+/// `fields` names them in errors (the transport config's, or `submit`'s flags).
+pub(crate) fn resolve_replica_wait(
+    replicas: Option<i64>,
+    timeout_ms: Option<i64>,
+    fields: (&str, &str),
+) -> Result<Option<crate::queue::ReplicaWait>, ConfigError> {
+    let replicas = match replicas.unwrap_or(0) {
+        0 => None,
+        n if n < 0 => {
+            return Err(ConfigError::invalid(fields.0, format!("must be 0 or more, got {n}")))
+        }
+        n => Some(u32::try_from(n).map_err(|_| {
+            ConfigError::invalid(fields.0, format!("must be at most {}, got {n}", u32::MAX))
+        })?),
+    };
+    let timeout = match timeout_ms {
+        None | Some(0) => DEFAULT_REPLICA_WAIT_TIMEOUT,
+        Some(ms) if !(1..=600_000).contains(&ms) => {
+            return Err(ConfigError::invalid(
+                fields.1,
+                format!("must be 1 to 600000 (10 minutes), got {ms}"),
+            ))
+        }
+        Some(ms) => Duration::from_millis(ms.unsigned_abs()),
+    };
+    if replicas.is_none() && timeout_ms.is_some_and(|ms| ms != 0) {
+        return Err(ConfigError::invalid(
+            fields.1,
+            format!("only with {} set above 0", fields.0),
+        ));
+    }
+    Ok(replicas.map(|replicas| crate::queue::ReplicaWait { replicas, timeout }))
 }
 
 /// The claim flags, already parsed as durations.
@@ -128,6 +170,11 @@ pub(crate) fn resolve_claim(
         lease,
         reclaim_interval,
         max_deliveries,
+        replica_wait: resolve_replica_wait(
+            json.replica_wait,
+            json.replica_wait_timeout_ms,
+            ("replica_wait", "replica_wait_timeout_ms"),
+        )?,
     })
 }
 
@@ -145,7 +192,39 @@ mod tests {
             lease_seconds: lease,
             reclaim_interval_ms: reclaim,
             max_deliveries: max,
+            ..ClaimFields::default()
         }
+    }
+
+    #[test]
+    fn a_replica_wait_needs_replicas_and_a_sane_timeout() {
+        let f = ("replica_wait", "replica_wait_timeout_ms");
+        assert_eq!(resolve_replica_wait(None, None, f).unwrap(), None);
+        assert_eq!(resolve_replica_wait(Some(0), None, f).unwrap(), None);
+        assert_eq!(
+            resolve_replica_wait(Some(1), None, f).unwrap(),
+            Some(crate::queue::ReplicaWait {
+                replicas: 1,
+                timeout: DEFAULT_REPLICA_WAIT_TIMEOUT
+            })
+        );
+        assert_eq!(
+            resolve_replica_wait(Some(2), Some(250), f).unwrap().map(|w| w.timeout),
+            Some(Duration::from_millis(250))
+        );
+        let e = |r, t| resolve_replica_wait(r, t, f).unwrap_err().to_string();
+        assert_eq!(
+            e(Some(-1), None),
+            "invalid config: replica_wait: must be 0 or more, got -1"
+        );
+        assert_eq!(
+            e(Some(1), Some(-5)),
+            "invalid config: replica_wait_timeout_ms: must be 1 to 600000 (10 minutes), got -5"
+        );
+        assert_eq!(
+            e(None, Some(100)),
+            "invalid config: replica_wait_timeout_ms: only with replica_wait set above 0"
+        );
     }
 
     fn flags(lease: Option<u64>, reclaim: Option<u64>) -> ClaimFlags {

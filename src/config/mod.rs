@@ -22,7 +22,7 @@
 //! - [`error`]: [`ConfigError`], exit code, password redaction.
 
 pub mod args;
-mod claim;
+pub(crate) mod claim;
 pub mod cluster;
 pub mod duration;
 pub mod error;

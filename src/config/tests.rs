@@ -773,7 +773,8 @@ fn claim_flags_apply_only_when_json_lacks_the_field() {
         ClaimSettings {
             lease: Duration::from_millis(1500),
             reclaim_interval: Duration::from_secs(1),
-            max_deliveries: 2
+            max_deliveries: 2,
+            replica_wait: None,
         }
     );
     assert_eq!(

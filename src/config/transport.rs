@@ -181,6 +181,10 @@ pub(crate) struct RawSortedSet {
     pub claim_reclaim_interval_ms: Option<i64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub max_deliveries: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub replica_wait: Option<i64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub replica_wait_timeout_ms: Option<i64>,
 }
 
 /// Where [`RawSortedSet`]'s JSON must hold objects (see `json::decode`): the root and each queue.
@@ -315,6 +319,8 @@ pub(crate) fn resolve(
         lease_seconds: raw.claim_lease_ttl_seconds,
         reclaim_interval_ms: raw.claim_reclaim_interval_ms,
         max_deliveries: raw.max_deliveries,
+        replica_wait: raw.replica_wait,
+        replica_wait_timeout_ms: raw.replica_wait_timeout_ms,
     };
     Ok((config, claim))
 }

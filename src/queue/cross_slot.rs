@@ -205,9 +205,12 @@ impl Queue {
         let mut first_error = None;
         for (list, items, answer) in join_all(deliveries).await {
             match answer {
-                Ok(Value::Array(_)) => {
-                    unstage.extend(items.into_iter().map(|(ck, _)| (ck, String::new())))
-                }
+                // With a replica wait, a staged result stays until its push is on the replicas:
+                // upkeep pushes it again if a fail-over lost the push (and its marker).
+                Ok(Value::Array(_)) => match self.settings().replica_wait {
+                    Some(wait) if !self.wait_for_replicas(&list, wait).await => {}
+                    _ => unstage.extend(items.into_iter().map(|(ck, _)| (ck, String::new()))),
+                },
                 Ok(other) => {
                     first_error.get_or_insert(QueueError::Reply {
                         script: "deliverOnce",

@@ -37,4 +37,4 @@ pub use moves::{
     Claimed, Fence, Finish, Finished, Held, Peeked, Promoted, Queue, QueueError, Reclaimed,
     SetAside, TakenOver, Takeover,
 };
-pub use settings::ClaimSettings;
+pub use settings::{ClaimSettings, ReplicaWait};

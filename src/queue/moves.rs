@@ -855,10 +855,35 @@ impl Queue {
                 _ => Err(bad_reply("finish", &reply)),
             })
             .collect::<Result<_, _>>()?;
+        let done = |(f, s): (&F, &Finished)| {
+            *s == Finished::Published && matches!(f.borrow(), Finish::Ack { .. } | Finish::Bury { .. })
+        };
+        if let Some(wait) = self.settings.replica_wait {
+            if batch.iter().zip(&finished).any(done) {
+                self.wait_for_replicas(&self.keys.pending, wait).await;
+            }
+        }
         if self.cluster {
             self.after_cluster_finish(batch, &staged, &finished).await;
         }
         Ok(finished)
+    }
+
+    /// Waits for `wait.replicas` replicas to hold the writes sent to `key`'s primary; `true`
+    /// when they do. A shortfall is logged: the writes stand on the primary alone, and a
+    /// fail-over before they reach a replica undoes them (the request then runs again).
+    pub(super) async fn wait_for_replicas(&self, key: &str, wait: super::ReplicaWait) -> bool {
+        match self.con.clone().wait_replicas(key, wait).await {
+            Ok(acked) if acked >= wait.replicas => true,
+            Ok(acked) => {
+                tracing::warn!(queue = %self.name(), acked, wanted = wait.replicas, timeout = ?wait.timeout, "finished requests reached fewer replicas than asked within the timeout");
+                false
+            }
+            Err(e) => {
+                tracing::warn!(queue = %self.name(), error = %e, "cannot ask Redis how many replicas hold the finished requests (WAIT)");
+                false
+            }
+        }
     }
 
     /// The member a retry parks: the same generation with `retry_count` bumped.

@@ -14,6 +14,7 @@ use redis::{RedisError, Value};
 use super::connect;
 use super::keys::{active_key, cancel_key, doorbell_channel, fresh_token};
 use super::scripts::SCRIPTS;
+use super::settings::ReplicaWait;
 use super::target::{Link, LinkError, Target, Topology};
 use crate::wire::{MemberError, NewRequest, ResultMessage, Routing};
 
@@ -45,6 +46,16 @@ pub enum ProducerError {
     ResultWithoutId,
     #[error("ResultQueueName is required")]
     NoResultQueue,
+    #[error(
+        "queued on the primary, but {acked} of the {wanted} replicas asked for had it within \
+         {timeout:?}: a fail-over now could lose it (submitting it again makes a second \
+         generation)"
+    )]
+    NotReplicated {
+        acked: u32,
+        wanted: u32,
+        timeout: Duration,
+    },
     #[error(
         "consumer name {name:?} is in use by another live consumer (its lease was renewed for \
          {waited:?}); give this one another name"
@@ -89,6 +100,8 @@ pub struct Producer {
     result_queue: String,
     /// Whether to ring the queue's doorbell after submitting (off once Redis refused it).
     doorbell: Arc<AtomicBool>,
+    /// Replicas a submission must reach before it is reported accepted.
+    replica_wait: Option<ReplicaWait>,
 }
 
 /// What `submit` wrote.
@@ -189,7 +202,40 @@ impl Producer {
             },
             result_queue: result_queue.to_owned(),
             doorbell: Arc::new(AtomicBool::new(true)),
+            replica_wait: None,
         })
+    }
+
+    /// Reports a submission accepted only once `wait.replicas` replicas hold it (`WAIT`), so a
+    /// fail-over cannot lose what the caller was told is queued. A submission that reached
+    /// fewer in time is reported [`ProducerError::NotReplicated`]: it is queued on the primary,
+    /// but may be lost.
+    pub fn with_replica_wait(mut self, wait: Option<ReplicaWait>) -> Producer {
+        self.replica_wait = wait;
+        self
+    }
+
+    /// When asked to, waits for the replicas after `outcomes` were queued, and turns the
+    /// queued ones into [`ProducerError::NotReplicated`] when too few replicas have them.
+    async fn replicated(&self, outcomes: &mut [Result<Submitted, ProducerError>]) {
+        let Some(wait) = self.replica_wait else {
+            return;
+        };
+        let acked = match self.con.clone().wait_replicas(&self.request_queue, wait).await {
+            Ok(acked) if acked >= wait.replicas => return,
+            Ok(acked) => acked,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot ask Redis how many replicas hold the submissions (WAIT)");
+                0
+            }
+        };
+        for outcome in outcomes.iter_mut().filter(|o| o.is_ok()) {
+            *outcome = Err(ProducerError::NotReplicated {
+                acked,
+                wanted: wait.replicas,
+                timeout: wait.timeout,
+            });
+        }
     }
 
     pub fn request_queue(&self) -> &str {
@@ -322,6 +368,7 @@ impl Producer {
             }
         }
         if queued > 0 {
+            self.replicated(&mut outcomes).await;
             self.ring().await;
         }
         Ok(outcomes)
@@ -398,6 +445,7 @@ impl Producer {
             }
         }
         if queued > 0 {
+            self.replicated(&mut outcomes).await;
             self.ring().await;
         }
         Ok(outcomes)

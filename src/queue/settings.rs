@@ -15,6 +15,15 @@ pub struct ClaimSettings {
     /// Lease expiries that dead-letter a request: the one that brings its count to this buries
     /// it (it survives one fewer).
     pub max_deliveries: u32,
+    /// Replicas that must have a finish before it counts as done (`WAIT`); `None`: none.
+    pub replica_wait: Option<ReplicaWait>,
+}
+
+/// How many replicas must acknowledge a write, and how long to wait for them (`WAIT n ms`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReplicaWait {
+    pub replicas: u32,
+    pub timeout: Duration,
 }
 
 impl Default for ClaimSettings {
@@ -23,6 +32,7 @@ impl Default for ClaimSettings {
             lease: Duration::from_secs(30),
             reclaim_interval: Duration::from_millis(5000),
             max_deliveries: 5,
+            replica_wait: None,
         }
     }
 }

@@ -14,7 +14,9 @@ use std::time::Duration;
 use redis::aio::{ConnectionLike, ConnectionManager, MultiplexedConnection};
 use redis::cluster::ClusterClient;
 use redis::cluster_async::ClusterConnection;
-use redis::{Client, Cmd, IntoConnectionInfo, Pipeline, RedisFuture, Value};
+use redis::{Client, Cmd, IntoConnectionInfo, Pipeline, RedisFuture, RedisResult, Value};
+
+use super::settings::ReplicaWait;
 
 use super::connect::{self, ConnectError, RedisTls, RESPONSE_TIMEOUT};
 use super::sentinel::Primary;
@@ -297,6 +299,26 @@ impl Link {
     /// Whether keys on this link must be hash-tagged.
     pub fn is_cluster(&self) -> bool {
         matches!(self, Link::Cluster(_))
+    }
+
+    /// `WAIT`s until `wait.replicas` replicas hold every write this link sent before, or
+    /// `wait.timeout` passes; returns how many do. On a cluster it goes to the primary of
+    /// `key`'s slot, where those writes went. `WAIT` counts replication, not their disks: pair
+    /// it with `appendonly yes` on the replicas.
+    pub async fn wait_replicas(&mut self, key: &str, wait: ReplicaWait) -> RedisResult<u32> {
+        let mut cmd = redis::cmd("WAIT");
+        cmd.arg(wait.replicas)
+            .arg(u64::try_from(wait.timeout.as_millis()).unwrap_or(u64::MAX).max(1));
+        let acked: i64 = match self {
+            Link::Cluster(c) => {
+                use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
+                let route = Route::new(crate::config::hash_slot(key), SlotAddr::Master);
+                let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route));
+                redis::from_redis_value(c.route_command(cmd, routing).await?)?
+            }
+            other => cmd.query_async(other).await?,
+        };
+        Ok(u32::try_from(acked).unwrap_or(0))
     }
 }
 

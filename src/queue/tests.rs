@@ -33,6 +33,7 @@ async fn rig(lease_ms: u64, max_deliveries: u32) -> Rig {
         lease: Duration::from_millis(lease_ms),
         reclaim_interval: Duration::from_millis(lease_ms),
         max_deliveries,
+        replica_wait: None,
     };
     let queue = Queue::new(con.clone(), Q, settings);
     let producer = Producer::connect(&server.url(), Q, RESULTS).await.unwrap();

@@ -43,6 +43,15 @@ impl Con {
         self.inner.is_cluster()
     }
 
+    /// See [`Link::wait_replicas`].
+    pub async fn wait_replicas(
+        &mut self,
+        key: &str,
+        wait: super::settings::ReplicaWait,
+    ) -> redis::RedisResult<u32> {
+        self.inner.wait_replicas(key, wait).await
+    }
+
     /// A connection that makes a span of every command with `tracer`; `info` names the server
     /// in the spans.
     pub fn traced(inner: impl Into<Link>, tracer: SdkTracer, info: &ConnectionInfo) -> Con {
