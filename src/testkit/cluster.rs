@@ -48,8 +48,9 @@
 //! drop(cluster)                                 // SIGKILLs every node, removes the dirs
 //! ```
 //!
-//! Failovers take about two node timeouts (1500 ms by default) plus the replica's election
-//! delay (0.5–1 s): 3–5 s on an idle machine. `cluster-replica-validity-factor 0` lets any
+//! Failovers take about a node timeout and a half (2000 ms by default: long enough that a
+//! loaded machine stalling a node for a second does not fail it over) plus the replica's
+//! election delay (0.5–1 s): 3–5 s on an idle machine. `cluster-replica-validity-factor 0` lets any
 //! replica fail over, and replica migration is off, so the topology changes only when asked.
 
 use std::collections::BTreeMap;
@@ -84,7 +85,7 @@ impl Default for ClusterOptions {
         ClusterOptions {
             masters: 3,
             replicas: 1,
-            node_timeout_ms: 1500,
+            node_timeout_ms: 2000,
             binary: None,
             extra_args: Vec::new(),
             ready_timeout: Duration::from_secs(60),
@@ -124,6 +125,9 @@ pub struct RedisCluster {
     options: ClusterOptions,
     conns: Conns,
 }
+
+/// Which master (port) serves which slot ranges, as one node sees it.
+type SlotMap = BTreeMap<u16, Vec<(u16, u16)>>;
 
 /// A line of `CLUSTER NODES`.
 #[derive(Debug, Clone)]
@@ -683,7 +687,7 @@ impl RedisCluster {
             };
             roles.insert(port, master);
         }
-        let mut first: Option<(u16, BTreeMap<u16, Vec<(u16, u16)>>)> = None;
+        let mut first: Option<(u16, SlotMap)> = None;
         for &port in roles.keys() {
             let info: String = self
                 .conns
@@ -715,7 +719,7 @@ impl RedisCluster {
                 }
             }
             // The masters serving slots, as this node sees them: the same for every node.
-            let map: BTreeMap<u16, Vec<(u16, u16)>> = view
+            let map: SlotMap = view
                 .iter()
                 .filter(|l| l.is_master() && !l.info.slots.is_empty())
                 .map(|l| (l.info.port, l.info.slots.clone()))

