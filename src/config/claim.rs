@@ -35,7 +35,10 @@ pub(crate) fn resolve_replica_wait(
     let replicas = match replicas.unwrap_or(0) {
         0 => None,
         n if n < 0 => {
-            return Err(ConfigError::invalid(fields.0, format!("must be 0 or more, got {n}")))
+            return Err(ConfigError::invalid(
+                fields.0,
+                format!("must be 0 or more, got {n}"),
+            ))
         }
         n => Some(u32::try_from(n).map_err(|_| {
             ConfigError::invalid(fields.0, format!("must be at most {}, got {n}", u32::MAX))
@@ -209,7 +212,9 @@ mod tests {
             })
         );
         assert_eq!(
-            resolve_replica_wait(Some(2), Some(250), f).unwrap().map(|w| w.timeout),
+            resolve_replica_wait(Some(2), Some(250), f)
+                .unwrap()
+                .map(|w| w.timeout),
             Some(Duration::from_millis(250))
         );
         let e = |r, t| resolve_replica_wait(r, t, f).unwrap_err().to_string();

@@ -856,7 +856,8 @@ impl Queue {
             })
             .collect::<Result<_, _>>()?;
         let done = |(f, s): (&F, &Finished)| {
-            *s == Finished::Published && matches!(f.borrow(), Finish::Ack { .. } | Finish::Bury { .. })
+            *s == Finished::Published
+                && matches!(f.borrow(), Finish::Ack { .. } | Finish::Bury { .. })
         };
         if let Some(wait) = self.settings.replica_wait {
             if batch.iter().zip(&finished).any(done) {

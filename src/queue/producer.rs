@@ -221,7 +221,12 @@ impl Producer {
         let Some(wait) = self.replica_wait else {
             return;
         };
-        let acked = match self.con.clone().wait_replicas(&self.request_queue, wait).await {
+        let acked = match self
+            .con
+            .clone()
+            .wait_replicas(&self.request_queue, wait)
+            .await
+        {
             Ok(acked) if acked >= wait.replicas => return,
             Ok(acked) => acked,
             Err(e) => {

@@ -307,8 +307,11 @@ impl Link {
     /// it with `appendonly yes` on the replicas.
     pub async fn wait_replicas(&mut self, key: &str, wait: ReplicaWait) -> RedisResult<u32> {
         let mut cmd = redis::cmd("WAIT");
-        cmd.arg(wait.replicas)
-            .arg(u64::try_from(wait.timeout.as_millis()).unwrap_or(u64::MAX).max(1));
+        cmd.arg(wait.replicas).arg(
+            u64::try_from(wait.timeout.as_millis())
+                .unwrap_or(u64::MAX)
+                .max(1),
+        );
         let acked: i64 = match self {
             Link::Cluster(c) => {
                 use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
