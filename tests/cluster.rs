@@ -420,7 +420,7 @@ async fn a_sentinel_failover_is_followed_and_loses_nothing() {
         concurrency: 16,
         batch_size: 50,
         extra_transport_fields: format!(
-            r#","mode":"sentinel","master_name":"inferq-main","addrs":[{}]"#,
+            r#","mode":"sentinel","master_name":"inferq-main","replica_wait":1,"addrs":[{}]"#,
             quoted.join(",")
         ),
         ..ProcessorOpts::default()
@@ -518,4 +518,52 @@ async fn acl_users_and_tls_work_through_sentinel() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     };
     assert_eq!(after, ids.len() as u64);
+}
+
+/// A submission is reported accepted only once the replicas asked for hold it; one that reaches
+/// fewer in time says it is queued but may be lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_wait_reports_what_the_replicas_hold() {
+    use inferq::queue::producer::ProducerError;
+    use inferq::queue::ReplicaWait;
+    let set = SentinelSet::start("inferq-wait").unwrap();
+    let (_, _, target) = sentinel_target(&set);
+    let wait = |replicas| {
+        Some(ReplicaWait {
+            replicas,
+            timeout: Duration::from_millis(200),
+        })
+    };
+    let one = Producer::connect_target(&target, QUEUE, APART)
+        .await
+        .unwrap()
+        .with_replica_wait(wait(1));
+    let outcomes = one
+        .submit_many(vec![request("w-1", 600, "{}"), request("w-2", 600, "{}")])
+        .await
+        .unwrap();
+    assert!(outcomes.iter().all(Result::is_ok), "{outcomes:?}");
+    let three = one.clone().with_replica_wait(wait(3));
+    let started = Instant::now();
+    let outcomes = three
+        .submit_many(vec![request("w-3", 600, "{}")])
+        .await
+        .unwrap();
+    match &outcomes[0] {
+        Err(ProducerError::NotReplicated { acked, wanted, .. }) => {
+            assert_eq!((*acked, *wanted), (1, 3));
+            let said = outcomes[0].as_ref().unwrap_err().to_string();
+            assert!(said.contains("queued on the primary"), "{said}");
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(started.elapsed() >= Duration::from_millis(200));
+    // It is queued all the same: the report is about its safety, not its place.
+    let mut con = target.connect().await.unwrap();
+    let queued: u64 = redis::cmd("ZCARD")
+        .arg(QUEUE)
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    assert_eq!(queued, 3);
 }
