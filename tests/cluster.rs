@@ -567,3 +567,49 @@ async fn a_replica_wait_reports_what_the_replicas_hold() {
         .unwrap();
     assert_eq!(queued, 3);
 }
+
+/// A cancel reaches a request before its claim (the marker is read beside the claim) and while
+/// the gateway works on it (the in-flight check reads markers in many slots one by one).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancels_are_seen_before_and_during_dispatch_on_a_cluster() {
+    use common::Reply;
+    let cluster = RedisCluster::start().unwrap();
+    let gateway = Gateway::start().await;
+    let target = cluster_target(&cluster);
+    let producer = Producer::connect_target(&target, QUEUE, APART)
+        .await
+        .unwrap();
+    for outcome in producer
+        .submit_many(vec![request("early", 600, "{}")])
+        .await
+        .unwrap()
+    {
+        outcome.unwrap();
+    }
+    assert_eq!(
+        producer.cancel(&["early".to_owned()]).await.unwrap(),
+        vec![true]
+    );
+    gateway.script("late", vec![Reply::ok("{}").after(Duration::from_secs(20))]);
+    let p = Processor::start_at(&cluster.seed_urls()[0], &gateway, &cluster_opts(&cluster)).await;
+    producer.submit(request("late", 600, "{}")).await.unwrap();
+    gateway.wait_seen("late", Duration::from_secs(10)).await;
+    assert_eq!(
+        producer.cancel(&["late".to_owned()]).await.unwrap(),
+        vec![true]
+    );
+    let mut con = target.connect().await.unwrap();
+    let got = wait_results(&mut con, APART, 2, Duration::from_secs(10)).await;
+    let codes: HashMap<&str, &str> = got
+        .iter()
+        .map(|r| (r.id.as_str(), r.error_code.as_str()))
+        .collect();
+    assert_eq!(codes.get("early"), Some(&"CANCELLED"), "{got:?}");
+    assert_eq!(codes.get("late"), Some(&"CANCELLED"), "{got:?}");
+    assert!(
+        gateway.seen("early").is_empty(),
+        "a cancelled request was sent"
+    );
+    assert_eq!(got.len(), 2);
+    drop(p);
+}

@@ -73,8 +73,9 @@ pub async fn heartbeat(ctx: Arc<QueueCtx>, stop: CancellationToken) {
     }
 }
 
-/// Checks the cancel markers of in-flight requests (one MGET per check) and aborts cancelled
-/// ones, which then publish `CANCELLED`.
+/// Checks the cancel markers of in-flight requests (one MGET per check; single GETs on a
+/// cluster, whose markers are in many slots) and aborts cancelled ones, which then publish
+/// `CANCELLED`.
 pub async fn cancel_watch(ctx: Arc<QueueCtx>, every: Duration, stop: CancellationToken) {
     while tick(&stop, every).await {
         let working = ctx.holdings.cancellable();
@@ -83,11 +84,7 @@ pub async fn cancel_watch(ctx: Arc<QueueCtx>, every: Duration, stop: Cancellatio
                 .iter()
                 .map(|(_, id, _)| crate::queue::keys::cancel_key(id))
                 .collect();
-            let markers: Vec<Option<String>> = match redis::cmd("MGET")
-                .arg(&keys)
-                .query_async(&mut ctx.queue.connection())
-                .await
-            {
+            let markers = match ctx.queue.read_markers(&keys).await {
                 Ok(m) => m,
                 Err(_) => break,
             };

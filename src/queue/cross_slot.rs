@@ -86,23 +86,53 @@ impl Queue {
         self.cluster && hash_slot(list) != hash_slot(&self.keys.pending)
     }
 
+    /// The values of string keys in any slots (the producer's markers): one `MGET` on one
+    /// server, one `GET` each (all at once) on a cluster, where an `MGET` across slots is
+    /// refused.
+    pub async fn read_markers(&self, keys: &[String]) -> Result<Vec<Option<String>>, QueueError> {
+        if !self.cluster {
+            if keys.is_empty() {
+                return Ok(Vec::new());
+            }
+            return Ok(redis::cmd("MGET")
+                .arg(keys)
+                .query_async(&mut self.con.clone())
+                .await?);
+        }
+        let reads = keys.iter().map(|key| {
+            let mut con = self.con.clone();
+            async move {
+                redis::cmd("GET")
+                    .arg(key)
+                    .query_async::<Option<String>>(&mut con)
+                    .await
+            }
+        });
+        Ok(join_all(reads)
+            .await
+            .into_iter()
+            .collect::<Result<Vec<_>, _>>()?)
+    }
+
     /// Whether the producer has cancelled each generation, read from its `request-cancel:<id>`
     /// marker (a generation without a request token cannot be cancelled).
     pub(super) async fn cancelled(&self, envelopes: &[&Envelope]) -> Result<Vec<bool>, QueueError> {
-        let reads = envelopes.iter().map(|env| {
-            let mut con = self.con.clone();
-            async move {
-                if env.internal.request_token.is_empty() {
-                    return Ok(false);
-                }
-                let marker: Option<String> = redis::cmd("GET")
-                    .arg(cancel_key(&env.request.id))
-                    .query_async(&mut con)
-                    .await?;
-                Ok::<_, QueueError>(marker.as_deref() == Some(env.internal.request_token.as_str()))
-            }
-        });
-        join_all(reads).await.into_iter().collect()
+        let tokened: Vec<&&Envelope> = envelopes
+            .iter()
+            .filter(|env| !env.internal.request_token.is_empty())
+            .collect();
+        let keys: Vec<String> = tokened
+            .iter()
+            .map(|env| cancel_key(&env.request.id))
+            .collect();
+        let mut markers = self.read_markers(&keys).await?.into_iter();
+        Ok(envelopes
+            .iter()
+            .map(|env| {
+                let token = &env.internal.request_token;
+                !token.is_empty() && markers.next().flatten().as_deref() == Some(token.as_str())
+            })
+            .collect())
     }
 
     /// Steps 2 and 3 for the results `finish` staged, then the producer's markers of every
