@@ -110,7 +110,7 @@ fn refused_hint(error: String) -> anyhow::Error {
     if error.contains("NOPERM") || error.contains("can't run this command") {
         anyhow::anyhow!(
             "{error} (NOPERM: the Redis user needs EVALSHA, SCRIPT LOAD, TIME, ZCARD, ZCOUNT, HLEN \
-             and LLEN on the queue's keys and the result list; README, Security)"
+             and LLEN on the queue's keys and the result list; docs/src/security.md)"
         )
     } else {
         anyhow::anyhow!(error)
