@@ -109,8 +109,19 @@ impl Inner {
         Ok((current.0, con))
     }
 
-    /// Drops connection `generation` after a failure that says its server may not be the
-    /// primary any more.
+    /// Drops connection `generation` when `answer` (a command's, or a pipeline's) says its
+    /// server may not be the primary any more.
+    fn judge(&self, generation: u64, answer: Result<&[Value], &RedisError>) {
+        let lost = match answer {
+            Err(e) => lost_primary(e),
+            Ok(values) => lost_primary_in(values),
+        };
+        if lost {
+            self.forget(generation);
+        }
+    }
+
+    /// Drops connection `generation`.
     fn forget(&self, generation: u64) {
         let mut current = self.current.lock().unwrap_or_else(PoisonError::into_inner);
         if current.0 == generation {
@@ -153,13 +164,8 @@ impl ConnectionLike for Primary {
                 NodeCon::Managed(mut c) => c.req_packed_command(cmd).await,
                 NodeCon::Plain(mut c) => c.req_packed_command(cmd).await,
             };
-            let lost = match &answer {
-                Err(e) => lost_primary(e),
-                Ok(v) => lost_primary_in(std::slice::from_ref(v)),
-            };
-            if lost {
-                self.inner.forget(generation);
-            }
+            self.inner
+                .judge(generation, answer.as_ref().map(std::slice::from_ref));
             answer
         })
     }
@@ -176,13 +182,8 @@ impl ConnectionLike for Primary {
                 NodeCon::Managed(mut c) => c.req_packed_commands(pipeline, offset, count).await,
                 NodeCon::Plain(mut c) => c.req_packed_commands(pipeline, offset, count).await,
             };
-            let lost = match &answer {
-                Err(e) => lost_primary(e),
-                Ok(v) => lost_primary_in(v),
-            };
-            if lost {
-                self.inner.forget(generation);
-            }
+            self.inner
+                .judge(generation, answer.as_ref().map(Vec::as_slice));
             answer
         })
     }
