@@ -123,6 +123,14 @@ fn exactly_one_each(ids: &[String], got: &[ResultMessage], what: &str) {
     );
 }
 
+/// Waits for `ids`' results on `list`, checks there is exactly one each, and that the queue
+/// holds nothing any more.
+async fn drained_once(con: &mut Link, list: &str, ids: &[String], limit: Duration, what: &str) {
+    let got = wait_results(con, list, ids.len(), limit).await;
+    exactly_one_each(ids, &got, what);
+    nothing_left(con).await;
+}
+
 /// No claim, staged result or pending request is left of the queue.
 async fn nothing_left(con: &mut Link) {
     for (key, kind) in [
@@ -153,9 +161,14 @@ async fn a_cluster_drains_with_one_result_per_request_on_both_finish_paths() {
     let mut con = target.connect().await.unwrap();
     let got = wait_results(&mut con, APART, apart.len(), Duration::from_secs(60)).await;
     exactly_one_each(&apart, &got, "result list in another slot");
-    let got = wait_results(&mut con, BESIDE, beside.len(), Duration::from_secs(60)).await;
-    exactly_one_each(&beside, &got, "result list in the queue's slot");
-    nothing_left(&mut con).await;
+    drained_once(
+        &mut con,
+        BESIDE,
+        &beside,
+        Duration::from_secs(60),
+        "result list in the queue's slot",
+    )
+    .await;
     // Every staged result was delivered once and marked; the markers sit in the list's slot.
     let marked: u64 = redis::cmd("ZCARD")
         .arg("{result-list}:delivered")
@@ -209,9 +222,14 @@ async fn a_master_killed_and_a_manual_failover_lose_nothing_and_double_nothing()
         .collect();
     let got = wait_results(&mut con, APART, apart.len(), Duration::from_secs(90)).await;
     exactly_one_each(&apart, &got, "apart, across fail-overs");
-    let got = wait_results(&mut con, BESIDE, beside.len(), Duration::from_secs(60)).await;
-    exactly_one_each(&beside, &got, "beside, across fail-overs");
-    nothing_left(&mut con).await;
+    drained_once(
+        &mut con,
+        BESIDE,
+        &beside,
+        Duration::from_secs(60),
+        "beside, across fail-overs",
+    )
+    .await;
     assert_ne!(promoted, queue_master);
     assert!(
         p.log().contains("inferq ready"),
@@ -242,9 +260,14 @@ async fn the_queues_slot_migrated_mid_load_loses_nothing() {
     cluster.finish_slot_migration(half).unwrap();
     assert_eq!(cluster.master_for_slot(slot).unwrap(), to);
     let mut con = target.connect().await.unwrap();
-    let got = wait_results(&mut con, BESIDE, ids.len(), Duration::from_secs(90)).await;
-    exactly_one_each(&ids, &got, "across a slot migration");
-    nothing_left(&mut con).await;
+    drained_once(
+        &mut con,
+        BESIDE,
+        &ids,
+        Duration::from_secs(90),
+        "across a slot migration",
+    )
+    .await;
     drop(p);
 }
 
@@ -259,9 +282,14 @@ async fn a_valkey_cluster_drains_too() {
     let apart = submit(&target, APART, "v", 200).await;
     let p = Processor::start_at(&cluster.seed_urls()[0], &gateway, &cluster_opts(&cluster)).await;
     let mut con = target.connect().await.unwrap();
-    let got = wait_results(&mut con, APART, apart.len(), Duration::from_secs(60)).await;
-    exactly_one_each(&apart, &got, "valkey cluster");
-    nothing_left(&mut con).await;
+    drained_once(
+        &mut con,
+        APART,
+        &apart,
+        Duration::from_secs(60),
+        "valkey cluster",
+    )
+    .await;
     drop(p);
 }
 

@@ -192,15 +192,7 @@ pub fn free_cluster_port() -> std::io::Result<u16> {
         (1024, 55_536)
     };
     let span = u32::from(high - low);
-    if CURSOR.load(Ordering::Relaxed) == u32::MAX {
-        let seed = std::process::id().wrapping_mul(7919)
-            ^ std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.subsec_nanos())
-                .unwrap_or(0);
-        let _ =
-            CURSOR.compare_exchange(u32::MAX, seed % span, Ordering::Relaxed, Ordering::Relaxed);
-    }
+    super::seed_cursor(&CURSOR, span, 7919);
     for _ in 0..span {
         let offset = CURSOR.fetch_add(1, Ordering::Relaxed) % span;
         let Ok(port) = u16::try_from(u32::from(low) + offset) else {

@@ -168,19 +168,10 @@ impl DataDir {
 /// per-process cursor that starts at a random offset, so two servers of one process never get the
 /// same port, and each candidate is bound once (on every address) to skip ports in use.
 pub fn free_port() -> std::io::Result<u16> {
-    use std::sync::atomic::{AtomicU32, Ordering};
+    use std::sync::atomic::AtomicU32;
     static CURSOR: AtomicU32 = AtomicU32::new(u32::MAX);
     let (low, high) = server_port_range();
-    let span = u32::from(high - low);
-    if CURSOR.load(Ordering::Relaxed) == u32::MAX {
-        let seed = std::process::id()
-            ^ std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map(|d| d.subsec_nanos())
-                .unwrap_or(0);
-        let _ =
-            CURSOR.compare_exchange(u32::MAX, seed % span, Ordering::Relaxed, Ordering::Relaxed);
-    }
+    seed_cursor(&CURSOR, u32::from(high - low), 1);
     next_free(&CURSOR, low, high).ok_or_else(|| {
         std::io::Error::new(
             std::io::ErrorKind::AddrInUse,
@@ -190,6 +181,21 @@ pub fn free_port() -> std::io::Result<u16> {
 }
 
 /// The first port from `cursor` on (wrapping within `low..high`) that nothing listens on.
+/// Starts `cursor` (while it still holds `u32::MAX`) at a random offset within `span`, from
+/// this process's id (times `mix`, so two cursors of one process start apart) and the clock.
+pub(crate) fn seed_cursor(cursor: &std::sync::atomic::AtomicU32, span: u32, mix: u32) {
+    use std::sync::atomic::Ordering;
+    if cursor.load(Ordering::Relaxed) == u32::MAX {
+        let seed = std::process::id().wrapping_mul(mix)
+            ^ std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.subsec_nanos())
+                .unwrap_or(0);
+        let _ =
+            cursor.compare_exchange(u32::MAX, seed % span, Ordering::Relaxed, Ordering::Relaxed);
+    }
+}
+
 fn next_free(cursor: &std::sync::atomic::AtomicU32, low: u16, high: u16) -> Option<u16> {
     let span = u32::from(high - low);
     for _ in 0..span {
