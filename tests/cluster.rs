@@ -353,6 +353,171 @@ async fn the_operator_commands_speak_cluster() {
     drop(p);
 }
 
+/// What a Go processor on a cluster claims with, under its tagged keys: the head member of the
+/// queue, held by `owner` until `lease_s` from now (Go reckons leases in Unix seconds of its own
+/// clock). Returns the claim key (`id` NUL `request_token`) and the member.
+const GO_CLAIM: &str = r#"
+local m = redis.call('ZRANGE', KEYS[1], 0, 0)[1]
+if not m then return false end
+local env = cjson.decode(m)
+local ck = env.data.id .. '\0' .. env.internal.request_token
+redis.call('ZREM', KEYS[1], m)
+redis.call('HSET', KEYS[2], ck, m)
+redis.call('HSET', KEYS[3], ck, ARGV[1])
+redis.call('ZADD', KEYS[4], ARGV[2], ck)
+return {ck, m}
+"#;
+
+/// Go's fenced drop of its claim, the last of its three steps on a cluster.
+const GO_DROP: &str = r#"
+if redis.call('HGET', KEYS[2], ARGV[1]) ~= ARGV[2] then return 0 end
+redis.call('HDEL', KEYS[1], ARGV[1])
+redis.call('HDEL', KEYS[2], ARGV[1])
+redis.call('ZREM', KEYS[3], ARGV[1])
+return 1
+"#;
+
+fn unix_s() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs_f64()
+}
+
+const GO_KEYS: [&str; 4] = [
+    QUEUE,
+    "{request-sortedset}:claimed",
+    "{request-sortedset}:claim-owners",
+    "{request-sortedset}:claims-idx",
+];
+
+/// Claims the queue's head as a Go instance would; returns (claim key, request id).
+async fn go_claim(con: &mut Link, owner: &str, lease_s: f64) -> (String, String) {
+    let (ck, member): (String, String) = redis::cmd("EVAL")
+        .arg(GO_CLAIM)
+        .arg(4)
+        .arg(&GO_KEYS[..])
+        .arg(owner)
+        .arg(unix_s() + lease_s)
+        .query_async(con)
+        .await
+        .unwrap();
+    let env: serde_json::Value = serde_json::from_str(&member).unwrap();
+    (ck, env["data"]["id"].as_str().unwrap().to_owned())
+}
+
+/// Finishes a Go claim with Go's three steps on a cluster whose result list is in another slot:
+/// renew, push, drop (the push is the result Go's worker made).
+async fn go_finish(con: &mut Link, ck: &str, owner: &str, id: &str) {
+    let renewed: i64 = redis::cmd("EVAL")
+        .arg("if redis.call('HGET', KEYS[1], ARGV[1]) ~= ARGV[2] then return 0 end redis.call('ZADD', KEYS[2], ARGV[3], ARGV[1]) return 1")
+        .arg(2)
+        .arg(GO_KEYS[2])
+        .arg(GO_KEYS[3])
+        .arg(ck)
+        .arg(owner)
+        .arg(unix_s() + 120.0)
+        .query_async(con)
+        .await
+        .unwrap();
+    assert_eq!(renewed, 1, "the Go claim of {id} is still Go's");
+    let result = format!(r#"{{"id":"{id}","status_code":200,"payload":"{{\"by\":\"go\"}}"}}"#);
+    let _: i64 = redis::cmd("LPUSH")
+        .arg(APART)
+        .arg(result)
+        .query_async(con)
+        .await
+        .unwrap();
+    let dropped: i64 = redis::cmd("EVAL")
+        .arg(GO_DROP)
+        .arg(3)
+        .arg(&GO_KEYS[1..])
+        .arg(ck)
+        .arg(owner)
+        .query_async(con)
+        .await
+        .unwrap();
+    assert_eq!(dropped, 1);
+}
+
+/// A Go processor and an inferq processor share one queue on a cluster. Go claims three
+/// requests under its tagged keys: one it never finishes (its pod died with a 1 s lease), two it
+/// finishes with its renew-push-drop steps while inferq drains the rest. Every request gets
+/// exactly one result; inferq runs the dead Go pod's request once and never the ones Go holds;
+/// and inferq's own claims sit in the keys Go's reclaimer reads, scored in Unix seconds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_go_processor_shares_the_cluster_queue() {
+    let cluster = RedisCluster::start().unwrap();
+    let gateway = Gateway::start().await;
+    let target = cluster_target(&cluster);
+    let ids = submit(&target, APART, "g", 200).await;
+    let mut con = target.connect().await.unwrap();
+    let (_, dead_id) = go_claim(&mut con, "go-pod-dead", 1.0).await;
+    let (ck1, id1) = go_claim(&mut con, "go-pod-live", 120.0).await;
+    let (ck2, id2) = go_claim(&mut con, "go-pod-live", 120.0).await;
+    // One request of inferq's is slow, so its claim can be looked at while held.
+    let slow = "g-150";
+    gateway.script(
+        slow,
+        vec![common::Reply::ok(r#"{"slow":true}"#).after(Duration::from_secs(3))],
+    );
+    let p = Processor::start_at(&cluster.seed_urls()[0], &gateway, &cluster_opts(&cluster)).await;
+    go_finish(&mut con, &ck1, "go-pod-live", &id1).await;
+    gateway.wait_seen(slow, Duration::from_secs(30)).await;
+    let held: Vec<String> = redis::cmd("HKEYS")
+        .arg(GO_KEYS[1])
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    let inferq_ck = held
+        .iter()
+        .find(|ck| ck.starts_with("g-150\0"))
+        .unwrap_or_else(|| panic!("inferq's claim of {slow} is in {}: {held:?}", GO_KEYS[1]));
+    let expiry: f64 = redis::cmd("ZSCORE")
+        .arg(GO_KEYS[3])
+        .arg(inferq_ck)
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    let now = unix_s();
+    assert!(
+        expiry > now - 1.0 && expiry < now + 3.0,
+        "inferq's lease expiry {expiry} is in Unix seconds, about now ({now}) plus its 2 s lease"
+    );
+    let owner: Option<String> = redis::cmd("HGET")
+        .arg(GO_KEYS[2])
+        .arg(inferq_ck)
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    assert!(
+        owner.is_some(),
+        "inferq names its claim's owner where Go reads it"
+    );
+    // Go's second claim outlives several of inferq's reclaim passes before Go finishes it.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    go_finish(&mut con, &ck2, "go-pod-live", &id2).await;
+    let got = wait_results(&mut con, APART, ids.len(), Duration::from_secs(60)).await;
+    exactly_one_each(&ids, &got, "a queue shared with a Go processor");
+    let runs = gateway.executions();
+    for id in [&id1, &id2] {
+        assert_eq!(
+            runs.get(id.as_str()),
+            None,
+            "inferq ran {id}, which Go held"
+        );
+        let by_go = got.iter().find(|r| &r.id == id).unwrap();
+        assert!(by_go.payload.contains("go"), "{id}'s result is Go's");
+    }
+    assert_eq!(
+        runs.get(dead_id.as_str()),
+        Some(&1),
+        "the dead Go pod's request ran once, after its lease expired"
+    );
+    nothing_left(&mut con).await;
+    drop(p);
+}
+
 #[test]
 fn bad_mode_combinations_exit_2_naming_the_field() {
     let cases: [(&[&str], &str); 4] = [

@@ -95,10 +95,13 @@ pub async fn listen(
                 set_listening(&queues, false);
                 losses.lost();
             }
+            // Made, then cut before every SUBSCRIBE was answered: a burst published meanwhile
+            // overflowed the output buffer just as it does once subscribed.
+            Err(e) if e.cut => losses.lost(),
             Err(e) => {
                 if !warned {
                     warned = true;
-                    tracing::warn!(error = %e, "cannot subscribe for wake-ups; consumers find new work by polling alone (at most poll_interval apart)");
+                    tracing::warn!(error = %e.error, "cannot subscribe for wake-ups; consumers find new work by polling alone (at most poll_interval apart)");
                 }
             }
         }

@@ -137,7 +137,7 @@ async fn subscribe_loop(
                     Some(Trouble::Stalled("the connection was lost".to_owned())),
                 );
             }
-            Err(e) => {
+            Err(subscription::Failed { error: e, .. }) => {
                 tracing::warn!(error = %e, "cannot subscribe to the request channels; retrying");
                 let trouble = if e.code().is_some() {
                     Trouble::Refused(e.to_string())

@@ -6,6 +6,15 @@
 use futures::{Stream, StreamExt};
 use tokio_util::sync::CancellationToken;
 
+/// Why a subscription could not be made.
+#[derive(Debug)]
+pub struct Failed {
+    pub error: redis::RedisError,
+    /// The connection was made and then cut before every `SUBSCRIBE` was answered: Redis closed
+    /// it (an output buffer overflowed by a burst, a `CLIENT KILL`), rather than refused it.
+    pub cut: bool,
+}
+
 /// A pub/sub connection subscribed to every channel in `channels`; `None` once `stop` is
 /// cancelled. The node is asked of `target` at every subscription: the primary Sentinel names
 /// now, or a cluster node that answers.
@@ -13,19 +22,23 @@ pub async fn subscribe<'a>(
     target: &crate::queue::target::Target,
     channels: impl IntoIterator<Item = &'a [u8]>,
     stop: &CancellationToken,
-) -> Option<redis::RedisResult<redis::aio::PubSub>> {
+) -> Option<Result<redis::aio::PubSub, Failed>> {
+    let not_cut = |error| Failed { error, cut: false };
     let subscribing = async {
         let client = target.node_client().await.map_err(|e| match e {
-            crate::queue::target::LinkError::Redis(e) => e,
-            other => redis::RedisError::from((
+            crate::queue::target::LinkError::Redis(e) => not_cut(e),
+            other => not_cut(redis::RedisError::from((
                 redis::ErrorKind::Io,
                 "no node to subscribe on",
                 crate::config::redact_in_text(&other.to_string()),
-            )),
+            ))),
         })?;
-        let mut pubsub = client.get_async_pubsub().await?;
+        let mut pubsub = client.get_async_pubsub().await.map_err(not_cut)?;
         for channel in channels {
-            pubsub.subscribe(channel).await?;
+            pubsub.subscribe(channel).await.map_err(|error| Failed {
+                cut: error.is_connection_dropped(),
+                error,
+            })?;
         }
         Ok(pubsub)
     };
