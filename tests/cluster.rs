@@ -186,6 +186,55 @@ async fn a_cluster_drains_with_one_result_per_request_on_both_finish_paths() {
     drop(p);
 }
 
+/// Polls a processor's `/readyz` every 100 ms from its start, keeping the statuses seen.
+struct ReadyzWatch {
+    seen: std::sync::Arc<std::sync::Mutex<Vec<u16>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl ReadyzWatch {
+    fn start(health_port: u16) -> ReadyzWatch {
+        let seen = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let into = seen.clone();
+        let url = format!("http://127.0.0.1:{health_port}/readyz");
+        let task = tokio::spawn(async move {
+            let client = reqwest::Client::builder()
+                .timeout(Duration::from_secs(5))
+                .build()
+                .unwrap();
+            loop {
+                if let Ok(r) = client.get(&url).send().await {
+                    into.lock().unwrap().push(r.status().as_u16());
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        });
+        ReadyzWatch { seen, task }
+    }
+
+    fn saw(&self, status: u16) -> bool {
+        self.seen.lock().unwrap().contains(&status)
+    }
+
+    /// Waits up to `limit` for the latest status to be `status`.
+    async fn wait_for(&self, status: u16, limit: Duration) -> bool {
+        let started = Instant::now();
+        while started.elapsed() < limit {
+            if self.seen.lock().unwrap().last() == Some(&status) {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        false
+    }
+}
+
+impl Drop for ReadyzWatch {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_master_killed_and_a_manual_failover_lose_nothing_and_double_nothing() {
     let mut cluster = RedisCluster::start().unwrap();
@@ -198,10 +247,22 @@ async fn a_master_killed_and_a_manual_failover_lose_nothing_and_double_nothing()
     // may lose a write Redis acknowledged: the docs say so).
     tokio::time::sleep(Duration::from_millis(500)).await;
     let queue_master = cluster.master_for_key(QUEUE).unwrap();
+    let readyz = ReadyzWatch::start(p.health_port);
     cluster.kill_master(queue_master).unwrap();
     let promoted = cluster
         .wait_for_failover(queue_master, Duration::from_secs(30))
         .unwrap();
+    // /readyz said 503 while a master was gone, and is 200 again once its replica serves.
+    assert!(
+        readyz.saw(503),
+        "readyz stayed 200 with a master down: {}",
+        p.log()
+    );
+    assert!(
+        readyz.wait_for(200, Duration::from_secs(30)).await,
+        "readyz is not 200 again after the fail-over: {}",
+        p.log()
+    );
     let more = submit(&target, APART, "c", 200).await;
     // A manual fail-over of the list's master while results are being written.
     let list_master = cluster.master_for_key(APART).unwrap();
