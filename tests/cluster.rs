@@ -45,6 +45,8 @@ fn cluster_opts(c: &RedisCluster) -> ProcessorOpts {
         concurrency: 16,
         batch_size: 50,
         extra_transport_fields: format!(r#","mode":"cluster","addrs":[{}]"#, addrs.join(",")),
+        // Every push sets the list's TTL, on both finish paths.
+        extra_queue_fields: r#","result_ttl_seconds":3600"#.to_owned(),
         ..ProcessorOpts::default()
     }
 }
@@ -176,6 +178,15 @@ async fn a_cluster_drains_with_one_result_per_request_on_both_finish_paths() {
         .await
         .unwrap();
     assert_eq!(marked, 300);
+    // The queue's result_ttl_seconds is on both lists, the staged path's too.
+    for list in [APART, BESIDE] {
+        let ttl: i64 = redis::cmd("TTL")
+            .arg(list)
+            .query_async(&mut con)
+            .await
+            .unwrap();
+        assert!((3500..=3600).contains(&ttl), "{list} TTL {ttl}");
+    }
     // The producer's markers of finished requests are cleared, as on one server.
     let active: Option<String> = redis::cmd("GET")
         .arg("request-active:apart-7")

@@ -30,10 +30,15 @@ async fn success_path_speaks_the_go_wire_format() {
     let got = wait_results(&mut con, 1, Duration::from_secs(10)).await;
     assert_eq!(got.len(), 1);
     let raw = raw_results(&mut con, "result-list").await;
-    // As Go's json.Marshal writes it: the body as a string, with `<` and `>` escaped.
+    // As newer Go's json.Marshal writes it: the generation's token beside the id, the body as a
+    // string, with `<` and `>` escaped.
+    let token = &got[0].request_token;
+    assert_eq!(token.len(), 32, "the producer's token: {}", raw[0]);
     assert_eq!(
         raw[0],
-        r#"{"id":"ok-1","status_code":201,"payload":"{\"id\":\"cmpl-7\",\"choices\":[{\"text\":\"\u003cb\u003ehi\u003c/b\u003e\"}]}"}"#
+        format!(
+            r#"{{"id":"ok-1","request_token":"{token}","status_code":201,"payload":"{{\"id\":\"cmpl-7\",\"choices\":[{{\"text\":\"\u003cb\u003ehi\u003c/b\u003e\"}}]}}"}}"#
+        )
     );
     let seen = gw.seen("ok-1");
     assert_eq!(seen.len(), 1);
@@ -87,7 +92,7 @@ async fn go_producer_member_written_by_hand() {
     }
     assert_eq!(raw.len(), 1);
     assert!(
-        raw[0].starts_with(r#"{"id":"go-1","status_code":200,"payload":"{\"id\":\"cmpl-1\""#),
+        raw[0].starts_with(r#"{"id":"go-1","request_token":"9f0c1e0000000000000000000000abcd","status_code":200,"payload":"{\"id\":\"cmpl-1\""#),
         "{}",
         raw[0]
     );

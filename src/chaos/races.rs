@@ -119,6 +119,7 @@ fn ack(held: &Held, list: &str, body: &[u8]) -> Finish {
         id: held.envelope.request.id.clone(),
         request_token: held.envelope.internal.request_token.clone(),
         result_list: list.to_owned(),
+        result_ttl_s: 0,
         result: ResultMessage::http(&held.envelope.request.id, 200, body).to_json(),
     }
 }

@@ -1492,8 +1492,8 @@ fn redis_pubsub_config_loads_with_go_defaults() {
             )
         ]),
         "invalid config: queues[0].chanel: unknown field (expected one of `id`, `queue_name`, \
-         `result_queue_name`, `worker_pool_id`, `inference_objective`, `request_path_url`, \
-         `igw_base_url`, `gate_type`, `gate_params`, `labels`)"
+         `result_queue_name`, `result_ttl_seconds`, `worker_pool_id`, `inference_objective`, \
+         `request_path_url`, `igw_base_url`, `gate_type`, `gate_params`, `labels`)"
     );
 }
 
@@ -1545,4 +1545,28 @@ fn legacy_redis_pubsub_flags() {
         "--redis.queues-config=[{\"igw_base_url\":\"http://gw\"}]",
     ])
     .starts_with("invalid config: --redis.queues-config: [0].queue_name: required"));
+}
+
+/// Go's per-queue `result_ttl_seconds` (newer Go): accepted (a config that sets it used to
+/// exit 2), 0 when absent; a negative TTL is refused naming the field.
+#[test]
+fn result_ttl_seconds_per_queue() {
+    let c = load_ok(&[
+        SS,
+        &inline(
+            r#"{"url":"redis://r","queues":[{"queue_name":"a","igw_base_url":"http://gw","result_ttl_seconds":3600},{"queue_name":"b","igw_base_url":"http://gw"}]}"#,
+        ),
+    ]);
+    assert_eq!(c.transport.queues[0].result_ttl_seconds, 3600);
+    assert_eq!(c.transport.queues[1].result_ttl_seconds, 0);
+    let err = load_err(&[
+        SS,
+        &inline(
+            r#"{"url":"redis://r","queues":[{"queue_name":"a","igw_base_url":"http://gw","result_ttl_seconds":-5}]}"#,
+        ),
+    ]);
+    assert!(
+        err.starts_with("invalid config: queues[0].result_ttl_seconds: -5 is negative"),
+        "{err}"
+    );
 }

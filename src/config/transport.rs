@@ -133,6 +133,9 @@ pub struct QueueConfig {
     pub queue_name: String,
     /// Result list for this queue's results; beats the message's own and the transport default.
     pub result_queue_name: Option<String>,
+    /// When above 0, every push of this queue's results sets this TTL (seconds) on the list
+    /// (Go's `result_ttl_seconds`), so lists nobody reads do not grow Redis for good.
+    pub result_ttl_seconds: u64,
     /// Worker pool that serves this queue.
     pub worker_pool_id: String,
     /// Sent as `x-gateway-inference-objective` when set.
@@ -200,6 +203,8 @@ pub(crate) struct RawQueue {
     pub queue_name: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub result_queue_name: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub result_ttl_seconds: Option<i64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub worker_pool_id: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -404,6 +409,15 @@ fn resolve_queue(
             ));
         }
     }
+    let result_ttl_seconds = match q.result_ttl_seconds {
+        None => 0,
+        Some(ttl) => u64::try_from(ttl).map_err(|_| {
+            ConfigError::invalid(
+                at("result_ttl_seconds"),
+                format!("{ttl} is negative: 0 (or leaving it out) keeps results for good, a positive number of seconds sets the result list's TTL at every push"),
+            )
+        })?,
+    };
     let gate = parse_gate(
         q.gate_type.as_deref(),
         q.gate_params.as_ref(),
@@ -414,6 +428,7 @@ fn resolve_queue(
     Ok(QueueConfig {
         id: non_empty(q.id).unwrap_or_else(|| queue_name.clone()),
         result_queue_name: non_empty(q.result_queue_name),
+        result_ttl_seconds,
         worker_pool_id: non_empty(q.worker_pool_id).unwrap_or_else(|| DEFAULT_POOL_ID.to_owned()),
         inference_objective,
         request_path_url: non_empty(q.request_path_url)

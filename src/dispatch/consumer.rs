@@ -753,22 +753,22 @@ async fn set_aside(ctx: &QueueCtx, member: &[u8], reason: &str) -> Result<bool, 
 async fn dead_letter(ctx: &QueueCtx, member: &[u8], reason: &str) -> Result<(), QueueError> {
     let (mut record, who) = DeadRecord::about(ctx.queue.name(), reason, member, None);
     let result = who.map(|(id, routing)| {
-        (
-            ctx.result_list(&routing),
-            // Go's form: `Failed: deadline is missing or invalid (Unix seconds).`
-            ResultMessage::error(
-                &id,
-                ErrorCode::InvalidRequest,
-                &format!("Failed: {reason}."),
-            ),
-        )
+        // Go's form: `Failed: deadline is missing or invalid (Unix seconds).`
+        let mut msg = ResultMessage::error(
+            &id,
+            ErrorCode::InvalidRequest,
+            &format!("Failed: {reason}."),
+        );
+        msg.request_token = routing.request_token.clone();
+        (ctx.result_route(&routing), msg)
     });
-    let with_result = result.as_ref().map(|(list, msg)| (list.as_str(), msg));
+    let with_result = result.as_ref().map(|(route, msg)| (route, msg));
+    let list = with_result.map(|(route, _)| route.list.as_str());
     let mut outcome = ctx
         .queue
         .dead_letter(member, &record.to_json(), with_result)
         .await?;
-    if let (SetAside::ResultRefused(why), Some((list, _))) = (&outcome, with_result) {
+    if let (SetAside::ResultRefused(why), Some(list)) = (&outcome, list) {
         tracing::error!(queue = %ctx.queue.name(), result_list = %list, error = %why, "Redis refused an INVALID_REQUEST result; dead-lettering the member without it");
         record.reason = format!(
             "{}; its INVALID_REQUEST result could not be published to {list:?}: {why}",

@@ -16,7 +16,7 @@ use crate::config::QueueConfig;
 use crate::ops::metrics::QueueSeries;
 use crate::ops::{Metrics, QueueLabels};
 use crate::queue::dead::DeadRecord;
-use crate::queue::{Fence, Finish, Held, Queue};
+use crate::queue::{Fence, Finish, Held, Queue, ResultRoute};
 use crate::wire::{Envelope, ErrorCode, ResultMessage, Routing};
 
 /// One queue's shared state.
@@ -86,20 +86,36 @@ impl QueueCtx {
         }
     }
 
-    /// Where a result goes: the queue's result list, else the message's, else the default.
-    pub fn result_list(&self, routing: &Routing) -> String {
-        if let Some(list) = self
-            .spec
-            .result_queue_name
-            .as_deref()
-            .filter(|l| !l.is_empty())
-        {
-            return list.to_owned();
+    /// Where a result goes and how long its list lives: the route a processor already stamped
+    /// into the message (`result_routing_resolved`), else the queue's result list, the
+    /// message's, or the default (Go's precedence), with the queue's `result_ttl_seconds`.
+    pub fn result_route(&self, routing: &Routing) -> ResultRoute {
+        if routing.result_routing_resolved && !routing.result_queue_name.is_empty() {
+            return ResultRoute {
+                list: routing.result_queue_name.clone(),
+                ttl_s: u64::try_from(routing.result_ttl_seconds).unwrap_or(0),
+            };
         }
-        if !routing.result_queue_name.is_empty() {
-            return routing.result_queue_name.clone();
+        let list = match self.spec.result_queue_name.as_deref() {
+            Some(list) if !list.is_empty() => list.to_owned(),
+            _ if !routing.result_queue_name.is_empty() => routing.result_queue_name.clone(),
+            _ => self.default_result_list.clone(),
+        };
+        ResultRoute {
+            list,
+            ttl_s: self.spec.result_ttl_seconds,
         }
-        self.default_result_list.clone()
+    }
+
+    /// `envelope` with its result route stamped into `internal` (`result_routing_resolved`,
+    /// `result_queue_name`, `result_ttl_seconds`), as newer Go writes a member it puts back.
+    pub fn stamped(&self, envelope: &Envelope) -> Envelope {
+        let route = self.result_route(&envelope.internal);
+        let mut next = envelope.clone();
+        next.internal.result_routing_resolved = true;
+        next.internal.result_queue_name = route.list;
+        next.internal.result_ttl_seconds = i64::try_from(route.ttl_s).unwrap_or(i64::MAX);
+        next
     }
 
     /// Takes note of a failed Redis call of this queue's loops: one that could not reach Redis
@@ -142,13 +158,16 @@ impl QueueCtx {
         self.finish(self.ack(fence, envelope, result));
     }
 
-    /// The ack that publishes `result` for the generation `envelope`.
-    fn ack(&self, fence: &Fence, envelope: &Envelope, result: ResultMessage) -> Finish {
+    /// The ack that publishes `result` for the generation `envelope`, with its request token.
+    fn ack(&self, fence: &Fence, envelope: &Envelope, mut result: ResultMessage) -> Finish {
+        let route = self.result_route(&envelope.internal);
+        result.request_token = envelope.internal.request_token.clone();
         Finish::Ack {
             fence: fence.clone(),
             id: envelope.request.id.clone(),
             request_token: envelope.internal.request_token.clone(),
-            result_list: self.result_list(&envelope.internal),
+            result_list: route.list,
+            result_ttl_s: route.ttl_s,
             result: result.to_json(),
         }
     }
@@ -166,12 +185,14 @@ impl QueueCtx {
         let (mut record, who) = DeadRecord::about(self.queue.name(), reason, member, known);
         record.deliveries = deliveries;
         let (result, routing) = match who {
-            Some((id, routing)) => (
-                ResultMessage::error(&id, ErrorCode::DeadLettered, reason).to_json(),
-                routing,
-            ),
+            Some((id, routing)) => {
+                let mut result = ResultMessage::error(&id, ErrorCode::DeadLettered, reason);
+                result.request_token = routing.request_token.clone();
+                (result.to_json(), routing)
+            }
             None => (String::new(), Routing::default()),
         };
+        let route = self.result_route(&routing);
         self.metrics
             .dead_letters
             .get_or_create(&self.labels.with_outcome("deliveries"))
@@ -180,7 +201,8 @@ impl QueueCtx {
             fence: fence.clone(),
             id: record.id.clone(),
             request_token: routing.request_token.clone(),
-            result_list: self.result_list(&routing),
+            result_list: route.list,
+            result_ttl_s: route.ttl_s,
             result,
             record: record.to_json(),
         });
@@ -265,7 +287,7 @@ impl Job {
     pub fn park(mut self, backoff: std::time::Duration) {
         self.hand_over(Finish::Park {
             fence: self.held.fence.clone(),
-            member: Queue::retry_member(&self.held.envelope),
+            member: Queue::retry_member(&self.ctx.stamped(&self.held.envelope)),
             backoff,
         });
     }
@@ -276,7 +298,7 @@ impl Job {
     pub fn put_back(mut self, backoff: std::time::Duration) {
         self.hand_over(Finish::Park {
             fence: self.held.fence.clone(),
-            member: self.held.envelope.encode(),
+            member: self.ctx.stamped(&self.held.envelope).encode(),
             backoff,
         });
     }

@@ -44,6 +44,14 @@ use crate::wire::Envelope;
 struct Staged {
     list: String,
     result: String,
+    /// The TTL (seconds) the push sets on the list; 0 (or absent, as older stages wrote) for
+    /// none.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    ttl_s: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// Most staged results one upkeep pass settles.
@@ -74,6 +82,7 @@ pub(super) fn staging(f: &Finish, staged: impl Fn(&str) -> bool) -> Option<Strin
         serde_json::to_string(&Staged {
             list: list.clone(),
             result: result.clone(),
+            ttl_s: f.result_ttl_s(),
         })
         .unwrap_or_default()
     })
@@ -203,11 +212,16 @@ impl Queue {
 
     /// Steps 2 and 3 for staged results `(claim key, staged value)`.
     async fn settle(&self, items: Vec<(String, String)>) -> Result<u64, QueueError> {
-        let mut by_list: BTreeMap<String, Vec<(String, String)>> = BTreeMap::new();
+        // Per list: its TTL (the longest asked), and its (claim key, result) pairs.
+        let mut by_list: BTreeMap<String, (u64, Vec<(String, String)>)> = BTreeMap::new();
         let mut unreadable = Vec::new();
         for (ck, value) in items {
             match serde_json::from_str::<Staged>(&value) {
-                Ok(s) => by_list.entry(s.list).or_default().push((ck, s.result)),
+                Ok(s) => {
+                    let (ttl_s, pairs) = by_list.entry(s.list).or_default();
+                    *ttl_s = (*ttl_s).max(s.ttl_s);
+                    pairs.push((ck, s.result));
+                }
                 Err(e) => {
                     unreadable.push((ck, format!("staged result does not parse: {e}"), value))
                 }
@@ -216,12 +230,13 @@ impl Queue {
         let retention = delivered_retention(self.settings().lease)
             .as_millis()
             .to_string();
-        let deliveries = by_list.into_iter().map(|(list, items)| {
+        let deliveries = by_list.into_iter().map(|(list, (ttl_s, items))| {
             let mut con = self.con.clone();
             let retention = retention.clone();
             async move {
                 let keys = [list.clone(), delivered_key(&list)];
-                let mut args: Vec<&str> = vec![&retention];
+                let ttl_s = ttl_s.to_string();
+                let mut args: Vec<&str> = vec![&retention, &ttl_s];
                 for (ck, result) in &items {
                     args.push(ck);
                     args.push(result);

@@ -35,6 +35,6 @@ mod tests;
 pub use keys::QueueKeys;
 pub use moves::{
     Claimed, Fence, Finish, Finished, Held, Peeked, Promoted, Queue, QueueError, Reclaimed,
-    SetAside, TakenOver, Takeover,
+    ResultRoute, SetAside, TakenOver, Takeover,
 };
 pub use settings::{ClaimSettings, ReplicaWait};

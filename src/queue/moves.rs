@@ -154,6 +154,14 @@ pub struct Promoted {
     pub until_due: Option<std::time::Duration>,
 }
 
+/// Where a queue's result goes: the list, and the TTL (seconds, 0 for none) its every push
+/// sets on it (Go's per-queue `result_ttl_seconds`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ResultRoute {
+    pub list: String,
+    pub ttl_s: u64,
+}
+
 /// How one generation ends.
 #[derive(Debug, Clone)]
 pub enum Finish {
@@ -163,6 +171,8 @@ pub enum Finish {
         id: String,
         request_token: String,
         result_list: String,
+        /// The TTL (seconds, 0 for none) the push sets on `result_list`.
+        result_ttl_s: u64,
         result: String,
     },
     /// claimed -> dead: push the result and a dead-letter record, drop the claim.
@@ -171,6 +181,8 @@ pub enum Finish {
         id: String,
         request_token: String,
         result_list: String,
+        /// The TTL (seconds, 0 for none) the push sets on `result_list`.
+        result_ttl_s: u64,
         result: String,
         record: String,
     },
@@ -210,6 +222,7 @@ impl Finish {
             result_list,
             result,
             record,
+            ..
         } = self
         else {
             return None;
@@ -250,6 +263,7 @@ impl Finish {
             request_token,
             result_list,
             result,
+            ..
         } = self
         else {
             return None;
@@ -280,16 +294,30 @@ impl Finish {
                 id,
                 request_token,
                 result_list,
+                result_ttl_s,
                 ..
             } => Some(Finish::Ack {
                 fence: fence.clone(),
                 id: id.clone(),
                 request_token: request_token.clone(),
                 result_list: result_list.clone(),
-                result: ResultMessage::error(id, ErrorCode::InferenceError, why).to_json(),
+                result_ttl_s: *result_ttl_s,
+                result: {
+                    let mut msg = ResultMessage::error(id, ErrorCode::InferenceError, why);
+                    msg.request_token = request_token.clone();
+                    msg.to_json()
+                },
             }),
             Finish::Bury { .. } => self.bury_without_result(why),
             Finish::Park { .. } | Finish::Release { .. } => None,
+        }
+    }
+
+    /// The TTL (seconds, 0 for none) an ack or a bury with a result sets on its list.
+    pub fn result_ttl_s(&self) -> u64 {
+        match self {
+            Finish::Ack { result_ttl_s, .. } | Finish::Bury { result_ttl_s, .. } => *result_ttl_s,
+            Finish::Park { .. } | Finish::Release { .. } => 0,
         }
     }
 
@@ -330,6 +358,7 @@ fn resultless_bury(
         id: id.to_owned(),
         request_token: request_token.to_owned(),
         result_list: result_list.to_owned(),
+        result_ttl_s: 0,
         result: String::new(),
         record,
     }
@@ -705,9 +734,9 @@ impl Queue {
             k.finishing.clone(),
             k.finishing_idx.clone(),
         ];
-        // Per item: (index of its result list, index of its producer keys, backoff) as text;
-        // Lua indexes KEYS from 1, so an index is the length of `keys` after a push.
-        let mut numbers: Vec<[String; 3]> = Vec::with_capacity(batch.len());
+        // Per item: (index of its result list, index of its producer keys, backoff, the list's
+        // TTL) as text; Lua indexes KEYS from 1, so an index is the length of `keys` after a push.
+        let mut numbers: Vec<[String; 4]> = Vec::with_capacity(batch.len());
         for f in batch.iter().map(Borrow::borrow) {
             let (list, forget, backoff) = match f {
                 Finish::Ack {
@@ -758,18 +787,23 @@ impl Queue {
                 }
                 Finish::Release { .. } => (0, 0, 0),
             };
-            numbers.push([list.to_string(), forget.to_string(), backoff.to_string()]);
+            numbers.push([
+                list.to_string(),
+                forget.to_string(),
+                backoff.to_string(),
+                f.result_ttl_s().to_string(),
+            ]);
         }
         // What a staged item carries instead of its result: the list and the result together.
         let staged: Vec<Option<String>> = batch
             .iter()
             .map(|f| super::cross_slot::staging(f.borrow(), |list| self.staged(list)))
             .collect();
-        let mut args: Vec<&[u8]> = Vec::with_capacity(batch.len() * 8);
-        for ((f, [list, forget, backoff]), staged) in
+        let mut args: Vec<&[u8]> = Vec::with_capacity(batch.len() * 9);
+        for ((f, [list, forget, backoff, ttl]), staged) in
             batch.iter().map(Borrow::borrow).zip(&numbers).zip(&staged)
         {
-            let item: [&[u8]; 8] = match f {
+            let item: [&[u8]; 9] = match f {
                 Finish::Ack {
                     fence,
                     request_token,
@@ -784,6 +818,7 @@ impl Queue {
                     b"",
                     forget.as_bytes(),
                     request_token.as_bytes(),
+                    ttl.as_bytes(),
                 ],
                 Finish::Bury {
                     fence,
@@ -800,6 +835,7 @@ impl Queue {
                     record.as_bytes(),
                     forget.as_bytes(),
                     request_token.as_bytes(),
+                    ttl.as_bytes(),
                 ],
                 Finish::Park { fence, member, .. } => [
                     b"park",
@@ -810,6 +846,7 @@ impl Queue {
                     b"",
                     b"0",
                     b"",
+                    b"0",
                 ],
                 Finish::Release { fence } => [
                     b"release",
@@ -820,6 +857,7 @@ impl Queue {
                     b"",
                     b"0",
                     b"",
+                    b"0",
                 ],
             };
             args.extend(item);
@@ -1084,17 +1122,17 @@ impl Queue {
         &self,
         member: &[u8],
         record: &str,
-        result: Option<(&str, &ResultMessage)>,
+        result: Option<(&ResultRoute, &ResultMessage)>,
     ) -> Result<SetAside, QueueError> {
-        let (list, json) = match result {
-            Some((list, msg)) => (list.to_owned(), msg.to_json()),
-            None => (self.keys.dead.clone(), String::new()),
+        let (list, ttl_s, json) = match result {
+            Some((route, msg)) => (route.list.clone(), route.ttl_s, msg.to_json()),
+            None => (self.keys.dead.clone(), 0, String::new()),
         };
         let k = &self.keys;
         let keys = [&k.pending, &k.dead, &list, &k.finishing, &k.finishing_idx];
         // On a cluster, a result list in another slot gets its result staged, then delivered.
         let staged = match result {
-            Some((list, msg)) if self.staged(list) => Some((
+            Some((route, msg)) if self.staged(&route.list) => Some((
                 claim_key(&msg.id, "", member),
                 super::cross_slot::staging(
                     &Finish::Ack {
@@ -1104,7 +1142,8 @@ impl Queue {
                         },
                         id: msg.id.clone(),
                         request_token: String::new(),
-                        result_list: list.to_owned(),
+                        result_list: route.list.clone(),
+                        result_ttl_s: route.ttl_s,
                         result: json.clone(),
                     },
                     |_| true,
@@ -1122,7 +1161,15 @@ impl Queue {
             Some((ck, value)) => (ck.as_bytes(), value.as_bytes()),
             None => (&b""[..], json.as_bytes()),
         };
-        let args: [&[u8]; 5] = [member, record.as_bytes(), carried, mode, ck];
+        let ttl_s = ttl_s.to_string();
+        let args: [&[u8]; 6] = [
+            member,
+            record.as_bytes(),
+            carried,
+            mode,
+            ck,
+            ttl_s.as_bytes(),
+        ];
         let cmd = SCRIPTS.dead_letter.cmd(&keys, &args);
         let reply = match SCRIPTS.dead_letter.run(&mut self.con.clone(), &cmd).await {
             Ok(reply) => reply,

@@ -79,12 +79,21 @@ async fn claim_head(queue: &Queue, n: usize) -> Vec<Held> {
         .collect()
 }
 
+/// The route to `list`, without a TTL.
+fn route(list: &str) -> super::ResultRoute {
+    super::ResultRoute {
+        list: list.to_owned(),
+        ttl_s: 0,
+    }
+}
+
 fn ack(held: &Held, result: &ResultMessage) -> Finish {
     Finish::Ack {
         fence: held.fence.clone(),
         id: held.envelope.request.id.clone(),
         request_token: held.envelope.internal.request_token.clone(),
         result_list: RESULTS.to_owned(),
+        result_ttl_s: 0,
         result: result.to_json(),
     }
 }
@@ -523,6 +532,7 @@ async fn delivery_limit_dead_letters_with_a_terminal_record() {
         id: env.request.id.clone(),
         request_token: env.internal.request_token.clone(),
         result_list: RESULTS.to_owned(),
+        result_ttl_s: 0,
         result: result.to_json(),
         record: record.to_json(),
     };
@@ -562,6 +572,7 @@ async fn passed_deadline_is_taken_over_for_deadline_exceeded() {
         id: env.request.id.clone(),
         request_token: env.internal.request_token.clone(),
         result_list: RESULTS.to_owned(),
+        result_ttl_s: 0,
         result: ResultMessage::deadline_exceeded("late").to_json(),
     };
     assert_eq!(
@@ -593,6 +604,7 @@ async fn malformed_members_are_dead_lettered_with_a_reason() {
     for (i, (member, _)) in bad.iter().enumerate() {
         let _: () = r.con.zadd(Q, member, i).await.unwrap();
     }
+    let results_route = route(RESULTS);
     for p in r.queue.peek(10).await.unwrap() {
         let err = Envelope::decode(&p.member).unwrap_err();
         let record = DeadRecord::new(Q, &err.to_string(), &p.member);
@@ -609,7 +621,7 @@ async fn malformed_members_are_dead_lettered_with_a_reason() {
             .dead_letter(
                 &p.member,
                 &record.to_json(),
-                result.as_ref().map(|m| (RESULTS, m)),
+                result.as_ref().map(|m| (&results_route, m)),
             )
             .await
             .unwrap();
@@ -659,7 +671,7 @@ async fn dead_letter_to_a_result_list_of_another_type_moves_nothing() {
     let msg = ResultMessage::error("x", crate::wire::ErrorCode::InvalidRequest, "Failed: x.");
     let outcome = r
         .queue
-        .dead_letter(member.as_bytes(), "{}", Some(("a-string", &msg)))
+        .dead_letter(member.as_bytes(), "{}", Some((&route("a-string"), &msg)))
         .await
         .unwrap();
     assert!(
@@ -1010,6 +1022,7 @@ async fn one_finish_call_moves_a_mixed_batch_each_item_fenced() {
             id: "b".to_owned(),
             request_token: b.envelope.internal.request_token.clone(),
             result_list: RESULTS.to_owned(),
+            result_ttl_s: 0,
             result: ResultMessage::http("b", 500, b"{}").to_json(),
             record: "{\"id\":\"b\"}".to_owned(),
         },
@@ -1457,7 +1470,7 @@ async fn published_results_reach_subscribers_or_are_kept() {
     let _: () = r.con.zadd(Q, &bad[..], 0).await.unwrap();
     let invalid = ResultMessage::http("no-deadline", 400, b"{}");
     let moved = queue
-        .dead_letter(bad, "{}", Some((RESULTS, &invalid)))
+        .dead_letter(bad, "{}", Some((&route(RESULTS), &invalid)))
         .await
         .unwrap();
     assert_eq!(moved, SetAside::Moved);

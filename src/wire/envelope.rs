@@ -48,6 +48,13 @@ pub struct Routing {
     pub request_queue_name: String,
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub result_queue_name: String,
+    /// The result list's TTL the request was routed with (newer Go; see `result_routing_resolved`).
+    #[serde(default, skip_serializing_if = "is_zero_i64")]
+    pub result_ttl_seconds: i64,
+    /// Set once a processor has resolved where the result goes: `result_queue_name` and
+    /// `result_ttl_seconds` then name the route, and every later processor keeps it.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub result_routing_resolved: bool,
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub transport_correlation_id: String,
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
@@ -59,6 +66,14 @@ pub struct Routing {
 
 fn is_zero(n: &u32) -> bool {
     *n == 0
+}
+
+fn is_zero_i64(n: &i64) -> bool {
+    *n == 0
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
 }
 
 /// A decoded member: routing, kind, the raw `data` bytes and a typed view of them.

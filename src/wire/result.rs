@@ -1,5 +1,5 @@
-//! The result message (Go's `ResultMessage`) that inferq pushes onto a result list: `id`,
-//! `status_code` (only when an HTTP response was received), `payload` (always a string, the raw
+//! The result message (Go's `ResultMessage`) that inferq pushes onto a result list: `id`, the
+//! generation's `request_token` (newer Go), `status_code` (only when an HTTP response was received), `payload` (always a string, the raw
 //! response body or `{"error":"…"}`), and `error_code` / `error_message` for non-HTTP outcomes.
 //!
 //! It is written as Go's `json.Marshal` writes it, byte for byte: besides the escapes every
@@ -44,6 +44,10 @@ impl ErrorCode {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ResultMessage {
     pub id: String,
+    /// The generation's request token (newer Go writes it on every result), so a consumer can
+    /// tell two submissions under one id apart; empty for a member that had none.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub request_token: String,
     #[serde(default, skip_serializing_if = "is_zero")]
     pub status_code: u16,
     #[serde(default)]
@@ -63,6 +67,7 @@ impl ResultMessage {
     pub fn http(id: &str, status: u16, body: &[u8]) -> Self {
         ResultMessage {
             id: id.to_owned(),
+            request_token: String::new(),
             status_code: status,
             payload: String::from_utf8_lossy(body).into_owned(),
             error_code: String::new(),
@@ -76,6 +81,7 @@ impl ResultMessage {
             .unwrap_or_else(|| r#"{"error": "internal error"}"#.to_owned());
         ResultMessage {
             id: id.to_owned(),
+            request_token: String::new(),
             status_code: 0,
             payload,
             error_code: code.as_str().to_owned(),

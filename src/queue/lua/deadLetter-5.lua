@@ -16,6 +16,8 @@
             the list of that name when no subscriber hears it or Redis refuses the PUBLISH),
             "" to LPUSH it, "stage" to stage it under ARGV[5] in KEYS[4] for deliverOnce-2
     ARGV[5] the claim key the result is staged under ("stage" only)
+    ARGV[6] the result list's TTL in seconds, set by EXPIRE after the push (Go's
+            result_ttl_seconds), or 0 for none (a push only)
 
   Output: 1 moved; 0 the member was no longer pending (another instance moved it); -1 nothing
     moved: the result list holds another type than a list (the caller sets the member aside
@@ -42,5 +44,9 @@ if ARGV[3] ~= '' and stage then
   redis.call('ZADD', KEYS[5], nowMs(), ARGV[5])
 elseif ARGV[3] ~= '' then
   deliver(KEYS[3], { ARGV[3] }, ARGV[4] == 'publish')
+  local ttl = tonumber(ARGV[6]) or 0
+  if ttl > 0 and ARGV[4] ~= 'publish' then
+    redis.call('EXPIRE', KEYS[3], ttl)
+  end
 end
 return 1

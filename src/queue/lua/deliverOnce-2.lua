@@ -10,7 +10,8 @@
     KEYS[1] the result list          (consumers BRPOP it; LPUSH keeps FIFO order)
     KEYS[2] its delivered markers    zset claim key -> when pushed, Unix ms ({<list>}:delivered)
     ARGV[1] how long a marker is kept, in milliseconds
-    ARGV[2..] pairs: claim key, result JSON
+    ARGV[2] the list's TTL in seconds, set by EXPIRE after a push (Go's result_ttl_seconds), or 0
+    ARGV[3..] pairs: claim key, result JSON
 
   Output: { status per pair }: 1 pushed now; 0 pushed before (nothing written);
     or the error WRONGTYPE when the list (or the markers) hold another type: nothing written.
@@ -24,7 +25,7 @@ end
 local now = nowMs()
 redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now - tonumber(ARGV[1]))
 local out, values, marks, seen = {}, {}, {}, {}
-for i = 2, #ARGV, 2 do
+for i = 3, #ARGV, 2 do
   local ck = ARGV[i]
   if seen[ck] or redis.call('ZSCORE', KEYS[2], ck) then
     out[#out + 1] = 0
@@ -39,5 +40,8 @@ end
 if #values > 0 then
   redis.call('LPUSH', KEYS[1], unpack(values))
   redis.call('ZADD', KEYS[2], unpack(marks))
+  if tonumber(ARGV[2]) > 0 then
+    redis.call('EXPIRE', KEYS[1], ARGV[2])
+  end
 end
 return out

@@ -26,7 +26,7 @@
     KEYS[11] finishing-idx zset claim key -> when it was staged, Unix ms (cluster only)
     KEYS[12..] result lists (consumers BRPOP them; LPUSH keeps FIFO order), then the producer's
             request-active:<id> / request-cancel:<id> pairs of acked and buried generations
-    ARGV: per item 8 fields:
+    ARGV: per item 9 fields:
       kind      "ack" | "bury" | "park" | "release"
       claim key
       owner token
@@ -43,6 +43,8 @@
       ack, bury: index into KEYS of request-active:<id> (request-cancel:<id> follows it), or 0
       ack, bury: the generation's request token: the two keys are deleted only where they still
            hold it, so an old generation finishing never clears a newer one's (ID reuse)
+      ack, bury: the result list's TTL in seconds, set by EXPIRE after every push to it (Go's
+           per-queue result_ttl_seconds; the last pushed item's TTL wins), or 0 for none
 
   Output: { status per item }: 1 moved; 0 not yours (already done, taken over, or repeated);
     -2 refused: its result list holds another type than a list (nothing of it was moved);
@@ -51,7 +53,7 @@
     something, each of an item that moves, so a refusal leaves its item where it was.
     A queue key of the wrong type is an error before anything is written.
 ]]
-local W = 8
+local W = 9
 local n = #ARGV / W
 local out = {}
 if n < 1 then
@@ -134,13 +136,15 @@ local now = nil
 local drop, finished, pushes, pushOrder, dead, parked, pending, forget = {}, {}, {}, {}, {}, {}, {}, {}
 local staged, stagedAt = {}, {}
 local seen = {}
-local function push(listAt, value)
+local ttls = {}
+local function push(listAt, value, ttl)
   if not pushes[listAt] then
     pushes[listAt] = {}
     pushOrder[#pushOrder + 1] = listAt
   end
   local list = pushes[listAt]
   list[#list + 1] = value
+  ttls[listAt] = ttl
 end
 for i = 1, n do
   local b = (i - 1) * W
@@ -174,7 +178,7 @@ for i = 1, n do
         stagedAt[#stagedAt + 1] = now
         stagedAt[#stagedAt + 1] = ck
       elseif result and heard ~= true then
-        push(listAt, result)
+        push(listAt, result, tonumber(ARGV[b + 9]) or 0)
       end
       if kind == 'bury' then
         dead[#dead + 1] = ARGV[b + 6]
@@ -211,6 +215,9 @@ for _, listAt in ipairs(pushOrder) do
     keepUnheard(KEYS[-listAt], pushes[listAt])
   else
     redis.call('LPUSH', KEYS[listAt], unpack(pushes[listAt]))
+    if ttls[listAt] > 0 then
+      redis.call('EXPIRE', KEYS[listAt], ttls[listAt])
+    end
   end
 end
 if #dead > 0 then

@@ -250,6 +250,7 @@ impl Gate for TierAdmission {
 fn too_many_requests() -> ResultMessage {
     ResultMessage {
         id: String::new(),
+        request_token: String::new(),
         status_code: 0,
         payload: TOO_MANY_REQUESTS.to_owned(),
         error_code: String::new(),
