@@ -173,7 +173,7 @@ async fn a_cluster_drains_with_one_result_per_request_on_both_finish_paths() {
     .await;
     // Every staged result was delivered once and marked; the markers sit in the list's slot.
     let marked: u64 = redis::cmd("ZCARD")
-        .arg("{result-list}:delivered")
+        .arg("{result-list}:delivered:request-sortedset")
         .query_async(&mut con)
         .await
         .unwrap();

@@ -19,8 +19,10 @@
 //! ([`Queue::settle_staged`]) takes those older than the queue's lease and runs steps 2 and 3
 //! for them. A finisher that took longer than half that lease since its stage leaves its push
 //! to upkeep, so the two hardly ever overlap; when they do, the marker makes the second push a
-//! no-op. Markers are kept [`delivered_retention`] (at least ten minutes): a generation could be
-//! pushed twice only by a push delayed in transit for longer than that.
+//! no-op. Markers (one set per queue and list) are kept [`delivered_retention`] (at least ten
+//! minutes) and, beyond that, as long as the queue has an older staged result; a push whose
+//! caller read the staged state more than half the retention ago is refused and read again. So
+//! a marker outlives both its staged result and every caller that could still push it.
 //!
 //! Result lists named with the queue's tag (`{q}:results`) stay on the one-script path of a
 //! single server; this module is not used for them.
@@ -52,6 +54,21 @@ struct Staged {
 
 fn is_zero(n: &u64) -> bool {
     *n == 0
+}
+
+/// What a caller read of the queue's staged results before pushing some (both Unix ms of the
+/// queue's node, as text for `deliverOnce-2.lua`): when it read, and the oldest staged result
+/// then (empty when none).
+struct StagedRead {
+    at_ms: String,
+    oldest_ms: String,
+}
+
+fn staged_reply(reply: &Value) -> QueueError {
+    QueueError::Reply {
+        script: "staleStaged",
+        detail: format!("{reply:?}"),
+    }
 }
 
 /// Most staged results one upkeep pass settles.
@@ -176,7 +193,7 @@ impl Queue {
             }
         }
         if !settle.is_empty() && started.elapsed() < self.settings().lease / 2 {
-            if let Err(e) = self.settle(settle).await {
+            if let Err(e) = self.settle_now(settle).await {
                 tracing::debug!(error = %e, queue = %self.name(), "staged results left to upkeep");
             }
         }
@@ -185,9 +202,16 @@ impl Queue {
 
     /// Steps 2 and 3 for one staged result; a failure leaves it to upkeep.
     pub(super) async fn settle_one(&self, ck: String, value: String) {
-        if let Err(e) = self.settle(vec![(ck, value)]).await {
+        if let Err(e) = self.settle_now(vec![(ck, value)]).await {
             tracing::debug!(error = %e, queue = %self.name(), "a staged result is left to upkeep");
         }
+    }
+
+    /// Steps 2 and 3 for results this caller has just staged: it reads the staged state first,
+    /// which the push needs to trim markers safely.
+    async fn settle_now(&self, items: Vec<(String, String)>) -> Result<u64, QueueError> {
+        let (read, _) = self.read_staged(Duration::MAX, 0).await?;
+        self.settle(items, &read).await
     }
 
     /// Compare-and-delete of `request-active:<id>` and `request-cancel:<id>` for each finished
@@ -210,8 +234,13 @@ impl Queue {
         }
     }
 
-    /// Steps 2 and 3 for staged results `(claim key, staged value)`.
-    async fn settle(&self, items: Vec<(String, String)>) -> Result<u64, QueueError> {
+    /// Steps 2 and 3 for staged results `(claim key, staged value)`, read in the staged state
+    /// `read`.
+    async fn settle(
+        &self,
+        items: Vec<(String, String)>,
+        read: &StagedRead,
+    ) -> Result<u64, QueueError> {
         // Per list: its TTL (the longest asked), and its (claim key, result) pairs.
         let mut by_list: BTreeMap<String, (u64, Vec<(String, String)>)> = BTreeMap::new();
         let mut unreadable = Vec::new();
@@ -234,9 +263,9 @@ impl Queue {
             let mut con = self.con.clone();
             let retention = retention.clone();
             async move {
-                let keys = [list.clone(), delivered_key(&list)];
+                let keys = [list.clone(), delivered_key(&list, self.name())];
                 let ttl_s = ttl_s.to_string();
-                let mut args: Vec<&str> = vec![&retention, &ttl_s];
+                let mut args: Vec<&str> = vec![&retention, &ttl_s, &read.at_ms, &read.oldest_ms];
                 for (ck, result) in &items {
                     args.push(ck);
                     args.push(result);
@@ -252,6 +281,14 @@ impl Queue {
             match answer {
                 // With a replica wait, a staged result stays until its push is on the replicas:
                 // upkeep pushes it again if a fail-over lost the push (and its marker).
+                // The read was too old to push on (a stalled caller): read again later.
+                Ok(Value::BulkString(s)) if s == b"stale" => {
+                    first_error.get_or_insert(QueueError::Reply {
+                        script: "deliverOnce",
+                        detail: "the staged state was read too long ago; upkeep reads it again"
+                            .to_owned(),
+                    });
+                }
                 Ok(Value::Array(_)) => match self.settings().replica_wait {
                     Some(wait) if !self.wait_for_replicas(&list, wait).await => {}
                     _ => unstage.extend(items.into_iter().map(|(ck, _)| (ck, String::new()))),
@@ -323,38 +360,53 @@ impl Queue {
         if !self.cluster {
             return Ok(0);
         }
+        let (read, items) = self
+            .read_staged(self.settings().lease, SETTLE_BATCH)
+            .await?;
+        if items.is_empty() {
+            return Ok(0);
+        }
+        self.settle(items, &read).await
+    }
+
+    /// The staged state (`staleStaged-2.lua`): when it was read and the oldest staged result,
+    /// and up to `limit` staged results older than `age`.
+    async fn read_staged(
+        &self,
+        age: Duration,
+        limit: usize,
+    ) -> Result<(StagedRead, Vec<(String, String)>), QueueError> {
         let k = &self.keys;
-        let age = self.settings().lease.as_millis().to_string();
         let cmd = SCRIPTS.stale_staged.cmd(
             &[&k.finishing, &k.finishing_idx],
-            &[age, SETTLE_BATCH.to_string()],
+            &[age.as_millis().to_string(), limit.to_string()],
         );
         let reply = SCRIPTS
             .stale_staged
             .run(&mut self.con.clone(), &cmd)
             .await?;
-        let Value::Array(flat) = &reply else {
-            return Err(QueueError::Reply {
-                script: "staleStaged",
-                detail: format!("{reply:?}"),
-            });
-        };
         let text = |v: &Value| match v {
             Value::BulkString(b) => Some(String::from_utf8_lossy(b).into_owned()),
+            Value::SimpleString(s) => Some(s.clone()),
             _ => None,
         };
-        let mut items = Vec::with_capacity(flat.len() / 2);
-        for pair in flat.chunks(2) {
-            if let [ck, value] = pair {
-                if let (Some(ck), Some(value)) = (text(ck), text(value)) {
-                    items.push((ck, value));
+        let (read, rest) = match &reply {
+            Value::Array(flat) if flat.len() >= 2 && flat.len() % 2 == 0 => {
+                match (text(&flat[0]), text(&flat[1])) {
+                    (Some(at_ms), Some(oldest_ms)) => (StagedRead { at_ms, oldest_ms }, &flat[2..]),
+                    _ => return Err(staged_reply(&reply)),
                 }
             }
-        }
-        if items.is_empty() {
-            return Ok(0);
-        }
-        self.settle(items).await
+            _ => return Err(staged_reply(&reply)),
+        };
+        let items = rest
+            .chunks(2)
+            .filter_map(|pair| match pair {
+                [ck, value] => Some((text(ck)?, text(value)?)),
+                _ => None,
+            })
+            .collect();
+        Ok((read, items))
     }
 
     /// Due entries of the Go retry set (`retry-sortedset`, in a slot of its own) -> this queue,

@@ -129,10 +129,11 @@ pub fn doorbell_channel(queue: &str) -> String {
     format!("{queue}:doorbell")
 }
 
-/// The markers of results pushed to `list` by the cross-slot finish (`deliverOnce-2.lua`):
-/// `{<list>}:delivered`, in the list's slot.
-pub fn delivered_key(list: &str) -> String {
-    format!("{}:delivered", slot_key(list))
+/// The markers of the results `queue` pushed to `list` by the cross-slot finish
+/// (`deliverOnce-2.lua`): `{<list>}:delivered:<queue>`, in the list's slot. One set per queue, because each queue trims its own markers no earlier
+/// than its own oldest staged result (see `deliverOnce-2.lua`).
+pub fn delivered_key(list: &str, queue: &str) -> String {
+    format!("{}:delivered:{queue}", slot_key(list))
 }
 
 /// The producer's cancellation keys for a request id (Go names).

@@ -1825,3 +1825,60 @@ async fn a_submission_whose_zadd_fails_in_its_transaction_is_refused() {
         "{single:?}"
     );
 }
+
+/// The list-side step of a finish across cluster slots (`deliverOnce-2.lua`, run here on one
+/// server): a marker outlives its retention while the queue still has an older staged result,
+/// so a result whose finisher died after pushing it is not pushed again by the upkeep that
+/// comes back after the retention (before: pushed twice, found by the model check); it goes
+/// once nothing older is staged; and a caller whose read of the staged state is older than half
+/// the retention is refused, writing nothing.
+#[tokio::test]
+async fn a_delivered_marker_outlives_its_staged_result_and_stale_readers() {
+    use super::scripts::SCRIPTS;
+    let mut r = rig(1_000, 5).await;
+    let markers = super::keys::delivered_key(RESULTS, Q);
+    let now_ms = |con: &mut redis::aio::ConnectionManager| {
+        let mut con = con.clone();
+        async move {
+            let (s, us): (u64, u64) = redis::cmd("TIME").query_async(&mut con).await.unwrap();
+            s * 1000 + us / 1000
+        }
+    };
+    // Retention 1 s, no TTL; `read_at` and `oldest` as the caller read them.
+    let deliver =
+        |con: &redis::aio::ConnectionManager, read_at: u64, oldest: Option<u64>, ck: &str| {
+            let mut con = con.clone();
+            let cmd = SCRIPTS.deliver_once.cmd(
+                &[RESULTS, markers.as_str()],
+                &[
+                    "1000".to_owned(),
+                    "0".to_owned(),
+                    read_at.to_string(),
+                    oldest.map(|o| o.to_string()).unwrap_or_default(),
+                    ck.to_owned(),
+                    format!("result of {ck}"),
+                ],
+            );
+            async move { SCRIPTS.deliver_once.run(&mut con, &cmd).await.unwrap() }
+        };
+    let staged_at = now_ms(&mut r.con).await;
+    let first = deliver(&r.con, staged_at, Some(staged_at), "a\0t").await;
+    assert_eq!(first, redis::Value::Array(vec![redis::Value::Int(1)]));
+    // The finisher died before its unstage; upkeep comes back after the retention, the result
+    // still staged (the oldest): not pushed again.
+    tokio::time::sleep(Duration::from_millis(1_200)).await;
+    let read_at = now_ms(&mut r.con).await;
+    let again = deliver(&r.con, read_at, Some(staged_at), "a\0t").await;
+    assert_eq!(again, redis::Value::Array(vec![redis::Value::Int(0)]));
+    assert_eq!(r.con.llen::<_, u64>(RESULTS).await.unwrap(), 1);
+    // Unstaged (nothing older staged): the next push of the queue trims the old marker.
+    let read_at = now_ms(&mut r.con).await;
+    let other = deliver(&r.con, read_at, None, "b\0t").await;
+    assert_eq!(other, redis::Value::Array(vec![redis::Value::Int(1)]));
+    let left: Option<f64> = r.con.zscore(&markers, "a\0t").await.unwrap();
+    assert_eq!(left, None, "the old marker was trimmed");
+    // A reader that stalled longer than half the retention is refused.
+    let stale = deliver(&r.con, read_at - 600, None, "c\0t").await;
+    assert_eq!(stale, redis::Value::BulkString(b"stale".to_vec()));
+    assert_eq!(r.con.llen::<_, u64>(RESULTS).await.unwrap(), 2);
+}

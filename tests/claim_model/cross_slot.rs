@@ -40,7 +40,7 @@ pub(crate) enum MarkerTrim {
     Anytime,
 }
 
-/// A set of claim keys, by [`ClaimKey::slot`]: the list's `{<list>}:delivered` markers.
+/// A set of claim keys, by [`ClaimKey::slot`]: the list's `{<list>}:delivered:<q>` markers.
 #[derive(Clone, Copy, PartialEq, Eq, Default)]
 pub(crate) struct KeyMarks(pub(crate) u8);
 

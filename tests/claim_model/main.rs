@@ -33,9 +33,9 @@
 //! |                 | the claim key; the finisher then holds a settler of it                   |
 //! | `dead_letter`   | *stage* (`deadLetter-5` with `stage`): pending -> dead, record staged    |
 //! | `settles`       | the settler's next step: *deliver once* (`deliverOnce-2`, list slot):    |
-//! |                 | `LPUSH` the record and mark the claim key in `{<list>}:delivered`, unless|
-//! |                 | marked already; then *unstage* (`unstage-3`, queue slot): drop the staged|
-//! |                 | record                                                                   |
+//! |                 | `LPUSH` the record and mark the claim key in the queue's markers beside  |
+//! |                 | the list (`{<list>}:delivered:<q>`), unless marked already; then         |
+//! |                 | *unstage* (`unstage-3`, queue slot): drop the staged record              |
 //! | `upkeep reads`  | `staleStaged-2`: a record staged longer ago than a lease; the reader     |
 //! |                 | becomes a second settler (`Queue::settle_staged`)                        |
 //! | `leaves ...`    | a settler gives up (an error, or half a lease passed since its stage)    |
@@ -90,8 +90,8 @@
 //!
 //! ## Markers and their retention
 //!
-//! The real markers are trimmed after a retention (ten leases, at least ten minutes) by the next
-//! `deliverOnce` on the list. The model trims them explicitly, at any moment the
+//! The real markers are trimmed after a retention (ten leases, at least ten minutes) by a later
+//! `deliverOnce` of the same queue on the list. The model trims them explicitly, at any moment the
 //! [`cross_slot::MarkerTrim`] of the configuration allows. The correct system uses
 //! `MarkerTrim::Settled`: a marker may go once nothing is staged under its claim key and no
 //! settler holds its record. That is what the retention must guarantee, and the planted tests
@@ -99,6 +99,13 @@
 //! and unstage and no upkeep ran for the whole retention), or while a settler that read the
 //! record before its unstage has yet to push (a push or an upkeep pass stalled that long),
 //! lets a second push through.
+//!
+//! How the real system keeps to `Settled` (`deliverOnce-2`): each queue has its own markers
+//! beside a list, and a push trims only those older than the retention *and* older than the
+//! queue's oldest staged record (as read by the caller, less a minute for clock skew between
+//! nodes), so no staged record's marker goes; and a caller whose read of the staged state is
+//! older than half the retention is refused (it reads again), so no settler that could still
+//! push outlives the markers it relies on.
 //!
 //! # Bounds
 //!

@@ -341,7 +341,7 @@ pub(crate) struct Redis {
     /// `{q}:finishing` (queue slot): claim key -> staged result, indexed by
     /// [`ClaimKey::slot`]. Empty unless the finish is [`FinishPath::CrossSlot`].
     pub(crate) staged: [Option<Staged>; MAX_GENERATIONS],
-    /// `{<list>}:delivered` (the list's slot): the claim keys whose result was pushed.
+    /// `{<list>}:delivered:<q>` (the list's slot): the claim keys whose result was pushed.
     pub(crate) delivered: KeyMarks,
 }
 

@@ -1,7 +1,9 @@
 --[[ staleStaged: the results staged longer ago than a lease (by this node's TIME), for upkeep to
   settle (deliverOnce-2, then unstage-3): their finisher died or stalled between the steps of a
-  finish across Redis Cluster slots. Reads only, but for index entries whose staged result is
-  gone already, which it drops.
+  finish across Redis Cluster slots; and what deliverOnce-2 needs to trim markers safely: this
+  node's time and the oldest staged result. Reads only, but for index entries whose staged
+  result is gone already, which it drops. With ARGV[2] = 0 it reads the times alone (a finisher
+  about to deliver what it staged).
 
   Input:
     KEYS[1] finishing     hash  claim key -> staged result
@@ -9,15 +11,21 @@
     ARGV[1] how old a staged result must be, in milliseconds
     ARGV[2] how many at most
 
-  Output: { claim key, staged result, claim key, staged result, ... }
+  Output: { now (Unix ms), oldest staged (Unix ms) or "", claim key, staged result, ... }
 ]]
-local before = nowMs() - tonumber(ARGV[1])
-local cks = redis.call('ZRANGE', KEYS[2], '-inf', before, 'BYSCORE', 'LIMIT', 0, tonumber(ARGV[2]))
+local now = nowMs()
+local first = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')
+local out = { tostring(now), first[2] or '' }
+if tonumber(ARGV[2]) < 1 then
+  return out
+end
+local cks = redis.call('ZRANGE', KEYS[2], '-inf', now - tonumber(ARGV[1]), 'BYSCORE', 'LIMIT', 0,
+  tonumber(ARGV[2]))
 if #cks == 0 then
-  return {}
+  return out
 end
 local values = redis.call('HMGET', KEYS[1], unpack(cks))
-local out, orphans = {}, {}
+local orphans = {}
 for i, ck in ipairs(cks) do
   if values[i] then
     out[#out + 1] = ck
