@@ -54,14 +54,14 @@ const REPLICA_WAIT: ReplicaWait = ReplicaWait {
 };
 
 /// The Redis deployment of a run and the node a fault left down, if any.
-pub enum Topo {
+enum Topo {
     Cluster {
-        cluster: RedisCluster,
+        cluster: Box<RedisCluster>,
         /// A master killed whose restart has not happened yet (a fault failed half-way).
         down: Option<u16>,
     },
     Sentinel {
-        set: SentinelSet,
+        set: Box<SentinelSet>,
         down: Option<u16>,
         /// When the last fail-over ended: the sentinels start no new one for twice their
         /// failover timeout after it ([`SENTINEL_REST`]).
@@ -83,11 +83,11 @@ impl Topo {
     fn start(redis: ChaosRedis) -> Result<Topo, ChaosError> {
         tokio::task::block_in_place(|| match redis {
             ChaosRedis::Cluster => Ok(Topo::Cluster {
-                cluster: RedisCluster::start()?,
+                cluster: Box::new(RedisCluster::start()?),
                 down: None,
             }),
             ChaosRedis::Sentinel => Ok(Topo::Sentinel {
-                set: SentinelSet::start(MASTER_NAME)?,
+                set: Box::new(SentinelSet::start(MASTER_NAME)?),
                 down: None,
                 failed_over: None,
             }),
