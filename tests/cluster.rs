@@ -26,15 +26,7 @@ const APART: &str = "result-list";
 const BESIDE: &str = "{request-sortedset}:results";
 
 fn cluster_target(c: &RedisCluster) -> Target {
-    let seeds = c.addrs();
-    Target::new(
-        &c.seed_urls()[0],
-        &Default::default(),
-        Topology::Cluster {
-            addrs: seeds[1..].to_vec(),
-        },
-    )
-    .unwrap()
+    c.target().unwrap()
 }
 
 fn cluster_opts(c: &RedisCluster) -> ProcessorOpts {
@@ -659,18 +651,8 @@ fn bad_mode_combinations_exit_2_naming_the_field() {
 }
 
 fn sentinel_target(s: &SentinelSet) -> (String, Vec<String>, Target) {
-    let urls = s.sentinel_urls();
     let addrs = s.sentinel_addrs()[1..].to_vec();
-    let target = Target::new(
-        &urls[0],
-        &Default::default(),
-        Topology::Sentinel {
-            addrs: addrs.clone(),
-            master_name: s.master_name().to_owned(),
-        },
-    )
-    .unwrap();
-    (urls[0].clone(), addrs, target)
+    (s.sentinel_urls()[0].clone(), addrs, s.target().unwrap())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

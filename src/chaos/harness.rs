@@ -3,7 +3,8 @@
 //! quiescence; read the whole history back and check it; stop the processors; run the
 //! stale-owner races; return the [`Report`].
 //!
-//! [`run`] takes [`ChaosSettings`] and returns the report (a failed check is in the report,
+//! [`run`] takes [`ChaosSettings`] (handing a cluster or Sentinel run to [`super::deployed`])
+//! and returns the report (a failed check is in the report,
 //! not an error). [`races_only`] runs just the races against a Redis of its own. Progress goes
 //! to the log (`tracing`, standard error). Both need tokio's multi-threaded runtime: Redis is
 //! stopped and started in `block_in_place`. Dropping a run stops everything it started.
@@ -11,6 +12,8 @@
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
+
+use redis::aio::ConnectionLike;
 
 use super::history::{self, History, Orphans};
 use super::inject::{FaultRecord, Rig};
@@ -20,7 +23,7 @@ use super::proxy::Proxy;
 use super::report::{ProcessorSummary, Report};
 use super::schedule::{self, PlanShape};
 use super::workload::{admitted, Ledger, Workload};
-use super::{races, ChaosError, ChaosSettings, ChaosTransport};
+use super::{races, ChaosError, ChaosRedis, ChaosSettings, ChaosTransport};
 use crate::queue::producer::Producer;
 use crate::queue::{connect, QueueKeys};
 use crate::sim::{Sim, SimConfig};
@@ -32,12 +35,15 @@ const RESULTS: &str = "chaos:results";
 /// How often published requests are settled during a run (their markers outlive this by far).
 const SETTLE_EVERY: Duration = Duration::from_secs(5);
 
-fn ms(d: Duration) -> u64 {
+pub(super) fn ms(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
 /// Runs the whole chaos test.
 pub async fn run(settings: ChaosSettings) -> Result<Report, ChaosError> {
+    if settings.redis != ChaosRedis::Standalone {
+        return super::deployed::run(settings).await;
+    }
     let started = Instant::now();
     let redis_dir = settings.dir.join("redis");
     let redis = tokio::task::block_in_place(|| RedisServer::start_in(&redis_dir, Fsync::Always))?;
@@ -71,6 +77,7 @@ pub async fn run(settings: ChaosSettings) -> Result<Report, ChaosError> {
         concurrency: settings.concurrency,
         request_timeout: settings.request_timeout,
         dir: settings.dir.clone(),
+        redis_fields: serde_json::Map::new(),
     };
     let http = reqwest::Client::builder()
         .no_proxy()
@@ -108,6 +115,7 @@ pub async fn run(settings: ChaosSettings) -> Result<Report, ChaosError> {
             lease: settings.lease,
             window: settings.fault_window,
             gap: settings.fault_gap,
+            redis: settings.redis,
         },
     );
     tracing::info!(
@@ -136,7 +144,7 @@ pub async fn run(settings: ChaosSettings) -> Result<Report, ChaosError> {
     let settling =
         publish.then(|| tokio::spawn(settle_while_running(Arc::clone(&shared), rig.admin.clone())));
     let submitting = async {
-        workload.run(&producer, &shared).await;
+        workload.run(std::slice::from_ref(&producer), &shared).await;
         t0.elapsed()
     };
     let injecting = async {
@@ -182,7 +190,14 @@ pub async fn run(settings: ChaosSettings) -> Result<Report, ChaosError> {
         .filter(|(_, (_, f))| *f == super::workload::Fate::Accepted)
         .map(|(id, _)| id.clone())
         .collect();
-    let quiesced = quiesce(&mut rig, &accepted, settings.quiesce_limit).await;
+    let quiesced = quiesce(
+        &mut rig.admin,
+        &[RESULTS],
+        &rig.keys,
+        &accepted,
+        settings.quiesce_limit,
+    )
+    .await;
     let quiesced_after_ms = quiesced.then(|| ms(quiet_from.elapsed()));
     tracing::info!(?quiesced_after_ms, "quiescence");
     // A frozen owner's late writes would land now: give them time before reading.
@@ -194,6 +209,8 @@ pub async fn run(settings: ChaosSettings) -> Result<Report, ChaosError> {
         dead: lrange(&mut rig.admin, &rig.keys.dead).await?,
         keys: key_sizes(&mut rig.admin, &rig.keys).await?,
         dead_key: rig.keys.dead.clone(),
+        claimed_key: rig.keys.claimed.clone(),
+        staged_key: rig.keys.finishing.clone(),
         executions: rig.sim.execution_times(),
         orphans,
     };
@@ -238,6 +255,8 @@ pub async fn run(settings: ChaosSettings) -> Result<Report, ChaosError> {
         history: findings,
         gateway,
         faults,
+        faults_by_kind: Default::default(),
+        results_by_list: Default::default(),
         processors: summaries,
         races,
         data_dir: settings.dir.display().to_string(),
@@ -265,6 +284,8 @@ pub async fn races_only(settings: ChaosSettings) -> Result<Report, ChaosError> {
         history: Default::default(),
         gateway: None,
         faults: Vec::new(),
+        faults_by_kind: Default::default(),
+        results_by_list: Default::default(),
         processors: Vec::new(),
         races: Some(races),
         data_dir: settings.dir.display().to_string(),
@@ -318,24 +339,29 @@ async fn settle_published(
     }
 }
 
-/// Waits until every accepted request has a result and every queue key is empty.
-async fn quiesce(rig: &mut Rig, accepted: &HashSet<String>, limit: Duration) -> bool {
+/// Waits until every accepted request has a result on one of `lists` and every queue key but
+/// the dead list is empty, for at most `limit`; returns whether it got there.
+pub(super) async fn quiesce<C: ConnectionLike>(
+    con: &mut C,
+    lists: &[&str],
+    keys: &QueueKeys,
+    accepted: &HashSet<String>,
+    limit: Duration,
+) -> bool {
     let started = Instant::now();
     let mut last_log = Instant::now();
     while started.elapsed() < limit {
-        if let (Ok(results), Ok(keys)) = (
-            lrange(&mut rig.admin, RESULTS).await,
-            key_sizes(&mut rig.admin, &rig.keys).await,
-        ) {
+        if let (Ok(results), Ok(sizes)) = (results_of(con, lists).await, key_sizes(con, keys).await)
+        {
             let done: HashSet<String> = results
                 .iter()
                 .filter_map(|r| serde_json::from_slice::<ResultMessage>(r).ok())
                 .map(|r| r.id)
                 .collect();
             let missing = accepted.iter().filter(|id| !done.contains(*id)).count();
-            let busy: u64 = keys
+            let busy: u64 = sizes
                 .iter()
-                .filter(|(k, _)| **k != rig.keys.dead)
+                .filter(|(k, _)| **k != keys.dead)
                 .map(|(_, n)| n)
                 .sum();
             if missing == 0 && busy == 0 {
@@ -349,4 +375,16 @@ async fn quiesce(rig: &mut Rig, accepted: &HashSet<String>, limit: Duration) -> 
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
     false
+}
+
+/// Every entry of every list in `lists`, one after another.
+async fn results_of<C: ConnectionLike>(
+    con: &mut C,
+    lists: &[&str],
+) -> Result<Vec<Vec<u8>>, redis::RedisError> {
+    let mut out = Vec::new();
+    for list in lists {
+        out.extend(lrange(con, list).await?);
+    }
+    Ok(out)
 }

@@ -40,6 +40,9 @@ pub struct History {
     pub keys: BTreeMap<String, u64>,
     /// The dead list's key (its size is reported, not a failure).
     pub dead_key: String,
+    /// The claims hash and the staged-finish hash, whose leftovers are reported apart.
+    pub claimed_key: String,
+    pub staged_key: String,
     /// Gateway execution times per id (Unix ms).
     pub executions: HashMap<String, Vec<u64>>,
     pub orphans: Vec<Orphans>,
@@ -76,6 +79,11 @@ pub struct Findings {
     /// Submits that failed: their fate is unknown.
     pub uncertain: usize,
     pub uncertain_with_result: usize,
+    /// Queued on the primary, but no replica confirmed them within the replica wait: a
+    /// fail-over may lose them, so losing one is no failure.
+    pub unreplicated: usize,
+    pub unreplicated_with_result: usize,
+    pub unreplicated_lost: usize,
     /// Cancellations the producer made that found the generation active (each must still end
     /// with one terminal record: `CANCELLED`, or the result if it was already done).
     pub cancelled: u64,
@@ -89,9 +97,15 @@ pub struct Findings {
     pub strays: usize,
     /// Non-empty queue keys and their sizes.
     pub stranded: BTreeMap<String, u64>,
+    /// Of those, claims nobody finished (entries of the claims hash).
+    pub stranded_claims: u64,
+    /// Of those, staged cross-slot finishes nobody delivered (entries of the staged hash).
+    pub stranded_staged: u64,
     pub dead_letters: usize,
     /// Dead letters of ours without a terminal record.
     pub dead_without_result: usize,
+    /// Dead letters by reason (the first 120 characters of each record's `reason`).
+    pub dead_reasons: BTreeMap<String, usize>,
     /// Terminal records by kind (`HTTP 200`, `DEADLINE_EXCEEDED`, ...).
     pub outcomes: BTreeMap<String, usize>,
     /// Gateway executions of this run's ids.
@@ -163,6 +177,7 @@ pub fn check(h: &History) -> Findings {
         submitted: h.ledger.ids.len(),
         accepted: h.ledger.accepted(),
         uncertain: h.ledger.uncertain(),
+        unreplicated: h.ledger.unreplicated(),
         cancelled: h.ledger.cancelled,
         ..Findings::default()
     };
@@ -196,6 +211,8 @@ pub fn check(h: &History) -> Findings {
                 }
             }
             Fate::Uncertain(_) if n > 0 => f.uncertain_with_result += 1,
+            Fate::Unreplicated(_) if n > 0 => f.unreplicated_with_result += 1,
+            Fate::Unreplicated(_) => f.unreplicated_lost += 1,
             _ => {}
         }
     }
@@ -203,11 +220,19 @@ pub fn check(h: &History) -> Findings {
     for (key, n) in &h.keys {
         if *n > 0 && *key != h.dead_key {
             f.stranded.insert(key.clone(), *n);
+            if *key == h.claimed_key {
+                f.stranded_claims = *n;
+            }
+            if *key == h.staged_key {
+                f.stranded_staged = *n;
+            }
         }
     }
     for raw in &h.dead {
         f.dead_letters += 1;
         if let Ok(rec) = serde_json::from_slice::<DeadRecord>(raw) {
+            let reason: String = rec.reason.chars().take(120).collect();
+            *f.dead_reasons.entry(reason).or_default() += 1;
             if h.ledger.ids.contains_key(&rec.id) && !records.contains_key(rec.id.as_str()) {
                 f.dead_without_result += 1;
             }
@@ -264,6 +289,26 @@ fn redeliveries(h: &History) -> Redeliveries {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_unreplicated_request_may_be_lost_but_not_doubled_and_leftovers_are_named() {
+        let mut h = history(&["a"], &[], &["a", "r1", "r2", "r2"]);
+        for id in ["r1", "r2", "r3"] {
+            h.ledger
+                .ids
+                .insert(id.into(), (1_000, Fate::Unreplicated("wait".into())));
+        }
+        h.claimed_key = "q:claimed".into();
+        h.staged_key = "q:finishing".into();
+        h.keys.insert("q:claimed".into(), 2);
+        h.keys.insert("q:finishing".into(), 1);
+        let f = check(&h);
+        assert_eq!((f.accepted, f.uncertain, f.unreplicated), (1, 0, 3));
+        assert_eq!((f.unreplicated_with_result, f.unreplicated_lost), (2, 1));
+        assert_eq!((f.lost, f.duplicate_ids.len()), (0, 1));
+        assert_eq!((f.stranded_claims, f.stranded_staged), (2, 1));
+        assert_eq!(f.failures().len(), 2, "{:?}", f.failures());
+    }
 
     fn ledger(accepted: &[&str], uncertain: &[&str]) -> Ledger {
         let mut l = Ledger::default();

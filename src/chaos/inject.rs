@@ -189,6 +189,11 @@ impl Rig {
                 let cleared = self.sim.set_faults(FaultRates::default());
                 set.and(cleared).map_err(|e| e.to_string())
             }
+            Fault::KillMaster { .. }
+            | Fault::ClusterFailover { .. }
+            | Fault::MigrateQueueSlot { .. }
+            | Fault::KillPrimary
+            | Fault::SentinelFailover => Err("not a fault of a standalone Redis".to_owned()),
         };
         let record = FaultRecord {
             index,

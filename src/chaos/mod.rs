@@ -8,7 +8,9 @@
 //! and kill -9, `SCRIPT FLUSH`, cut and stalled connections, gateway errors and hangs), then
 //! stops injecting, brings everything back, waits for quiescence and checks every accepted
 //! generation has exactly one terminal record and nothing is stranded. It also runs forced
-//! stale-owner races at the library level. Everything ends in a [`report::Report`] (JSON and a
+//! stale-owner races at the library level. With `--redis cluster` or `--redis sentinel` the
+//! same checks run against a test-kit Redis Cluster or Sentinel set ([`deployed`]), whose
+//! faults are fail-overs and slot migrations. Everything ends in a [`report::Report`] (JSON and a
 //! table); the run passes only if every check holds.
 //!
 //! # Layout
@@ -23,8 +25,12 @@
 //! - [`history`]: the checker (pure): lost, duplicated, stranded, executions, redeliveries.
 //! - [`races`]: the stale-owner races.
 //! - [`harness`]: one whole run, start to verdict.
+//! - [`deployed`]: the same run on a Redis Cluster or behind Sentinel (`--redis cluster`,
+//!   `--redis sentinel`): topology faults instead of proxy and restart faults, submissions
+//!   with a replica wait, two result lists.
 //! - [`report`]: the JSON report and the summary table.
 
+pub mod deployed;
 pub mod harness;
 pub mod history;
 pub mod inject;
@@ -70,6 +76,31 @@ pub enum Profile {
     Long,
 }
 
+/// How Redis is deployed for a run (`--redis`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ChaosRedis {
+    /// One `redis-server` behind breakable proxies: process, Redis and network faults.
+    Standalone,
+    /// A Redis Cluster of 3 masters with a replica each: masters killed and failed over,
+    /// manual `CLUSTER FAILOVER`s and the queue's slot migrated mid-load.
+    Cluster,
+    /// A primary, its replica and three sentinels: the primary killed and failed over, and
+    /// `SENTINEL FAILOVER`s.
+    Sentinel,
+}
+
+impl ChaosRedis {
+    /// The `--redis` value.
+    pub fn flag(self) -> &'static str {
+        match self {
+            ChaosRedis::Standalone => "standalone",
+            ChaosRedis::Cluster => "cluster",
+            ChaosRedis::Sentinel => "sentinel",
+        }
+    }
+}
+
 /// How the workload reaches the processors.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
 #[serde(rename_all = "kebab-case")]
@@ -100,6 +131,7 @@ impl ChaosTransport {
 pub struct ChaosSettings {
     pub profile: Profile,
     pub seed: u64,
+    pub redis: ChaosRedis,
     pub transport: ChaosTransport,
     /// The inferq executable the processors are started from.
     #[serde(skip)]
@@ -140,11 +172,25 @@ pub struct ChaosSettings {
 }
 
 impl ChaosSettings {
-    /// The settings of a profile.
+    /// The settings of a profile on a standalone Redis.
     pub fn profile(profile: Profile, seed: u64, exe: PathBuf, dir: PathBuf) -> ChaosSettings {
+        Self::deployed(profile, ChaosRedis::Standalone, seed, exe, dir)
+    }
+
+    /// The settings of a profile on `redis`. A cluster or Sentinel run is shorter (600
+    /// requests in about 30 s of faults for `short`): each fail-over takes seconds, and the
+    /// stale-owner races (a library-level check of one server) are left to the standalone run.
+    pub fn deployed(
+        profile: Profile,
+        redis: ChaosRedis,
+        seed: u64,
+        exe: PathBuf,
+        dir: PathBuf,
+    ) -> ChaosSettings {
         let short = ChaosSettings {
             profile,
             seed,
+            redis,
             transport: ChaosTransport::RedisSortedset,
             exe,
             dir,
@@ -165,6 +211,15 @@ impl ChaosSettings {
             max_tokens: 16,
             per_token_ms: 60.0,
             ttft_ms: 150,
+        };
+        let short = match redis {
+            ChaosRedis::Standalone => short,
+            ChaosRedis::Cluster | ChaosRedis::Sentinel => ChaosSettings {
+                requests: 600,
+                fault_window: Duration::from_secs(30),
+                races: 0,
+                ..short
+            },
         };
         match profile {
             Profile::Short => short,

@@ -53,6 +53,9 @@ pub struct ProcessorSpec {
     pub request_timeout: Duration,
     /// Where the logs go.
     pub dir: PathBuf,
+    /// More transport-config fields: the deployment (`mode`, `addrs`, `master_name`) and
+    /// `replica_wait` on a cluster or behind Sentinel; empty on a standalone Redis.
+    pub redis_fields: serde_json::Map<String, serde_json::Value>,
 }
 
 /// What state a processor's process is in, as far as the harness knows.
@@ -106,7 +109,7 @@ impl Processor {
 
     fn spawn(&mut self) -> Result<(), ChaosError> {
         let s = &self.spec;
-        let transport = serde_json::json!({
+        let mut transport = serde_json::json!({
             "url": self.redis_url,
             "poll_interval_ms": 50,
             "batch_size": 16,
@@ -115,6 +118,9 @@ impl Processor {
             "result_queue_name": s.result_list,
             "queues": [{"queue_name": s.queue, "igw_base_url": s.gateway}],
         });
+        if let Some(fields) = transport.as_object_mut() {
+            fields.extend(s.redis_fields.clone());
+        }
         let log = s.dir.join(format!("processor-{}.log", self.index));
         let open = || {
             OpenOptions::new()

@@ -2,6 +2,7 @@
 //! summary table on standard output. [`Report::failures`] lists every failed check; the run
 //! passes when it is empty.
 
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
 use serde::Serialize;
@@ -46,6 +47,13 @@ pub struct Report {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub gateway: Option<crate::sim::SimStats>,
     pub faults: Vec<FaultRecord>,
+    /// Faults carried out, by kind ([`super::schedule::Fault::kind`]); one that could not be
+    /// carried out (its `outcome` is not `ok`) counts under `<kind>/failed`.
+    pub faults_by_kind: BTreeMap<String, u64>,
+    /// Entries of each result list at the end (cluster and Sentinel runs, which use two: one
+    /// in the queue's slot, one in another).
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub results_by_list: BTreeMap<String, u64>,
     pub processors: Vec<ProcessorSummary>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub races: Option<RaceReport>,
@@ -56,6 +64,15 @@ pub struct Report {
 impl Report {
     /// Every failed check, from the history, the processors and the races.
     pub fn collect_failures(&mut self) {
+        self.faults_by_kind = BTreeMap::new();
+        for f in &self.faults {
+            let kind = if f.outcome == "ok" {
+                f.fault.kind().to_owned()
+            } else {
+                format!("{}/failed", f.fault.kind())
+            };
+            *self.faults_by_kind.entry(kind).or_default() += 1;
+        }
         let mut out = self.history.failures();
         if self.quiesced_after_ms.is_none() && self.history.submitted > 0 {
             out.push("the system did not quiesce within the limit".to_owned());
@@ -114,6 +131,23 @@ impl Report {
                     h.submitted, h.accepted, h.uncertain, h.uncertain_with_result
                 ),
             );
+            if h.unreplicated > 0 || self.settings.redis != super::ChaosRedis::Standalone {
+                row(
+                    "not confirmed by a replica",
+                    format!(
+                        "{} (queued, replica wait timed out; {} have a result, {} lost: allowed)",
+                        h.unreplicated, h.unreplicated_with_result, h.unreplicated_lost
+                    ),
+                );
+            }
+            if !self.results_by_list.is_empty() {
+                let lists: Vec<String> = self
+                    .results_by_list
+                    .iter()
+                    .map(|(k, n)| format!("{k}: {n}"))
+                    .collect();
+                row("results by list", lists.join(", "));
+            }
             row("cancelled by the producer", h.cancelled.to_string());
             row("lost", h.lost.to_string());
             row(
@@ -128,6 +162,10 @@ impl Report {
                     format!("{:?}", h.stranded)
                 },
             );
+            row(
+                "stranded claims / staged",
+                format!("{} / {}", h.stranded_claims, h.stranded_staged),
+            );
             row("strays", h.strays.to_string());
             row(
                 "dead letters",
@@ -136,6 +174,9 @@ impl Report {
                     h.dead_letters, h.dead_without_result
                 ),
             );
+            for (reason, n) in &h.dead_reasons {
+                row("  dead letter reason", format!("{n} × {reason}"));
+            }
             let outcomes: Vec<String> = h
                 .outcomes
                 .iter()
@@ -188,7 +229,15 @@ impl Report {
                     ),
                 );
             }
-            row("faults", self.faults.len().to_string());
+            let kinds: Vec<String> = self
+                .faults_by_kind
+                .iter()
+                .map(|(k, n)| format!("{k}: {n}"))
+                .collect();
+            row(
+                "faults",
+                format!("{} ({})", self.faults.len(), kinds.join(", ")),
+            );
         }
         if let Some(r) = &self.races {
             row(

@@ -4,7 +4,11 @@
 //! [`plan`] takes the seed, the number of processors, the lease and the length of the fault
 //! window, and returns the whole list of [`Planned`] faults up front. Every kind of fault
 //! appears at least once (in a seeded order, even if that overruns a short window) before
-//! kinds repeat at random, so even a short run exercises them all. The injector ([`super::inject`]) carries them out one after another.
+//! kinds repeat at random, so even a short run exercises them all. Which kinds there are
+//! depends on the deployment ([`PlanShape::redis`]): a standalone run breaks processes, Redis
+//! and the network; a cluster run kills processors and masters, fails over and migrates the
+//! queue's slot; a Sentinel run kills processors and the primary and forces fail-overs. The
+//! injectors ([`super::inject`], [`super::deployed`]) carry them out one after another.
 
 use std::time::Duration;
 
@@ -12,6 +16,28 @@ use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use serde::Serialize;
+
+use super::ChaosRedis;
+
+/// Whose slot a cluster fault aims at.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SlotOf {
+    /// The queue's slot: its pending set, claims, staged finishes and the result list beside
+    /// it (`{queue}:results`).
+    Queue,
+    /// The slot of the result list in another slot (the staged, three-step finish).
+    ResultList,
+}
+
+impl SlotOf {
+    fn label(self) -> &'static str {
+        match self {
+            SlotOf::Queue => "the queue's",
+            SlotOf::ResultList => "the other result list's",
+        }
+    }
+}
 
 /// One fault. Durations appear in the JSON report as milliseconds.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -64,6 +90,24 @@ pub enum Fault {
         #[serde(serialize_with = "super::millis::serialize")]
         lasting: Duration,
     },
+    /// Cluster: SIGKILL the master serving `of`'s slot, wait until its replica took over, then
+    /// start the old master again (it rejoins as a replica of the promoted one).
+    KillMaster { of: SlotOf },
+    /// Cluster: `CLUSTER FAILOVER` on a replica of the master serving `of`'s slot (the roles
+    /// swap without losing a write).
+    ClusterFailover { of: SlotOf },
+    /// Cluster: move the queue's slot to another master under load: `first_keys` keys first
+    /// (the slot is half-way: clients meet `ASK` and `TRYAGAIN`), the rest after `halfway`.
+    MigrateQueueSlot {
+        first_keys: usize,
+        #[serde(serialize_with = "super::millis::serialize")]
+        halfway: Duration,
+    },
+    /// Sentinel: SIGKILL the primary, wait until the sentinels promoted the replica, then start
+    /// the old primary again as a replica.
+    KillPrimary,
+    /// Sentinel: `SENTINEL FAILOVER` (the old primary becomes a replica).
+    SentinelFailover,
 }
 
 impl Fault {
@@ -77,6 +121,33 @@ impl Fault {
             Fault::ScriptFlush | Fault::CutConnections { .. } => Duration::ZERO,
             Fault::StallConnections { stalled, .. } => *stalled,
             Fault::GatewayFaults { lasting, .. } => *lasting,
+            // Roughly what the fail-overs take on an idle machine.
+            Fault::KillMaster { .. } | Fault::KillPrimary => Duration::from_secs(8),
+            Fault::ClusterFailover { .. } | Fault::SentinelFailover => Duration::from_secs(3),
+            Fault::MigrateQueueSlot { halfway, .. } => *halfway + Duration::from_secs(1),
+        }
+    }
+
+    /// The fault's kind as the report counts it: the `kind` of its JSON, with `/graceful` or
+    /// `/kill` for Redis restarts.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Fault::KillProcessor { .. } => "kill_processor",
+            Fault::PauseProcessor { .. } => "pause_processor",
+            Fault::RestartRedis { graceful: true, .. } => "restart_redis/graceful",
+            Fault::RestartRedis {
+                graceful: false, ..
+            } => "restart_redis/kill",
+            Fault::FrozenAcrossRedisRestart { .. } => "frozen_across_redis_restart",
+            Fault::ScriptFlush => "script_flush",
+            Fault::CutConnections { .. } => "cut_connections",
+            Fault::StallConnections { .. } => "stall_connections",
+            Fault::GatewayFaults { .. } => "gateway_faults",
+            Fault::KillMaster { .. } => "kill_master",
+            Fault::ClusterFailover { .. } => "cluster_failover",
+            Fault::MigrateQueueSlot { .. } => "migrate_queue_slot",
+            Fault::KillPrimary => "kill_primary",
+            Fault::SentinelFailover => "sentinel_failover",
         }
     }
 
@@ -126,6 +197,25 @@ impl Fault {
                 rate_limit_rate * 100.0,
                 s(lasting)
             ),
+            Fault::KillMaster { of } => format!(
+                "SIGKILL {} master, replica promoted, old master back as a replica",
+                of.label()
+            ),
+            Fault::ClusterFailover { of } => {
+                format!("CLUSTER FAILOVER of {} master", of.label())
+            }
+            Fault::MigrateQueueSlot {
+                first_keys,
+                halfway,
+            } => format!(
+                "migrate the queue's slot: {first_keys} keys, {} half-way (ASK), then the rest",
+                s(halfway)
+            ),
+            Fault::KillPrimary => {
+                "SIGKILL the Sentinel primary, replica promoted, old primary back as a replica"
+                    .to_owned()
+            }
+            Fault::SentinelFailover => "SENTINEL FAILOVER".to_owned(),
         }
     }
 }
@@ -146,15 +236,39 @@ pub struct PlanShape {
     pub window: Duration,
     /// Quiet time between faults, drawn uniformly from this range.
     pub gap: (Duration, Duration),
+    /// Which faults the deployment has.
+    pub redis: ChaosRedis,
 }
 
+/// The standalone kinds, `0..KINDS` in [`draw_kind`].
 const KINDS: usize = 9;
+/// The kinds of a cluster run: processor kill and freeze, master kill, manual failover, slot
+/// migration.
+const CLUSTER_KINDS: [usize; 5] = [0, 1, 10, 11, 12];
+/// The kinds of a Sentinel run: processor kill and freeze, primary kill, forced failover.
+const SENTINEL_KINDS: [usize; 4] = [0, 1, 13, 14];
+
+/// The kinds of fault `redis` has (numbers of [`draw_kind`]).
+fn kinds(redis: ChaosRedis) -> Vec<usize> {
+    match redis {
+        ChaosRedis::Standalone => (0..KINDS).collect(),
+        ChaosRedis::Cluster => CLUSTER_KINDS.to_vec(),
+        ChaosRedis::Sentinel => SENTINEL_KINDS.to_vec(),
+    }
+}
 
 fn draw_kind(kind: usize, shape: &PlanShape, rng: &mut StdRng) -> Fault {
     let ms = |rng: &mut StdRng, lo: u64, hi: u64| Duration::from_millis(rng.random_range(lo..=hi));
     let lease_ms = u64::try_from(shape.lease.as_millis()).unwrap_or(u64::MAX);
     let index = rng.random_range(0..shape.processors.max(1));
     let one_or_all = |rng: &mut StdRng| rng.random_bool(0.5).then_some(index);
+    let slot_of = |rng: &mut StdRng| {
+        if rng.random_bool(0.5) {
+            SlotOf::Queue
+        } else {
+            SlotOf::ResultList
+        }
+    };
     match kind {
         0 => Fault::KillProcessor {
             index,
@@ -185,6 +299,14 @@ fn draw_kind(kind: usize, shape: &PlanShape, rng: &mut StdRng) -> Fault {
             index,
             stopped: ms(rng, lease_ms + lease_ms / 2, lease_ms * 2 + 1000),
         },
+        10 => Fault::KillMaster { of: slot_of(rng) },
+        11 => Fault::ClusterFailover { of: slot_of(rng) },
+        12 => Fault::MigrateQueueSlot {
+            first_keys: rng.random_range(1..=4),
+            halfway: ms(rng, 200, 1500),
+        },
+        13 => Fault::KillPrimary,
+        14 => Fault::SentinelFailover,
         _ => Fault::GatewayFaults {
             error_rate: rng.random_range(0.1..0.5),
             hang_rate: rng.random_range(0.0..0.1),
@@ -198,7 +320,8 @@ fn draw_kind(kind: usize, shape: &PlanShape, rng: &mut StdRng) -> Fault {
 /// The whole fault plan for `seed`.
 pub fn plan(seed: u64, shape: &PlanShape) -> Vec<Planned> {
     let mut rng = StdRng::seed_from_u64(seed);
-    let mut first_round: Vec<usize> = (0..KINDS).collect();
+    let kinds = kinds(shape.redis);
+    let mut first_round = kinds.clone();
     first_round.shuffle(&mut rng);
     let (lo, hi) = shape.gap;
     let mut out = Vec::new();
@@ -207,7 +330,7 @@ pub fn plan(seed: u64, shape: &PlanShape) -> Vec<Planned> {
         let kind = first_round
             .get(out.len())
             .copied()
-            .unwrap_or_else(|| rng.random_range(0..KINDS));
+            .unwrap_or_else(|| kinds[rng.random_range(0..kinds.len())]);
         let gap = if hi > lo {
             rng.random_range(lo..=hi)
         } else {
@@ -216,7 +339,7 @@ pub fn plan(seed: u64, shape: &PlanShape) -> Vec<Planned> {
         let fault = draw_kind(kind, shape, &mut rng);
         let next = elapsed + gap;
         // The first round always runs whole, so every kind is exercised.
-        if next > shape.window && out.len() >= KINDS {
+        if next > shape.window && out.len() >= kinds.len() {
             return out;
         }
         elapsed = next + fault.span();
@@ -234,22 +357,7 @@ mod tests {
             lease: Duration::from_secs(2),
             window: Duration::from_secs(window_s),
             gap: (Duration::from_millis(1000), Duration::from_millis(3000)),
-        }
-    }
-
-    fn kind(f: &Fault) -> &'static str {
-        match f {
-            Fault::KillProcessor { .. } => "kill",
-            Fault::PauseProcessor { .. } => "pause",
-            Fault::RestartRedis { graceful: true, .. } => "redis-term",
-            Fault::RestartRedis {
-                graceful: false, ..
-            } => "redis-kill",
-            Fault::ScriptFlush => "flush",
-            Fault::CutConnections { .. } => "cut",
-            Fault::StallConnections { .. } => "stall",
-            Fault::GatewayFaults { .. } => "gateway",
-            Fault::FrozenAcrossRedisRestart { .. } => "frozen-across-redis",
+            redis: ChaosRedis::Standalone,
         }
     }
 
@@ -263,7 +371,7 @@ mod tests {
     fn every_kind_appears_and_the_plan_fits_the_window() {
         for seed in 0..50 {
             let p = plan(seed, &shape(60));
-            let kinds: std::collections::BTreeSet<_> = p.iter().map(|x| kind(&x.fault)).collect();
+            let kinds: std::collections::BTreeSet<_> = p.iter().map(|x| x.fault.kind()).collect();
             assert_eq!(kinds.len(), KINDS, "seed {seed}: {kinds:?}");
             let mut start = Duration::ZERO;
             for x in &p {
@@ -279,6 +387,39 @@ mod tests {
                     Fault::KillProcessor { index, .. } => assert!(*index < 3),
                     _ => {}
                 }
+            }
+        }
+    }
+
+    #[test]
+    fn a_cluster_or_sentinel_plan_has_every_topology_fault_and_no_standalone_one() {
+        for (redis, want) in [
+            (
+                ChaosRedis::Cluster,
+                &[
+                    "kill_processor",
+                    "pause_processor",
+                    "kill_master",
+                    "cluster_failover",
+                    "migrate_queue_slot",
+                ][..],
+            ),
+            (
+                ChaosRedis::Sentinel,
+                &[
+                    "kill_processor",
+                    "pause_processor",
+                    "kill_primary",
+                    "sentinel_failover",
+                ][..],
+            ),
+        ] {
+            for seed in 0..30 {
+                let p = plan(seed, &PlanShape { redis, ..shape(30) });
+                let kinds: std::collections::BTreeSet<_> =
+                    p.iter().map(|x| x.fault.kind()).collect();
+                let want: std::collections::BTreeSet<_> = want.iter().copied().collect();
+                assert_eq!(kinds, want, "{redis:?} seed {seed}");
             }
         }
     }

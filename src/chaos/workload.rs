@@ -2,6 +2,11 @@
 //! straight to Redis (not through the processors' proxies), whatever faults are going on; or,
 //! for the redis-pubsub transport, published on the queue's channel.
 //!
+//! On a cluster or behind Sentinel the producers wait for a replica ([`Producer::with_replica_wait`]):
+//! a request the replica did not confirm in time is [`Fate::Unreplicated`] (queued, but a
+//! fail-over may lose it), counted apart from the accepted ones. Batches alternate between the
+//! producers given (one per result list), so both finish paths run.
+//!
 //! Each batch is submitted by its own task, so a Redis outage delays only the batches it
 //! catches and the rate holds. What comes out is a [`Ledger`]: for every id, when it was
 //! submitted and whether Redis accepted it. A submit that failed is never retried under the
@@ -28,6 +33,10 @@ pub enum Fate {
     Accepted,
     /// The call failed (Redis down, connection cut): accepted or not, nobody knows.
     Uncertain(String),
+    /// Queued on the primary, but the replica wait timed out before a replica confirmed it
+    /// (`ProducerError::NotReplicated`): a fail-over may lose it, so it is allowed zero or one
+    /// terminal record, never two.
+    Unreplicated(String),
     /// Published on the channel (redis-pubsub) and received by at least one instance: accepted
     /// once one of them has admitted it, which the marker key (`<channel>:seen:<sha1>`) tells
     /// ([`Ledger::resolve_published`]).
@@ -53,8 +62,17 @@ impl Ledger {
             .count()
     }
 
+    /// Submits whose fate nobody knows (not accepted, not [`Fate::Unreplicated`]).
     pub fn uncertain(&self) -> usize {
-        self.ids.len() - self.accepted()
+        self.ids.len() - self.accepted() - self.unreplicated()
+    }
+
+    /// Submits queued on the primary that no replica confirmed in time.
+    pub fn unreplicated(&self) -> usize {
+        self.ids
+            .values()
+            .filter(|(_, f)| matches!(f, Fate::Unreplicated(_)))
+            .count()
     }
 
     /// The published requests not yet seen admitted, each with its marker key.
@@ -172,14 +190,18 @@ impl Workload {
         })
     }
 
-    /// Submits every request at the configured rate, recording each in `ledger`; returns once
-    /// every submit has an answer.
-    pub async fn run(&self, producer: &Producer, ledger: &Arc<Mutex<Ledger>>) {
+    /// Submits every request at the configured rate, batches taking turns among `producers`
+    /// (at least one), recording each in `ledger`; returns once every submit has an answer.
+    pub async fn run(&self, producers: &[Producer], ledger: &Arc<Mutex<Ledger>>) {
+        let Some(first) = producers.first() else {
+            return;
+        };
         let started = tokio::time::Instant::now();
         let mut tick = tokio::time::interval(Duration::from_millis(100));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut tasks = tokio::task::JoinSet::new();
         let mut next = 0u64;
+        let mut turn = 0usize;
         while next < self.requests {
             tick.tick().await;
             let due = (started.elapsed().as_secs_f64() * self.rate).ceil() as u64;
@@ -193,7 +215,11 @@ impl Workload {
                 }
             }
             next = end;
-            let producer = producer.clone();
+            let producer = producers
+                .get(turn % producers.len())
+                .unwrap_or(first)
+                .clone();
+            turn += 1;
             let ledger = Arc::clone(ledger);
             let cancel_every = self.cancel_every;
             if self.publish {
@@ -209,6 +235,9 @@ impl Workload {
                         for (id, outcome) in ids.into_iter().zip(outcomes) {
                             let fate = match outcome {
                                 Ok(_) => Fate::Accepted,
+                                Err(e @ ProducerError::NotReplicated { .. }) => {
+                                    Fate::Unreplicated(e.to_string())
+                                }
                                 Err(e) => Fate::Uncertain(e.to_string()),
                             };
                             if fate == Fate::Accepted

@@ -1,5 +1,6 @@
-//! `inferq chaos`: the chaos harness (see [`crate::chaos`]). Flags pick a profile, a seed and
-//! where the JSON report goes; `inferq chaos races` runs only the stale-owner races. The
+//! `inferq chaos`: the chaos harness (see [`crate::chaos`]). Flags pick a profile, how Redis is
+//! deployed (`--redis standalone|cluster|sentinel`), a seed and where the JSON report goes;
+//! `inferq chaos races` runs only the stale-owner races. The
 //! summary table goes to standard output, progress to standard error; the exit code is 0 when
 //! every check passed, 1 when any failed, 130 when interrupted (everything started is stopped).
 
@@ -9,7 +10,7 @@ use anyhow::{anyhow, Context};
 
 use super::demo::{interrupted, EXIT_INTERRUPTED};
 use super::Failure;
-use crate::chaos::{harness, ChaosSettings, ChaosTransport, Profile, Report};
+use crate::chaos::{harness, ChaosRedis, ChaosSettings, ChaosTransport, Profile, Report};
 
 #[derive(Debug, clap::Args)]
 pub struct ChaosArgs {
@@ -19,6 +20,13 @@ pub struct ChaosArgs {
     /// Size of the run: `short` (≤ 3 minutes, CI) or `long` (about 15 minutes of faults).
     #[arg(long, value_enum, default_value = "short", global = true)]
     pub profile: Profile,
+    /// How Redis is deployed: one server behind breakable proxies (standalone), a Redis Cluster
+    /// of 3 masters with a replica each (cluster: masters killed and failed over, manual
+    /// fail-overs, the queue's slot migrated), or a primary, a replica and 3 sentinels
+    /// (sentinel: the primary killed, forced fail-overs). Cluster and Sentinel runs submit with
+    /// a replica wait and run no stale-owner races.
+    #[arg(long, value_enum, default_value = "standalone")]
+    pub redis: ChaosRedis,
     /// Seed of the fault plan and the races [default: random, printed].
     #[arg(long, global = true)]
     pub seed: Option<u64>,
@@ -51,13 +59,20 @@ pub enum ChaosOnly {
 }
 
 pub async fn chaos(args: ChaosArgs) -> Result<(), Failure> {
+    if args.redis != ChaosRedis::Standalone && args.transport != ChaosTransport::RedisSortedset {
+        return Err(Failure::bad_input(anyhow!(
+            "--transport {}: only with --redis standalone",
+            args.transport.flag()
+        )));
+    }
     let seed = args.seed.unwrap_or_else(rand::random);
     let exe = std::env::current_exe().context("cannot find the inferq binary")?;
     let dir = tempfile::Builder::new()
         .prefix("inferq-chaos-")
         .tempdir()
         .context("cannot create a data directory")?;
-    let mut settings = ChaosSettings::profile(args.profile, seed, exe, dir.path().to_owned());
+    let mut settings =
+        ChaosSettings::deployed(args.profile, args.redis, seed, exe, dir.path().to_owned());
     if let Some(n) = args.requests {
         settings.requests = n;
     }
@@ -66,8 +81,10 @@ pub async fn chaos(args: ChaosArgs) -> Result<(), Failure> {
     }
     settings.transport = args.transport;
     say!(
-        "inferq chaos: profile {:?}, transport {}, seed {seed} (replay with --seed {seed})",
+        "inferq chaos: profile {:?}, redis {}, transport {}, seed {seed} (replay with --seed \
+         {seed})",
         args.profile,
+        args.redis.flag(),
         args.transport.flag()
     );
     let (report_path, keep_data) = (args.report.clone(), args.keep_data);

@@ -433,7 +433,9 @@ pub const TAKE_CHUNK_BYTES: usize = 16 << 20;
 
 /// Whether Redis refused a call for good (a script error, an ACL refusal), as opposed to the
 /// transport failing or Redis being briefly unable (loading, read-only), where the reply is
-/// unknown or the call is worth repeating.
+/// unknown or the call is worth repeating. On a cluster, a `MOVED` or `ASK` the connection
+/// did not follow in its own retries (the slot map still changing after a fail-over or a
+/// migration) and a node it has no connection to are passing too: the next call lands.
 pub(super) fn is_refusal(e: &RedisError) -> bool {
     use redis::{ErrorKind, ServerErrorKind as S};
     if e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal() || e.is_timeout() {
@@ -441,14 +443,17 @@ pub(super) fn is_refusal(e: &RedisError) -> bool {
     }
     !matches!(
         e.kind(),
-        ErrorKind::Server(
-            S::BusyLoading
-                | S::TryAgain
-                | S::MasterDown
-                | S::ReadOnly
-                | S::ClusterDown
-                | S::NoScript
-        )
+        ErrorKind::ClusterConnectionNotFound
+            | ErrorKind::Server(
+                S::BusyLoading
+                    | S::TryAgain
+                    | S::MasterDown
+                    | S::ReadOnly
+                    | S::ClusterDown
+                    | S::NoScript
+                    | S::Moved
+                    | S::Ask
+            )
     )
 }
 

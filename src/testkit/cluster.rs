@@ -26,6 +26,8 @@
 //! cluster.addrs() -> Vec<String>            // "127.0.0.1:<port>" for every node
 //! cluster.ports() -> Vec<u16>               // every node started, live or killed
 //! cluster.client() -> RedisResult<redis::cluster::ClusterClient>   // 10 s timeouts
+//! cluster.target() -> Result<queue::target::Target, ConnectError>  // first node's URL, the
+//!                                           // others as seeds (`addrs`), for inferq's clients
 //! cluster.connection().await -> RedisResult<redis::cluster_async::ClusterConnection>
 //! cluster.masters() -> Result<Vec<ClusterNodeInfo>, _>          // live masters, by port
 //! cluster.replicas_of(master_port) -> Result<Vec<ClusterNodeInfo>, _>
@@ -366,6 +368,21 @@ impl RedisCluster {
             .connection_timeout(Duration::from_secs(10))
             .response_timeout(Duration::from_secs(10))
             .build()
+    }
+
+    /// A [`crate::queue::target::Target`] for inferq's own clients (producers, links): the first
+    /// node's URL, every other node a seed, as Go's `url` and `addrs` would name them.
+    pub fn target(
+        &self,
+    ) -> Result<crate::queue::target::Target, crate::queue::connect::ConnectError> {
+        let addrs = self.addrs();
+        crate::queue::target::Target::new(
+            &self.nodes[0].url(),
+            &Default::default(),
+            crate::queue::target::Topology::Cluster {
+                addrs: addrs[1..].to_vec(),
+            },
+        )
     }
 
     /// An async cluster connection from [`RedisCluster::client`].

@@ -34,6 +34,8 @@
 //! set.sentinel_tls_addrs() -> Vec<String>   // "127.0.0.1:<tls port>" (empty without TLS)
 //! set.sentinel_urls() -> Vec<String>        // "redis://[user:pass@]127.0.0.1:<port>/"
 //! set.master_port() -> Result<u16, _>       // SENTINEL GET-MASTER-ADDR-BY-NAME, first sentinel
+//! set.target() -> Result<queue::target::Target, ConnectError>   // first sentinel's URL, the
+//!                                           // others as `addrs`, plain ports, for inferq
 //! set.data_ports() -> Vec<u16>              // the data nodes' reported ports
 //! set.certs() -> Option<&TestCerts>
 //! set.data_auth() / set.sentinel_auth() -> Option<&Auth>
@@ -402,6 +404,24 @@ impl SentinelSet {
             .iter()
             .map(|s| format!("redis://{login}127.0.0.1:{}/", s.server.port()))
             .collect()
+    }
+
+    /// A [`crate::queue::target::Target`] for inferq's own clients: the first sentinel's URL
+    /// (plain port, with the sentinels' user), the other sentinels as `addrs`, and the master
+    /// name.
+    pub fn target(
+        &self,
+    ) -> Result<crate::queue::target::Target, crate::queue::connect::ConnectError> {
+        let urls = self.sentinel_urls();
+        let addrs = self.sentinel_addrs();
+        crate::queue::target::Target::new(
+            urls.first().map_or("", String::as_str),
+            &Default::default(),
+            crate::queue::target::Topology::Sentinel {
+                addrs: addrs.get(1..).unwrap_or_default().to_vec(),
+                master_name: self.name.clone(),
+            },
+        )
     }
 
     /// The data nodes' ports as the sentinels report them (TLS ports with TLS).
