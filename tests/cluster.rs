@@ -186,6 +186,13 @@ async fn a_cluster_drains_with_one_result_per_request_on_both_finish_paths() {
         .await
         .unwrap();
     assert_eq!(active, None);
+    // INFO is answered by every node of a cluster: the memory policy is read all the same.
+    assert!(
+        !p.log()
+            .contains("cannot ask Redis for its maxmemory-policy"),
+        "{}",
+        p.log()
+    );
     drop(p);
 }
 

@@ -61,17 +61,47 @@ fn info_field<'a>(info: &'a str, field: &str) -> Option<&'a str> {
 
 /// Reads the memory policy and the eviction count (`INFO memory stats`, one call). A field Redis
 /// does not report is `None`.
+///
+/// On a Redis Cluster `INFO` is answered by every node: the state is the riskiest node's (the
+/// first whose policy evicts, else the first), with the evictions of all nodes added up.
 pub async fn read(con: &Con) -> Result<MemoryState, redis::RedisError> {
+    use redis::FromRedisValue;
     // Both sections in one call (Redis 7 and Valkey take several section names).
-    let info: String = redis::cmd("INFO")
+    let reply: redis::Value = redis::cmd("INFO")
         .arg("memory")
         .arg("stats")
         .query_async(&mut con.clone())
         .await?;
-    Ok(MemoryState {
-        policy: info_field(&info, "maxmemory_policy").map(str::to_owned),
-        maxmemory: info_field(&info, "maxmemory").and_then(|v| v.parse().ok()),
-        evicted: info_field(&info, "evicted_keys").and_then(|v| v.parse().ok()),
+    let texts: Vec<String> = match reply {
+        redis::Value::Map(nodes) => nodes
+            .into_iter()
+            .filter_map(|(_, info)| String::from_redis_value(info).ok())
+            .collect(),
+        one => vec![String::from_redis_value(one)?],
+    };
+    let states: Vec<MemoryState> = texts
+        .iter()
+        .map(|info| MemoryState {
+            policy: info_field(info, "maxmemory_policy").map(str::to_owned),
+            maxmemory: info_field(info, "maxmemory").and_then(|v| v.parse().ok()),
+            evicted: info_field(info, "evicted_keys").and_then(|v| v.parse().ok()),
+        })
+        .collect();
+    let evicted = states
+        .iter()
+        .filter_map(|s| s.evicted)
+        .reduce(|a, b| a.saturating_add(b));
+    let riskiest = states
+        .iter()
+        .position(|s| s.policy.as_deref().and_then(policy_risk).is_some())
+        .unwrap_or(0);
+    Ok(match states.into_iter().nth(riskiest) {
+        Some(state) => MemoryState { evicted, ..state },
+        None => MemoryState {
+            policy: None,
+            maxmemory: None,
+            evicted: None,
+        },
     })
 }
 
