@@ -151,7 +151,8 @@ pub async fn run(ctx: &mut Ctx, sim: &Gateway) -> Result<ClusterSection, BenchEr
 }
 
 /// One queue per master: the first `q-<i>` whose slot it serves, with its tagged list and a list
-/// `results-<j>` of its own in a slot another master serves.
+/// `results-<j>` of its own in a slot the next master serves (each master then holds one queue
+/// and one other queue's list).
 fn place(servers: &Servers) -> Result<Vec<Placement>, BenchError> {
     let mut out = Vec::new();
     for node in 0..servers.nodes.len() {
@@ -159,10 +160,11 @@ fn place(servers: &Servers) -> Result<Vec<Placement>, BenchError> {
             .map(|i| format!("q-{i}"))
             .find(|q| servers.node_of(q) == node)
             .ok_or_else(|| BenchError::Phase(format!("no queue name lands on master {node}")))?;
-        let taken: Vec<&String> = out.iter().map(|p: &Placement| &p.apart_list).collect();
+        // On the next master round the ring: every master holds one queue and one apart list.
+        let next = (node + 1) % servers.nodes.len();
         let apart = (0..NAMES_TRIED)
             .map(|j| format!("results-{j}"))
-            .find(|l| servers.node_of(l) != node && !taken.contains(&l))
+            .find(|l| servers.node_of(l) == next && next != node)
             .ok_or_else(|| BenchError::Phase("no result list lands on another master".into()))?;
         let apart_node = servers.node_of(&apart);
         out.push(Placement {
