@@ -3,6 +3,8 @@
 //! every figure and a PNG plot. No timing is asserted: the figures only have to be there, be
 //! numbers, and show that no request was lost on the way.
 //!
+//! The cluster section starts a 3-master Redis Cluster (`redis-cli` must be installed too).
+//!
 //! Needs `redis-server` on `PATH` (or `$INFERQ_REDIS_SERVER`). Uses node and BullMQ when they
 //! are installed; the JSON must then hold BullMQ's drains, otherwise say why they were skipped.
 
@@ -41,6 +43,8 @@ fn quick_bench_writes_every_figure() {
     );
     for heading in [
         "drains",
+        "cluster: ",
+        "capacity, cluster, lists tagged",
         "gw conns",
         "open loop",
         "target",
@@ -164,6 +168,8 @@ fn quick_bench_writes_every_figure() {
     assert_eq!(number(&r, "fleet.drains.0.claims_lost_per_request"), 0.0);
     assert!(stdout.contains("fleet: "), "{stdout}");
 
+    check_cluster_section(&r);
+
     // Every open-loop request got its result and was seen by the gateway.
     let open = r["open_loop"].as_array().unwrap();
     assert_eq!(open.len(), 3);
@@ -205,4 +211,103 @@ fn quick_bench_writes_every_figure() {
         png.starts_with(b"\x89PNG\r\n\x1a\n"),
         "bench.png is not a PNG"
     );
+}
+
+/// The cluster section: the standalone reference and both cluster drains drained every request,
+/// their costs were read on every master, and a result list in its queue's slot took no command
+/// outside that slot (one in another slot did).
+fn check_cluster_section(r: &Value) {
+    let c = &r["cluster"];
+    assert_eq!(c["measured"], Value::Bool(true), "{c}");
+    let n = c["n"].as_u64().unwrap();
+    assert!(n > 0, "{c}");
+    // One queue on each of the 3 masters, each apart list on another master than its queue.
+    let queues = c["queues"].as_array().unwrap();
+    assert_eq!(queues.len(), 3, "{c}");
+    let mut masters: Vec<u64> = queues
+        .iter()
+        .map(|q| q["master"].as_u64().unwrap())
+        .collect();
+    masters.sort_unstable();
+    masters.dedup();
+    assert_eq!(masters.len(), 3, "{c}");
+    for q in queues {
+        assert_ne!(q["master"], q["apart_list_master"], "{q}");
+    }
+    let runs = c["runs"].as_array().unwrap();
+    let labels: Vec<&str> = runs.iter().map(|x| x["label"].as_str().unwrap()).collect();
+    assert_eq!(
+        labels,
+        [
+            "standalone",
+            "cluster, lists tagged",
+            "cluster, lists apart"
+        ],
+        "{c}"
+    );
+    for (i, run) in runs.iter().enumerate() {
+        let at = |f: &str| number(r, &format!("cluster.runs.{i}.{f}"));
+        assert_eq!(
+            run["results"].as_u64(),
+            Some(n),
+            "every request drained: {run}"
+        );
+        assert_eq!(run["census"]["requests"], runs[0]["census"]["requests"]);
+        assert!(
+            at("requests_per_s") > 0.0 && at("requests_per_s_settled") > 0.0,
+            "{run}"
+        );
+        assert!(at("seconds_settled") >= at("seconds"), "{run}");
+        let nodes = run["masters"].as_array().unwrap();
+        assert_eq!(nodes.len(), if i == 0 { 1 } else { 3 }, "{run}");
+        // Every master served its queue: each spent CPU and ran commands.
+        for j in 0..nodes.len() {
+            assert!(
+                at(&format!("masters.{j}.cpu_us_per_request")) > 0.0,
+                "{run}"
+            );
+            assert!(at(&format!("masters.{j}.calls_per_request")) > 0.0, "{run}");
+        }
+        assert!(at("redis_cpu_us_per_request") > 0.0, "{run}");
+        // Commands per request stay a small constant (the standalone run batches everything).
+        assert!(
+            at("calls_per_request") > 0.0 && at("calls_per_request") <= 12.0,
+            "{run}"
+        );
+        let top = at("census.top_level_per_request");
+        assert!(top > 0.0 && top <= 5.0, "{run}");
+    }
+    let cross = |i: usize, kind: &str| {
+        runs[i]["census"]["cross_slot_by_kind"]
+            .get(kind)
+            .and_then(Value::as_f64)
+            .unwrap_or(0.0)
+    };
+    // One server has no slots.
+    assert_eq!(
+        number(r, "cluster.runs.0.census.cross_slot_per_request"),
+        0.0
+    );
+    // The result list in its queue's slot: the finish never left the slot.
+    assert_eq!(cross(1, "result lists"), 0.0, "{}", runs[1]["census"]);
+    // The list in another slot: delivered there, batch by batch.
+    assert!(cross(2, "result lists") > 0.0, "{}", runs[2]["census"]);
+    assert!(cross(2, "result lists") <= 1.0, "{}", runs[2]["census"]);
+    // The projection: k masters each bound by the dearest master's cost per request.
+    let projections = c["projections"].as_array().unwrap();
+    assert_eq!(projections.len(), 3, "{c}");
+    for p in &projections[1..] {
+        let us = p["us_per_request_per_master"].as_f64().unwrap();
+        assert!(us > 0.0, "{p}");
+        let (k, rps) = (&p["requests_per_s"][0][0], &p["requests_per_s"][0][1]);
+        assert_eq!(k.as_u64(), Some(3), "{p}");
+        assert!((rps.as_f64().unwrap() - 3e6 / us).abs() < 1.0, "{p}");
+    }
+    // The replica wait's cost, both submits timed.
+    let waits = c["replica_wait"]["runs"].as_array().unwrap();
+    assert_eq!(waits.len(), 2, "{c}");
+    for (i, w) in waits.iter().enumerate() {
+        assert_eq!(w["replica_wait"].as_u64(), Some(i as u64), "{w}");
+        assert!(w["requests_per_s"].as_f64().unwrap() > 0.0, "{w}");
+    }
 }

@@ -8,7 +8,9 @@
 //! placement, see `placement`); one drain through the simulator by fleets of 1, 4 and 8
 //! processors sharing the workers (what instances racing for one queue cost); open-loop
 //! submission at fixed rates (enqueue→dispatch and submit→result latency); redelivery after a
-//! kill -9.
+//! kill -9; a cluster section (queues spread over the masters of a 3-master Redis Cluster
+//! against the standalone Redis, with the capacity projection and the cost of a replica wait:
+//! see `cluster`).
 //!
 //! In: [`BenchOptions`]. Out: a [`report::Report`] printed as a table with targets and
 //! pass/miss, written as `bench.json`, and plotted as `bench.png` in the output folder.
@@ -21,12 +23,14 @@
 //! - `ceiling`: the gateway's own ceiling (an in-process HTTP load generator).
 //! - `census`: top-level commands vs commands inside scripts, from MONITOR.
 //! - `drain`, `open_loop`, `redelivery`, `bullmq`: the phases.
+//! - `cluster`: the cluster section (its drains, MONITOR census, replica wait and table).
 //! - `placement`: the split placement (the gateway on CPUs of its own) of the second drains.
 //! - `stats`: latency percentiles. `report`: targets, table, JSON. `plot`: the PNG.
 
 mod bullmq;
 mod ceiling;
 mod census;
+pub mod cluster;
 mod drain;
 mod load;
 mod measure;
@@ -44,6 +48,7 @@ use std::time::{Duration, Instant};
 use redis::aio::MultiplexedConnection;
 
 use crate::testkit::{Fsync, RedisServer};
+use cluster::report::ClusterSection;
 use procs::{Gateway, GatewayKind, ProcessorSpec};
 use report::{BullmqSection, Ceilings, FleetSection, Report, Settings, SplitSection};
 
@@ -120,6 +125,8 @@ pub struct BenchOptions {
     pub fleet: Vec<u32>,
     pub fleet_n: u64,
     pub bullmq_dir: Option<PathBuf>,
+    /// Requests of each cluster-section drain; 0 skips the section.
+    pub cluster_n: u64,
     /// Extra arguments for every `inferq run`.
     pub run_args: Vec<String>,
 }
@@ -157,6 +164,7 @@ impl Ctx {
             reclaim_interval_ms: None,
             extra_args: self.opts.run_args.clone(),
             cpus: None,
+            transport_json: None,
         }
     }
 }
@@ -169,41 +177,9 @@ fn say(line: impl AsRef<str>) {
 /// Runs every phase, prints the table and writes `bench.json` and `bench.png` into `opts.out`.
 pub async fn run(opts: BenchOptions) -> Result<Report, BenchError> {
     let began = Instant::now();
-    std::fs::create_dir_all(&opts.out)
-        .map_err(|e| BenchError::setup(format!("cannot create {}", opts.out.display()), e))?;
     let machine = measure::Machine::read();
-    let scratch = tempfile::Builder::new()
-        .prefix("inferq-bench-")
-        .tempdir()
-        .map_err(|e| BenchError::setup("cannot create a scratch folder", e))?;
+    let (scratch, redis, mut ctx) = start(&opts).await?;
     let dir = scratch.path().to_owned();
-    let redis = {
-        let redis_dir = dir.join("redis");
-        tokio::task::spawn_blocking(move || RedisServer::start_in(&redis_dir, Fsync::EverySec))
-            .await
-            .map_err(|e| BenchError::Phase(format!("starting redis-server: {e}")))??
-    };
-    say(format!(
-        "redis-server on port {} (AOF, appendfsync everysec); scratch {}",
-        redis.port(),
-        dir.display()
-    ));
-    let mut con = redis.client()?.get_multiplexed_async_connection().await?;
-    // FLUSHALL after a large drain (BullMQ keeps every completed job) takes a while.
-    con.set_response_timeout(FLUSH_LIMIT);
-    let http = reqwest::Client::builder()
-        .no_proxy()
-        .timeout(Duration::from_secs(10))
-        .build()?;
-    let mut ctx = Ctx {
-        redis_url: redis.url(),
-        redis_pid: redis.pid(),
-        redis_port: redis.port(),
-        con,
-        dir: dir.clone(),
-        http,
-        opts: opts.clone(),
-    };
 
     let mut gateways = vec![Gateway::sim(&ctx.http, &dir, 0).await?];
     let node_js = dir.join("gateway.js");
@@ -307,6 +283,7 @@ pub async fn run(opts: BenchOptions) -> Result<Report, BenchError> {
         None => SplitSection::skipped(no_node.to_owned()),
     };
     let fleet = fleet_drains(&mut ctx, &gateways[gateways.len() - 1]).await?;
+    let cluster = cluster_section(&mut ctx, &gateways[gateways.len() - 1]).await?;
     drop(gateways);
 
     let open_sim = Gateway::sim(&ctx.http, &dir, 0).await?;
@@ -347,6 +324,7 @@ pub async fn run(opts: BenchOptions) -> Result<Report, BenchError> {
         bullmq,
         split,
         fleet,
+        cluster,
         open,
         redelivery,
         began.elapsed(),
@@ -363,6 +341,75 @@ pub async fn run(opts: BenchOptions) -> Result<Report, BenchError> {
         opts.out.join("bench.png").display()
     ));
     Ok(report)
+}
+
+/// The output folder, a scratch folder, the bench's redis-server (AOF, everysec) and the
+/// [`Ctx`] over them. The scratch folder and the server live as long as the values returned.
+async fn start(opts: &BenchOptions) -> Result<(tempfile::TempDir, RedisServer, Ctx), BenchError> {
+    std::fs::create_dir_all(&opts.out)
+        .map_err(|e| BenchError::setup(format!("cannot create {}", opts.out.display()), e))?;
+    let scratch = tempfile::Builder::new()
+        .prefix("inferq-bench-")
+        .tempdir()
+        .map_err(|e| BenchError::setup("cannot create a scratch folder", e))?;
+    let dir = scratch.path().to_owned();
+    let redis = {
+        let redis_dir = dir.join("redis");
+        tokio::task::spawn_blocking(move || RedisServer::start_in(&redis_dir, Fsync::EverySec))
+            .await
+            .map_err(|e| BenchError::Phase(format!("starting redis-server: {e}")))??
+    };
+    say(format!(
+        "redis-server on port {} (AOF, appendfsync everysec); scratch {}",
+        redis.port(),
+        dir.display()
+    ));
+    let mut con = redis.client()?.get_multiplexed_async_connection().await?;
+    // FLUSHALL after a large drain (BullMQ keeps every completed job) takes a while.
+    con.set_response_timeout(FLUSH_LIMIT);
+    let http = reqwest::Client::builder()
+        .no_proxy()
+        .timeout(Duration::from_secs(10))
+        .build()?;
+    let ctx = Ctx {
+        redis_url: redis.url(),
+        redis_pid: redis.pid(),
+        redis_port: redis.port(),
+        con,
+        dir,
+        http,
+        opts: opts.clone(),
+    };
+    Ok((scratch, redis, ctx))
+}
+
+/// Only the cluster section (`inferq bench --cluster-only`): its table on standard output and
+/// `cluster.json` in `opts.out`.
+pub async fn run_cluster_only(opts: BenchOptions) -> Result<ClusterSection, BenchError> {
+    let (_scratch, redis, mut ctx) = start(&opts).await?;
+    let sim = Gateway::sim(&ctx.http, &ctx.dir.clone(), 0).await?;
+    let section = cluster_section(&mut ctx, &sim).await?;
+    drop(sim);
+    drop(redis);
+    println!();
+    section.print();
+    let path = opts.out.join("cluster.json");
+    let text = serde_json::to_string_pretty(&section)
+        .map_err(|e| BenchError::Phase(format!("cannot encode the cluster section: {e}")))?;
+    std::fs::write(&path, text)
+        .map_err(|e| BenchError::setup(format!("cannot write {}", path.display()), e))?;
+    say(format!("wrote {}", path.display()));
+    Ok(section)
+}
+
+/// The cluster section through `sim`, unless `--no-cluster` said not to.
+async fn cluster_section(ctx: &mut Ctx, sim: &Gateway) -> Result<ClusterSection, BenchError> {
+    if ctx.opts.cluster_n == 0 {
+        return Ok(ClusterSection::skipped("--no-cluster given".to_owned()));
+    }
+    cluster::run(ctx, sim)
+        .await
+        .map_err(|e| e.during("cluster section"))
 }
 
 /// One drain of `fleet_n` requests through `sim` by each fleet size: the run's workers shared by

@@ -287,11 +287,18 @@ pub struct ProcessorSpec {
     pub extra_args: Vec<String>,
     /// The CPUs it runs on (a `taskset` list; see [`super::placement`]), or all of them.
     pub cpus: Option<String>,
+    /// The whole transport config, when a phase writes its own (the cluster drains: several
+    /// queues, `mode` and `addrs`); the fields above then give only the concurrency, the CPUs
+    /// and the extra arguments.
+    pub transport_json: Option<serde_json::Value>,
 }
 
 impl ProcessorSpec {
     /// The transport-config JSON.
     pub fn transport(&self) -> serde_json::Value {
+        if let Some(t) = &self.transport_json {
+            return t.clone();
+        }
         let mut t = serde_json::json!({
             "url": self.redis_url,
             "poll_interval_ms": self.poll_interval_ms,

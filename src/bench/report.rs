@@ -10,6 +10,7 @@ use serde::Serialize;
 use super::bullmq::BullmqDrain;
 use super::ceiling::Ceiling;
 use super::census::Census;
+use super::cluster::report::ClusterSection;
 use super::drain::Drain;
 use super::measure::Machine;
 use super::open_loop::OpenLoop;
@@ -217,6 +218,8 @@ pub struct Report {
     pub bullmq: BullmqSection,
     pub split: SplitSection,
     pub fleet: FleetSection,
+    /// Queues spread over a 3-master cluster against one server (not one of the targets).
+    pub cluster: ClusterSection,
     pub open_loop: Vec<OpenLoop>,
     pub redelivery: Redelivery,
     pub targets: Vec<Target>,
@@ -234,6 +237,7 @@ impl Report {
         bullmq: BullmqSection,
         split: SplitSection,
         fleet: FleetSection,
+        cluster: ClusterSection,
         open_loop: Vec<OpenLoop>,
         redelivery: Redelivery,
         took: Duration,
@@ -248,6 +252,7 @@ impl Report {
             bullmq,
             split,
             fleet,
+            cluster,
             open_loop,
             redelivery,
             targets: Vec::new(),
@@ -539,6 +544,8 @@ impl Report {
         self.print_split();
         println!();
         self.print_fleet();
+        println!();
+        self.cluster.print();
         println!();
         println!(
             "open loop {:>8} {:>9} {:>9} {:>27} {:>27}",

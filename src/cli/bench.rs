@@ -1,6 +1,7 @@
 //! `inferq bench`: flags in, [`crate::bench::run`] does the work. `--quick` picks small sizes
 //! (under a minute); each size can also be set on its own. Exit 0 when the run completed
 //! (targets missed are reported in the table, not as a failure), 1 when a phase failed.
+//! `--cluster-only` runs just the cluster section; `--no-cluster` leaves it out.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -60,6 +61,17 @@ pub struct BenchArgs {
     /// Skip the fleet drains.
     #[arg(long, conflicts_with = "fleet")]
     pub no_fleet: bool,
+    /// Requests of each cluster drain: a 3-master Redis Cluster against the standalone Redis
+    /// [default: 20000; quick: 2000].
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+    pub cluster_n: Option<u64>,
+    /// Skip the cluster section.
+    #[arg(long, conflicts_with_all = ["cluster_n", "cluster_only"])]
+    pub no_cluster: bool,
+    /// Run only the cluster section (with its standalone reference and the replica-wait cost):
+    /// its table, and cluster.json in --out.
+    #[arg(long)]
+    pub cluster_only: bool,
     /// Folder holding node_modules/bullmq [default: $BULLMQ_DIR or ~/.cache/inferq-bench/bullmq].
     #[arg(long)]
     pub bullmq_dir: Option<PathBuf>,
@@ -126,8 +138,17 @@ pub async fn bench(args: BenchArgs) -> Result<(), Failure> {
         },
         fleet_n: args.fleet_n.unwrap_or(if quick { 4000 } else { 100_000 }),
         bullmq_dir: args.bullmq_dir,
+        cluster_n: if args.no_cluster {
+            0
+        } else {
+            args.cluster_n.unwrap_or(if quick { 2000 } else { 20_000 })
+        },
         run_args: args.run_arg,
     };
-    bench::run(opts).await?;
+    if args.cluster_only {
+        bench::run_cluster_only(opts).await?;
+    } else {
+        bench::run(opts).await?;
+    }
     Ok(())
 }
