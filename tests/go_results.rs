@@ -33,23 +33,6 @@ async fn pending_tokens(con: &mut redis::aio::ConnectionManager) -> HashMap<Stri
         .collect()
 }
 
-/// Waits up to `limit` for `list` to hold `n` raw results.
-async fn wait_raw(
-    con: &mut redis::aio::ConnectionManager,
-    list: &str,
-    n: usize,
-    limit: Duration,
-) -> Vec<String> {
-    let started = Instant::now();
-    loop {
-        let raw = raw_results(con, list).await;
-        if raw.len() >= n || started.elapsed() > limit {
-            return raw;
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-}
-
 /// Every result names its generation's token, including one that went through a retry; the
 /// queue's TTL is on the result list after each push; and the retry's parked member carries the
 /// route it was resolved to.
@@ -90,7 +73,7 @@ async fn results_carry_their_token_and_the_list_its_ttl() {
     assert_eq!(internal["result_routing_resolved"], true, "{parked}");
     assert_eq!(internal["result_queue_name"], "result-list", "{parked}");
     assert_eq!(internal["result_ttl_seconds"], 600, "{parked}");
-    let raw = wait_raw(&mut con, "result-list", 2, Duration::from_secs(20)).await;
+    let raw = wait_results_in(&mut con, "result-list", 2, Duration::from_secs(20)).await;
     assert_eq!(raw.len(), 2, "{raw:?}");
     for r in &raw {
         let msg: inferq::wire::ResultMessage = serde_json::from_str(r).unwrap();
@@ -139,7 +122,7 @@ async fn a_stamped_route_wins_over_the_queue_config() {
         ..ProcessorOpts::default()
     };
     let _p = Processor::start(&redis, &gw, &opts).await;
-    let on_stamped = wait_raw(&mut con, "stamped-list", 1, Duration::from_secs(10)).await;
+    let on_stamped = wait_results_in(&mut con, "stamped-list", 1, Duration::from_secs(10)).await;
     assert_eq!(on_stamped.len(), 1);
     assert!(
         on_stamped[0].starts_with(
@@ -148,7 +131,7 @@ async fn a_stamped_route_wins_over_the_queue_config() {
         "{}",
         on_stamped[0]
     );
-    let on_queue = wait_raw(&mut con, "queue-list", 1, Duration::from_secs(10)).await;
+    let on_queue = wait_results_in(&mut con, "queue-list", 1, Duration::from_secs(10)).await;
     assert_eq!(on_queue.len(), 1);
     assert!(
         on_queue[0].contains(r#""id":"unstamped""#),

@@ -50,6 +50,20 @@ async fn client_addr(con: &mut redis::aio::MultiplexedConnection) -> Result<Stri
         .ok_or_else(|| BenchError::Phase("CLIENT INFO has no addr".into()))
 }
 
+/// The lines of a `MONITOR` of the Redis on `port` (on a connection of its own).
+pub(crate) async fn monitor(
+    port: u16,
+) -> Result<tokio::io::Lines<BufReader<TcpStream>>, BenchError> {
+    let mut stream = TcpStream::connect(("127.0.0.1", port))
+        .await
+        .map_err(|e| BenchError::setup("cannot connect for MONITOR", e))?;
+    stream
+        .write_all(b"MONITOR\r\n")
+        .await
+        .map_err(|e| BenchError::setup("cannot send MONITOR", e))?;
+    Ok(BufReader::new(stream).lines())
+}
+
 pub async fn run(ctx: &mut Ctx, gateway: &Gateway, n: u64) -> Result<Census, BenchError> {
     ctx.flush().await?;
     let tag = "census";
@@ -64,14 +78,7 @@ pub async fn run(ctx: &mut Ctx, gateway: &Gateway, n: u64) -> Result<Census, Ben
         .await?;
     let own_addr = client_addr(&mut poller).await?;
 
-    let mut stream = TcpStream::connect(("127.0.0.1", ctx.redis_port))
-        .await
-        .map_err(|e| BenchError::setup("cannot connect for MONITOR", e))?;
-    stream
-        .write_all(b"MONITOR\r\n")
-        .await
-        .map_err(|e| BenchError::setup("cannot send MONITOR", e))?;
-    let mut lines = BufReader::new(stream).lines();
+    let mut lines = monitor(ctx.redis_port).await?;
     let (stop_tx, mut stop_rx) = tokio::sync::oneshot::channel::<()>();
     let reader = tokio::spawn(async move {
         let mut top = BTreeMap::<String, u64>::new();

@@ -27,7 +27,7 @@ use super::inject::FaultRecord;
 use super::observe::{key_sizes, lrange};
 use super::processes::{Processor, ProcessorSpec};
 use super::report::{ProcessorSummary, Report};
-use super::schedule::{self, Fault, PlanShape, SlotOf};
+use super::schedule::{Fault, SlotOf};
 use super::workload::{Fate, Ledger, Workload};
 use super::{ChaosError, ChaosRedis, ChaosSettings};
 use crate::config::hash_slot;
@@ -274,18 +274,7 @@ impl Rig {
             } => self.topo.migrate_queue_slot(*first_keys, *halfway).await,
             other => tokio::task::block_in_place(|| self.topo.inject(other)),
         };
-        let record = FaultRecord {
-            index,
-            at_ms: ms(began.saturating_duration_since(run_started)),
-            took_ms: ms(began.elapsed()),
-            fault: fault.clone(),
-            label: fault.label(),
-            outcome: match outcome {
-                Ok(()) => "ok".to_owned(),
-                Err(e) => e,
-            },
-            held: None,
-        };
+        let record = FaultRecord::new(index, fault, (run_started, began), outcome, None);
         tracing::info!(
             fault = index,
             at_s = record.at_ms as f64 / 1000.0,
@@ -449,22 +438,7 @@ async fn drive(
     rig: &mut Rig,
     producers: Vec<Producer>,
 ) -> Result<Driven, ChaosError> {
-    let plan = schedule::plan(
-        settings.seed,
-        &PlanShape {
-            processors: settings.processors,
-            lease: settings.lease,
-            window: settings.fault_window,
-            gap: settings.fault_gap,
-            redis: settings.redis,
-        },
-    );
-    tracing::info!(
-        seed = settings.seed,
-        faults = plan.len(),
-        requests = settings.requests,
-        "workload and faults start"
-    );
+    let plan = super::harness::fault_plan(settings);
     let workload = Workload {
         tag: "chaos".to_owned(),
         requests: settings.requests,

@@ -108,22 +108,7 @@ pub async fn run(settings: ChaosSettings) -> Result<Report, ChaosError> {
         lease: settings.lease,
     };
 
-    let plan = schedule::plan(
-        settings.seed,
-        &PlanShape {
-            processors: settings.processors,
-            lease: settings.lease,
-            window: settings.fault_window,
-            gap: settings.fault_gap,
-            redis: settings.redis,
-        },
-    );
-    tracing::info!(
-        seed = settings.seed,
-        faults = plan.len(),
-        requests = settings.requests,
-        "workload and faults start"
-    );
+    let plan = fault_plan(&settings);
     let publish = settings.transport == ChaosTransport::RedisPubsub;
     let workload = Workload {
         tag: "chaos".to_owned(),
@@ -387,4 +372,25 @@ async fn results_of<C: ConnectionLike>(
         out.extend(lrange(con, list).await?);
     }
     Ok(out)
+}
+
+/// The seeded fault plan of a run, logged as the workload starts (every profile's).
+pub(super) fn fault_plan(settings: &ChaosSettings) -> Vec<schedule::Planned> {
+    let plan = schedule::plan(
+        settings.seed,
+        &PlanShape {
+            processors: settings.processors,
+            lease: settings.lease,
+            window: settings.fault_window,
+            gap: settings.fault_gap,
+            redis: settings.redis,
+        },
+    );
+    tracing::info!(
+        seed = settings.seed,
+        faults = plan.len(),
+        requests = settings.requests,
+        "workload and faults start"
+    );
+    plan
 }

@@ -42,6 +42,31 @@ pub struct FaultRecord {
     pub held: Option<usize>,
 }
 
+impl FaultRecord {
+    /// The record of fault `index`, begun at `began` in a run started at `run_started` (`at`),
+    /// carried out with `outcome`.
+    pub fn new(
+        index: usize,
+        fault: &Fault,
+        (run_started, began): (Instant, Instant),
+        outcome: Result<(), String>,
+        held: Option<usize>,
+    ) -> FaultRecord {
+        FaultRecord {
+            index,
+            at_ms: ms(began.saturating_duration_since(run_started)),
+            took_ms: ms(began.elapsed()),
+            fault: fault.clone(),
+            label: fault.label(),
+            outcome: match outcome {
+                Ok(()) => "ok".to_owned(),
+                Err(e) => e,
+            },
+            held,
+        }
+    }
+}
+
 /// Claim key -> (owner token, lease expiry).
 type Claims = HashMap<String, (String, f64)>;
 
@@ -195,18 +220,7 @@ impl Rig {
             | Fault::KillPrimary
             | Fault::SentinelFailover => Err("not a fault of a standalone Redis".to_owned()),
         };
-        let record = FaultRecord {
-            index,
-            at_ms: ms(began.saturating_duration_since(run_started)),
-            took_ms: ms(began.elapsed()),
-            fault: fault.clone(),
-            label: fault.label(),
-            outcome: match outcome {
-                Ok(()) => "ok".to_owned(),
-                Err(e) => e,
-            },
-            held,
-        };
+        let record = FaultRecord::new(index, fault, (run_started, began), outcome, held);
         tracing::info!(
             fault = index,
             at_s = record.at_ms as f64 / 1000.0,

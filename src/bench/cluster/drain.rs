@@ -8,8 +8,6 @@
 use std::time::{Duration, Instant};
 
 use redis::aio::MultiplexedConnection;
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
-use tokio::net::TcpStream;
 
 use super::monitor::{is_admin, parse_line, Lane, Tally};
 use crate::bench::load::{preload, settle_aof};
@@ -183,14 +181,7 @@ async fn monitor(
     ),
     BenchError,
 > {
-    let mut stream = TcpStream::connect(("127.0.0.1", servers.nodes[index].port))
-        .await
-        .map_err(|e| BenchError::setup("cannot connect for MONITOR", e))?;
-    stream
-        .write_all(b"MONITOR\r\n")
-        .await
-        .map_err(|e| BenchError::setup("cannot send MONITOR", e))?;
-    let mut lines = BufReader::new(stream).lines();
+    let mut lines = crate::bench::census::monitor(servers.nodes[index].port).await?;
     let own: Vec<String> = servers.nodes.iter().map(|n| n.addr.clone()).collect();
     let lanes = lanes.to_vec();
     let cluster = servers.cluster;
