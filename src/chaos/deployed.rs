@@ -34,7 +34,7 @@ use crate::config::hash_slot;
 use crate::queue::producer::Producer;
 use crate::queue::target::{Link, Target};
 use crate::queue::{QueueKeys, ReplicaWait};
-use crate::sim::{Sim, SimConfig};
+use crate::sim::Sim;
 use crate::testkit::{RedisCluster, SentinelSet, TestkitError};
 
 const QUEUE: &str = "chaos:requests";
@@ -303,16 +303,7 @@ impl Rig {
 
 /// Starts the simulator and the processors on `topo`.
 async fn start_rig(settings: &ChaosSettings, topo: Topo) -> Result<Rig, ChaosError> {
-    let sim = Sim::start(
-        SimConfig {
-            ttft_ms: settings.ttft_ms,
-            per_token_ms: settings.per_token_ms,
-            jitter: 0.3,
-            ..SimConfig::default()
-        },
-        ([127, 0, 0, 1], 0).into(),
-    )
-    .await?;
+    let sim = super::harness::start_sim(settings).await?;
     let (url, redis_fields) = topo.processor_config();
     let spec = ProcessorSpec {
         exe: settings.exe.clone(),

@@ -51,16 +51,7 @@ pub async fn run(settings: ChaosSettings) -> Result<Report, ChaosError> {
         port = redis.port(),
         "redis-server started (AOF, appendfsync always)"
     );
-    let sim = Sim::start(
-        SimConfig {
-            ttft_ms: settings.ttft_ms,
-            per_token_ms: settings.per_token_ms,
-            jitter: 0.3,
-            ..SimConfig::default()
-        },
-        ([127, 0, 0, 1], 0).into(),
-    )
-    .await?;
+    let sim = start_sim(&settings).await?;
     let upstream = ([127, 0, 0, 1], redis.port()).into();
     let mut proxies = Vec::new();
     for _ in 0..settings.processors {
@@ -393,4 +384,18 @@ pub(super) fn fault_plan(settings: &ChaosSettings) -> Vec<schedule::Planned> {
         "workload and faults start"
     );
     plan
+}
+
+/// The simulator gateway of a run, on a free port: the settings' pace, with some jitter.
+pub(super) async fn start_sim(settings: &ChaosSettings) -> Result<Sim, ChaosError> {
+    Ok(Sim::start(
+        SimConfig {
+            ttft_ms: settings.ttft_ms,
+            per_token_ms: settings.per_token_ms,
+            jitter: 0.3,
+            ..SimConfig::default()
+        },
+        ([127, 0, 0, 1], 0).into(),
+    )
+    .await?)
 }
