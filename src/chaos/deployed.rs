@@ -26,7 +26,7 @@ use super::history::{self, History};
 use super::inject::FaultRecord;
 use super::observe::{key_sizes, lrange};
 use super::processes::{Processor, ProcessorSpec};
-use super::report::{ProcessorSummary, Report};
+use super::report::Report;
 use super::schedule::{Fault, SlotOf};
 use super::workload::{Fate, Ledger, Workload};
 use super::{ChaosError, ChaosRedis, ChaosSettings};
@@ -381,16 +381,7 @@ pub async fn run(settings: ChaosSettings) -> Result<Report, ChaosError> {
     let (history, results_by_list) = read_history(&mut admin, &keys, &rig, driven.ledger).await?;
     let findings = history::check(&history);
     let gateway = Some(rig.sim.stats());
-    let mut summaries = Vec::new();
-    for p in &mut rig.processors {
-        let final_stop = p.stop(Duration::from_secs(20)).await;
-        summaries.push(ProcessorSummary {
-            index: p.index,
-            starts: p.starts,
-            unexpected_exits: p.unexpected_exits.clone(),
-            final_stop,
-        });
-    }
+    let summaries = super::harness::stop_all(&mut rig.processors).await;
     let mut report = Report {
         passed: false,
         failures: Vec::new(),

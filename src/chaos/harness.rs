@@ -193,16 +193,7 @@ pub async fn run(settings: ChaosSettings) -> Result<Report, ChaosError> {
     let findings = history::check(&history);
     let gateway = Some(rig.sim.stats());
 
-    let mut summaries = Vec::new();
-    for p in &mut rig.processors {
-        let final_stop = p.stop(Duration::from_secs(20)).await;
-        summaries.push(ProcessorSummary {
-            index: p.index,
-            starts: p.starts,
-            unexpected_exits: p.unexpected_exits.clone(),
-            final_stop,
-        });
-    }
+    let summaries = stop_all(&mut rig.processors).await;
 
     let races = if settings.races > 0 {
         tracing::info!(count = settings.races, "stale-owner races");
@@ -398,4 +389,19 @@ pub(super) async fn start_sim(settings: &ChaosSettings) -> Result<Sim, ChaosErro
         ([127, 0, 0, 1], 0).into(),
     )
     .await?)
+}
+
+/// Stops every processor of a run (20 s each to exit) and sums up how each lived.
+pub(super) async fn stop_all(processors: &mut [Processor]) -> Vec<ProcessorSummary> {
+    let mut summaries = Vec::with_capacity(processors.len());
+    for p in processors {
+        let final_stop = p.stop(Duration::from_secs(20)).await;
+        summaries.push(ProcessorSummary {
+            index: p.index,
+            starts: p.starts,
+            unexpected_exits: p.unexpected_exits.clone(),
+            final_stop,
+        });
+    }
+    summaries
 }
