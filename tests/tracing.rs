@@ -189,7 +189,9 @@ async fn request_spans_reach_the_collector_and_the_trace_reaches_the_gateway() {
 
     let parent_trace = "4bf92f3577b34da6a3ce929d0e0e4736";
     let parent_span = "00f067aa0ba902b7";
-    let mut traced = request("traced", 60, r#"{"prompt":"a"}"#);
+    let mut traced = request("traced", 60, r#"{"model":"m-body","prompt":"a"}"#);
+    // Newer Go's data.model names the model before the body does.
+    traced.model = "m-data".to_owned();
     traced.metadata.insert(
         "traceparent".to_owned(),
         format!("00-{parent_trace}-{parent_span}-01"),
@@ -201,7 +203,7 @@ async fn request_spans_reach_the_collector_and_the_trace_reaches_the_gateway() {
     let producer = producer(&redis, &opts.queue).await;
     producer.submit(traced).await.unwrap();
     producer
-        .submit(request("bad", 60, r#"{"prompt":"b"}"#))
+        .submit(request("bad", 60, r#"{"model":"m-body","prompt":"b"}"#))
         .await
         .unwrap();
     let mut con = con(&redis).await;
@@ -229,6 +231,7 @@ async fn request_spans_reach_the_collector_and_the_trace_reaches_the_gateway() {
     assert_eq!(process.attr("queue.name"), Some(opts.queue.as_str()));
     assert_eq!(process.attr("error.category"), None);
     assert_ne!(process.status, StatusCode::Error as i32);
+    assert_eq!(process.attr("gen_ai.request.model"), Some("m-data"));
 
     let http = spans
         .iter()
@@ -254,6 +257,8 @@ async fn request_spans_reach_the_collector_and_the_trace_reaches_the_gateway() {
         "no parent: a trace of its own"
     );
     assert_eq!(refused.parent_span_id, "");
+    // Without data.model, the body's model.
+    assert_eq!(refused.attr("gen_ai.request.model"), Some("m-body"));
     assert!(refused.attr("error.category").is_some(), "{refused:?}");
     assert_eq!(refused.status, StatusCode::Error as i32, "{refused:?}");
 }

@@ -40,6 +40,7 @@ pub fn request(tag: &str, i: u64) -> Result<NewRequest, BenchError> {
         metadata: BTreeMap::new(),
         headers: BTreeMap::new(),
         endpoint: String::new(),
+        model: String::new(),
     })
 }
 

@@ -121,6 +121,7 @@ fn ack(held: &Held, list: &str, body: &[u8]) -> Finish {
         result_list: list.to_owned(),
         result_ttl_s: 0,
         result: ResultMessage::http(&held.envelope.request.id, 200, body).to_json(),
+        payload_ref: held.envelope.internal.payload_ref.clone(),
     }
 }
 
@@ -263,6 +264,7 @@ pub async fn run(url: &str, queue: &str, count: u64, seed: u64) -> Result<RaceRe
             metadata: Default::default(),
             headers: Default::default(),
             endpoint: String::new(),
+            model: String::new(),
         });
     }
     for chunk in requests.chunks(500) {

@@ -187,6 +187,7 @@ impl Workload {
             metadata: BTreeMap::new(),
             headers: BTreeMap::new(),
             endpoint: String::new(),
+            model: String::new(),
         })
     }
 

@@ -378,6 +378,15 @@ fn row(e: &Listed, members: bool) -> serde_json::Value {
             if let Some(why) = requeueable {
                 v["not_requeueable"] = json!(why);
             }
+            // A body stored apart (payload keys): where it is, for as long as it lives.
+            let payload_ref = r
+                .exact_member()
+                .and_then(|m| crate::wire::Envelope::decode(m).ok())
+                .map(|env| env.internal.payload_ref)
+                .filter(|key| !key.is_empty());
+            if let Some(key) = payload_ref {
+                v["payload_ref"] = json!(key);
+            }
             if members {
                 v["member"] = json!(r.member);
                 v["member_truncated"] = json!(r.member_truncated);

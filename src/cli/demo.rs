@@ -587,6 +587,7 @@ async fn submit_all(
                 metadata: BTreeMap::new(),
                 headers: BTreeMap::new(),
                 endpoint: String::new(),
+                model: String::new(),
             });
         }
         // Stamped before the round trip, so no result can arrive before its stamp.

@@ -1,6 +1,7 @@
 //! Parsing `inferq submit` input lines into requests. Two shapes are accepted per line:
 //!
-//! - native: `{"id", "deadline" | "timeout_s", "payload", "metadata"?, "headers"?, "endpoint"?}`
+//! - native: `{"id", "deadline" | "timeout_s", "payload", "metadata"?, "headers"?, "endpoint"?,
+//!   "model"?}`
 //! - OpenAI Batch input: `{"custom_id", "method": "POST", "url", "body"}` → id, endpoint, payload
 //!
 //! The payload (or body) is kept as the exact bytes of the line. A bad line is an error that
@@ -38,6 +39,9 @@ struct Line {
     payload: Option<Box<RawValue>>,
     #[serde(default)]
     metadata: Option<BTreeMap<String, String>>,
+    /// The model named beside the body (newer Go's `data.model`), for traces.
+    #[serde(default)]
+    model: Option<String>,
     #[serde(default)]
     headers: Option<BTreeMap<String, String>>,
     #[serde(default)]
@@ -137,6 +141,7 @@ pub fn parse_line(
         metadata: line.metadata.unwrap_or_default(),
         headers,
         endpoint,
+        model: line.model.unwrap_or_default(),
     })
 }
 

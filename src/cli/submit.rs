@@ -16,7 +16,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::input::{parse_line, LineError};
 use super::{Failure, RedisArgs};
-use crate::queue::producer::ProducerError;
+use crate::queue::producer::{PayloadKeys, ProducerError};
 use crate::wire::NewRequest;
 
 #[derive(Debug, clap::Args)]
@@ -43,6 +43,14 @@ pub struct SubmitArgs {
     /// How long --replica-wait waits for the replicas, in milliseconds [default: 1000].
     #[arg(long, value_name = "MS")]
     pub replica_wait_timeout_ms: Option<i64>,
+    /// Store every request body apart from its member, at `request-payload:<id>:<token>`
+    /// (newer Go's payload keys). Only once every processor reads them: an older Go processor
+    /// sends a null body.
+    #[arg(long, conflicts_with = "payload_keys_above")]
+    pub payload_keys: bool,
+    /// Store bodies of more than this many bytes apart (see --payload-keys), the others inline.
+    #[arg(long, value_name = "BYTES")]
+    pub payload_keys_above: Option<usize>,
 }
 
 #[derive(Debug, clap::Args)]
@@ -275,7 +283,17 @@ pub async fn submit(args: SubmitArgs) -> Result<(), Failure> {
         ("--replica-wait", "--replica-wait-timeout-ms"),
     )
     .map_err(Failure::bad_input)?;
-    let producer = args.redis.producer().await?.with_replica_wait(wait);
+    let apart = match (args.payload_keys, args.payload_keys_above) {
+        (true, _) => PayloadKeys::Always,
+        (false, Some(n)) => PayloadKeys::Above(n),
+        (false, None) => PayloadKeys::Inline,
+    };
+    let producer = args
+        .redis
+        .producer()
+        .await?
+        .with_replica_wait(wait)
+        .with_payload_keys(apart);
     // SIGINT or SIGTERM stops it between two batches, with the summary saying where.
     let stop = CancellationToken::new();
     tokio::spawn(super::results::watch_signals(stop.clone()));

@@ -31,13 +31,14 @@ use std::time::{Duration, Instant};
 use tokio::sync::mpsc::Sender;
 use tokio_util::sync::CancellationToken;
 
+use super::bodies::{self, Attached};
 use super::context::{Job, QueueCtx};
 use super::gates::{Decision, GateInput, Release, Verdict};
 use super::last_chance::{LastChance, Slot};
 use crate::ops::Trouble;
 use crate::queue::dead::DeadRecord;
 use crate::queue::keys::claim_key;
-use crate::queue::{Claimed, Peeked, QueueError, SetAside};
+use crate::queue::{Claimed, Held, Peeked, QueueError, SetAside};
 use crate::wire::{Envelope, ErrorCode, ResultMessage};
 
 /// How a consumer polls.
@@ -505,6 +506,7 @@ async fn poll_once(
         .count();
     ctx.series.claims_lost.get().inc_by(lost as u64);
     let now_ms = crate::queue::producer::unix_ms();
+    let mut held_now = Vec::with_capacity(claimed.len());
     for (((claim, admission), slot), size) in
         claimed.into_iter().zip(admissions).zip(slots).zip(sizes)
     {
@@ -513,7 +515,10 @@ async fn poll_once(
             Decision::release_all(admission.releases).await;
             continue;
         };
-        let held = *held;
+        held_now.push((*held, admission, slot, size));
+    }
+    let bodies = attach_bodies(ctx, &mut held_now, now_ms).await;
+    for ((held, admission, slot, size), body) in held_now.into_iter().zip(bodies) {
         let cancelled = held.cancelled;
         ctx.series.deliveries.get().inc();
         let env = &held.envelope;
@@ -540,6 +545,18 @@ async fn poll_once(
             ctx.series.exceeded.get().inc();
             let id = job.held.envelope.request.id.clone();
             job.publish(ResultMessage::deadline_exceeded(&id));
+        } else if let Attached::Unavailable(why) = body {
+            let id = job.held.envelope.request.id.clone();
+            tracing::warn!(queue = %ctx.queue.name(), id, payload_ref = %job.held.envelope.internal.payload_ref, why, "request not sent: its body stored apart cannot be read");
+            job.publish(ResultMessage::error(
+                &id,
+                ErrorCode::PayloadUnavailable,
+                why,
+            ));
+        } else if let Attached::Unread(error) = body {
+            // Dropping the job releases its claim: it is tried again at the next poll.
+            tracing::warn!(queue = %ctx.queue.name(), error, "cannot read request bodies stored apart; the claims go back to pending");
+            drop(job);
         } else {
             ctx.series.queue_depth.get().inc();
             job.wait_for_worker(size);
@@ -558,6 +575,32 @@ async fn poll_once(
         lost,
         overshot,
     })
+}
+
+/// Reads the bodies stored apart of the claims that will be sent (not dropped, cancelled or
+/// past their deadline), one read for the poll; [`Attached::Ready`] for the others.
+async fn attach_bodies(
+    ctx: &QueueCtx,
+    held: &mut [(Held, Admission, Option<Slot>, usize)],
+    now_ms: i64,
+) -> Vec<Attached> {
+    let sent = |(h, a, _, _): &(Held, Admission, Option<Slot>, usize)| {
+        a.dropped.is_none()
+            && !h.cancelled
+            && h.envelope.request.deadline.saturating_mul(1000) > now_ms
+    };
+    let at: Vec<usize> = (0..held.len()).filter(|&i| sent(&held[i])).collect();
+    let mut envelopes: Vec<&mut Envelope> = held
+        .iter_mut()
+        .filter(|h| sent(h))
+        .map(|(h, _, _, _)| &mut h.envelope)
+        .collect();
+    let attached = bodies::attach(&ctx.queue, &mut envelopes).await;
+    let mut out = vec![Attached::Ready; held.len()];
+    for (i, a) in at.into_iter().zip(attached) {
+        out[i] = a;
+    }
+    out
 }
 
 /// The queue gate's word on one request, when it may be claimed.

@@ -169,6 +169,7 @@ impl QueueCtx {
             result_list: route.list,
             result_ttl_s: route.ttl_s,
             result: result.to_json(),
+            payload_ref: envelope.internal.payload_ref.clone(),
         }
     }
 

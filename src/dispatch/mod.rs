@@ -15,6 +15,7 @@
 //! - [`holdings`]: what this instance holds, with local lease validity and abort handles.
 //! - [`context`]: what one queue's tasks share.
 //! - [`consumer`]: peek → triage (queue gate, last chance) → claim → hand to the pool.
+//! - [`bodies`]: the bodies stored apart (payload keys) read for the claimed requests.
 //! - [`gates`]: the queue and pool gates.
 //! - [`merge`]: random-robin or tier-priority across a pool's queues.
 //! - [`worker`]: one request → one HTTP attempt → its next move.
@@ -33,6 +34,7 @@
 //! - [`memory`]: warns when Redis may evict keys (`maxmemory-policy`), and when it did.
 //! - [`fault`]: the `INFERQ_FAULT_CRASH_ON` crash hook for poison-request tests.
 
+pub mod bodies;
 pub mod consumer;
 pub mod context;
 pub mod doorbell;

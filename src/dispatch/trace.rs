@@ -21,6 +21,16 @@ use opentelemetry_sdk::trace::SdkTracer;
 
 use crate::gateway::{ClientError, Outcome};
 
+/// The body's top-level `model`, as newer Go falls back to when `data.model` is empty.
+fn body_model(payload: &serde_json::value::RawValue) -> Option<String> {
+    #[derive(serde::Deserialize)]
+    struct Model {
+        #[serde(default)]
+        model: Option<String>,
+    }
+    serde_json::from_str::<Model>(payload.get()).ok()?.model
+}
+
 /// Makes the spans of requests; cheap to clone.
 #[derive(Clone)]
 pub struct RequestTracer {
@@ -35,6 +45,10 @@ pub struct RequestFacts<'a> {
     pub queue_id: &'a str,
     pub queue_name: &'a str,
     pub metadata: &'a BTreeMap<String, String>,
+    /// The request's `data.model` (newer Go), or empty to read the body's `model`.
+    pub model: &'a str,
+    /// The body, for its `model` when `data.model` is empty.
+    pub payload: &'a serde_json::value::RawValue,
 }
 
 impl RequestTracer {
@@ -64,6 +78,14 @@ impl RequestTracer {
             if !value.is_empty() {
                 attributes.push(KeyValue::new(key, value.to_owned()));
             }
+        }
+        let model = if facts.model.is_empty() {
+            body_model(facts.payload)
+        } else {
+            Some(facts.model.to_owned())
+        };
+        if let Some(model) = model.filter(|m| !m.is_empty()) {
+            attributes.push(KeyValue::new("gen_ai.request.model", model));
         }
         let span = self
             .tracer

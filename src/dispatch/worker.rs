@@ -198,6 +198,8 @@ pub async fn work(job: Job, env: Arc<WorkerEnv>) {
             queue_id: &ctx.labels.queue_id,
             queue_name: &ctx.labels.queue_name,
             metadata: &job.held.envelope.request.metadata,
+            model: &job.held.envelope.request.model,
+            payload: &job.held.envelope.request.payload,
         })
     });
     // Go validates the transforms before the pool gate: a request they refuse takes no slot.

@@ -173,9 +173,15 @@ impl Queue {
         let started = Instant::now();
         let mut settle = Vec::new();
         let mut forget = Vec::new();
+        let mut payloads = Vec::new();
         for ((f, staged), done) in batch.iter().map(|f| f.borrow()).zip(staged).zip(finished) {
             if *done != Finished::Published {
                 continue;
+            }
+            if let Finish::Ack { payload_ref, .. } = f {
+                if !payload_ref.is_empty() {
+                    payloads.push(payload_ref.clone());
+                }
             }
             if let Some(staged) = staged {
                 settle.push((f.fence().key.clone(), staged.clone()));
@@ -198,6 +204,26 @@ impl Queue {
             }
         }
         self.forget_markers(&forget).await;
+        self.drop_payloads(&payloads).await;
+    }
+
+    /// `DEL` of the payload keys of acked generations, each in its own slot: a failure leaves
+    /// the key to its TTL (the request's deadline plus ten minutes), as Go does.
+    async fn drop_payloads(&self, keys: &[String]) {
+        let calls = keys.iter().map(|key| {
+            let mut con = self.con.clone();
+            async move {
+                redis::cmd("DEL")
+                    .arg(key)
+                    .query_async::<i64>(&mut con)
+                    .await
+            }
+        });
+        for (key, done) in keys.iter().zip(futures::future::join_all(calls).await) {
+            if let Err(e) = done {
+                tracing::debug!(error = %e, key, "a payload key is left to its TTL");
+            }
+        }
     }
 
     /// Steps 2 and 3 for one staged result; a failure leaves it to upkeep.

@@ -20,7 +20,7 @@ use super::dead::DeadRecord;
 use super::keys::{active_key, cancel_key, fresh_token, QueueKeys};
 use super::moves::QueueError;
 use super::scripts::SCRIPTS;
-use crate::wire::Envelope;
+use crate::wire::{score_of, Envelope};
 
 /// Records read per `LRANGE` at most.
 const PAGE: usize = 1000;
@@ -72,6 +72,8 @@ pub enum Unrequeueable {
     Cancelled,
     #[error("the record is no longer in the dead list (requeued or purged meanwhile)")]
     Gone,
+    #[error("its body was stored apart at {0:?} and is gone (the key expires ten minutes after the deadline); have the producer resubmit")]
+    PayloadGone(String),
 }
 
 /// What a requeue did.
@@ -80,7 +82,7 @@ pub struct Requeued {
     pub id: String,
     /// The new generation's request token.
     pub request_token: String,
-    /// Its score in pending (the deadline, Unix seconds).
+    /// Its deadline (Unix seconds); its score in pending adds its `enqueue_seq` fraction.
     pub deadline: i64,
 }
 
@@ -326,11 +328,24 @@ impl DeadLetters {
             if !old_token.is_empty() && cancel.as_deref() == Some(old_token.as_str()) {
                 return Ok(Err(Unrequeueable::Cancelled));
             }
+            let payload = &env.internal.payload_ref;
+            if !payload.is_empty() {
+                let there: bool = redis::cmd("EXISTS")
+                    .arg(payload)
+                    .query_async(&mut con)
+                    .await?;
+                if !there {
+                    return Ok(Err(Unrequeueable::PayloadGone(payload.clone())));
+                }
+            }
         } else {
             keys.push(active_key(&id));
             keys.push(cancel_key(&id));
+            if !env.internal.payload_ref.is_empty() {
+                keys.push(env.internal.payload_ref.clone());
+            }
         }
-        let score = deadline.to_string();
+        let score = score_of(deadline, env.internal.enqueue_seq);
         let from_tail = listed.from_tail.to_string();
         let args: [&[u8]; 7] = [
             listed.raw.as_bytes(),
@@ -361,6 +376,7 @@ impl DeadLetters {
             Value::Int(0) => Err(Unrequeueable::Gone),
             Value::Int(-1) => Err(Unrequeueable::NewerGeneration(id)),
             Value::Int(-2) => Err(Unrequeueable::Cancelled),
+            Value::Int(-3) => Err(Unrequeueable::PayloadGone(env.internal.payload_ref)),
             other => {
                 return Err(QueueError::Reply {
                     script: "requeue",

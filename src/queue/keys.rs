@@ -146,6 +146,23 @@ pub fn cancel_key(id: &str) -> String {
     format!("request-cancel:{id}")
 }
 
+/// Where newer Go's producer stores a generation's body apart from its member (payload keys):
+/// `request-payload:<id>:<request_token>`, a plain name on a cluster too.
+pub fn payload_key(id: &str, request_token: &str) -> String {
+    format!("request-payload:{id}:{request_token}")
+}
+
+/// Newer Go's FIFO counter of a queue and deadline: `request-seq:<queue>:<deadline>`, with the
+/// queue's name as hash tag on a cluster (`request-seq:{<queue>}:<deadline>`), so it lives in
+/// the queue's slot and the enqueue script can take its next number.
+pub fn seq_key(queue: &str, deadline: i64, cluster: bool) -> String {
+    if cluster {
+        format!("request-seq:{}:{deadline}", slot_key(queue))
+    } else {
+        format!("request-seq:{queue}:{deadline}")
+    }
+}
+
 /// The claim key of a generation: `id NUL request_token`, as Go durable-claims writes it, so two
 /// generations of a re-used id never share a claim. A hand-written member without a token is
 /// keyed by a digest of its bytes instead, so two such members with one id stay distinct too.

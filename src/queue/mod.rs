@@ -12,7 +12,8 @@
 //!   channel (redis-pubsub) ──admit (once per message)──▶ pending
 //! ```
 //!
-//! The census ([`census`]) reads how many requests are in each place, moving none.
+//! The census ([`census`]) reads how many requests are in each place, moving none. Bodies a
+//! producer stored apart from their members (payload keys) are read by [`payloads`].
 
 pub mod census;
 pub mod connect;
@@ -21,11 +22,13 @@ pub mod dead;
 pub mod dead_letters;
 pub mod keys;
 pub mod moves;
+pub mod payloads;
 pub mod producer;
 pub mod reliable;
 pub mod scripts;
 pub mod sentinel;
 pub mod settings;
+pub mod submit;
 pub mod target;
 pub mod traced;
 

@@ -174,6 +174,9 @@ pub enum Finish {
         /// The TTL (seconds, 0 for none) the push sets on `result_list`.
         result_ttl_s: u64,
         result: String,
+        /// The key the generation's body was stored at apart from its member (newer Go's
+        /// `internal.payload_ref`), deleted with the ack; empty for a body carried inline.
+        payload_ref: String,
     },
     /// claimed -> dead: push the result and a dead-letter record, drop the claim.
     Bury {
@@ -295,8 +298,10 @@ impl Finish {
                 request_token,
                 result_list,
                 result_ttl_s,
+                payload_ref,
                 ..
             } => Some(Finish::Ack {
+                payload_ref: payload_ref.clone(),
                 fence: fence.clone(),
                 id: id.clone(),
                 request_token: request_token.clone(),
@@ -741,7 +746,7 @@ impl Queue {
         ];
         // Per item: (index of its result list, index of its producer keys, backoff, the list's
         // TTL) as text; Lua indexes KEYS from 1, so an index is the length of `keys` after a push.
-        let mut numbers: Vec<[String; 4]> = Vec::with_capacity(batch.len());
+        let mut numbers: Vec<[String; 5]> = Vec::with_capacity(batch.len());
         for f in batch.iter().map(Borrow::borrow) {
             let (list, forget, backoff) = match f {
                 Finish::Ack {
@@ -792,11 +797,21 @@ impl Queue {
                 }
                 Finish::Release { .. } => (0, 0, 0),
             };
+            // An ack deletes the body stored apart in the same fenced step (on a cluster, where
+            // it lives in another slot, after the call).
+            let payload = match f {
+                Finish::Ack { payload_ref, .. } if !payload_ref.is_empty() && !self.cluster => {
+                    keys.push(payload_ref.clone());
+                    keys.len()
+                }
+                _ => 0,
+            };
             numbers.push([
                 list.to_string(),
                 forget.to_string(),
                 backoff.to_string(),
                 f.result_ttl_s().to_string(),
+                payload.to_string(),
             ]);
         }
         // What a staged item carries instead of its result: the list and the result together.
@@ -804,11 +819,11 @@ impl Queue {
             .iter()
             .map(|f| super::cross_slot::staging(f.borrow(), |list| self.staged(list)))
             .collect();
-        let mut args: Vec<&[u8]> = Vec::with_capacity(batch.len() * 9);
-        for ((f, [list, forget, backoff, ttl]), staged) in
+        let mut args: Vec<&[u8]> = Vec::with_capacity(batch.len() * 10);
+        for ((f, [list, forget, backoff, ttl, payload]), staged) in
             batch.iter().map(Borrow::borrow).zip(&numbers).zip(&staged)
         {
-            let item: [&[u8]; 9] = match f {
+            let item: [&[u8]; 10] = match f {
                 Finish::Ack {
                     fence,
                     request_token,
@@ -824,6 +839,7 @@ impl Queue {
                     forget.as_bytes(),
                     request_token.as_bytes(),
                     ttl.as_bytes(),
+                    payload.as_bytes(),
                 ],
                 Finish::Bury {
                     fence,
@@ -841,6 +857,7 @@ impl Queue {
                     forget.as_bytes(),
                     request_token.as_bytes(),
                     ttl.as_bytes(),
+                    b"0",
                 ],
                 Finish::Park { fence, member, .. } => [
                     b"park",
@@ -852,6 +869,7 @@ impl Queue {
                     b"0",
                     b"",
                     b"0",
+                    b"0",
                 ],
                 Finish::Release { fence } => [
                     b"release",
@@ -862,6 +880,7 @@ impl Queue {
                     b"",
                     b"0",
                     b"",
+                    b"0",
                     b"0",
                 ],
             };
@@ -1150,6 +1169,7 @@ impl Queue {
                         result_list: route.list.clone(),
                         result_ttl_s: route.ttl_s,
                         result: json.clone(),
+                        payload_ref: String::new(),
                     },
                     |_| true,
                 )

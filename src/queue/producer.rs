@@ -1,24 +1,25 @@
-//! The producer side, as the Go producer does it: `submit` (one MULTI of DEL cancel marker /
-//! SET active token PX / ZADD deadline member, then a PUBLISH on the queue's doorbell channel
-//! per batch so idle processors wake at once), `cancel` (copy the active token to the cancel
-//! marker), and results — Go's destructive `BRPOP`, plus the reliable mode of
-//! [`super::reliable`].
+//! The producer side, as the Go producer does it: `submit` (in [`super::submit`]: one script
+//! call per request that numbers it, clears its cancel marker, sets its active token and queues
+//! it, then a PUBLISH on the queue's doorbell channel per batch so idle processors wake at once),
+//! `cancel` (copy the active token to the cancel marker), and results — Go's destructive
+//! `BRPOP`, plus the reliable mode of [`super::reliable`].
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use futures::future::join_all;
-use redis::{RedisError, Value};
+use redis::RedisError;
 
 use super::connect;
-use super::keys::{active_key, cancel_key, doorbell_channel, fresh_token};
+use super::keys::{active_key, cancel_key, doorbell_channel};
 use super::scripts::SCRIPTS;
 use super::settings::ReplicaWait;
+use super::submit::{Prepare, Prepared};
 use super::target::{Link, LinkError, Target, Topology};
-use crate::wire::{MemberError, NewRequest, ResultMessage, Routing};
+use crate::wire::{MemberError, NewRequest, ResultMessage};
 
 pub use super::reliable::ReliableConsumer;
+pub use super::submit::PayloadKeys;
 
 /// How long a cancel marker lives (Go: seven days).
 pub const CANCEL_MARKER_TTL_SECS: u64 = 604_800;
@@ -95,13 +96,15 @@ pub(super) async fn blocking_pop<T>(
 #[derive(Clone)]
 pub struct Producer {
     target: Target,
-    con: Link,
-    request_queue: String,
-    result_queue: String,
+    pub(super) con: Link,
+    pub(super) request_queue: String,
+    pub(super) result_queue: String,
     /// Whether to ring the queue's doorbell after submitting (off once Redis refused it).
     doorbell: Arc<AtomicBool>,
     /// Replicas a submission must reach before it is reported accepted.
     replica_wait: Option<ReplicaWait>,
+    /// Which bodies are stored apart from their members (newer Go's payload keys).
+    pub(super) payload_keys: PayloadKeys,
 }
 
 /// What `submit` wrote.
@@ -110,6 +113,9 @@ pub struct Submitted {
     pub id: String,
     /// The generation's token (also the value of `request-active:<id>`).
     pub request_token: String,
+    /// Its place among requests of the queue with the same deadline (1-based; newer Go's
+    /// `internal.enqueue_seq`), once Redis has numbered it.
+    pub enqueue_seq: i64,
 }
 
 /// What `publish_many` sent on the channel (Go's redis-pubsub producer).
@@ -203,6 +209,7 @@ impl Producer {
             result_queue: result_queue.to_owned(),
             doorbell: Arc::new(AtomicBool::new(true)),
             replica_wait: None,
+            payload_keys: PayloadKeys::Inline,
         })
     }
 
@@ -217,7 +224,7 @@ impl Producer {
 
     /// When asked to, waits for the replicas after `outcomes` were queued, and turns the
     /// queued ones into [`ProducerError::NotReplicated`] when too few replicas have them.
-    async fn replicated(&self, outcomes: &mut [Result<Submitted, ProducerError>]) {
+    pub(super) async fn replicated(&self, outcomes: &mut [Result<Submitted, ProducerError>]) {
         let Some(wait) = self.replica_wait else {
             return;
         };
@@ -251,211 +258,6 @@ impl Producer {
         &self.result_queue
     }
 
-    fn prepare(
-        &self,
-        req: NewRequest,
-        now_ms: i64,
-    ) -> Result<(Vec<u8>, i64, Submitted), ProducerError> {
-        if req.id.is_empty() {
-            return Err(ProducerError::MissingId);
-        }
-        if req.deadline <= 0 {
-            return Err(ProducerError::BadDeadline);
-        }
-        let ttl_ms = req.deadline.saturating_mul(1000) - now_ms;
-        if ttl_ms <= 0 {
-            return Err(ProducerError::Expired);
-        }
-        let token = fresh_token();
-        let routing = Routing {
-            request_token: token.clone(),
-            request_queue_name: self.request_queue.clone(),
-            result_queue_name: self.result_queue.clone(),
-            ..Routing::default()
-        };
-        let id = req.id.clone();
-        let member = req.into_envelope(routing)?.encode();
-        Ok((
-            member,
-            ttl_ms,
-            Submitted {
-                id,
-                request_token: token,
-            },
-        ))
-    }
-
-    /// Submits one request: a new generation of its id.
-    pub async fn submit(&self, req: NewRequest) -> Result<Submitted, ProducerError> {
-        let mut out = self.submit_many(vec![req]).await?;
-        match out.pop() {
-            Some(r) => r,
-            None => Err(ProducerError::MissingId),
-        }
-    }
-
-    /// Submits many requests in one round trip (one MULTI per request, pipelined).
-    /// Each request gets its own outcome; validation errors do not stop the others, and neither
-    /// does Redis refusing one request's transaction (`OOM` at `maxmemory`, say: the refused
-    /// request is not queued, since Redis discards a transaction with a refused command whole,
-    /// and its outcome says why), so a caller knows exactly which to submit again. An outer
-    /// error means the replies are unknown.
-    pub async fn submit_many(
-        &self,
-        reqs: Vec<NewRequest>,
-    ) -> Result<Vec<Result<Submitted, ProducerError>>, ProducerError> {
-        /// Replies per request: MULTI, DEL, SET, ZADD, EXEC.
-        const REPLIES: usize = 5;
-        if self.con.is_cluster() {
-            return self.submit_many_in_steps(reqs).await;
-        }
-        let now = unix_ms();
-        let mut pipe = redis::pipe();
-        pipe.ignore_errors();
-        let mut outcomes = Vec::with_capacity(reqs.len());
-        for req in reqs {
-            let deadline = req.deadline;
-            match self.prepare(req, now) {
-                Ok((member, ttl_ms, submitted)) => {
-                    pipe.cmd("MULTI");
-                    pipe.cmd("DEL").arg(cancel_key(&submitted.id));
-                    pipe.cmd("SET")
-                        .arg(active_key(&submitted.id))
-                        .arg(&submitted.request_token)
-                        .arg("PX")
-                        .arg(ttl_ms);
-                    pipe.cmd("ZADD")
-                        .arg(&self.request_queue)
-                        .arg(deadline)
-                        .arg(member);
-                    pipe.cmd("EXEC");
-                    outcomes.push(Ok(submitted));
-                }
-                Err(e) => outcomes.push(Err(e)),
-            }
-        }
-        let sent = outcomes.iter().filter(|o| o.is_ok()).count();
-        if sent == 0 {
-            return Ok(outcomes);
-        }
-        let replies: Vec<Value> = pipe.query_async(&mut self.con.clone()).await?;
-        if replies.len() != sent * REPLIES {
-            return Err(ProducerError::Redis(RedisError::from((
-                redis::ErrorKind::Client,
-                "unexpected number of replies to a submission",
-            ))));
-        }
-        let mut queued = 0;
-        let mut each = replies.chunks(REPLIES);
-        for outcome in outcomes.iter_mut().filter(|o| o.is_ok()) {
-            let Some(replies) = each.next() else { break };
-            // The first refusal is the reason (an EXEC after one is only EXECABORT). A command
-            // that fails only as it runs (`WRONGTYPE` when the queue name holds another type)
-            // is an error inside EXEC's reply, with the commands before it done: the request
-            // is not queued either.
-            let exec_errors = match replies.last() {
-                Some(Value::Array(executed)) => executed.as_slice(),
-                _ => &[],
-            };
-            let refusal = replies.iter().chain(exec_errors).find_map(|v| match v {
-                Value::ServerError(e) => Some(e.clone()),
-                _ => None,
-            });
-            match (refusal, replies.last()) {
-                (None, Some(Value::Array(_))) => queued += 1,
-                (Some(e), _) => *outcome = Err(ProducerError::Redis(e.into())),
-                (None, _) => {
-                    *outcome = Err(ProducerError::Redis(RedisError::from((
-                        redis::ErrorKind::Client,
-                        "the submission's transaction was not executed",
-                    ))))
-                }
-            }
-        }
-        if queued > 0 {
-            self.replicated(&mut outcomes).await;
-            self.ring().await;
-        }
-        Ok(outcomes)
-    }
-
-    /// [`Producer::submit_many`] on a Redis Cluster, where the markers and the queue live in
-    /// different slots and no transaction can hold them all: each request's `DEL
-    /// request-cancel:<id>` and `SET request-active:<id>` first (one command each, all at once),
-    /// then one pipeline of `ZADD`s to the queue's slot for those whose markers were written.
-    /// A request is queued only after its marker, so a cancel always finds what it cancels.
-    async fn submit_many_in_steps(
-        &self,
-        reqs: Vec<NewRequest>,
-    ) -> Result<Vec<Result<Submitted, ProducerError>>, ProducerError> {
-        let now = unix_ms();
-        let mut outcomes = Vec::with_capacity(reqs.len());
-        let mut ready = Vec::new();
-        for req in reqs {
-            let deadline = req.deadline;
-            match self.prepare(req, now) {
-                Ok((member, ttl_ms, submitted)) => {
-                    ready.push((outcomes.len(), deadline, member, ttl_ms));
-                    outcomes.push(Ok(submitted));
-                }
-                Err(e) => outcomes.push(Err(e)),
-            }
-        }
-        let marks = ready.iter().map(|(at, _, _, ttl_ms)| {
-            let mut con = self.con.clone();
-            let (id, token) = match &outcomes[*at] {
-                Ok(s) => (s.id.clone(), s.request_token.clone()),
-                Err(_) => (String::new(), String::new()),
-            };
-            let ttl_ms = *ttl_ms;
-            async move {
-                let _: i64 = redis::cmd("DEL")
-                    .arg(cancel_key(&id))
-                    .query_async(&mut con)
-                    .await?;
-                redis::cmd("SET")
-                    .arg(active_key(&id))
-                    .arg(token)
-                    .arg("PX")
-                    .arg(ttl_ms)
-                    .query_async::<()>(&mut con)
-                    .await
-            }
-        });
-        let marked = join_all(marks).await;
-        let mut pipe = redis::pipe();
-        pipe.ignore_errors();
-        let mut queued_at = Vec::new();
-        for ((at, deadline, member, _), mark) in ready.iter().zip(marked) {
-            match mark {
-                Ok(()) => {
-                    pipe.cmd("ZADD")
-                        .arg(&self.request_queue)
-                        .arg(*deadline)
-                        .arg(member);
-                    queued_at.push(*at);
-                }
-                Err(e) => outcomes[*at] = Err(ProducerError::Redis(e)),
-            }
-        }
-        if queued_at.is_empty() {
-            return Ok(outcomes);
-        }
-        let replies: Vec<Value> = pipe.query_async(&mut self.con.clone()).await?;
-        let mut queued = 0;
-        for (at, reply) in queued_at.into_iter().zip(replies) {
-            match reply {
-                Value::ServerError(e) => outcomes[at] = Err(ProducerError::Redis(e.into())),
-                _ => queued += 1,
-            }
-        }
-        if queued > 0 {
-            self.replicated(&mut outcomes).await;
-            self.ring().await;
-        }
-        Ok(outcomes)
-    }
-
     /// Publishes requests on the request queue's name as a channel, as Go's redis-pubsub
     /// producer does (one pipelined `PUBLISH` each): inferq instances subscribed to it admit
     /// them into the durable queue of that name. Unlike [`Producer::submit_many`], nothing is
@@ -469,8 +271,10 @@ impl Producer {
         let mut pipe = redis::pipe();
         let mut outcomes = Vec::with_capacity(reqs.len());
         for req in reqs {
-            match self.prepare(req, now) {
-                Ok((member, _, submitted)) => {
+            match self.prepare(req, now, Prepare::Publish) {
+                Ok(Prepared {
+                    member, submitted, ..
+                }) => {
                     let admitted_marker = keys.seen(&member);
                     pipe.cmd("PUBLISH").arg(&self.request_queue).arg(member);
                     outcomes.push(Ok(Published {
@@ -495,7 +299,7 @@ impl Producer {
     /// Rings the queue's doorbell so idle processors poll at once (one PUBLISH per batch of
     /// submissions). A wake-up only saves latency: processors poll anyway, so a refusal (an
     /// ACL without pub/sub rights) is reported once and ringing stops.
-    async fn ring(&self) {
+    pub(super) async fn ring(&self) {
         if !self.doorbell.load(Ordering::Relaxed) {
             return;
         }

@@ -86,6 +86,7 @@ const DROP_CLAIM: &str = lua!("includes/dropClaim");
 const DEADLINE_OF: &str = lua!("includes/deadlineOf");
 const WRITABLE: &str = lua!("includes/writable");
 const DELIVER: &str = lua!("includes/deliver");
+const STAMP_SEQ: &str = lua!("includes/stampSeq");
 
 /// Every script inferq runs.
 pub struct Scripts {
@@ -109,6 +110,8 @@ pub struct Scripts {
     pub unstage: Script,
     pub forget: Script,
     pub stale_staged: Script,
+    pub submit: Script,
+    pub enqueue: Script,
 }
 
 /// The scripts, built once.
@@ -158,6 +161,16 @@ pub static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
     unstage: Script::new("unstage", &[], lua!("unstage-3")),
     forget: Script::new("forget", &[], lua!("forget-1")),
     stale_staged: Script::new("staleStaged", &[NOW_MS], lua!("staleStaged-2")),
+    submit: Script::new(
+        "submit",
+        &[DEADLINE_OF, WRITABLE, STAMP_SEQ],
+        lua!("submit-5"),
+    ),
+    enqueue: Script::new(
+        "enqueue",
+        &[DEADLINE_OF, WRITABLE, STAMP_SEQ],
+        lua!("enqueue-2"),
+    ),
 });
 
 impl Scripts {

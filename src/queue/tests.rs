@@ -54,7 +54,15 @@ fn request(id: &str, deadline_in_s: i64) -> NewRequest {
         metadata: Default::default(),
         headers: Default::default(),
         endpoint: String::new(),
+        model: String::new(),
     }
+}
+
+/// The score newer Go gives a member: its deadline plus its `enqueue_seq` fraction.
+fn fifo_score(env: &Envelope) -> f64 {
+    crate::wire::score_of(env.request.deadline, env.internal.enqueue_seq)
+        .parse()
+        .unwrap()
 }
 
 /// Peeks up to `n`, decodes and claims them all.
@@ -95,6 +103,7 @@ fn ack(held: &Held, result: &ResultMessage) -> Finish {
         result_list: RESULTS.to_owned(),
         result_ttl_s: 0,
         result: result.to_json(),
+        payload_ref: held.envelope.internal.payload_ref.clone(),
     }
 }
 
@@ -604,6 +613,7 @@ async fn passed_deadline_is_taken_over_for_deadline_exceeded() {
         result_list: RESULTS.to_owned(),
         result_ttl_s: 0,
         result: ResultMessage::deadline_exceeded("late").to_json(),
+        payload_ref: env.internal.payload_ref.clone(),
     };
     assert_eq!(
         r.queue.finish(&[finish]).await.unwrap(),
@@ -769,7 +779,7 @@ async fn park_then_promote_when_due() {
     );
     let pending = r.queue.peek(10).await.unwrap();
     assert_eq!(pending.len(), 1);
-    assert_eq!(pending[0].score, held.envelope.request.deadline as f64);
+    assert_eq!(pending[0].score, fifo_score(&held.envelope));
     let env = Envelope::decode(&pending[0].member).unwrap();
     assert_eq!(env.internal.retry_count, 1);
     assert_eq!(
@@ -870,7 +880,7 @@ async fn release_returns_claims_at_once() {
     );
     let pending = r.queue.peek(10).await.unwrap();
     assert_eq!(pending.len(), 2);
-    assert_eq!(pending[0].score, held[0].envelope.request.deadline as f64);
+    assert_eq!(pending[0].score, fifo_score(&held[0].envelope));
     assert_eq!(hlen(&mut r.con, "q:deliveries").await, 0);
 }
 
@@ -923,7 +933,8 @@ async fn scripts_survive_script_flush_and_restart() {
     assert_eq!(results(&mut r.con).await.len(), 3);
 }
 
-/// The producer writes what the Go producer writes: one MULTI of DEL / SET PX / ZADD.
+/// The producer writes what the newest Go producer writes, in one script: INCR the FIFO counter,
+/// DEL the cancel marker, SET the active marker PX, ZADD at the numbered score.
 #[tokio::test]
 async fn submit_writes_the_go_keys() {
     let mut r = rig(30_000, 5).await;
@@ -938,8 +949,17 @@ async fn submit_writes_the_go_keys() {
     let ttl: i64 = r.con.pttl("request-active:a").await.unwrap();
     assert!(ttl > 55_000 && ttl <= 60_000, "{ttl}");
     let pending = r.queue.peek(1).await.unwrap();
-    assert_eq!(pending[0].score, deadline as f64);
     let env = Envelope::decode(&pending[0].member).unwrap();
+    // Numbered as newer Go numbers: the first of its queue and deadline.
+    assert_eq!(sub.enqueue_seq, 1);
+    assert_eq!(env.internal.enqueue_seq, 1);
+    assert_eq!(pending[0].score, deadline as f64 + 1.0 / 2097152.0);
+    let counter: i64 = r
+        .con
+        .get(format!("request-seq:{Q}:{deadline}"))
+        .await
+        .unwrap();
+    assert_eq!(counter, 1);
     assert_eq!(env.internal.request_queue_name, Q);
     assert_eq!(env.internal.result_queue_name, RESULTS);
     // Go's validation texts.
@@ -1089,7 +1109,7 @@ async fn one_finish_call_moves_a_mixed_batch_each_item_fenced() {
     assert_eq!(zcard(&mut r.con, "q:parked").await, 1);
     let pending = r.queue.peek(10).await.unwrap();
     assert_eq!(pending.len(), 1);
-    assert_eq!(pending[0].score, d.envelope.request.deadline as f64);
+    assert_eq!(pending[0].score, fifo_score(&d.envelope));
     assert_eq!(
         hlen(&mut r.con, "q:claimed").await,
         1,

@@ -57,11 +57,41 @@ pub struct Routing {
     pub result_routing_resolved: bool,
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub transport_correlation_id: String,
+    /// The key the request's body is stored at, apart from the member (newer Go's payload keys:
+    /// `request-payload:<id>:<request_token>`); `data.payload` is then `null`. Empty for a body
+    /// carried inline.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub payload_ref: String,
+    /// The request's 1-based submission order among requests of its queue with the same
+    /// deadline (newer Go); 0 when unstamped. It places the member in pending (see
+    /// [`score_of`]).
+    #[serde(default, skip_serializing_if = "is_zero_i64")]
+    pub enqueue_seq: i64,
+    /// Newer Go's dispatch epoch: carried through untouched.
+    #[serde(default, skip_serializing_if = "is_zero_i64")]
+    pub dispatch_epoch: i64,
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub labels: BTreeMap<String, String>,
     /// Fields a newer producer may add; carried through untouched.
     #[serde(flatten)]
     pub extra: BTreeMap<String, serde_json::Value>,
+}
+
+/// Sequence numbers past this tie (they share the last fraction of the second).
+pub const MAX_ENQUEUE_SEQ: i64 = (1 << 21) - 1;
+
+/// A member's score in pending, as the newest Go producer writes it: the deadline plus its
+/// submission order among requests of the same queue and deadline as a fraction of 2^21, so
+/// equal deadlines are served first in, first out. Written as text that reads back as the same
+/// double Redis stores (Go's `%.17g`).
+pub fn score_of(deadline: i64, enqueue_seq: i64) -> String {
+    let seq = enqueue_seq.clamp(0, MAX_ENQUEUE_SEQ);
+    if seq == 0 {
+        return deadline.to_string();
+    }
+    let score = deadline as f64 + seq as f64 / (1u64 << 21) as f64;
+    // Rust prints the shortest text that parses back to the same f64.
+    format!("{score}")
 }
 
 fn is_zero(n: &u32) -> bool {
@@ -359,6 +389,7 @@ mod tests {
                     metadata: meta,
                     headers: Default::default(),
                     endpoint: String::new(),
+                    model: String::new(),
                 };
                 let routing = Routing { request_token: token, ..Routing::default() };
                 let env = req.into_envelope(routing).unwrap();

@@ -10,6 +10,6 @@ mod envelope;
 mod request;
 mod result;
 
-pub use envelope::{Envelope, MemberError, Routing, MAX_MEMBER_BYTES};
+pub use envelope::{score_of, Envelope, MemberError, Routing, MAX_ENQUEUE_SEQ, MAX_MEMBER_BYTES};
 pub use request::{NewRequest, RequestView};
 pub use result::{ErrorCode, ResultMessage};

@@ -24,6 +24,10 @@ pub struct RequestView {
     pub headers: BTreeMap<String, String>,
     #[serde(default)]
     pub endpoint: String,
+    /// The model named beside the body (newer Go's `data.model`), for traces; empty when the
+    /// producer left it out (the body's `model` is read instead).
+    #[serde(default)]
+    pub model: String,
 }
 
 #[derive(Deserialize)]
@@ -42,6 +46,8 @@ struct LooseView {
     headers: Option<BTreeMap<String, String>>,
     #[serde(default)]
     endpoint: Option<String>,
+    #[serde(default)]
+    model: Option<String>,
 }
 
 impl RequestView {
@@ -85,6 +91,7 @@ impl RequestView {
             metadata: loose.metadata.unwrap_or_default(),
             headers: loose.headers.unwrap_or_default(),
             endpoint: loose.endpoint.unwrap_or_default(),
+            model: loose.model.unwrap_or_default(),
         })
     }
 }
@@ -103,6 +110,9 @@ pub struct NewRequest {
     pub headers: BTreeMap<String, String>,
     #[serde(skip_serializing_if = "String::is_empty")]
     pub endpoint: String,
+    /// The model, named beside the body (newer Go's `data.model`); omitted when empty.
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub model: String,
 }
 
 impl NewRequest {
@@ -118,6 +128,7 @@ impl NewRequest {
             metadata: self.metadata,
             headers: self.headers,
             endpoint: self.endpoint,
+            model: self.model,
         };
         Ok(Envelope {
             internal,
@@ -142,6 +153,7 @@ mod tests {
             metadata: [("userid".to_string(), "u1".to_string())].into(),
             headers: BTreeMap::new(),
             endpoint: String::new(),
+            model: String::new(),
         };
         let routing = Routing {
             request_token: "9f0c1e00000000000000000000000000".into(),
@@ -166,6 +178,7 @@ mod tests {
             metadata: BTreeMap::new(),
             headers: [("x-a".to_string(), "1".to_string())].into(),
             endpoint: "/v1/chat/completions".into(),
+            model: String::new(),
         };
         let env = req.into_envelope(Routing::default()).unwrap();
         let bytes = env.encode();

@@ -24,6 +24,9 @@ pub enum ErrorCode {
     /// inferq only: the request was moved to the dead-letter list (poison, over the delivery
     /// limit). Go consumers see an unfamiliar code and a clear message.
     DeadLettered,
+    /// Newer Go: the request's body was stored apart (a payload key) and is gone, or is not a
+    /// JSON object: it was not sent.
+    PayloadUnavailable,
 }
 
 impl ErrorCode {
@@ -36,6 +39,7 @@ impl ErrorCode {
             ErrorCode::InferenceError => "INFERENCE_ERROR",
             ErrorCode::InvalidRequest => "INVALID_REQUEST",
             ErrorCode::DeadLettered => "DEAD_LETTERED",
+            ErrorCode::PayloadUnavailable => "PAYLOAD_UNAVAILABLE",
         }
     }
 }

@@ -4,6 +4,8 @@
 
 #![allow(dead_code)]
 
+pub mod go;
+
 use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::net::SocketAddr;
@@ -529,6 +531,7 @@ pub fn request(id: &str, secs: i64, payload: &str) -> NewRequest {
         metadata: Default::default(),
         headers: Default::default(),
         endpoint: String::new(),
+        model: String::new(),
     }
 }
 
@@ -657,4 +660,50 @@ pub fn cli(args: &[&str], env: &[(&str, &str)], stdin: &str) -> Output {
         );
     }
     child.wait_with_output().unwrap()
+}
+
+/// Counts the commands clients send to a Redis (not those its scripts run), by lower-case name,
+/// from a `MONITOR` started now: `MONITOR` marks a command a script ran `[<db> lua]`, where
+/// `INFO commandstats` counts both alike.
+pub struct ClientCommands {
+    counts: Arc<Mutex<HashMap<String, u64>>>,
+    reader: tokio::task::JoinHandle<()>,
+}
+
+impl ClientCommands {
+    pub async fn start(port: u16) -> ClientCommands {
+        use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+        let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .unwrap();
+        stream.write_all(b"MONITOR\r\n").await.unwrap();
+        let mut lines = tokio::io::BufReader::new(stream).lines();
+        // "+OK" first: from then on every command is seen.
+        lines.next_line().await.unwrap();
+        let counts = Arc::new(Mutex::new(HashMap::new()));
+        let into = counts.clone();
+        let reader = tokio::spawn(async move {
+            while let Ok(Some(line)) = lines.next_line().await {
+                let Some((source, command)) = line.split_once("] \"") else {
+                    continue;
+                };
+                if source.ends_with(" lua") {
+                    continue;
+                }
+                let name = command.split('"').next().unwrap_or("").to_ascii_lowercase();
+                *into.lock().unwrap().entry(name).or_insert(0) += 1;
+            }
+        });
+        ClientCommands { counts, reader }
+    }
+
+    pub fn count(&self, name: &str) -> u64 {
+        self.counts.lock().unwrap().get(name).copied().unwrap_or(0)
+    }
+}
+
+impl Drop for ClientCommands {
+    fn drop(&mut self) {
+        self.reader.abort();
+    }
 }

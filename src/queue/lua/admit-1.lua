@@ -32,7 +32,7 @@ for i = 3, #ARGV do
   local deadline = deadlineOf(member)
   local ttl = math.floor(math.min(math.max((deadline or now) - now, 0) + margin, longest))
   if redis.call('SET', KEYS[i - 1], '1', 'NX', 'EX', math.max(ttl, 1)) then
-    add[#add + 1] = deadline or 0
+    add[#add + 1] = scoreOf(member) or 0
     add[#add + 1] = member
   end
 end

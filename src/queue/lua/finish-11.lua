@@ -25,8 +25,9 @@
     KEYS[10] finishing    hash  claim key -> staged result (cluster only; see below)
     KEYS[11] finishing-idx zset claim key -> when it was staged, Unix ms (cluster only)
     KEYS[12..] result lists (consumers BRPOP them; LPUSH keeps FIFO order), then the producer's
-            request-active:<id> / request-cancel:<id> pairs of acked and buried generations
-    ARGV: per item 9 fields:
+            request-active:<id> / request-cancel:<id> pairs of acked and buried generations,
+            and the payload keys of acked ones
+    ARGV: per item 10 fields:
       kind      "ack" | "bury" | "park" | "release"
       claim key
       owner token
@@ -45,6 +46,9 @@
            hold it, so an old generation finishing never clears a newer one's (ID reuse)
       ack, bury: the result list's TTL in seconds, set by EXPIRE after every push to it (Go's
            per-queue result_ttl_seconds; the last pushed item's TTL wins), or 0 for none
+      ack: index into KEYS of the generation's payload key (newer Go's request-payload:<id>:
+           <token>, where its body was stored apart from the member), deleted when the item
+           moves, or 0 (no payload key; a bury keeps it until its TTL, for a requeue)
 
   Output: { status per item }: 1 moved; 0 not yours (already done, taken over, or repeated);
     -2 refused: its result list holds another type than a list (nothing of it was moved);
@@ -53,7 +57,7 @@
     something, each of an item that moves, so a refusal leaves its item where it was.
     A queue key of the wrong type is an error before anything is written.
 ]]
-local W = 9
+local W = 10
 local n = #ARGV / W
 local out = {}
 if n < 1 then
@@ -137,6 +141,7 @@ local drop, finished, pushes, pushOrder, dead, parked, pending, forget = {}, {},
 local staged, stagedAt = {}, {}
 local seen = {}
 local ttls = {}
+local payloads = {}
 local function push(listAt, value, ttl)
   if not pushes[listAt] then
     pushes[listAt] = {}
@@ -183,6 +188,10 @@ for i = 1, n do
       if kind == 'bury' then
         dead[#dead + 1] = ARGV[b + 6]
       end
+      local payloadAt = tonumber(ARGV[b + 10]) or 0
+      if kind == 'ack' and payloadAt > 0 then
+        payloads[#payloads + 1] = KEYS[payloadAt]
+      end
       local activeAt, requestToken = tonumber(ARGV[b + 7]), ARGV[b + 8]
       if activeAt > 0 and requestToken ~= '' then
         forget[#forget + 1] = { activeAt, requestToken }
@@ -193,7 +202,7 @@ for i = 1, n do
       parked[#parked + 1] = ARGV[b + 4]
     else
       local member = releaseMember[i]
-      pending[#pending + 1] = tonumber(releaseScore[i]) or deadlineOf(member) or 0
+      pending[#pending + 1] = storedScore(releaseScore[i]) or scoreOf(member) or 0
       pending[#pending + 1] = member
     end
     out[i] = 1
@@ -232,6 +241,9 @@ if #parked > 0 then
 end
 if #pending > 0 then
   redis.call('ZADD', KEYS[6], unpack(pending))
+end
+if #payloads > 0 then
+  redis.call('DEL', unpack(payloads))
 end
 if #forget > 0 then
   local active, cancel = {}, {}

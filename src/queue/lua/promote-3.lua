@@ -41,7 +41,7 @@ end
 -- of memory (the move does not grow it).
 for _, member in ipairs(due) do
   redis.call('ZREM', KEYS[1], member)
-  redis.call('ZADD', KEYS[2], deadlineOf(member) or 0, member)
+  redis.call('ZADD', KEYS[2], scoreOf(member) or 0, member)
   moved = moved + 1
 end
 local nextScan = 0
@@ -62,7 +62,7 @@ if KEYS[3] then
     end
     if origin == ARGV[2] or (origin == '' and ARGV[3] == '1') then
       redis.call('ZREM', KEYS[3], member)
-      redis.call('ZADD', KEYS[2], deadlineOf(member) or 0, member)
+      redis.call('ZADD', KEYS[2], scoreOf(member) or 0, member)
       moved = moved + 1
       removed = removed + 1
       if moved >= limit * 2 then break end

@@ -91,7 +91,7 @@ for _, ck in ipairs(expired) do
       out[#out + 1] = reason
       out[#out + 1] = deliveries
     else
-      local score = tonumber(redis.call('HGET', KEYS[4], ck)) or deadline or 0
+      local score = storedScore(redis.call('HGET', KEYS[4], ck)) or scoreOf(member) or 0
       redis.call('ZADD', KEYS[6], score, member)
       dropClaim(KEYS[1], KEYS[2], KEYS[3], KEYS[4], ck)
       out[1] = out[1] + 1

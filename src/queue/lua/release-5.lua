@@ -24,7 +24,7 @@ for i = 1, #ARGV, 2 do
   local ck, token = ARGV[i], ARGV[i + 1]
   local member = redis.call('HGET', KEYS[1], ck)
   if member and redis.call('HGET', KEYS[2], ck) == token then
-    local score = tonumber(redis.call('HGET', KEYS[4], ck)) or deadlineOf(member) or 0
+    local score = storedScore(redis.call('HGET', KEYS[4], ck)) or scoreOf(member) or 0
     redis.call('ZADD', KEYS[5], score, member)
     dropClaim(KEYS[1], KEYS[2], KEYS[3], KEYS[4], ck)
     out[#out + 1] = 1

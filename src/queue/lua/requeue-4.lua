@@ -13,9 +13,13 @@
     KEYS[4] request-cancel:<id>  the producer's cancel marker
             (KEYS[3] and KEYS[4] are left out on a Redis Cluster, where they live in other
             slots: the caller checks them before and writes the active marker after)
+    KEYS[5] request-payload:<...>  (optional; one Redis only) the body the member's payload_ref
+            names, stored apart: the request is requeued only while it is still there. It keeps
+            its TTL, ten minutes past the deadline, which a requeue does not move.
     ARGV[1] the dead record JSON, exactly as stored in the list
     ARGV[2] the new member (same data bytes, fresh request_token, retry_count 0)
-    ARGV[3] its score: the request's deadline, Unix seconds
+    ARGV[3] its score: the request's deadline plus its enqueue_seq fraction (its place among
+            equal deadlines, as it was first queued)
     ARGV[4] the fresh request token
     ARGV[5] the dead generation's request token ("" for a member written without one)
     ARGV[6] milliseconds until the deadline (lifetime of the active key, as the producer sets)
@@ -29,6 +33,7 @@
     -1  the id has a newer live generation (the active key names another token): requeueing
         would make two live generations of one id; nothing changed
     -2  the producer cancelled the dead generation; nothing changed
+    -3  the body stored apart is gone (its key expired or was deleted); nothing changed
   or a WRONGTYPE error (nothing changed) when pending holds another type than a sorted set.
 ]]
 -- Before the first write, pending must take its write (see writable): a ZADD refused after the
@@ -44,6 +49,9 @@ if KEYS[3] then
   if ARGV[5] ~= '' and redis.call('GET', KEYS[4]) == ARGV[5] then
     return -2
   end
+end
+if KEYS[5] and redis.call('EXISTS', KEYS[5]) == 0 then
+  return -3
 end
 local fromHead = 1
 if (tonumber(ARGV[7]) or 0) * 2 < redis.call('LLEN', KEYS[1]) then
