@@ -310,6 +310,33 @@ async fn inferq_submit_numbers_requests_and_stores_bodies_apart() {
         "{all}"
     );
     assert!(all.contains(r#""enqueue_seq":4"#), "{all}");
+
+    // status --payloads counts them, and tells an ended generation's body from a live one's.
+    let payloads = |redis: &RedisServer| {
+        let out = cli(
+            &["status", "--payloads", "--json"],
+            &[("REDIS_URL", &redis.url())],
+            "",
+        );
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let text = String::from_utf8(out.stdout).unwrap();
+        let line = text.lines().find(|l| l.contains("payload_keys")).unwrap();
+        serde_json::from_str::<serde_json::Value>(line).unwrap()
+    };
+    let counted = payloads(&redis);
+    assert_eq!(counted["payload_keys"], 2, "{counted}");
+    assert_eq!(
+        counted["payload_bytes"],
+        (large.len() + small.len()) as u64,
+        "{counted}"
+    );
+    assert_eq!(counted["payload_keys_ended"], 0, "{counted}");
+    let _: () = con.del("request-active:all").await.unwrap();
+    assert_eq!(payloads(&redis)["payload_keys_ended"], 1);
 }
 
 /// The pending score of the member of `id` (whatever its token).
@@ -467,6 +494,29 @@ async fn payload_keys_and_fifo_on_a_cluster() {
         tokens.push(s.request_token);
     }
     let mut link = cluster.connection().await.unwrap();
+    // status --payloads scans every primary.
+    let addrs = cluster.addrs()[1..].join(",");
+    let out = cli(
+        &[
+            "status",
+            "--payloads",
+            "--json",
+            "--redis-url",
+            cluster.seed_urls()[0].as_str(),
+            "--redis-mode",
+            "cluster",
+            "--redis-addrs",
+            addrs.as_str(),
+        ],
+        &[],
+        "",
+    );
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains(r#"{"payload_keys":20,"#),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let counter: i64 = redis::cmd("GET")
         .arg(format!("request-seq:{{{Q}}}:{deadline}"))
         .query_async(&mut link)

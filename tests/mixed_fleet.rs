@@ -103,7 +103,10 @@ async fn go_format_producer_two_processors_one_killed() {
     assert_eq!(per_generation.len(), 150);
     let redone = reqs.iter().filter(|r| gw.seen(&r.id).len() > 1).count();
     eprintln!("{redone} requests ran twice: in flight on the killed processor");
-    assert!(redone > 0, "the kill caught nothing in flight: the test proved nothing");
+    assert!(
+        redone > 0,
+        "the kill caught nothing in flight: the test proved nothing"
+    );
     let left = payload_keys_left(&mut con).await;
     assert!(left.is_empty(), "payload keys left: {left:?}");
     let pending: i64 = con.zcard(Q).await.unwrap();

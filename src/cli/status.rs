@@ -2,7 +2,8 @@
 //! overdue), claimed (and how many leases ran out unreclaimed), parked (and how many are due),
 //! dead, delivered again, and the results waiting — for each `--queue`, from one census script
 //! call per queue ([`crate::queue::census`]). A table on a terminal, JSONL otherwise; `--watch`
-//! repeats it and adds how fast the unfinished requests go down.
+//! repeats it and adds how fast the unfinished requests go down. `--payloads` adds a count of
+//! the request bodies stored apart ([`crate::queue::payload_census`]).
 //!
 //! Exit codes: 0 done; 2 bad arguments; 1 Redis unreachable or a key of the wrong type.
 
@@ -13,6 +14,7 @@ use anyhow::Context;
 
 use super::{Failure, RedisConn};
 use crate::queue::census::{census_on, Census};
+use crate::queue::payload_census::payload_census;
 
 #[derive(Debug, clap::Args)]
 pub struct StatusArgs {
@@ -30,6 +32,11 @@ pub struct StatusArgs {
     /// Count again at this interval (e.g. 2s) until interrupted.
     #[arg(long, value_parser = positive_duration)]
     pub watch: Option<Duration>,
+    /// Also count the request bodies stored apart (payload keys): how many, their bytes, and
+    /// how many belong to ended generations (a SCAN of `request-payload:*`; costs a read of
+    /// every such key).
+    #[arg(long)]
+    pub payloads: bool,
     /// With --watch: stop after this many counts (at least 1).
     #[arg(long, requires = "watch", value_parser = clap::value_parser!(u64).range(1..))]
     pub samples: Option<u64>,
@@ -82,9 +89,28 @@ pub async fn status(args: StatusArgs) -> Result<(), Failure> {
             *last = Some(now);
             rows.push((queue.as_str(), now, rate));
         }
+        let payloads = match args.payloads {
+            true => Some(
+                payload_census(&mut con)
+                    .await
+                    .context("cannot count the payload keys")?,
+            ),
+            false => None,
+        };
         if table {
             print_table(&rows, args.watch.is_some());
+            if let Some(p) = payloads {
+                say!(
+                    "payload keys: {} ({} bytes), {} of ended generations (they expire ten minutes after their deadline)",
+                    p.payload_keys,
+                    p.payload_bytes,
+                    p.payload_keys_ended
+                );
+            }
         } else {
+            if let Some(p) = payloads {
+                say!("{}", serde_json::to_string(&p)?);
+            }
             for (queue, census, rate) in &rows {
                 let line = Line {
                     queue,

@@ -22,6 +22,7 @@ pub mod dead;
 pub mod dead_letters;
 pub mod keys;
 pub mod moves;
+pub mod payload_census;
 pub mod payloads;
 pub mod producer;
 pub mod reliable;

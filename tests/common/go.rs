@@ -3,7 +3,6 @@
 //! key, the FIFO counter, the score with its sequence fraction, and the markers, in the order of
 //! Go's submit script.
 
-
 /// The queue and result list of these requests.
 pub const Q: &str = "request-sortedset";
 pub const RESULTS: &str = "result-list";
