@@ -218,14 +218,12 @@ async fn equal_deadlines_are_served_first_in_first_out() {
     };
     let _p = Processor::start(&redis, &gw, &opts).await;
     gw.wait_executions(20, Duration::from_secs(20)).await;
-    let mut order: Vec<(Instant, String)> = reqs
-        .iter()
-        .map(|r| (gw.seen(&r.id)[0].at, r.id.clone()))
-        .collect();
-    order.sort();
-    let served: Vec<String> = order.into_iter().map(|(_, id)| id).collect();
     let submitted: Vec<String> = reqs.iter().map(|r| r.id.clone()).collect();
-    assert_eq!(served, submitted, "served out of submission order");
+    assert_eq!(
+        gw.first_served(&submitted),
+        submitted,
+        "served out of submission order"
+    );
 }
 
 /// inferq's producer numbers requests as Go's does: `request-seq:<queue>:<deadline>` counted up
@@ -535,13 +533,7 @@ async fn payload_keys_and_fifo_on_a_cluster() {
     };
     let _p = Processor::start_at(&cluster.seed_urls()[0], &gw, &opts).await;
     gw.wait_executions(20, Duration::from_secs(30)).await;
-    let mut order: Vec<(Instant, String)> = ids
-        .iter()
-        .map(|id| (gw.seen(id)[0].at, id.clone()))
-        .collect();
-    order.sort();
-    let served: Vec<String> = order.into_iter().map(|(_, id)| id).collect();
-    assert_eq!(served, ids, "served out of submission order");
+    assert_eq!(gw.first_served(&ids), ids, "served out of submission order");
     for id in &ids {
         assert_eq!(
             std::str::from_utf8(&gw.seen(id)[0].body).unwrap(),

@@ -200,6 +200,16 @@ impl Gateway {
         }
     }
 
+    /// The ids given, in the order their first attempt reached the gateway.
+    pub fn first_served(&self, ids: &[String]) -> Vec<String> {
+        let mut order: Vec<(Instant, String)> = ids
+            .iter()
+            .map(|id| (self.seen(id)[0].at, id.clone()))
+            .collect();
+        order.sort();
+        order.into_iter().map(|(_, id)| id).collect()
+    }
+
     pub fn aborted(&self, id: &str) -> u32 {
         self.script
             .lock()
