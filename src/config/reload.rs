@@ -295,7 +295,8 @@ mod tests {
         );
         assert_eq!(
             check(&mut s, &file, &config("", &[Q1, Q1])),
-            "refused: invalid config: queues[1].id: duplicate id \"a\" (queues[0] has it too)"
+            "refused: invalid config: queues[1].queue_name: duplicate queue name \"a\" \
+             (queues[0] has it too)"
         );
         assert!(check(&mut s, &file, "{").starts_with("refused: invalid config:"));
     }
