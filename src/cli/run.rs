@@ -1,6 +1,8 @@
 //! `inferq run`: the processor, configured exactly like the Go processor (same flags, same
 //! transport-config JSON, pool and merge-policy files). A bad config exits with code 2 naming
 //! the field. SIGTERM or SIGINT starts a graceful shutdown; a second signal exits at once.
+//! SIGHUP reloads the queues of `--transport-config-file` (see `dispatch::reload`); where no
+//! reload can be made it is logged and ignored instead of ending the process.
 
 use tokio_util::sync::CancellationToken;
 
@@ -14,7 +16,8 @@ pub async fn run(args: RunArgs) -> Result<(), Failure> {
     }
     let shutdown = CancellationToken::new();
     tokio::spawn(watch_signals(shutdown.clone()));
-    crate::dispatch::run(config, shutdown)
+    let hangups = watch_hangups(config.reload.is_some());
+    crate::dispatch::run_with(config, shutdown, hangups)
         .await
         .map_err(|e| match e {
             crate::dispatch::DispatchError::Config(_)
@@ -30,6 +33,42 @@ async fn watch_signals(shutdown: CancellationToken) {
     wait_for_signal().await;
     tracing::warn!("second signal: exiting at once");
     std::process::exit(1);
+}
+
+/// Forwards each SIGHUP to the processor's reload when `reloadable`, and otherwise says why it
+/// is ignored. `None` where there is no SIGHUP (or it cannot be caught).
+fn watch_hangups(reloadable: bool) -> Option<tokio::sync::mpsc::Receiver<()>> {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        let mut hangup = match signal(SignalKind::hangup()) {
+            Ok(hangup) => hangup,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot catch SIGHUP; the queues config reloads only on its watch interval");
+                return None;
+            }
+        };
+        // One waiting is enough: hang-ups while a reload runs make one more reload.
+        let (tx, rx) = tokio::sync::mpsc::channel(1);
+        tokio::spawn(async move {
+            while hangup.recv().await.is_some() {
+                if !reloadable {
+                    tracing::warn!("SIGHUP ignored: the queues config reloads only with --transport=redis-sortedset and --transport-config-file");
+                    continue;
+                }
+                match tx.try_send(()) {
+                    Ok(()) | Err(tokio::sync::mpsc::error::TrySendError::Full(())) => {}
+                    Err(tokio::sync::mpsc::error::TrySendError::Closed(())) => return,
+                }
+            }
+        });
+        Some(rx)
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = reloadable;
+        None
+    }
 }
 
 /// The next SIGTERM or SIGINT.

@@ -55,6 +55,16 @@ pub struct RunArgs {
     #[arg(long = "transport-config-file", value_name = "PATH")]
     pub transport_config_file: Option<String>,
 
+    /// How often the transport config file is read again to apply changes of its `queues`
+    /// (0 = off; only with --transport=redis-sortedset and --transport-config-file). SIGHUP
+    /// reloads it too, whatever this says.
+    #[arg(
+        long = "transport-config-watch-interval",
+        default_value = "0s",
+        value_name = "DURATION"
+    )]
+    pub transport_config_watch_interval: String,
+
     /// JSON array of worker pools [{"id","workers","gate_type","gate_params"}]; only together
     /// with a transport config. Without it: one pool "default" with --concurrency workers.
     #[arg(long = "pool-config-file", value_name = "PATH")]

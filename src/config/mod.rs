@@ -10,6 +10,7 @@
 //! - [`args`]: the flags, spelled and defaulted as Go's.
 //! - [`run`]: [`load`], flag checks, choice of transport surface, cross-checks; [`RunConfig`].
 //! - [`transport`]: the sorted-set transport JSON and its queues.
+//! - [`reload`]: reading the transport config file again while running (its `queues` only).
 //! - `legacy`: the deprecated `--message-queue-impl`/`--redis.*`/`--pubsub.*` flags → a transport
 //!   config (one queue, or the queues of `--redis.ss.queues-config[-file]`).
 //! - `claim`: lease, reclaim interval and delivery limit from the JSON or the claim flags.
@@ -33,6 +34,7 @@ pub mod merge;
 pub mod otel;
 pub mod pools;
 mod redis_url;
+pub mod reload;
 pub mod run;
 pub mod topology;
 pub mod transform;

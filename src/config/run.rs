@@ -15,9 +15,10 @@ use super::duration::{parse_duration, DurationError};
 use super::json::decode;
 use super::merge::{parse_merge_policy, MergePolicy};
 use super::pools::{default_pools, parse_pools, PoolConfig};
+use super::reload::ReloadSpec;
 use super::transport::{
-    check_http_url, resolve, resolve_pubsub, RawSortedSet, SortedSetConfig, TransportKind,
-    RAW_SORTED_SET_OBJECTS,
+    check_http_url, resolve, resolve_pubsub, QueueConfig, RawSortedSet, SortedSetConfig,
+    TransportKind, RAW_SORTED_SET_OBJECTS,
 };
 use super::{legacy, ConfigError};
 
@@ -63,6 +64,10 @@ pub struct RunConfig {
     pub verbosity: i32,
     /// Deprecations and ignored settings, for the caller to log once logging is up.
     pub warnings: Vec<String>,
+    /// How the queues of the transport config file may be reloaded while running (SIGHUP,
+    /// `--transport-config-watch-interval`); `None` unless the transport is
+    /// `redis-sortedset` given by `--transport-config-file`.
+    pub reload: Option<ReloadSpec>,
 }
 
 impl RunConfig {
@@ -152,6 +157,10 @@ where
         &args.metrics_backlog_poll_interval,
     )?;
     let cache_ttl = flag_duration("--prometheus-cache-ttl", &args.prometheus_cache_ttl)?;
+    let watch = flag_duration(
+        "--transport-config-watch-interval",
+        &args.transport_config_watch_interval,
+    )?;
     if args.health_port == args.metrics_port && args.health_port != 0 {
         return Err(ConfigError::invalid(
             "--metrics-port",
@@ -202,6 +211,8 @@ where
 
     // Transport: the new JSON surface, or the legacy flags.
     let (transport_source, kind, raw, legacy) = select_transport(args, env, &mut warnings)?;
+    // What the running config was read from, for a reload to compare with.
+    let raw_json = serde_json::to_value(&raw).unwrap_or(serde_json::Value::Null);
     // Errors about the config the legacy flags made name those flags.
     let rename = |e: ConfigError| match &legacy {
         Some(legacy) => legacy.rename(e),
@@ -241,41 +252,8 @@ where
         }
         None => default_pools(concurrency),
     };
-    for (i, q) in transport.queues.iter().enumerate() {
-        if !pools.iter().any(|p| p.id == q.worker_pool_id) {
-            let defined: Vec<&str> = pools.iter().map(|p| p.id.as_str()).collect();
-            return Err(rename(ConfigError::invalid(
-                format!("queues[{i}].worker_pool_id"),
-                format!(
-                    "pool {:?} is not defined (defined pools: {})",
-                    q.worker_pool_id,
-                    defined.join(", ")
-                ),
-            )));
-        }
-    }
-    if prometheus_url.is_none() {
-        let queue_gates = transport
-            .queues
-            .iter()
-            .enumerate()
-            .map(|(i, q)| (format!("queues[{i}]"), &q.gate));
-        let pool_gates = pools
-            .iter()
-            .enumerate()
-            .map(|(i, p)| (format!("pools[{i}]"), &p.gate));
-        for (at, gate) in queue_gates.chain(pool_gates) {
-            if let Some(gate) = gate.as_ref().filter(|g| g.kind.needs_prometheus()) {
-                return Err(rename(ConfigError::invalid(
-                    format!("{at}.gate_type"),
-                    format!(
-                        "{:?} requires --prometheus-url flag to be set",
-                        gate.kind.as_str()
-                    ),
-                )));
-            }
-        }
-    }
+    check_queue_pools(&transport.queues, &pools).map_err(rename)?;
+    check_prometheus_gates(&transport.queues, &pools, prometheus_url.is_some()).map_err(rename)?;
 
     if redis_tls.is_configured() && !transport.url.is_tls() {
         return Err(ConfigError::invalid(
@@ -288,6 +266,14 @@ where
     }
     let merge_policy = merge_policy(args, &mut warnings)?;
     let claim = resolve_claim(claim_fields, claim_flags)?;
+    let reload = super::reload::spec(
+        watch,
+        &transport_source,
+        kind,
+        raw_json,
+        &pools,
+        prometheus_url.is_some(),
+    )?;
 
     Ok(RunConfig {
         transport_source,
@@ -310,7 +296,60 @@ where
         otel,
         verbosity: args.v,
         warnings,
+        reload,
     })
+}
+
+/// Every queue's `worker_pool_id` names one of `pools`.
+pub(crate) fn check_queue_pools(
+    queues: &[QueueConfig],
+    pools: &[PoolConfig],
+) -> Result<(), ConfigError> {
+    for (i, q) in queues.iter().enumerate() {
+        if !pools.iter().any(|p| p.id == q.worker_pool_id) {
+            let defined: Vec<&str> = pools.iter().map(|p| p.id.as_str()).collect();
+            return Err(ConfigError::invalid(
+                format!("queues[{i}].worker_pool_id"),
+                format!(
+                    "pool {:?} is not defined (defined pools: {})",
+                    q.worker_pool_id,
+                    defined.join(", ")
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Without `--prometheus-url`, no queue or pool gate may be one of the `prometheus-*` gates.
+pub(crate) fn check_prometheus_gates(
+    queues: &[QueueConfig],
+    pools: &[PoolConfig],
+    prometheus: bool,
+) -> Result<(), ConfigError> {
+    if prometheus {
+        return Ok(());
+    }
+    let queue_gates = queues
+        .iter()
+        .enumerate()
+        .map(|(i, q)| (format!("queues[{i}]"), &q.gate));
+    let pool_gates = pools
+        .iter()
+        .enumerate()
+        .map(|(i, p)| (format!("pools[{i}]"), &p.gate));
+    for (at, gate) in queue_gates.chain(pool_gates) {
+        if let Some(gate) = gate.as_ref().filter(|g| g.kind.needs_prometheus()) {
+            return Err(ConfigError::invalid(
+                format!("{at}.gate_type"),
+                format!(
+                    "{:?} requires --prometheus-url flag to be set",
+                    gate.kind.as_str()
+                ),
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// Picks the transport surface and returns the raw transport config it describes (and, for the

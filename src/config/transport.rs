@@ -233,6 +233,17 @@ pub(crate) fn resolve(
     env: &dyn Fn(&str) -> Option<String>,
     warnings: &mut Vec<String>,
 ) -> Result<(SortedSetConfig, ClaimFields), ConfigError> {
+    resolve_with(raw, env, warnings, true)
+}
+
+/// [`resolve`], where `at_least_one` says whether an empty `queues` is refused (at start-up) or
+/// allowed (a reload that drains every queue).
+pub(crate) fn resolve_with(
+    raw: RawSortedSet,
+    env: &dyn Fn(&str) -> Option<String>,
+    warnings: &mut Vec<String>,
+    at_least_one: bool,
+) -> Result<(SortedSetConfig, ClaimFields), ConfigError> {
     // Errors about the URL name where it came from: the field, or the environment variable.
     let (url, url_field) = match non_empty(raw.url) {
         Some(url) => (url, "url"),
@@ -296,7 +307,7 @@ pub(crate) fn resolve(
     };
 
     let raw_queues = raw.queues.unwrap_or_default();
-    if raw_queues.is_empty() {
+    if raw_queues.is_empty() && at_least_one {
         return Err(ConfigError::invalid(
             "queues",
             "at least one queue is required",

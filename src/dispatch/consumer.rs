@@ -207,6 +207,13 @@ pub async fn run_consumer(
     }
 }
 
+/// Forgets what this queue's consumer told `/readyz` (refused polls or dead letters): for a
+/// consumer stopped for good by a queues config reload.
+pub(super) fn forget_troubles(ctx: &QueueCtx) {
+    ctx.readiness.note(&polls_of(ctx), None);
+    ctx.readiness.note(&dead_letters_of(ctx), None);
+}
+
 /// What `/readyz` names while Redis refuses this queue's polls.
 fn polls_of(ctx: &QueueCtx) -> String {
     format!("the polls of queue {:?}", ctx.queue.name())

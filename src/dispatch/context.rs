@@ -69,6 +69,9 @@ pub struct QueueCtx {
     /// refused); the reclaimer clears it once Redis answers and a lease has passed (see
     /// [`super::upkeep::reclaimer`]).
     pub redis_lost: std::sync::atomic::AtomicBool,
+    /// Set when a queues config reload removed (or replaced) this queue: its requests still
+    /// waiting for a worker are released back to pending instead of started.
+    pub retired: std::sync::atomic::AtomicBool,
 }
 
 impl QueueCtx {

@@ -40,11 +40,28 @@ pub enum Merge<T> {
 }
 
 impl<T> Merge<T> {
-    /// The next request; `None` once every input is closed and empty.
+    /// The next request; `None` once every input is closed and empty. Cancel-safe: a request
+    /// is taken from its input only when it is returned.
     pub async fn next(&mut self) -> Option<T> {
         match self {
             Merge::Random(m) => m.next().await,
             Merge::Tier(m) => m.next().await,
+        }
+    }
+
+    /// Adds the channel of a queue the pool serves from now on (a queues config reload).
+    pub fn add(&mut self, input: Receiver<T>) {
+        match self {
+            Merge::Random(m) => m.inputs.push(input),
+            Merge::Tier(m) => m.add(input),
+        }
+    }
+
+    /// Whether no input is left (every one closed and emptied, or none given).
+    pub fn is_empty(&self) -> bool {
+        match self {
+            Merge::Random(m) => m.inputs.is_empty(),
+            Merge::Tier(m) => m.inputs.is_empty(),
         }
     }
 }
@@ -71,9 +88,36 @@ impl<T> TierPriority<T> {
         }
     }
 
+    fn add(&mut self, input: Receiver<T>) {
+        self.inputs.push(input);
+        self.staged.push(None);
+        self.open.push(true);
+    }
+
+    /// Forgets the inputs that are closed and have nothing staged (a removed queue's).
+    fn prune(&mut self) {
+        let mut i = 0;
+        while i < self.inputs.len() {
+            if self.open[i] || self.staged[i].is_some() {
+                i += 1;
+                continue;
+            }
+            self.inputs.remove(i);
+            self.staged.remove(i);
+            self.open.remove(i);
+            if self.next_start > i {
+                self.next_start -= 1;
+            }
+        }
+        if self.next_start >= self.inputs.len() {
+            self.next_start = 0;
+        }
+    }
+
     /// The most urgent ready request; `None` once every input is closed and nothing is staged.
     pub async fn next(&mut self) -> Option<T> {
         poll_fn(|cx| {
+            self.prune();
             let n = self.inputs.len();
             for i in 0..n {
                 if self.staged[i].is_some() || !self.open[i] {
@@ -97,6 +141,7 @@ impl<T> TierPriority<T> {
             if self.open.iter().any(|o| *o) {
                 Poll::Pending
             } else {
+                self.prune();
                 Poll::Ready(None)
             }
         })
@@ -237,6 +282,30 @@ mod tests {
             rest += 1;
         }
         assert_eq!(rest, 500);
+    }
+
+    /// A queue added by a reload is served; a removed one (its channel closed) is forgotten
+    /// once emptied, by both merges.
+    #[tokio::test]
+    async fn queues_come_and_go() {
+        for tier in [false, true] {
+            let (a_tx, a_rx) = channel::<u8>(4);
+            let mut merge = if tier {
+                Merge::Tier(TierPriority::new(vec![a_rx], Box::new(|b: &u8| *b)))
+            } else {
+                Merge::Random(RandomRobin::new(vec![a_rx]))
+            };
+            let (b_tx, b_rx) = channel::<u8>(4);
+            merge.add(b_rx);
+            b_tx.send(2).await.unwrap();
+            assert_eq!(merge.next().await, Some(2));
+            a_tx.send(1).await.unwrap();
+            drop(a_tx);
+            assert_eq!(merge.next().await, Some(1));
+            drop(b_tx);
+            assert_eq!(merge.next().await, None);
+            assert!(merge.is_empty(), "tier {tier}");
+        }
     }
 
     #[tokio::test]

@@ -29,6 +29,8 @@
 //! - [`subscription`]: the pub/sub plumbing of the two listeners above.
 //! - [`upkeep`]: renewals, cancel checks, reclaim, promotion, backlog.
 //! - [`processor`]: the lifecycle and graceful shutdown.
+//! - [`lanes`]: one queue's tasks, started, and retired without losing what they hold.
+//! - [`reload`]: the queues config reload (a watch interval, SIGHUP).
 //! - [`last_chance`]: at most one last-chance request per queue and instance, so a poison
 //!   request does not take its neighbours to the dead list.
 //! - [`memory`]: warns when Redis may evict keys (`maxmemory-policy`), and when it did.
@@ -42,15 +44,17 @@ pub mod fault;
 pub mod gates;
 pub mod holdings;
 pub mod ingress;
+pub mod lanes;
 pub mod last_chance;
 pub mod load;
 pub mod memory;
 pub mod merge;
 pub mod outbox;
 pub mod processor;
+pub mod reload;
 pub mod subscription;
 pub mod trace;
 pub mod upkeep;
 pub mod worker;
 
-pub use processor::{run, DispatchError};
+pub use processor::{run, run_with, DispatchError};

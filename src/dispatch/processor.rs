@@ -1,34 +1,36 @@
 //! The processor's lifecycle: start the health and metrics servers, connect to Redis (retrying
-//! while it is down, not ready meanwhile), wire one set of tasks per queue and one dispatcher per
-//! pool, report ready, and on shutdown: stop claiming, release unstarted claims at once, drain
+//! while it is down, not ready meanwhile), start one dispatcher per pool and one lane of tasks
+//! per queue ([`super::lanes`]), watch the queues config for reloads ([`super::reload`]), report
+//! ready, and on shutdown: stop claiming, release unstarted claims at once, drain
 //! in-flight work for `--drain-timeout`, release what is left, flush the outbox, stop.
 
 use std::collections::HashMap;
 use std::net::{Ipv6Addr, SocketAddr};
-use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, PoisonError};
 use std::time::Duration;
 
 use tokio::sync::{mpsc, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use super::consumer::{self, run_consumer, Polling};
-use super::context::{Job, QueueCtx};
+use super::consumer::Polling;
+use super::context::Job;
 use super::gates::{self, Gate, GateEnv, GateOwner};
-use super::holdings::{Abort, Holdings};
-use super::load::Load;
+use super::holdings::Abort;
+use super::lanes::{queue_labels, Lanes, Wiring};
 use super::merge::{tier_bucket, Merge, RandomRobin, TierPriority};
-use super::outbox::{self, run_outbox};
+use super::reload::Reloader;
 use super::trace::RequestTracer;
-use super::upkeep;
 use super::worker::{work, WorkerEnv};
+use crate::config::reload::ReloadSource;
 use crate::config::{MergePolicyKind, RunConfig, TlsFiles, TransportKind};
 use crate::gateway::{self, GatewayClient, GatewayTls};
 use crate::ops::{
     metrics::PoolLabels, otel::Otel, serve_health, serve_metrics, Metrics, QueueLabels, Readiness,
 };
 use crate::queue::target::{Link, Target};
-use crate::queue::{connect, scripts::SCRIPTS, traced::Con, Queue};
+use crate::queue::{connect, scripts::SCRIPTS, traced::Con};
 
 /// Why the processor could not run.
 #[derive(Debug, thiserror::Error)]
@@ -46,18 +48,6 @@ pub enum DispatchError {
     #[error(transparent)]
     Otel(#[from] crate::ops::otel::OtelError),
 }
-
-/// A queue's metric labels.
-fn queue_labels(q: &crate::config::transport::QueueConfig) -> QueueLabels {
-    QueueLabels {
-        queue_id: q.id.clone(),
-        queue_name: q.queue_name.clone(),
-        pool_name: q.worker_pool_id.clone(),
-    }
-}
-
-/// How often in-flight requests' cancel markers are checked.
-const CANCEL_CHECK_EVERY: Duration = Duration::from_millis(500);
 
 fn gateway_tls(tls: &Option<TlsFiles>) -> GatewayTls {
     match tls {
@@ -143,6 +133,16 @@ fn queue_gate_error(q: &crate::config::QueueConfig, e: gates::GateError) -> Disp
 
 /// Runs the processor until `shutdown` is cancelled, then shuts down gracefully.
 pub async fn run(config: RunConfig, shutdown: CancellationToken) -> Result<(), DispatchError> {
+    run_with(config, shutdown, None).await
+}
+
+/// [`run`], reloading the queues config at every message of `hangups` (SIGHUP) when
+/// `config.reload` allows it.
+pub async fn run_with(
+    config: RunConfig,
+    shutdown: CancellationToken,
+    hangups: Option<mpsc::Receiver<()>>,
+) -> Result<(), DispatchError> {
     let metrics = Arc::new(Metrics::new());
     let transport = &config.transport;
     // Before anything opens a descriptor: every busy worker holds a gateway connection.
@@ -277,148 +277,90 @@ pub async fn run(config: RunConfig, shutdown: CancellationToken) -> Result<(), D
     });
     let flush = CancellationToken::new();
     let stop_upkeep = CancellationToken::new();
+    let stop_reload = CancellationToken::new();
     let consumers = TaskTracker::new();
     let pools = TaskTracker::new();
     let workers = TaskTracker::new();
     let outboxes = TaskTracker::new();
     let upkeep_tasks = TaskTracker::new();
+    let reloads = TaskTracker::new();
     let polling = Polling {
         interval: transport.poll_interval,
         batch: usize::try_from(transport.batch_size).unwrap_or(10).max(1),
     };
-    let promote_every = transport.poll_interval.min(Duration::from_millis(500));
-
-    let mut ctxs = Vec::new();
-    let mut pool_inputs: HashMap<String, Vec<mpsc::Receiver<Job>>> = HashMap::new();
-    for ((i, q), gate) in transport.queues.iter().enumerate().zip(queue_gates) {
-        let (outbox_tx, outbox_rx) = mpsc::unbounded_channel();
-        let labels = queue_labels(q);
-        if gate.is_some() {
-            metrics.precreate_gate_series(&labels);
-        }
-        let pool_labels = QueueLabels {
-            queue_id: String::new(),
-            queue_name: String::new(),
-            pool_name: q.worker_pool_id.clone(),
-        };
-        let default_url = gateway::join_url(&q.igw_base_url, &q.request_path_url)
-            .map_err(|e| e.to_string())
-            .and_then(|url| gateway::parse_target(&url));
-        let queue = Queue::new(con.clone(), &q.queue_name, config.claim);
-        let ctx = Arc::new(QueueCtx {
-            spec: q.clone(),
-            queue: match transport.kind {
-                TransportKind::SortedSet => queue,
-                TransportKind::PubSub => queue.publishing_results(),
-            },
-            holdings: Holdings::new(config.claim.lease),
-            outbox: outbox_tx,
-            outbox_load: Arc::new(Load::new(outbox::MAX_WAITING_BYTES)),
-            intake_load: Arc::new(Load::new(consumer::MAX_WAITING_BYTES)),
-            series: metrics.queue_series(&labels),
-            labels,
-            metrics: metrics.clone(),
-            wake: tokio::sync::Notify::new(),
-            parked: tokio::sync::Notify::new(),
-            listening: std::sync::atomic::AtomicBool::new(false),
-            default_result_list: transport.result_queue_name.clone(),
-            default_url,
-            gate,
-            pool_gate: pool_gates.get(&q.worker_pool_id).cloned(),
-            pool_labels,
-            last_chance: Default::default(),
-            readiness: readiness.clone(),
-            outbox_stalled: Default::default(),
-            redis_lost: Default::default(),
-        });
-        // Room for two batches: one being worked off while the next is claimed.
-        let (tx, rx) = mpsc::channel(polling.batch.saturating_mul(2));
-        pool_inputs
-            .entry(q.worker_pool_id.clone())
-            .or_default()
-            .push(rx);
-        outboxes.spawn(run_outbox(ctx.clone(), outbox_rx, flush.clone()));
-        upkeep_tasks.spawn(upkeep::heartbeat(ctx.clone(), stop_upkeep.clone()));
-        upkeep_tasks.spawn(upkeep::cancel_watch(
-            ctx.clone(),
-            CANCEL_CHECK_EVERY,
-            stop_upkeep.clone(),
-        ));
-        // Reclaim and promote move work towards this instance: they stop with claiming, so a
-        // shutting-down instance takes over nothing it would not finish.
-        upkeep_tasks.spawn(upkeep::reclaimer(ctx.clone(), stop_claiming.clone()));
-        upkeep_tasks.spawn(upkeep::promoter(
-            ctx.clone(),
-            promote_every,
-            Some(transport.retry_queue_name.clone()),
-            i == 0,
-            stop_claiming.clone(),
-        ));
-        if let Some(every) = config
+    let pool_inputs = start_pools(&config, &metrics, &env, &pools, &workers, &stop_claiming);
+    let mut lanes = Lanes::new(Wiring {
+        con: con.clone(),
+        target: target.clone(),
+        claim: config.claim,
+        kind: transport.kind,
+        default_result_list: transport.result_queue_name.clone(),
+        retry_queue_name: transport.retry_queue_name.clone(),
+        polling,
+        promote_every: transport.poll_interval.min(Duration::from_millis(500)),
+        backlog_every: config
             .metrics_backlog_poll_interval
-            .filter(|d| !d.is_zero())
-        {
-            upkeep_tasks.spawn(upkeep::backlog(ctx.clone(), every, stop_upkeep.clone()));
-        }
-        consumers.spawn(run_consumer(
-            ctx.clone(),
-            tx,
-            polling,
-            stop_claiming.clone(),
-        ));
-        ctxs.push(ctx);
-    }
-    for pool in &config.pools {
-        // Set at start-up for every configured pool, as Go sets it, serving a queue or not.
-        metrics
-            .pool_worker_limit
-            .get_or_create(&PoolLabels {
-                pool_name: pool.id.clone(),
-            })
-            .set(i64::from(pool.workers));
-        let inputs = pool_inputs.remove(&pool.id).unwrap_or_default();
-        if inputs.is_empty() {
-            continue;
-        }
-        let merge = match &config.merge_policy.kind {
-            MergePolicyKind::RandomRobin => Merge::Random(RandomRobin::new(inputs)),
-            MergePolicyKind::TierPriority(tier) => {
-                let label = tier.tier_label.clone();
-                Merge::Tier(TierPriority::new(
-                    inputs,
-                    Box::new(move |job: &Job| {
-                        tier_bucket(&job.held.envelope.internal.labels, &label)
-                    }),
-                ))
-            }
-        };
-        pools.spawn(run_pool(
-            usize::try_from(pool.workers).unwrap_or(1).max(1),
-            merge,
-            env.clone(),
-            workers.clone(),
-            stop_claiming.clone(),
-        ));
-    }
+            .filter(|d| !d.is_zero()),
+        drain_timeout: config.drain_timeout,
+        metrics: metrics.clone(),
+        readiness: readiness.clone(),
+        pool_gates: pool_gates.clone(),
+        pools: pool_inputs,
+        stop_claiming: stop_claiming.clone(),
+        stop_upkeep: stop_upkeep.clone(),
+        flush: flush.clone(),
+        consumers: consumers.clone(),
+        outboxes: outboxes.clone(),
+        upkeep: upkeep_tasks.clone(),
+    });
+    // The gates were built above, one per queue in config order, as `apply` asks for them.
+    let mut built = queue_gates.into_iter();
+    let _ = lanes.apply(&transport.queues, |_| {
+        Ok::<_, std::convert::Infallible>(built.next().flatten())
+    });
+    let alive = lanes.alive_handle();
     upkeep_tasks.spawn(super::memory::watch(
         con.clone(),
         memory,
         stop_upkeep.clone(),
     ));
-    // Wake-ups stop with claiming: a shutting-down consumer has nothing to wake for.
-    upkeep_tasks.spawn(super::doorbell::listen(
-        target.clone(),
-        ctxs.clone(),
-        stop_claiming.clone(),
-    ));
     // So does the redis-pubsub ingress: what it admits after that waits in pending for others.
+    // (Its queues are not reloaded: see `config::reload::spec`.)
     if transport.kind == TransportKind::PubSub {
         super::ingress::start(
             &upkeep_tasks,
             target.clone(),
-            ctxs.clone(),
+            lanes.contexts(),
             stop_claiming.clone(),
         );
+    }
+    if let Some(spec) = config.reload.clone() {
+        let interval = spec.interval;
+        let (gate_env, owner) = (gate_env.clone(), metrics.clone());
+        let reloader = Reloader {
+            source: ReloadSource::new(spec),
+            lanes,
+            gates: Box::new(move |q| {
+                let env = GateEnv {
+                    owner: Some(GateOwner {
+                        metrics: owner.clone(),
+                        labels: queue_labels(q),
+                    }),
+                    ..gate_env.clone()
+                };
+                q.gate
+                    .as_ref()
+                    .map(|spec| gates::build(spec, &env))
+                    .transpose()
+            }),
+            metrics: metrics.clone(),
+        };
+        reloads.spawn(super::reload::watch(
+            reloader,
+            interval,
+            hangups,
+            stop_reload.clone(),
+        ));
     }
     readiness.set(true);
     tracing::info!(health = %health_addr, metrics = %metrics_addr, "inferq ready");
@@ -426,6 +368,10 @@ pub async fn run(config: RunConfig, shutdown: CancellationToken) -> Result<(), D
     shutdown.cancelled().await;
     readiness.set(false);
     tracing::info!("shutting down: no new claims; releasing unstarted work");
+    // No reload starts or retires a queue from here on.
+    stop_reload.cancel();
+    reloads.close();
+    reloads.wait().await;
     stop_claiming.cancel();
     consumers.close();
     pools.close();
@@ -437,7 +383,7 @@ pub async fn run(config: RunConfig, shutdown: CancellationToken) -> Result<(), D
         .is_err()
     {
         tracing::warn!(drain_timeout = ?config.drain_timeout, "drain timeout: aborting in-flight requests and releasing their claims");
-        for ctx in &ctxs {
+        for ctx in alive.lock().unwrap_or_else(PoisonError::into_inner).iter() {
             ctx.holdings.abort_all(Abort::Shutdown);
         }
         let _ = tokio::time::timeout(Duration::from_secs(5), workers.wait()).await;
@@ -464,16 +410,66 @@ pub async fn run(config: RunConfig, shutdown: CancellationToken) -> Result<(), D
     Ok(())
 }
 
+/// Starts one task per pool (each fed by the channels of its queues, which [`Lanes`] hands it
+/// at start-up and on a reload), and returns each pool's intake of those channels.
+fn start_pools(
+    config: &RunConfig,
+    metrics: &Metrics,
+    env: &Arc<WorkerEnv>,
+    pools: &TaskTracker,
+    workers: &TaskTracker,
+    stop: &CancellationToken,
+) -> HashMap<String, mpsc::UnboundedSender<mpsc::Receiver<Job>>> {
+    let mut intakes = HashMap::new();
+    for pool in &config.pools {
+        // Set at start-up for every configured pool, as Go sets it, serving a queue or not.
+        metrics
+            .pool_worker_limit
+            .get_or_create(&PoolLabels {
+                pool_name: pool.id.clone(),
+            })
+            .set(i64::from(pool.workers));
+        let merge = match &config.merge_policy.kind {
+            MergePolicyKind::RandomRobin => Merge::Random(RandomRobin::new(Vec::new())),
+            MergePolicyKind::TierPriority(tier) => {
+                let label = tier.tier_label.clone();
+                Merge::Tier(TierPriority::new(
+                    Vec::new(),
+                    Box::new(move |job: &Job| {
+                        tier_bucket(&job.held.envelope.internal.labels, &label)
+                    }),
+                ))
+            }
+        };
+        let (intake, queues) = mpsc::unbounded_channel();
+        intakes.insert(pool.id.clone(), intake);
+        pools.spawn(run_pool(
+            usize::try_from(pool.workers).unwrap_or(1).max(1),
+            merge,
+            queues,
+            env.clone(),
+            workers.clone(),
+            stop.clone(),
+        ));
+    }
+    intakes
+}
+
 /// One pool: takes the next request from its queues (random-robin) whenever a worker is free.
+/// `queues` brings the channel of each queue it serves (at start-up and on a reload). A request
+/// of a queue a reload removed is released instead of started.
 async fn run_pool(
     workers: usize,
     mut merge: Merge<Job>,
+    mut queues: mpsc::UnboundedReceiver<mpsc::Receiver<Job>>,
     env: Arc<WorkerEnv>,
     tracker: TaskTracker,
     stop: CancellationToken,
 ) {
     let slots = Arc::new(Semaphore::new(workers));
-    loop {
+    // Whether more queues may come (no more once the processor has no reload to make).
+    let mut more = true;
+    'pool: loop {
         let permit = tokio::select! {
             biased;
             _ = stop.cancelled() => break,
@@ -482,14 +478,30 @@ async fn run_pool(
                 Err(_) => break,
             },
         };
-        let job = tokio::select! {
-            biased;
-            _ = stop.cancelled() => break,
-            j = merge.next() => match j {
-                Some(j) => j,
-                None => break,
-            },
+        let job = loop {
+            if merge.is_empty() && !more {
+                break 'pool;
+            }
+            tokio::select! {
+                biased;
+                _ = stop.cancelled() => break 'pool,
+                input = queues.recv(), if more => match input {
+                    Some(input) => merge.add(input),
+                    None => more = false,
+                },
+                j = merge.next(), if !merge.is_empty() => {
+                    if let Some(j) = j {
+                        break j;
+                    }
+                }
+            }
         };
+        if job.ctx.retired.load(Ordering::SeqCst) {
+            // Dropped, it releases its claim back to pending.
+            job.ctx.series.queue_depth.get().dec();
+            drop(job);
+            continue;
+        }
         // A request starts only while its queue's outbox has room: results the gateway sends
         // faster than Redis takes them slow the pool down instead of piling up.
         if !job.ctx.outbox_load.has_room() {

@@ -3,7 +3,7 @@
 //! after Redis was out of reach), promote due retries, and report the backlog. Each runs until
 //! its stop token is cancelled.
 
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -268,14 +268,17 @@ pub async fn promoter(
     ctx: Arc<QueueCtx>,
     every: Duration,
     go_retry_set: Option<String>,
-    default_queue: bool,
+    default_queue: Arc<AtomicBool>,
     stop: CancellationToken,
 ) {
     let longest = ctx.queue.settings().reclaim_interval.max(every);
     loop {
+        // Whether this is the first queue of the config (Go's fallback for retry-set entries
+        // naming no queue); a queues config reload may change it.
+        let first = default_queue.load(Ordering::SeqCst);
         let sleep = match ctx
             .queue
-            .promote(PROMOTE_BATCH, go_retry_set.as_deref(), default_queue)
+            .promote(PROMOTE_BATCH, go_retry_set.as_deref(), first)
             .await
         {
             Ok(p) => {

@@ -32,6 +32,12 @@ pub struct OutcomeLabels {
     pub outcome: String,
 }
 
+/// Reloads of the queues config by result: `success` or `error` (Go's label).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResultLabels {
+    pub result: String,
+}
+
 /// Wake-ups by where they came from: `doorbell` or `keyspace`.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct SourceLabels {
@@ -206,6 +212,10 @@ pub struct Metrics {
     /// Messages received on a redis-pubsub channel, by outcome: admitted (new), duplicate
     /// (another instance admitted them first), lost (not admitted before a shutdown).
     pub pubsub_messages: Family<OutcomeLabels, Counter>,
+    /// Reloads of the transport config file's queues, by result (Go's names).
+    pub config_reloads: Family<ResultLabels, Counter>,
+    /// Unix time of the last reload applied (0: none yet).
+    pub config_last_success: Gauge<f64, std::sync::atomic::AtomicU64>,
 }
 
 impl Default for Metrics {
@@ -248,6 +258,8 @@ impl Metrics {
             aborted: Family::default(),
             wakeups: Family::default(),
             pubsub_messages: Family::default(),
+            config_reloads: Family::default(),
+            config_last_success: Gauge::default(),
             registry: Registry::default(),
         };
         let go = |name: &str| format!("llm_d_async_async_{name}");
@@ -336,6 +348,16 @@ impl Metrics {
             go("gate_metric_source_available"),
             "Whether a metric gate's source answered (1) or its fallback was used (0)",
             m.gate_metric_source_available.clone(),
+        );
+        r.register(
+            go("queue_config_reloads"),
+            "Reloads of the queues config, by result",
+            m.config_reloads.clone(),
+        );
+        r.register(
+            go("queue_config_last_success_timestamp_seconds"),
+            "Unix time of the last queues config reload applied",
+            m.config_last_success.clone(),
         );
         r.register(
             go("claim_depth"),
