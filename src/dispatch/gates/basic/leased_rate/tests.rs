@@ -125,6 +125,15 @@ async fn a_valid_lease_admits_its_burst_and_refills_at_its_rate() {
         .await
         .unwrap();
     assert_eq!(admitted(g.as_ref(), 3).await, 0);
+    let last: i64 = con
+        .hget(format!("{CONTROL}:state"), "last_ms")
+        .await
+        .unwrap();
+    assert_eq!(
+        last,
+        now + 60_000,
+        "the bucket's time does not go back with the clock, so no interval refills twice"
+    );
 
     // A burst of 3 s at rate 2 holds 6; a burst under a token holds one.
     let _: () = con.del(format!("{CONTROL}:state")).await.unwrap();
