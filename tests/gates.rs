@@ -544,3 +544,127 @@ fn assert_no_retries(metrics: &str) {
         "no retries: {metrics}"
     );
 }
+
+/// A `redis-leased-rate` pool gate inside `wait-on-refuse`, as Go recommends: with no lease
+/// nothing is sent and the three `drain_limit_*` gauges read 0; a lease of 4 requests a second
+/// lets a burst of 4 through at once and the rest at its pace, and the gauges show the lease.
+/// A malformed lease stops the pool again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leased_rate_pool_gate_paces_the_pool_and_exports_its_lease() {
+    let redis = RedisServer::start().unwrap();
+    let gw = Gateway::start().await;
+    let opts = ProcessorOpts {
+        pools: Some(format!(
+            r#"[{{"id":"default","workers":8,"gate_type":"wait-on-refuse","gate_params":{{"gate":{{"gate_type":"redis-leased-rate","gate_params":{{"address":"127.0.0.1:{}","control_key":"drain:default"}}}}}}}}]"#,
+            redis.port()
+        )),
+        ..ProcessorOpts::default()
+    };
+    let p = Processor::start(&redis, &gw, &opts).await;
+    let gauges = |rps: &str, valid: &str, until: &str| {
+        [
+            format!(r#"llm_d_async_async_drain_limit_rps{{pool_name="default"}} {rps}"#),
+            format!(r#"llm_d_async_async_drain_limit_lease_valid{{pool_name="default"}} {valid}"#),
+            format!(
+                r#"llm_d_async_async_drain_limit_valid_until_seconds{{pool_name="default"}} {until}"#
+            ),
+        ]
+    };
+    let at_start = p.metrics().await;
+    for series in gauges("0", "0", "0") {
+        assert!(at_start.contains(&series), "{series} missing:\n{at_start}");
+    }
+    let producer = producer(&redis, Q).await;
+    for i in 0..8 {
+        producer
+            .submit(request(&format!("l{i}"), 60, "{}"))
+            .await
+            .unwrap();
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(gw.executions().is_empty(), "no lease: nothing is sent");
+
+    let mut con = con(&redis).await;
+    let (now_s, now_us): (i64, i64) = redis::cmd("TIME").query_async(&mut con).await.unwrap();
+    let until = now_s * 1000 + now_us / 1000 + 60_000;
+    let lease = |rate: &str| {
+        [
+            ("api_version", "llm-d.ai/v1alpha1".to_owned()),
+            ("pool_id", "default".to_owned()),
+            ("max_admission_rps", rate.to_owned()),
+            ("valid_until_unix_ms", until.to_string()),
+            ("decision_id", "d-1".to_owned()),
+        ]
+    };
+    let _: () = con
+        .hset_multiple("drain:default", &lease("4"))
+        .await
+        .unwrap();
+    let got = wait_results(&mut con, 8, Duration::from_secs(15)).await;
+    assert_eq!(got.len(), 8);
+    let mut starts: Vec<Instant> = (0..8).map(|i| gw.seen(&format!("l{i}"))[0].at).collect();
+    starts.sort();
+    // A burst of 4, then 4 more at 4 a second: the last starts about a second after the first.
+    assert!(
+        starts[7] - starts[0] >= Duration::from_millis(800),
+        "paced at 4/s: {:?}",
+        starts[7] - starts[0]
+    );
+    let seconds = inferq::ops::gofloat::go_float(until as f64 / 1000.0);
+    let metrics = p.metrics().await;
+    for series in gauges("4", "1", &seconds) {
+        assert!(metrics.contains(&series), "{series} missing:\n{metrics}");
+    }
+
+    // A lease for another pool is no lease: the pool stops, and says so.
+    let _: () = con.hset("drain:default", "pool_id", "other").await.unwrap();
+    producer.submit(request("late", 60, "{}")).await.unwrap();
+    let stopped = gauges("0", "0", "0");
+    let metrics = p.metrics_with(&[&stopped[1]]).await;
+    assert!(metrics.contains(&stopped[1]), "{metrics}");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        gw.seen("late").is_empty(),
+        "an invalid lease admits nothing"
+    );
+}
+
+/// A `redis-leased-rate` gate without its `control_key`, and an `endpoint-scrape` gate whose
+/// counted admission has no capacity, are config errors naming the field: exit 2.
+#[test]
+fn bad_leased_rate_and_counted_params_exit_2() {
+    for (gate, param) in [
+        (
+            r#""gate_type":"redis-leased-rate","gate_params":{"address":"127.0.0.1:1"}"#,
+            "control_key",
+        ),
+        (
+            r#""gate_type":"endpoint-scrape","gate_params":{"url":"http://127.0.0.1:9/metrics","metric":"m","admission":"counted"}"#,
+            "max_count_per_pod",
+        ),
+    ] {
+        let config = format!(
+            r#"{{"url":"redis://127.0.0.1:1","queues":[{{"queue_name":"q","igw_base_url":"http://127.0.0.1:9",{gate}}}]}}"#
+        );
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_inferq"))
+            .args([
+                "run",
+                "--transport",
+                "redis-sortedset",
+                "--transport-config",
+                &config,
+                "--health-port",
+                "0",
+                "--metrics-port",
+                "0",
+            ])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{err}");
+        assert!(
+            err.contains("queues[0].gate_params") && err.contains(param),
+            "{err}"
+        );
+    }
+}

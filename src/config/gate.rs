@@ -7,7 +7,7 @@ use serde_json::{Map, Value};
 
 use super::ConfigError;
 
-/// The Go gate types (go-compat §6.2).
+/// The Go gate types (go-compat §6.2, and go-newer §6 for `redis-leased-rate`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum GateType {
     /// Always open.
@@ -16,6 +16,8 @@ pub enum GateType {
     Redis,
     /// Per-attribute rate limit or concurrency quota in Redis.
     RedisQuota,
+    /// A pool-wide admission rate leased by a controller through a Redis hash.
+    RedisLeasedRate,
     /// In-process concurrency limit.
     LocalMaxConcurrency,
     /// All inner gates must admit.
@@ -36,10 +38,11 @@ pub enum GateType {
 
 impl GateType {
     /// Every gate type with its Go name.
-    pub const ALL: [(&'static str, GateType); 11] = [
+    pub const ALL: [(&'static str, GateType); 12] = [
         ("constant", GateType::Constant),
         ("redis", GateType::Redis),
         ("redis-quota", GateType::RedisQuota),
+        ("redis-leased-rate", GateType::RedisLeasedRate),
         ("local-max-concurrency", GateType::LocalMaxConcurrency),
         ("composite", GateType::Composite),
         ("wait-on-refuse", GateType::WaitOnRefuse),
@@ -78,6 +81,13 @@ impl GateType {
                 "prefix",
                 "gating_mode",
             ],
+            GateType::RedisLeasedRate => &[
+                "address",
+                "control_key",
+                "pool_id",
+                "state_key",
+                "burst_seconds",
+            ],
             GateType::LocalMaxConcurrency => &["limit", "gating_mode"],
             GateType::Composite => &["gates"],
             GateType::WaitOnRefuse => &["gate"],
@@ -103,6 +113,9 @@ impl GateType {
                 "pods_url",
                 "pods_metric",
                 "pods_labels",
+                "value_type",
+                "absent_value",
+                "admission",
             ],
         }
     }

@@ -320,14 +320,22 @@ fn promote_sleep(until_due: Option<Duration>, every: Duration, longest: Duration
     }
 }
 
-/// Reports the pending backlog (ZCARD) every `every`.
+/// Reports the pending backlog (ZCARD) every `every`, and whether that read succeeded: a failed
+/// read reports a backlog of 0, as Go does, and `broker_backlog_source_available` 0 tells it
+/// from an empty queue.
 pub async fn backlog(ctx: Arc<QueueCtx>, every: Duration, stop: CancellationToken) {
     let gauge = ctx.metrics.backlog.get_or_create(&ctx.labels).clone();
+    let available = ctx
+        .metrics
+        .backlog_source_available
+        .get_or_create(&ctx.labels)
+        .clone();
     loop {
         let n: Result<i64, _> = redis::cmd("ZCARD")
             .arg(ctx.queue.name())
             .query_async(&mut ctx.queue.connection())
             .await;
+        available.set(i64::from(n.is_ok()));
         gauge.set(n.unwrap_or(0));
         if !tick(&stop, every).await {
             return;

@@ -177,6 +177,8 @@ pub struct Metrics {
     pub inflight: Gauges,
     /// Pending requests (ZCARD), polled.
     pub backlog: Gauges,
+    /// Whether the last backlog read succeeded (1) or failed (0, and `backlog` reads 0).
+    pub backlog_source_available: Gauges,
     pub pool_worker_limit: Family<PoolLabels, Gauge>,
     /// Queue gate budget at each poll.
     pub dispatch_budget: Family<QueueLabels, Gauge<f64, std::sync::atomic::AtomicU64>>,
@@ -186,6 +188,11 @@ pub struct Metrics {
     pub gate_metric_value: Family<PoolGaugeLabels, Gauge<f64, std::sync::atomic::AtomicU64>>,
     pub gate_metric_threshold: Family<PoolGaugeLabels, Gauge<f64, std::sync::atomic::AtomicU64>>,
     pub gate_metric_source_available: Family<PoolGaugeLabels, Gauge>,
+    /// A `redis-leased-rate` gate's last decision: the leased rate, whether the lease was valid,
+    /// and when it ends (labelled by the gate's `pool_id`).
+    pub drain_limit_rps: Family<PoolLabels, Gauge<f64, std::sync::atomic::AtomicU64>>,
+    pub drain_limit_lease_valid: Family<PoolLabels, Gauge>,
+    pub drain_limit_valid_until: Family<PoolLabels, Gauge<f64, std::sync::atomic::AtomicU64>>,
     /// Claims this instance holds (Go durable-claims name).
     pub claim_depth: Gauges,
     /// Redeliveries after lease expiry (Go durable-claims name).
@@ -240,12 +247,16 @@ impl Metrics {
             queue_depth: Gauges::default(),
             inflight: Gauges::default(),
             backlog: Gauges::default(),
+            backlog_source_available: Gauges::default(),
             pool_worker_limit: Family::default(),
             dispatch_budget: Family::default(),
             gate_decisions: Family::default(),
             gate_metric_value: Family::default(),
             gate_metric_threshold: Family::default(),
             gate_metric_source_available: Family::default(),
+            drain_limit_rps: Family::default(),
+            drain_limit_lease_valid: Family::default(),
+            drain_limit_valid_until: Family::default(),
             claim_depth: Gauges::default(),
             claims_expired: Counters::default(),
             renewals: Family::default(),
@@ -320,6 +331,11 @@ impl Metrics {
             m.backlog.clone(),
         );
         r.register(
+            go("broker_backlog_source_available"),
+            "Whether the last backlog read succeeded (1) or failed (0)",
+            m.backlog_source_available.clone(),
+        );
+        r.register(
             go("pool_worker_limit"),
             "Workers per pool",
             m.pool_worker_limit.clone(),
@@ -358,6 +374,21 @@ impl Metrics {
             go("queue_config_last_success_timestamp_seconds"),
             "Unix time of the last queues config reload applied",
             m.config_last_success.clone(),
+        );
+        r.register(
+            go("drain_limit_rps"),
+            "The admission rate a redis-leased-rate gate's lease allows (0 when invalid)",
+            m.drain_limit_rps.clone(),
+        );
+        r.register(
+            go("drain_limit_lease_valid"),
+            "Whether a redis-leased-rate gate's lease was valid at its last decision",
+            m.drain_limit_lease_valid.clone(),
+        );
+        r.register(
+            go("drain_limit_valid_until_seconds"),
+            "When a redis-leased-rate gate's lease ends, in Unix seconds (0 when invalid)",
+            m.drain_limit_valid_until.clone(),
         );
         r.register(
             go("claim_depth"),
@@ -470,6 +501,23 @@ impl Metrics {
         self.gate_metric_source_available
             .get_or_create(&l)
             .set(i64::from(value.is_some()));
+    }
+
+    /// Records a `redis-leased-rate` decision under Go's `drain_limit_*` gauges: the lease's
+    /// rate and end (Unix milliseconds) when it was valid, zeros when it was not.
+    pub fn record_drain_limit(&self, pool: &str, lease: Option<(f64, i64)>) {
+        let l = PoolLabels {
+            pool_name: pool.to_owned(),
+        };
+        let (rate, until_ms) = lease.unwrap_or((0.0, 0));
+        self.drain_limit_rps.get_or_create(&l).set(rate);
+        self.drain_limit_lease_valid
+            .get_or_create(&l)
+            .set(i64::from(lease.is_some()));
+        // Milliseconds to seconds; exact for any lease end this side of the year 287,000.
+        self.drain_limit_valid_until
+            .get_or_create(&l)
+            .set(until_ms as f64 / 1000.0);
     }
 
     /// Creates Go's four gate-decision series at 0 for a gated queue or pool.

@@ -4,6 +4,8 @@
 //! - [`redis_budget`] `redis`: a budget read from a Redis key.
 //! - [`quota`] `redis-quota`: a per-attribute concurrency quota or sliding-window rate limit kept
 //!   in Redis, with `reserved` / `overflow` classification.
+//! - [`leased_rate`] `redis-leased-rate`: a pool-wide admission rate a controller leases through
+//!   Redis, enforced as a token bucket shared by every replica; fails closed.
 //! - [`local`] `local-max-concurrency`: an in-process concurrency limit.
 //! - [`combine`] `composite`, `wait-on-refuse`, `tier-priority-admission`: gates made of other
 //!   gates (which may be of any type, metric gates included).
@@ -13,6 +15,7 @@
 //! share one lazily opened connection per address ([`link`]).
 
 mod combine;
+mod leased_rate;
 mod link;
 mod local;
 mod quota;
@@ -40,6 +43,7 @@ pub fn build(spec: &GateSpec, env: &GateEnv) -> Result<Arc<dyn Gate>, GateError>
         GateType::Constant => Ok(Arc::new(Constant)),
         GateType::Redis => redis_budget::build(p),
         GateType::RedisQuota => quota::build(p),
+        GateType::RedisLeasedRate => leased_rate::build(p, env),
         GateType::LocalMaxConcurrency => local::build(p),
         GateType::Composite => combine::composite(p, env),
         GateType::WaitOnRefuse => combine::wait_on_refuse(p, env),

@@ -7,8 +7,8 @@
 //! worker before it sends. The gate types and their parameters are the Go processor's
 //! (go-compat §6); [`build`] makes one from a config [`GateSpec`].
 //!
-//! - [`basic`]: `constant`, `redis`, `redis-quota`, `local-max-concurrency`, `composite`,
-//!   `wait-on-refuse`, `tier-priority-admission`.
+//! - [`basic`]: `constant`, `redis`, `redis-quota`, `redis-leased-rate`,
+//!   `local-max-concurrency`, `composite`, `wait-on-refuse`, `tier-priority-admission`.
 //! - [`metric`]: `prometheus-saturation`, `prometheus-budget`, `prometheus-query`,
 //!   `endpoint-scrape`.
 //! - [`params`]: Go's lenient parameter coercion.

@@ -14,10 +14,15 @@
 //! Every reading is recorded in Go's `gate_metric_*` gauges under the gate's owner (the queue or
 //! pool whose gate it is, or wraps it), and the last one is kept ([`MetricGate::last_reading`]).
 //!
+//! `endpoint-scrape` with `admission: counted` is no budget gate: [`counted`] admits a counted
+//! number of requests per reading instead.
+//!
+//! - [`counted`]: `endpoint-scrape`'s counted admission.
 //! - [`promql`]: the Go PromQL text for the saturation and budget gates.
 //! - [`source`]: HTTP reads, the cascade, the scrape arithmetic, the cache.
 //! - [`text`]: the Prometheus text-format parser.
 
+mod counted;
 mod promql;
 mod source;
 #[cfg(test)]
@@ -161,6 +166,25 @@ impl Gate for MetricGate {
 
 /// Builds a gate of this family (called by [`super::build`]).
 pub fn build(spec: &GateSpec, env: &GateEnv) -> Result<Arc<dyn Gate>, GateError> {
+    if spec.kind == GateType::EndpointScrape {
+        let p = Params::new(spec.kind.as_str(), &spec.params);
+        let failed = |reason: String| GateError::Failed {
+            gate: p.gate,
+            reason,
+        };
+        let parsed = scrape_params(&p, source::client().map_err(failed)?)?;
+        if parsed.counted {
+            log_scrape(&p, &parsed.scrape, "counted");
+            let gate = counted::CountedGate::new(
+                parsed.scrape,
+                env.prometheus_cache_ttl,
+                env.owner.clone(),
+            );
+            return Ok(Arc::new(gate));
+        }
+        let gate: Arc<dyn Gate> = metric_gate(spec.kind, scrape_parts(&p, parsed), env);
+        return Ok(gate);
+    }
     let gate: Arc<dyn Gate> = build_metric(spec, env)?;
     Ok(gate)
 }
@@ -186,15 +210,19 @@ pub fn build_metric(spec: &GateSpec, env: &GateEnv) -> Result<Arc<MetricGate>, G
         GateType::EndpointScrape => scrape(&p, source::client().map_err(failed)?)?,
         other => return Err(failed(format!("{:?} is not a metric gate", other.as_str()))),
     };
-    Ok(Arc::new(MetricGate {
-        kind: spec.kind,
+    Ok(metric_gate(spec.kind, parts, env))
+}
+
+fn metric_gate(kind: GateType, parts: Parts, env: &GateEnv) -> Arc<MetricGate> {
+    Arc::new(MetricGate {
+        kind,
         pool: parts.pool,
         source: Cached::new(parts.source, env.prometheus_cache_ttl),
         threshold: parts.threshold,
         fallback: parts.fallback.clamp(0.0, 1.0),
         last: Mutex::new(None),
         owner: env.owner.clone(),
-    }))
+    })
 }
 
 /// What a gate type's parameters resolve to.
@@ -285,6 +313,38 @@ fn query(p: &Params, prometheus: Prometheus) -> Result<Parts, GateError> {
 }
 
 fn scrape(p: &Params, client: reqwest::Client) -> Result<Parts, GateError> {
+    let parsed = scrape_params(p, client)?;
+    if parsed.counted {
+        return Err(param(
+            p,
+            "admission",
+            "counted admission is not a budget gate".to_owned(),
+        ));
+    }
+    Ok(scrape_parts(p, parsed))
+}
+
+/// A budget-admission scrape gate's parts (logged).
+fn scrape_parts(p: &Params, parsed: ScrapeParams) -> Parts {
+    log_scrape(p, &parsed.scrape, "budget");
+    Parts {
+        source: Source::Scrape(parsed.scrape),
+        threshold: parsed.baseline,
+        fallback: parsed.fallback,
+        pool: None,
+    }
+}
+
+/// An `endpoint-scrape` gate's parameters.
+struct ScrapeParams {
+    scrape: Scrape,
+    baseline: f64,
+    fallback: f64,
+    /// `admission: counted` (else `budget`).
+    counted: bool,
+}
+
+fn scrape_params(p: &Params, client: reqwest::Client) -> Result<ScrapeParams, GateError> {
     let target = Target {
         url: http_url(p, "url")?.ok_or_else(|| param(p, "url", "required".to_owned()))?,
         metric: p.required_string("metric")?,
@@ -295,6 +355,67 @@ fn scrape(p: &Params, client: reqwest::Client) -> Result<Parts, GateError> {
     // 0 it never closes (as prometheus-budget's baseline).
     let baseline = number(p, "baseline", 0.0, |v| (0.0..1.0).contains(&v), "in [0, 1)")?;
     let fallback = number(p, "fallback", 0.0, |_| true, "")?;
+    let direct_budget = match p.string_or("value_type", "saturation").as_str() {
+        "saturation" => false,
+        "budget" => true,
+        other => {
+            return Err(param(
+                p,
+                "value_type",
+                format!("must be saturation or budget, got {other:?}"),
+            ))
+        }
+    };
+    let absent_value = match p.float("absent_value")? {
+        Some(v) if !v.is_finite() => {
+            return Err(param(
+                p,
+                "absent_value",
+                format!("must be a finite number, got {v}"),
+            ))
+        }
+        v => v,
+    };
+    let counted = match p.string_or("admission", "budget").as_str() {
+        "budget" => false,
+        "counted" => true,
+        other => {
+            return Err(param(
+                p,
+                "admission",
+                format!("must be budget or counted, got {other:?}"),
+            ))
+        }
+    };
+    if counted {
+        // Counted admission needs a count and its capacity, and has no budget to fall back to.
+        if max_count_per_pod <= 0.0 {
+            return Err(param(
+                p,
+                "max_count_per_pod",
+                "must be > 0 with admission counted (the capacity slots are counted against)"
+                    .to_owned(),
+            ));
+        }
+        if direct_budget {
+            return Err(param(
+                p,
+                "value_type",
+                "must be saturation with admission counted (a count of used slots)".to_owned(),
+            ));
+        }
+        for (name, value) in [("baseline", baseline), ("fallback", fallback)] {
+            if value != 0.0 {
+                return Err(param(
+                    p,
+                    name,
+                    "not taken with admission counted (size the headroom with \
+                     max_count_per_pod; a failed reading admits nothing)"
+                        .to_owned(),
+                ));
+            }
+        }
+    }
     let pods_url = http_url(p, "pods_url")?;
     let pods_metric = p.string("pods_metric");
     let pods_labels = sorted(p.string_map("pods_labels")?);
@@ -319,29 +440,36 @@ fn scrape(p: &Params, client: reqwest::Client) -> Result<Parts, GateError> {
             None
         }
     };
-    tracing::info!(
-        gate = p.gate,
-        url = %crate::config::redact_url(target.url.as_str()),
-        metric = %target.metric,
-        labels = ?target.labels,
-        max_count_per_pod,
-        pods_url = pods
-            .as_ref()
-            .map(|t| crate::config::redact_url(t.url.as_str())),
-        pods_metric = pods.as_ref().map(|t| t.metric.as_str()),
-        "metric gate scrape"
-    );
-    Ok(Parts {
-        source: Source::Scrape(Scrape {
+    Ok(ScrapeParams {
+        scrape: Scrape {
             client,
             target,
             max_count_per_pod,
             pods,
-        }),
-        threshold: baseline,
+            absent_value,
+            direct_budget,
+        },
+        baseline,
         fallback,
-        pool: None,
+        counted,
     })
+}
+
+fn log_scrape(p: &Params, scrape: &Scrape, admission: &str) {
+    let pods = scrape.pods.as_ref();
+    tracing::info!(
+        gate = p.gate,
+        url = %crate::config::redact_url(scrape.target.url.as_str()),
+        metric = %scrape.target.metric,
+        labels = ?scrape.target.labels,
+        max_count_per_pod = scrape.max_count_per_pod,
+        pods_url = pods.map(|t| crate::config::redact_url(t.url.as_str())),
+        pods_metric = pods.map(|t| t.metric.as_str()),
+        value_type = if scrape.direct_budget { "budget" } else { "saturation" },
+        absent_value = scrape.absent_value,
+        admission,
+        "metric gate scrape"
+    );
 }
 
 fn param(p: &Params, name: &str, reason: String) -> GateError {

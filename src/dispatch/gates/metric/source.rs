@@ -163,6 +163,18 @@ pub(super) struct Scrape {
     pub max_count_per_pod: f64,
     /// Where the ready-pod count is read; the capacity is then `pods × max_count_per_pod`.
     pub pods: Option<Target>,
+    /// The value assumed when the page is read but no series matches (`absent_value`); without
+    /// it such a page is no reading.
+    pub absent_value: Option<f64>,
+    /// The metric is already a budget (`value_type: budget`), not a saturation.
+    pub direct_budget: bool,
+}
+
+/// What one scrape found: the matching series' values and the capacity they count against
+/// (0 when there is none).
+struct Measure {
+    values: Vec<f64>,
+    capacity: f64,
 }
 
 impl Scrape {
@@ -179,16 +191,15 @@ impl Scrape {
         Ok(page.values(&target.metric, &target.labels))
     }
 
-    /// One value, `1 − saturation`, or none when no series matches.
-    ///
-    /// Several matching series combine by what they are: with a capacity (a positive
-    /// `max_count_per_pod`) they are counts and are summed, since the capacity is pool-wide;
-    /// without one they are already fractions and the largest (most saturated) is taken. Go
-    /// takes the first; with a single matching series all three agree.
-    async fn read(&self) -> Values {
-        let values = self.values(&self.target).await?;
+    /// Scrapes the page (and the pods page when there is one); `None` when no series matches
+    /// and there is no `absent_value`.
+    async fn measure(&self) -> Result<Option<Measure>, String> {
+        let mut values = self.values(&self.target).await?;
         if values.is_empty() {
-            return Ok(values);
+            match self.absent_value {
+                Some(v) => values.push(v),
+                None => return Ok(None),
+            }
         }
         let capacity = match &self.pods {
             None => self.max_count_per_pod,
@@ -207,19 +218,72 @@ impl Scrape {
                 ready * self.max_count_per_pod
             }
         };
-        let saturation = if capacity > 0.0 {
+        Ok(Some(Measure { values, capacity }))
+    }
+
+    /// One value, the budget (`1 − saturation`, or the metric itself with `value_type:
+    /// budget`), or none when no series matches.
+    ///
+    /// Several matching series combine by what they are: with a capacity (a positive
+    /// `max_count_per_pod`) they are counts and are summed, since the capacity is pool-wide;
+    /// without one they are already fractions and the most constraining is taken (the largest
+    /// saturation, the smallest budget). Go takes the first; with a single matching series
+    /// they agree.
+    async fn read(&self) -> Values {
+        let Some(Measure { values, capacity }) = self.measure().await? else {
+            return Ok(Vec::new());
+        };
+        let fraction = if capacity > 0.0 {
             values.iter().sum::<f64>() / capacity
         } else {
-            values.iter().copied().fold(f64::NEG_INFINITY, |a, b| {
+            let pick = if self.direct_budget {
+                f64::min
+            } else {
+                f64::max
+            };
+            let start = if self.direct_budget {
+                f64::INFINITY
+            } else {
+                f64::NEG_INFINITY
+            };
+            values.iter().copied().fold(start, |a, b| {
                 if a.is_nan() || b.is_nan() {
                     f64::NAN
                 } else {
-                    a.max(b)
+                    pick(a, b)
                 }
             })
         };
         // `clamp` keeps NaN, which the gate then treats as unavailable.
-        Ok(vec![1.0 - saturation.clamp(0.0, 1.0)])
+        let fraction = fraction.clamp(0.0, 1.0);
+        Ok(vec![if self.direct_budget {
+            fraction
+        } else {
+            1.0 - fraction
+        }])
+    }
+
+    /// The free capacity in the metric's own units: `capacity − used`, at least 0, with the
+    /// matching series summed as `used` (`admission: counted`). An error when no series matches
+    /// (without `absent_value`), or the reading is not a usable count (NaN, infinite, a
+    /// negative count).
+    pub async fn headroom(&self) -> Result<f64, String> {
+        let Some(Measure { values, capacity }) = self.measure().await? else {
+            return Err(format!(
+                "metric {} not found at {}",
+                self.target.metric,
+                crate::config::redact_url(self.target.url.as_str())
+            ));
+        };
+        let used: f64 = values.iter().sum();
+        if !used.is_finite() || used < 0.0 || values.iter().any(|v| *v < 0.0) {
+            return Err(format!("{} reads {used}, not a count", self.target.metric));
+        }
+        let free = capacity - used;
+        if !free.is_finite() {
+            return Err(format!("the capacity is {capacity}, not a count"));
+        }
+        Ok(free.max(0.0))
     }
 }
 

@@ -565,3 +565,270 @@ async fn unreachable_prometheus_gives_the_fallback() {
     .unwrap();
     assert_eq!(g.budget().await, 1.0, "fails open, as Go");
 }
+
+/// An EPP-style page: the batch queue's depth and the ready endpoints, as written.
+fn epp_page(queue: &str, ready: &str) -> String {
+    format!(
+        "llm_d_epp_ready_endpoints{{name=\"pool\"}} {ready}\n\
+         llm_d_epp_flow_control_queue_size{{priority=\"-10\"}} {queue}\n"
+    )
+}
+
+/// A counted endpoint-scrape gate on page `name`, `per_pod` slots per ready endpoint, one
+/// reading per `every`, with these extra parameters.
+fn counted(s: &Server, name: &str, per_pod: u32, every: Duration, extra: Value) -> Arc<dyn Gate> {
+    let mut params = json!({
+        "url": s.page_url(name), "metric": "llm_d_epp_flow_control_queue_size",
+        "labels": {"priority": "-10"}, "max_count_per_pod": per_pod,
+        "pods_url": s.page_url(name), "pods_metric": "llm_d_epp_ready_endpoints",
+        "admission": "counted",
+    });
+    if let (Some(p), Value::Object(extra)) = (params.as_object_mut(), extra) {
+        p.extend(extra);
+    }
+    let env = GateEnv {
+        prometheus_cache_ttl: every,
+        ..GateEnv::default()
+    };
+    build(&spec(GateType::EndpointScrape, params), &env).unwrap()
+}
+
+/// How many of `n` requests in a row the gate admits.
+async fn admitted(gate: &dyn Gate, n: usize) -> usize {
+    let (metadata, labels) = (BTreeMap::new(), BTreeMap::new());
+    let mut count = 0;
+    for _ in 0..n {
+        let input = GateInput {
+            metadata: &metadata,
+            labels: &labels,
+        };
+        if gate.apply(input).await.unwrap().verdict == Verdict::Continue {
+            count += 1;
+        }
+    }
+    count
+}
+
+/// Each reading admits floor(capacity − used), and no more until the next reading, which comes
+/// at most once per cache TTL; capacity follows the ready endpoints.
+#[tokio::test]
+async fn counted_admission_grants_each_readings_headroom() {
+    let s = Server::start().await;
+    s.page("epp", 200, &epp_page("60", "8"));
+    let g = counted(&s, "epp", 8, Duration::from_millis(800), json!({}));
+    assert_eq!(
+        admitted(g.as_ref(), 10).await,
+        4,
+        "8 × 8 = 64 slots, 60 used"
+    );
+    s.page("epp", 200, &epp_page("10", "8"));
+    assert_eq!(
+        admitted(g.as_ref(), 10).await,
+        0,
+        "no new reading within the TTL"
+    );
+    assert_eq!(
+        s.fake.lock().unwrap().scrapes,
+        2,
+        "one reading: queue and pods"
+    );
+    tokio::time::sleep(Duration::from_millis(900)).await;
+    assert_eq!(
+        admitted(g.as_ref(), 100).await,
+        54,
+        "the next reading's own headroom"
+    );
+    s.page("epp", 200, &epp_page("0", "4"));
+    tokio::time::sleep(Duration::from_millis(900)).await;
+    assert_eq!(admitted(g.as_ref(), 100).await, 32, "4 ready endpoints");
+
+    // Without a cache every call reads: admits while a slot is free.
+    let every_call = counted(&s, "epp", 8, Duration::ZERO, json!({}));
+    assert_eq!(admitted(every_call.as_ref(), 3).await, 3);
+    s.page("epp", 200, &epp_page("32", "4"));
+    assert_eq!(admitted(every_call.as_ref(), 3).await, 0);
+}
+
+/// A failed reading (an error page, no ready endpoint, an invalid count) admits nothing, and
+/// the gate opens again with the next good reading. There is no fallback.
+#[tokio::test]
+async fn counted_admission_fails_closed() {
+    let s = Server::start().await;
+    let every_call = Duration::ZERO;
+    s.page("epp", 503, &epp_page("0", "8"));
+    let g = counted(&s, "epp", 8, every_call, json!({}));
+    assert_eq!(g.budget().await, 0.0);
+    assert_eq!(admitted(g.as_ref(), 10).await, 0, "an error page");
+    s.page("epp", 200, &epp_page("0", "0"));
+    assert_eq!(
+        admitted(g.as_ref(), 10).await,
+        0,
+        "an empty pool has no capacity"
+    );
+    for (queue, ready) in [
+        ("NaN", "8"),
+        ("-5", "8"),
+        ("+Inf", "8"),
+        ("0", "NaN"),
+        ("0", "+Inf"),
+    ] {
+        s.page("epp", 200, &epp_page(queue, ready));
+        assert_eq!(g.budget().await, 0.0, "queue {queue}, ready {ready}");
+        assert_eq!(
+            admitted(g.as_ref(), 10).await,
+            0,
+            "queue {queue}, ready {ready}"
+        );
+    }
+    s.page("epp", 200, &epp_page("0", "8"));
+    assert_eq!(admitted(g.as_ref(), 100).await, 100, "open again");
+
+    // A page without the series reads as `absent_value` when one is set, else admits nothing.
+    s.page(
+        "nothing",
+        200,
+        "llm_d_epp_ready_endpoints{name=\"pool\"} 2\n",
+    );
+    let absent = counted(
+        &s,
+        "nothing",
+        8,
+        Duration::from_secs(60),
+        json!({"absent_value": 0}),
+    );
+    assert_eq!(admitted(absent.as_ref(), 100).await, 16);
+    let strict = counted(&s, "nothing", 8, Duration::from_secs(60), json!({}));
+    assert_eq!(admitted(strict.as_ref(), 10).await, 0);
+}
+
+/// The budget stays 1 while one admission is left (the dispatcher scales its batch by it, so a
+/// fraction would strand the last slots), and concurrent workers never admit more than a
+/// reading granted.
+#[tokio::test]
+async fn counted_admission_budget_and_concurrency() {
+    let s = Server::start().await;
+    s.page("one", 200, &epp_page("0", "1"));
+    let g = counted(&s, "one", 4, Duration::from_secs(60), json!({}));
+    assert_eq!(g.budget().await, 1.0);
+    assert_eq!(admitted(g.as_ref(), 3).await, 3);
+    assert_eq!(g.budget().await, 1.0, "one slot left");
+    assert_eq!(admitted(g.as_ref(), 1).await, 1);
+    assert_eq!(g.budget().await, 0.0);
+
+    s.page("busy", 200, &epp_page("54", "8"));
+    let g = counted(&s, "busy", 8, Duration::from_secs(60), json!({}));
+    let tasks: Vec<_> = (0..200)
+        .map(|_| {
+            let g = g.clone();
+            tokio::spawn(async move { admitted(g.as_ref(), 1).await })
+        })
+        .collect();
+    let mut total = 0;
+    for t in tasks {
+        total += t.await.unwrap();
+    }
+    assert_eq!(total, 10);
+}
+
+/// `absent_value` and `value_type` with budget admission: a page read without the series
+/// gives the absent value (the source stays available), and a budget-typed metric is the
+/// budget itself.
+#[tokio::test]
+async fn scrape_absent_value_and_budget_value_type() {
+    let s = Server::start().await;
+    s.page("vllm", 200, VLLM_PAGE);
+    let scrape = |params: Value| {
+        build_metric(&spec(GateType::EndpointScrape, params), &GateEnv::default()).unwrap()
+    };
+    let vllm = s.page_url("vllm");
+    let g = scrape(
+        json!({"url": vllm, "metric": "absent", "max_count_per_pod": 10,
+        "absent_value": "2", "fallback": 0.9}),
+    );
+    assert!(close(g.budget().await, 0.8), "1 − 2/10");
+    assert!(g.last_reading().unwrap().source_available());
+    let g = scrape(json!({"url": vllm, "metric": "absent", "fallback": 0.9}));
+    assert_eq!(g.budget().await, 0.9, "without absent_value: unavailable");
+    // An error page is still unavailable, absent_value or not.
+    s.page("down", 500, "oops");
+    let g = scrape(
+        json!({"url": s.page_url("down"), "metric": "m", "absent_value": 0, "fallback": 0.3}),
+    );
+    assert_eq!(g.budget().await, 0.3);
+
+    // value_type budget: the metric is the budget (the smallest of several), or the count
+    // over the capacity.
+    let g = scrape(json!({"url": vllm, "metric": "kv", "value_type": "budget"}));
+    assert!(close(g.budget().await, 0.25));
+    let g = scrape(json!({"url": vllm, "metric": "vllm:num_requests_running",
+        "labels": {"model_name": "m", "pod": "a"}, "max_count_per_pod": 10, "value_type": "budget"}));
+    assert!(close(g.budget().await, 0.3));
+}
+
+#[test]
+fn counted_and_value_type_parameter_errors() {
+    let base = || {
+        json!({"url": "http://x/metrics", "metric": "m", "max_count_per_pod": 8,
+            "admission": "counted"})
+    };
+    type Change = dyn Fn(&mut Map<String, Value>);
+    let error = |change: &Change| {
+        let mut p = base();
+        change(p.as_object_mut().unwrap());
+        match build(&spec(GateType::EndpointScrape, p), &GateEnv::default()) {
+            Ok(_) => "(built)".to_owned(),
+            Err(e) => e.to_string(),
+        }
+    };
+    assert_eq!(error(&|_| {}), "(built)");
+    let cases: [(&str, &Change); 7] = [
+        (
+            "max_count_per_pod: must be > 0 with admission counted",
+            &|p| {
+                p.remove("max_count_per_pod");
+            },
+        ),
+        (
+            "value_type: must be saturation with admission counted",
+            &|p| {
+                p.insert("value_type".into(), json!("budget"));
+            },
+        ),
+        ("baseline: not taken with admission counted", &|p| {
+            p.insert("baseline".into(), json!(0.1));
+        }),
+        ("fallback: not taken with admission counted", &|p| {
+            p.insert("fallback".into(), json!(1));
+        }),
+        (
+            "admission: must be budget or counted, got \"greedy\"",
+            &|p| {
+                p.insert("admission".into(), json!("greedy"));
+            },
+        ),
+        (
+            "value_type: must be saturation or budget, got \"ratio\"",
+            &|p| {
+                p.insert("value_type".into(), json!("ratio"));
+            },
+        ),
+        ("absent_value: must be a finite number, got NaN", &|p| {
+            p.insert("absent_value".into(), json!("NaN"));
+        }),
+    ];
+    for (want, change) in cases {
+        let got = error(change);
+        assert!(
+            got.starts_with(&format!("gate endpoint-scrape: parameter {want}")),
+            "{got}"
+        );
+    }
+    // A zero baseline or fallback is no setting, as in Go.
+    assert_eq!(
+        error(&|p| {
+            p.insert("baseline".into(), json!(0));
+            p.insert("fallback".into(), json!("0"));
+        }),
+        "(built)"
+    );
+}
