@@ -423,10 +423,24 @@ mod tests {
         Decision::release_all(taken.releases).await;
         server.restart().unwrap();
 
-        let mut con = server.connection().await.unwrap();
         let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        // Just restarted, Redis may still refuse a connection or answer LOADING: asked again.
+        let mut con = loop {
+            match server.connection().await {
+                Ok(con) => break con,
+                Err(e) => assert!(std::time::Instant::now() < deadline, "{e}"),
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
         loop {
-            let held: Option<i64> = con.get("quota:userid:alice").await.unwrap();
+            let held: Option<i64> = match con.get("quota:userid:alice").await {
+                Ok(held) => held,
+                Err(e) => {
+                    assert!(std::time::Instant::now() < deadline, "{e}");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            };
             if held == Some(0) {
                 break;
             }
