@@ -12,13 +12,16 @@
 //!   channel (redis-pubsub) ──admit (once per message)──▶ pending
 //! ```
 //!
-//! The census ([`census`]) reads how many requests are in each place, moving none.
+//! The census ([`census`]) reads how many requests are in each place, moving none. Results are
+//! taken from their lists destructively, or under leases by Go's durable consumer protocol
+//! ([`durable_results`]).
 
 pub mod census;
 pub mod connect;
 pub mod cross_slot;
 pub mod dead;
 pub mod dead_letters;
+pub mod durable_results;
 pub mod keys;
 pub mod moves;
 pub mod producer;

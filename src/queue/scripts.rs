@@ -109,6 +109,9 @@ pub struct Scripts {
     pub unstage: Script,
     pub forget: Script,
     pub stale_staged: Script,
+    pub result_receive: Script,
+    pub result_renew: Script,
+    pub result_ack: Script,
 }
 
 /// The scripts, built once.
@@ -158,6 +161,10 @@ pub static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
     unstage: Script::new("unstage", &[], lua!("unstage-3")),
     forget: Script::new("forget", &[], lua!("forget-1")),
     stale_staged: Script::new("staleStaged", &[NOW_MS], lua!("staleStaged-2")),
+    // Durable result consumers (`super::durable_results`); loaded at their first call.
+    result_receive: Script::new("resultReceive", &[NOW_MS], lua!("resultReceive-5")),
+    result_renew: Script::new("resultRenew", &[NOW_MS], lua!("resultRenew-2")),
+    result_ack: Script::new("resultAck", &[NOW_MS], lua!("resultAck-4")),
 });
 
 impl Scripts {
