@@ -507,3 +507,59 @@ async fn a_cluster_uses_the_tagged_claim_keys() {
         assert_eq!(tombs, 3, "{route}");
     }
 }
+
+/// A write that blocks (a reader that does not read: a 300 KB result fills the pipe) keeps its
+/// claim: `inferq results --durable` renews the lease while it waits, and acks once written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_blocked_write_keeps_its_claim_by_renewing() {
+    let redis = RedisServer::start().unwrap();
+    let mut con = common::con(&redis).await;
+    let big = ResultMessage::http("big", 200, "x".repeat(300_000).as_bytes()).to_json();
+    let _: () = con.lpush(LIST, &big).await.unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_inferq"))
+        .args([
+            "results",
+            "--durable",
+            "w",
+            "--result-lease",
+            "1s",
+            "-n",
+            "1",
+        ])
+        .args(["--timeout", "30s"])
+        .env("REDIS_URL", redis.url())
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Nobody reads for three leases; the claim's expiry keeps moving on.
+    let mut expiries = Vec::new();
+    for _ in 0..6 {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let e: Option<f64> = con
+            .zscore("result-list:result-claims-idx", "big")
+            .await
+            .unwrap();
+        expiries.extend(e);
+    }
+    let mut stdout = String::new();
+    std::io::Read::read_to_string(&mut child.stdout.take().unwrap(), &mut stdout).unwrap();
+    let status = child.wait().unwrap();
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
+    assert!(status.success(), "{err}");
+    assert_eq!(stdout.trim_end(), big);
+    assert!(!err.contains("lease ran out"), "{err}");
+    let mut distinct = expiries.clone();
+    distinct.dedup();
+    assert!(
+        distinct.len() >= 3,
+        "the lease was not renewed: {expiries:?}"
+    );
+    let acked: u64 = con
+        .zcard("result-list:result-ack-tombstones")
+        .await
+        .unwrap();
+    assert_eq!(acked, 1, "{err}");
+}
