@@ -464,7 +464,8 @@ async fn submit_says_so_when_stdin_cannot_be_copied_aside() {
     assert_nothing_submitted(&redis, &err).await;
 }
 
-/// `results` writes JSONL; the reliable mode hands back what a dead consumer took.
+/// `results` writes JSONL; `--consumer` (now the durable mode) first hands back what an older
+/// inferq's `--consumer` under the name took and never acknowledged.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn results_writes_jsonl_and_reliable_mode_survives_a_dead_consumer() {
     let redis = RedisServer::start().unwrap();
@@ -475,7 +476,7 @@ async fn results_writes_jsonl_and_reliable_mode_survives_a_dead_consumer() {
             .await
             .unwrap();
     }
-    // A reliable consumer that takes one result and dies before storing it.
+    // An older inferq's reliable consumer that takes one result and dies before storing it.
     let producer = common::producer(&redis, "request-sortedset").await;
     let mut dying = producer.reliable("w1").await.unwrap();
     let taken = dying
@@ -508,13 +509,18 @@ async fn results_writes_jsonl_and_reliable_mode_survives_a_dead_consumer() {
     assert_eq!(ids, ["a", "b", "c"], "the handed-back result comes first");
     let taken_left: u64 = con.llen("result-list:taken:w1").await.unwrap();
     assert_eq!(taken_left, 0);
+    let acked: u64 = con
+        .zcard("result-list:result-ack-tombstones")
+        .await
+        .unwrap();
+    assert_eq!(acked, 3, "taken and acked by the durable protocol");
     // Timing out short of N exits non-zero.
     let out = inferq(&redis, &["results", "-n", "1", "--timeout", "300ms"], "");
     assert_eq!(out.status.code(), Some(1));
 }
 
 /// A Redis that stops answering mid-run (frozen here with SIGSTOP; `DEBUG SLEEP` or a path
-/// that drops packets do the same): `results --timeout 2s`, plain or reliable, exits 1 saying
+/// that drops packets do the same): `results --timeout 2s`, plain or durable, exits 1 saying
 /// Redis does not answer, a few seconds past its timeout (before, it waited for ever).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn results_gives_up_on_a_redis_that_stops_answering() {
@@ -522,9 +528,9 @@ async fn results_gives_up_on_a_redis_that_stops_answering() {
     for (mode, args, waiting_in) in [
         ("plain", &["results", "--timeout", "2s"][..], "cmd=brpop"),
         (
-            "reliable",
-            &["results", "--timeout", "2s", "--consumer", "w1"][..],
-            "cmd=blmove",
+            "durable",
+            &["results", "--timeout", "2s", "--durable", "w1"][..],
+            "cmd=evalsha",
         ),
     ] {
         let redis = RedisServer::start().unwrap();
@@ -538,7 +544,9 @@ async fn results_gives_up_on_a_redis_that_stops_answering() {
                 .query_async(&mut con)
                 .await
                 .unwrap();
-            if clients.contains(waiting_in) {
+            // Durable: past the start's hand-back of an older consumer (its lease dropped).
+            let handing_back: bool = con.exists("result-list:taken:w1:lease").await.unwrap();
+            if clients.contains(waiting_in) && !handing_back {
                 break;
             }
             assert!(
@@ -568,8 +576,8 @@ async fn results_gives_up_at_its_timeout_on_a_redis_frozen_before_it_answers() {
     for (mode, args) in [
         ("plain", &["results", "--timeout", "1s"][..]),
         (
-            "reliable",
-            &["results", "--timeout", "1s", "--consumer", "w1"][..],
+            "durable",
+            &["results", "--timeout", "1s", "--durable", "w1"][..],
         ),
     ] {
         let redis = RedisServer::start().unwrap();
@@ -813,11 +821,11 @@ async fn queued_in_db(con: &mut redis::aio::ConnectionManager, db: u32) -> (u64,
         .unwrap()
 }
 
-/// Ctrl-C (SIGINT) or SIGTERM stops `results --consumer` as its timeout does: it gives its
-/// name up, so a consumer restarted under the name starts at once (before, the signal killed
-/// it and the restart waited up to 15 s for the old lease), and what it had taken is kept.
+/// Ctrl-C (SIGINT) or SIGTERM stops `results --consumer` (the durable mode) as its timeout
+/// does: between results, holding no claim, so a consumer restarted under the name takes what
+/// waits at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn results_consumer_gives_its_name_up_on_a_signal() {
+async fn results_consumer_stops_between_results_on_a_signal() {
     use std::process::{Command, Stdio};
     use std::time::{Duration, Instant};
     let redis = RedisServer::start().unwrap();
@@ -831,7 +839,7 @@ async fn results_consumer_gives_its_name_up_on_a_signal() {
             .stderr(Stdio::piped())
             .spawn()
             .unwrap();
-        // Signalled once it waits in its blocking move, holding the name.
+        // Signalled once it asks the empty list in its loop.
         let started = Instant::now();
         loop {
             let clients: String = redis::cmd("CLIENT")
@@ -839,14 +847,13 @@ async fn results_consumer_gives_its_name_up_on_a_signal() {
                 .query_async(&mut con)
                 .await
                 .unwrap();
-            if clients.contains("cmd=blmove") {
+            let handing_back: bool = con.exists("result-list:taken:w1:lease").await.unwrap();
+            if clients.contains("cmd=evalsha") && !handing_back {
                 break;
             }
             assert!(started.elapsed() < Duration::from_secs(20), "{clients}");
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        let held: bool = con.exists("result-list:taken:w1:lease").await.unwrap();
-        assert!(held, "{sig}: the name is leased while the consumer runs");
         assert!(Command::new("kill")
             .args([sig, &child.id().to_string()])
             .status()
@@ -867,8 +874,8 @@ async fn results_consumer_gives_its_name_up_on_a_signal() {
         std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
         assert_eq!(status.code(), Some(1), "{sig}: {err}");
         assert!(err.contains("stopped by a signal"), "{sig}: {err}");
-        let held: bool = con.exists("result-list:taken:w1:lease").await.unwrap();
-        assert!(!held, "{sig}: the name is given up at once: {err}");
+        let held: u64 = con.zcard("result-list:result-claims-idx").await.unwrap();
+        assert_eq!(held, 0, "{sig}: a stopped consumer holds no claim: {err}");
     }
     // A successor under the name starts at once and gets what waits.
     let _: () = con
@@ -891,7 +898,7 @@ async fn results_consumer_gives_its_name_up_on_a_signal() {
     );
     assert!(
         started.elapsed() < Duration::from_secs(5),
-        "the restart waited {:?} for the name",
+        "the restart took {:?}",
         started.elapsed()
     );
     assert!(String::from_utf8_lossy(&out.stdout).contains("\"id\":\"a\""));

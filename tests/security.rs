@@ -46,7 +46,7 @@ async fn rig() -> (
 /// Under README's two ACL users (default user off): the CLI submits, the processor claims,
 /// renews, acks, parks a 503 and promotes it back, stops a cancelled request, dead-letters
 /// malformed members and reads a `redis` gate's budget through its own user; `results` reads in
-/// both modes. Nothing is refused along the way: Redis's ACL LOG stays empty.
+/// both modes (plain, and durable under its older spelling `--consumer`). Nothing is refused along the way: Redis's ACL LOG stays empty.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn acl_rules_cover_submit_processing_cancel_dead_letters_and_results() {
     let (gw, _redis, mut admin, processor_url, producer_url) = rig().await;
@@ -104,8 +104,11 @@ async fn acl_rules_cover_submit_processing_cancel_dead_letters_and_results() {
     assert_eq!(gw.seen("retry-me").len(), 2, "503, parked, promoted, 200");
     let dead: u64 = admin.llen(format!("{Q}:dead")).await.unwrap();
     assert_eq!(dead, 2, "both malformed members are dead-lettered");
-    let taken: u64 = admin.llen("result-list:taken:c1").await.unwrap();
-    assert_eq!(taken, 0, "the reliable consumer acknowledged what it wrote");
+    let acked: u64 = admin
+        .zcard("result-list:result-ack-tombstones")
+        .await
+        .unwrap();
+    assert_eq!(acked, 3, "the durable consumer acknowledged what it wrote");
 
     assert_eq!(acl_denials(&mut admin).await, Vec::<String>::new());
     let log = p.log();

@@ -13,13 +13,16 @@
 //! ```
 //!
 //! The census ([`census`]) reads how many requests are in each place, moving none. Bodies a
-//! producer stored apart from their members (payload keys) are read by [`payloads`].
+//! producer stored apart from their members (payload keys) are read by [`payloads`]. Results
+//! are taken from their lists destructively, or under leases by Go's durable consumer protocol
+//! ([`durable_results`]).
 
 pub mod census;
 pub mod connect;
 pub mod cross_slot;
 pub mod dead;
 pub mod dead_letters;
+pub mod durable_results;
 pub mod keys;
 pub mod moves;
 pub mod payload_census;

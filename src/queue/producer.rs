@@ -2,7 +2,8 @@
 //! call per request that numbers it, clears its cancel marker, sets its active token and queues
 //! it, then a PUBLISH on the queue's doorbell channel per batch so idle processors wake at once),
 //! `cancel` (copy the active token to the cancel marker), and results — Go's destructive
-//! `BRPOP`, plus the reliable mode of [`super::reliable`].
+//! `BRPOP`, Go's durable consumer protocol ([`super::durable_results`]), and the older
+//! inferq-only reliable mode of [`super::reliable`].
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -396,6 +397,50 @@ impl Producer {
             patience,
         )
         .await
+    }
+}
+
+impl Producer {
+    /// Hands back what an older inferq's `results --consumer <consumer>` (the scheme of
+    /// [`super::reliable`]) took and never acknowledged, so an upgrade strands nothing: nothing
+    /// to do (one `LLEN`) unless something was left, else it waits for the old name's lease
+    /// as [`Producer::reliable`] does.
+    pub async fn hand_back_older(
+        &self,
+        consumer: &str,
+    ) -> Result<super::reliable::Older, ProducerError> {
+        use super::reliable::Older;
+        let mut con = self.con.clone();
+        let taken = super::reliable::taken_list(&self.result_queue, consumer, con.is_cluster());
+        let left: u64 = redis::cmd("LLEN").arg(&taken).query_async(&mut con).await?;
+        if left == 0 {
+            return Ok(Older::Nothing);
+        }
+        match self.reliable(consumer).await {
+            Ok(mut older) => {
+                let handed = older.hand_back().await;
+                older.close().await?;
+                Ok(Older::HandedBack(handed?))
+            }
+            Err(ProducerError::NameInUse { .. }) => Ok(Older::StillRunning),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// A durable consumer (Go's Receive/Renew/Ack) named `name` of this producer's result
+    /// list, on this producer's connection: see [`super::durable_results`].
+    pub fn durable_results(
+        &self,
+        name: &str,
+        settings: super::durable_results::DurableSettings,
+    ) -> Result<super::durable_results::DurableResults, super::durable_results::DurableResultError>
+    {
+        super::durable_results::DurableResults::new(
+            self.con.clone(),
+            &self.result_queue,
+            name,
+            settings,
+        )
     }
 }
 

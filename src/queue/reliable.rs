@@ -8,6 +8,11 @@
 //! (`dropName`). A second live consumer under the same name is refused instead of handing the
 //! first one's results back under it; one whose lease went to another process stops without
 //! acknowledging, since the entry it would remove may be the other's.
+//!
+//! This scheme is inferq's own, and a Go durable consumer cannot share a list with it:
+//! `inferq results --consumer` now runs Go's durable protocol ([`super::durable_results`]), and
+//! this module remains for [`super::producer::Producer::hand_back_older`], which returns what an
+//! older inferq left under a name.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -53,13 +58,7 @@ impl ReliableConsumer {
         name: &str,
         patience: Duration,
     ) -> Result<ReliableConsumer, ProducerError> {
-        // On a cluster the taken list shares the result list's slot (BLMOVE, handBack).
-        let prefix = if con.is_cluster() {
-            super::keys::slot_key(result_list)
-        } else {
-            result_list.to_owned()
-        };
-        let taken = format!("{prefix}:taken:{name}");
+        let taken = taken_list(result_list, name, con.is_cluster());
         let lease = format!("{taken}:lease");
         let token = fresh_token();
         let started = Instant::now();
@@ -166,6 +165,28 @@ impl Drop for ReliableConsumer {
     fn drop(&mut self) {
         self.renewer.abort();
     }
+}
+
+/// What a durable consumer's start found of this scheme under its name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Older {
+    /// Nothing was left under the name.
+    Nothing,
+    /// This many results were handed back to the list, to be taken first.
+    HandedBack(u64),
+    /// An older consumer under the name kept its lease: it still runs and keeps what it holds.
+    StillRunning,
+}
+
+/// `<result list>:taken:<name>`; on a cluster the taken list shares the result list's slot
+/// (BLMOVE, handBack).
+pub(super) fn taken_list(result_list: &str, name: &str, cluster: bool) -> String {
+    let prefix = if cluster {
+        super::keys::slot_key(result_list)
+    } else {
+        result_list.to_owned()
+    };
+    format!("{prefix}:taken:{name}")
 }
 
 /// One `holdName` call: whether this token holds the lease now.

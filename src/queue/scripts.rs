@@ -112,6 +112,9 @@ pub struct Scripts {
     pub stale_staged: Script,
     pub submit: Script,
     pub enqueue: Script,
+    pub result_receive: Script,
+    pub result_renew: Script,
+    pub result_ack: Script,
 }
 
 /// The scripts, built once.
@@ -171,6 +174,10 @@ pub static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
         &[DEADLINE_OF, WRITABLE, STAMP_SEQ],
         lua!("enqueue-2"),
     ),
+    // Durable result consumers (`super::durable_results`); loaded at their first call.
+    result_receive: Script::new("resultReceive", &[NOW_MS], lua!("resultReceive-5")),
+    result_renew: Script::new("resultRenew", &[NOW_MS], lua!("resultRenew-2")),
+    result_ack: Script::new("resultAck", &[NOW_MS], lua!("resultAck-4")),
 });
 
 impl Scripts {
