@@ -60,8 +60,10 @@ async fn acl_rules_cover_submit_processing_cancel_dead_letters_and_results() {
     p.wait_ready().await;
 
     let env = [("REDIS_URL", producer_url.as_str())];
+    // Bodies stored apart: the producer writes payload keys and FIFO counters, the processor
+    // reads and deletes the keys.
     let out = cli(
-        &["submit"],
+        &["submit", "--payload-keys"],
         &env,
         &submit_lines(&["cli-1", "cli-2", "retry-me", "cancel-me"]),
     );

@@ -330,11 +330,13 @@ impl DeadLetters {
             }
             let payload = &env.internal.payload_ref;
             if !payload.is_empty() {
-                let there: bool = redis::cmd("EXISTS")
+                // TYPE, not EXISTS: it is in the processor's ACL rule, which the operator's
+                // extends.
+                let kind: String = redis::cmd("TYPE")
                     .arg(payload)
                     .query_async(&mut con)
                     .await?;
-                if !there {
+                if kind == "none" {
                     return Ok(Err(Unrequeueable::PayloadGone(payload.clone())));
                 }
             }

@@ -50,7 +50,8 @@ if KEYS[3] then
     return -2
   end
 end
-if KEYS[5] and redis.call('EXISTS', KEYS[5]) == 0 then
+-- TYPE, not EXISTS: it is in the processor's ACL rule, which the operator's extends.
+if KEYS[5] and redis.call('TYPE', KEYS[5])['ok'] == 'none' then
   return -3
 end
 local fromHead = 1
