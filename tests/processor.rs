@@ -391,7 +391,12 @@ async fn sigterm_drains_and_releases_unstarted_work() {
             .find(|(id, _)| *id == env.request.id)
             .unwrap()
             .1;
-        assert_eq!(*score, want as f64, "released at the original score");
+        // The original score: the deadline plus the request's FIFO fraction (newer Go).
+        let original: f64 = inferq::wire::score_of(want, env.internal.enqueue_seq)
+            .parse()
+            .unwrap();
+        assert!(env.internal.enqueue_seq > 0, "{member}");
+        assert_eq!(*score, original, "released at the original score");
     }
     assert_eq!(p.wait_exit(Duration::from_secs(10)).await, Some(0));
     let got = results(&mut con).await;
