@@ -14,9 +14,15 @@ use inferq::queue::durable_results::{
 };
 use inferq::queue::target::Link;
 use inferq::testkit::cluster::RedisCluster;
-use inferq::testkit::RedisServer;
+use inferq::testkit::{Fsync, RedisServer};
 use inferq::wire::ResultMessage;
 use redis::AsyncCommands;
+
+/// A server that never restarts in these tests, so `appendfsync everysec`: with `always`, one
+/// slow fsync on a busy CI disk stalled Redis past the 3 s answer timeout and a 1 s lease.
+fn redis_server() -> RedisServer {
+    RedisServer::start_with(Fsync::EverySec).unwrap()
+}
 
 const LIST: &str = "result-list";
 
@@ -68,7 +74,7 @@ fn id_of(d: &Delivery) -> String {
 /// or of a held one are dropped, while a new generation of the id is delivered.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn receive_renew_and_ack_follow_gos_protocol() {
-    let redis = RedisServer::start().unwrap();
+    let redis = redis_server();
     let mut con = common::con(&redis).await;
     for (id, token) in [("a", "t1"), ("b", "t2"), ("c", "t3")] {
         let _: () = con.lpush(LIST, result_json(id, token)).await.unwrap();
@@ -166,7 +172,7 @@ async fn receive_renew_and_ack_follow_gos_protocol() {
 /// --durable` writes them to standard error and acks them, and writes the result behind them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unparsable_entries_are_claimed_reported_and_acked() {
-    let redis = RedisServer::start().unwrap();
+    let redis = redis_server();
     let mut con = common::con(&redis).await;
     let bad = [
         "not json",
@@ -234,7 +240,7 @@ async fn unparsable_entries_are_claimed_reported_and_acked() {
 /// inferq drop a copy of that result.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_go_consumers_claims_and_tombstones_are_honoured() {
-    let redis = RedisServer::start().unwrap();
+    let redis = redis_server();
     let mut con = common::con(&redis).await;
     let go_owner = "0f1e2d3c4b5a69788796a5b4c3d2e1f0";
     let held = result_json("g", "tg");
@@ -345,7 +351,7 @@ fn lines_of(path: &std::path::Path) -> Vec<(String, String)> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_durable_consumers_share_a_list_and_survive_a_kill() {
     const N: usize = 150;
-    let redis = RedisServer::start().unwrap();
+    let redis = redis_server();
     let mut con = common::con(&redis).await;
     let dir = tempfile::tempdir().unwrap();
     let (file_a, file_b) = (dir.path().join("a.jsonl"), dir.path().join("b.jsonl"));
@@ -512,7 +518,7 @@ async fn a_cluster_uses_the_tagged_claim_keys() {
 /// claim: `inferq results --durable` renews the lease while it waits, and acks once written.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_blocked_write_keeps_its_claim_by_renewing() {
-    let redis = RedisServer::start().unwrap();
+    let redis = redis_server();
     let mut con = common::con(&redis).await;
     let big = ResultMessage::http("big", 200, "x".repeat(300_000).as_bytes()).to_json();
     let _: () = con.lpush(LIST, &big).await.unwrap();
