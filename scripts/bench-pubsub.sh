@@ -17,7 +17,7 @@ scripts/ensure-redis.sh
 for tool in redis-benchmark curl python3; do
   command -v "$tool" >/dev/null 2>&1 || { echo "$tool not found" >&2; exit 1; }
 done
-cargo build --release --quiet
+cargo build --release --quiet -p inferq -p inferq-dev
 B="$PWD/target/release/inferq"
 N="${N:-100000}"
 work="$(mktemp -d)"
@@ -35,7 +35,7 @@ ss=[socket.socket() for _ in range(4)]
 print(*[s.getsockname()[1] for s in ss])")
 redis-server --port "$P" --appendonly yes --appendfsync everysec --dir "$work" --save "" \
   --daemonize yes --logfile "$work/redis.log"
-"$B" sim --listen "127.0.0.1:$G" --ttft-ms 0 --per-token-ms 0 >"$work/sim.log" 2>&1 &
+"$B-dev" sim --listen "127.0.0.1:$G" --ttft-ms 0 --per-token-ms 0 >"$work/sim.log" 2>&1 &
 pids+=($!)
 until redis-cli -p "$P" ping >/dev/null 2>&1; do sleep 0.1; done
 now() { date +%s.%N; }

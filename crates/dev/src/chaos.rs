@@ -1,0 +1,133 @@
+//! `inferq-dev chaos`: the chaos harness (see [`inferq_chaos`]). Flags pick a profile, how Redis is
+//! deployed (`--redis standalone|cluster|sentinel`), a seed and where the JSON report goes;
+//! `inferq-dev chaos races` runs only the stale-owner races. The
+//! summary table goes to standard output, progress to standard error; the exit code is 0 when
+//! every check passed, 1 when any failed, 130 when interrupted (everything started is stopped).
+
+use std::path::PathBuf;
+
+use anyhow::{anyhow, Context};
+
+use super::demo::{interrupted, EXIT_INTERRUPTED};
+use inferq::cli::Failure;
+use inferq_chaos::{harness, ChaosRedis, ChaosSettings, ChaosTransport, Profile, Report};
+
+#[derive(Debug, clap::Args)]
+pub struct ChaosArgs {
+    /// Only the stale-owner races.
+    #[command(subcommand)]
+    pub only: Option<ChaosOnly>,
+    /// Size of the run: `short` (≤ 3 minutes, CI) or `long` (about 15 minutes of faults).
+    #[arg(long, value_enum, default_value = "short", global = true)]
+    pub profile: Profile,
+    /// How Redis is deployed: one server behind breakable proxies (standalone), a Redis Cluster
+    /// of 3 masters with a replica each (cluster: masters killed and failed over, manual
+    /// fail-overs, the queue's slot migrated), or a primary, a replica and 3 sentinels
+    /// (sentinel: the primary killed, forced fail-overs). Cluster and Sentinel runs submit with
+    /// a replica wait and run no stale-owner races.
+    #[arg(long, value_enum, default_value = "standalone")]
+    pub redis: ChaosRedis,
+    /// Seed of the fault plan and the races [default: random, printed].
+    #[arg(long, global = true)]
+    pub seed: Option<u64>,
+    /// Where the JSON report goes.
+    #[arg(long, default_value = "chaos-report.json", global = true)]
+    pub report: PathBuf,
+    /// Requests to submit [default: the profile's].
+    #[arg(long)]
+    pub requests: Option<u64>,
+    /// Stale-owner races after the run [default: 1000; 0 for none].
+    #[arg(long)]
+    pub races: Option<u64>,
+    /// How requests reach the processors: submitted into the queue (redis-sortedset) or
+    /// published on its channel (redis-pubsub, Go's producer; the processors admit them).
+    #[arg(long, value_enum, default_value = "redis-sortedset")]
+    pub transport: ChaosTransport,
+    /// Keep the data directory (Redis AOF, processor logs) even when the run passes.
+    #[arg(long, global = true)]
+    pub keep_data: bool,
+}
+
+#[derive(Debug, clap::Subcommand)]
+pub enum ChaosOnly {
+    /// Forced stale-owner races at the library level, against a Redis of their own.
+    Races {
+        /// How many races.
+        #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..))]
+        count: u64,
+    },
+}
+
+pub async fn chaos(args: ChaosArgs) -> Result<(), Failure> {
+    if args.redis != ChaosRedis::Standalone && args.transport != ChaosTransport::RedisSortedset {
+        return Err(Failure::bad_input(anyhow!(
+            "--transport {}: only with --redis standalone",
+            args.transport.flag()
+        )));
+    }
+    let seed = args.seed.unwrap_or_else(rand::random);
+    let exe = inferq_testkit::inferq_binary()?;
+    let dir = tempfile::Builder::new()
+        .prefix("inferq-chaos-")
+        .tempdir()
+        .context("cannot create a data directory")?;
+    let mut settings =
+        ChaosSettings::deployed(args.profile, args.redis, seed, exe, dir.path().to_owned());
+    if let Some(n) = args.requests {
+        settings.requests = n;
+    }
+    if let Some(n) = args.races {
+        settings.races = n;
+    }
+    settings.transport = args.transport;
+    say!(
+        "inferq-dev chaos: profile {:?}, redis {}, transport {}, seed {seed} (replay with --seed \
+         {seed})",
+        args.profile,
+        args.redis.flag(),
+        args.transport.flag()
+    );
+    let (report_path, keep_data) = (args.report.clone(), args.keep_data);
+    let run = async move {
+        match args.only {
+            Some(ChaosOnly::Races { count }) => {
+                settings.races = count;
+                harness::races_only(settings).await
+            }
+            None => harness::run(settings).await,
+        }
+    };
+    // On a signal the run is dropped, and with it everything it started: processors
+    // (SIGKILL), Redis, the simulator, the proxies; then the data directory.
+    let report = tokio::select! {
+        biased;
+        signal = interrupted() => {
+            return Err(Failure {
+                code: EXIT_INTERRUPTED,
+                error: anyhow!("interrupted by {signal} (seed {seed})"),
+            });
+        }
+        report = run => report?,
+    };
+    finish(&report, &report_path)?;
+    if keep_data || !report.passed {
+        let kept = dir.keep();
+        say!("data kept in {}", kept.display());
+    }
+    if report.passed {
+        Ok(())
+    } else {
+        Err(Failure::from(anyhow!(
+            "chaos checks failed (seed {seed}): {}",
+            report.failures.join("; ")
+        )))
+    }
+}
+
+fn finish(report: &Report, path: &PathBuf) -> Result<(), Failure> {
+    let json = serde_json::to_vec_pretty(report).context("cannot encode the report")?;
+    std::fs::write(path, json).with_context(|| format!("cannot write {}", path.display()))?;
+    print!("{}", report.table());
+    say!("report written to {}", path.display());
+    Ok(())
+}

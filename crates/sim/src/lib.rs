@@ -1,0 +1,261 @@
+//! A stand-in OpenAI-compatible inference gateway for the demo, the end-to-end tests and
+//! benchmarks. It answers `/v1/completions` and `/v1/chat/completions` with filler text after a
+//! configurable latency, enforces a capacity with 429s, injects faults (errors, rate limits,
+//! slow answers, hangs, connection resets, bad requests) at configured rates, and counts how
+//! often each `x-inferq-request-id` was executed so tests can check for lost or duplicated work
+//! (and how many TCP connections it accepted, so they can check that clients keep theirs).
+//!
+//! Knobs enter through [`SimConfig`] (flags of `inferq-dev sim`); [`Sim::start`] serves them on a
+//! socket, and counts leave through [`Sim`]'s accessors and the `/stats`, `/executions` and
+//! `/metrics` endpoints. Fault rates can be changed while it runs (`GET`/`POST /faults`).
+//!
+//! # Layout
+//!
+//! - [`config`]: [`SimConfig`], its defaults and validation.
+//! - `server`: the routes and the life of one request (parse → admission → run stage).
+//! - `faults`: turning rates into a fault and a latency per request; [`FaultRates`] can be
+//!   replaced at run time (`POST /faults`, [`Sim::set_faults`]).
+//! - `metrics`: lock-free counters, Prometheus text.
+//! - `arrivals`: when each id was admitted to run (`/arrivals`, and counted for `/executions`).
+//! - `openai`: request parsing and the JSON of answers and errors.
+//! - `listener`: the accept loop whose connections a handler can reset (plain or TLS).
+//! - [`tls`]: `--tls-cert`, `--tls-key` and `--tls-client-ca` (HTTPS, optionally mutual TLS).
+
+mod arrivals;
+pub mod config;
+mod faults;
+mod listener;
+mod metrics;
+mod openai;
+mod server;
+pub mod tls;
+
+#[cfg(test)]
+mod tests;
+
+use std::collections::HashMap;
+use std::io;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+pub use arrivals::unix_us;
+pub use config::SimConfig;
+pub use faults::FaultRates;
+pub use metrics::SimStats;
+pub use server::REQUEST_ID_HEADER;
+pub use tls::SimTls;
+
+use listener::{ConnControl, SimListener, TlsSimListener};
+use server::SimState;
+
+/// How long [`Sim::stop`] waits for open connections to finish before abandoning them.
+const STOP_GRACE: Duration = Duration::from_secs(5);
+
+/// What can go wrong starting or running the simulator.
+#[derive(Debug, thiserror::Error)]
+pub enum SimError {
+    /// A knob is out of range; `knob` is its flag name without dashes.
+    #[error("invalid --{knob}: {reason}")]
+    InvalidKnob {
+        /// Flag name, e.g. `error-rate`.
+        knob: &'static str,
+        /// What is wrong with its value.
+        reason: String,
+    },
+    /// The listening socket could not be opened.
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        /// The address asked for.
+        addr: SocketAddr,
+        /// Why binding failed.
+        #[source]
+        source: io::Error,
+    },
+    /// The TLS flags do not make a usable server configuration.
+    #[error("invalid TLS setting: {0}")]
+    Tls(String),
+    /// Ctrl-C / SIGTERM handlers could not be installed.
+    #[error("cannot listen for shutdown signals: {0}")]
+    Signal(#[source] io::Error),
+}
+
+/// A running simulator. Stops when [`Sim::stop`] is called or when it is dropped.
+#[derive(Debug)]
+pub struct Sim {
+    addr: SocketAddr,
+    /// `http` or `https`.
+    scheme: &'static str,
+    state: Arc<SimState>,
+    /// Cancelled to stop accepting, end in-flight sleeps and hangs, and close connections.
+    shutdown: CancellationToken,
+    /// The accept loop; `None` once stopped.
+    server: Option<JoinHandle<io::Result<()>>>,
+}
+
+impl Sim {
+    /// Binds `addr` (use "127.0.0.1:0" for a free port) and serves until [`Sim::stop`] is
+    /// called or the `Sim` is dropped.
+    pub async fn start(cfg: SimConfig, addr: SocketAddr) -> Result<Sim, SimError> {
+        Self::start_tls(cfg, addr, &SimTls::default()).await
+    }
+
+    /// [`Sim::start`], serving HTTPS when `tls` names a certificate and key.
+    pub async fn start_tls(
+        cfg: SimConfig,
+        addr: SocketAddr,
+        tls: &SimTls,
+    ) -> Result<Sim, SimError> {
+        cfg.validate()?;
+        let acceptor = tls.acceptor()?;
+        let bind_error = |source| SimError::Bind { addr, source };
+        let tcp = tokio::net::TcpListener::bind(addr)
+            .await
+            .map_err(bind_error)?;
+        let local = tcp.local_addr().map_err(bind_error)?;
+
+        let shutdown = CancellationToken::new();
+        let state = Arc::new(SimState::new(cfg, shutdown.clone()));
+        let app =
+            server::router(Arc::clone(&state)).into_make_service_with_connect_info::<ConnControl>();
+        let stop = shutdown.clone().cancelled_owned();
+        let accepted = Arc::clone(&state.stats.connections_accepted);
+        let scheme = if acceptor.is_some() { "https" } else { "http" };
+        let server = match acceptor {
+            None => {
+                let serve =
+                    axum::serve(SimListener::new(tcp, accepted), app).with_graceful_shutdown(stop);
+                tokio::spawn(async move { serve.await })
+            }
+            Some(acceptor) => {
+                let serve = axum::serve(TlsSimListener::new(tcp, accepted, acceptor), app)
+                    .with_graceful_shutdown(stop);
+                tokio::spawn(async move { serve.await })
+            }
+        };
+        tracing::debug!(%local, "simulator started");
+
+        Ok(Sim {
+            addr: local,
+            scheme,
+            state,
+            shutdown,
+            server: Some(server),
+        })
+    }
+
+    /// The address actually bound.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// `http://IP:PORT` (or `https://`), the base URL to configure as the gateway.
+    pub fn base_url(&self) -> String {
+        format!("{}://{}", self.scheme, self.addr)
+    }
+
+    /// How many times each `x-inferq-request-id` was admitted to run (faulted runs included).
+    pub fn executions(&self) -> HashMap<String, u64> {
+        self.state.arrivals.counts()
+    }
+
+    /// When each `x-inferq-request-id` was admitted to run, in Unix milliseconds, oldest first.
+    pub fn execution_times(&self) -> HashMap<String, Vec<u64>> {
+        let mut times = self.state.arrivals.snapshot("");
+        for list in times.values_mut() {
+            for t in list.iter_mut() {
+                *t /= 1000;
+            }
+        }
+        times
+    }
+
+    /// Unix-microsecond times at which each id starting with `prefix` was admitted to run.
+    pub fn arrivals(&self, prefix: &str) -> HashMap<String, Vec<u64>> {
+        self.state.arrivals.snapshot(prefix)
+    }
+
+    /// The fault rates now in force.
+    pub fn faults(&self) -> FaultRates {
+        self.state.fault_rates()
+    }
+
+    /// Replaces the fault rates while the simulator runs (what `POST /faults` does); the
+    /// latency knobs stay. A bad rate is refused and the old rates stay in force.
+    pub fn set_faults(&self, rates: FaultRates) -> Result<(), SimError> {
+        self.state.set_fault_rates(rates)
+    }
+
+    /// Every request that reached a completion endpoint, admitted or not.
+    pub fn total_requests(&self) -> u64 {
+        self.state.stats.snapshot().requests
+    }
+
+    /// A snapshot of all counters and gauges, as `GET /stats` serves it.
+    pub fn stats(&self) -> SimStats {
+        self.state.stats.snapshot()
+    }
+
+    /// Stops accepting, answers 503 to requests still sleeping or hanging, and waits (up to a
+    /// few seconds) for open connections to close.
+    pub async fn stop(mut self) {
+        self.shutdown.cancel();
+        let Some(mut server) = self.server.take() else {
+            return;
+        };
+        match tokio::time::timeout(STOP_GRACE, &mut server).await {
+            Ok(Ok(Ok(()))) => {}
+            Ok(Ok(Err(e))) => tracing::warn!("simulator server ended with an error: {e}"),
+            Ok(Err(e)) => tracing::warn!("simulator server task failed: {e}"),
+            Err(_) => {
+                tracing::warn!("simulator connections still open after {STOP_GRACE:?}");
+                server.abort();
+            }
+        }
+        tracing::debug!(addr = %self.addr, "simulator stopped");
+    }
+}
+
+impl Drop for Sim {
+    fn drop(&mut self) {
+        self.shutdown.cancel();
+    }
+}
+
+/// Runs the simulator in the foreground until ctrl-c / SIGTERM (for `inferq-dev sim`), printing its
+/// URL.
+pub async fn run_foreground(
+    cfg: SimConfig,
+    addr: SocketAddr,
+    tls: &SimTls,
+) -> Result<(), SimError> {
+    let sim = Sim::start_tls(cfg, addr, tls).await?;
+    // Not println!: a closed standard output must not stop the simulator.
+    let _ = std::io::Write::write_fmt(
+        &mut std::io::stdout(),
+        format_args!("inferq simulator listening on {}\n", sim.base_url()),
+    );
+    let signalled = shutdown_signal().await;
+    sim.stop().await;
+    signalled
+}
+
+/// Waits for ctrl-c or, on Unix, SIGTERM.
+async fn shutdown_signal() -> Result<(), SimError> {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        let mut term = signal(SignalKind::terminate()).map_err(SimError::Signal)?;
+        tokio::select! {
+            ctrl_c = tokio::signal::ctrl_c() => ctrl_c.map_err(SimError::Signal),
+            _ = term.recv() => Ok(()),
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        tokio::signal::ctrl_c().await.map_err(SimError::Signal)
+    }
+}
