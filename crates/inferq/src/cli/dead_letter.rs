@@ -233,104 +233,117 @@ pub async fn dead_letter(args: DeadLetterArgs) -> Result<(), Failure> {
             let table = !json && std::io::stdout().is_terminal();
             list(&dead, &id, limit, table, members).await
         }
-        Action::Requeue { target, id, all } => {
-            let dead = open(&target).await?;
-            let stop = stop_on_signal();
-            let (mut requeued, mut refused) = (0usize, Vec::new());
-            let done = async {
-                if all {
-                    let mut pages = dead.pages().await?;
-                    while let Some(page) = pages.next().await? {
-                        requeue(&dead, &page, &mut requeued, &mut refused, &stop).await?;
-                        if stop.is_cancelled() {
-                            break;
-                        }
-                    }
-                } else {
-                    let chosen = matching(&dead, &id).await?;
-                    requeue(&dead, &chosen, &mut requeued, &mut refused, &stop).await?;
-                }
-                Ok::<_, Failure>(())
-            }
-            .await;
-            std::io::stdout().lock().flush()?;
-            // Said however it ended (a signal, Redis failing part-way): what was requeued is
-            // in pending under the tokens printed above, the rest is still in the dead list.
-            tell!(
-                "inferq dead-letter requeue: {requeued} requeued, {} refused",
-                refused.len()
-            );
-            done?;
-            if stop.is_cancelled() {
-                return Err(stopped());
-            }
-            if refused.is_empty() {
-                return Ok(());
-            }
-            for r in refused.iter().take(20) {
-                tell!("  cannot requeue {r}");
-            }
-            Err(Failure::bad_input(anyhow::anyhow!(
-                "{} record(s) cannot be requeued (see above); they stay in the dead list",
-                refused.len()
-            )))
-        }
+        Action::Requeue { target, id, all } => requeue_records(&target, &id, all).await,
         Action::Purge {
             target,
             id,
             all,
-            older_than: age,
-        } => {
-            let dead = open(&target).await?;
-            let stop = stop_on_signal();
-            let mut purged = 0u64;
-            let done = async {
-                match (all, id.is_empty(), age) {
-                    (true, _, _) => purged = dead.purge_all().await?,
-                    (false, false, age) => {
-                        let chosen = matching(&dead, &id).await?;
-                        let old: Vec<&Listed> = chosen
-                            .iter()
-                            .filter(|e| age.is_none_or(|age| written_before(e, cutoff_ms(age))))
-                            .collect();
-                        purged = dead.purge(&old).await?;
-                    }
-                    // --older-than alone: a page at a time, oldest first, so each old record
-                    // is removed at the tail, where it is found at once.
-                    (false, true, Some(age)) => {
-                        let cutoff = cutoff_ms(age);
-                        let mut pages = dead.oldest_pages().await?;
-                        while let Some(page) = pages.next().await? {
-                            let old: Vec<&Listed> =
-                                page.iter().filter(|e| written_before(e, cutoff)).collect();
-                            let removed = dead.purge(&old).await?;
-                            purged += removed;
-                            pages.removed(usize::try_from(removed).unwrap_or(usize::MAX));
-                            if stop.is_cancelled() {
-                                break;
-                            }
-                        }
-                    }
-                    (false, true, None) => {
-                        return Err(Failure::bad_input(anyhow::anyhow!(
-                            "say which records to purge: --id, --older-than or --all"
-                        )))
+            older_than,
+        } => purge_records(&target, &id, all, older_than).await,
+    }
+}
+
+/// `dead-letter requeue`: the chosen records (or all, a page at a time) back to pending, each
+/// as a new generation; a count however it ends, and the records that cannot be requeued.
+async fn requeue_records(target: &Target, id: &[String], all: bool) -> Result<(), Failure> {
+    let dead = open(target).await?;
+    let stop = stop_on_signal();
+    let (mut requeued, mut refused) = (0usize, Vec::new());
+    let done = async {
+        if all {
+            let mut pages = dead.pages().await?;
+            while let Some(page) = pages.next().await? {
+                requeue(&dead, &page, &mut requeued, &mut refused, &stop).await?;
+                if stop.is_cancelled() {
+                    break;
+                }
+            }
+        } else {
+            let chosen = matching(&dead, id).await?;
+            requeue(&dead, &chosen, &mut requeued, &mut refused, &stop).await?;
+        }
+        Ok::<_, Failure>(())
+    }
+    .await;
+    std::io::stdout().lock().flush()?;
+    // Said however it ended (a signal, Redis failing part-way): what was requeued is
+    // in pending under the tokens printed above, the rest is still in the dead list.
+    tell!(
+        "inferq dead-letter requeue: {requeued} requeued, {} refused",
+        refused.len()
+    );
+    done?;
+    if stop.is_cancelled() {
+        return Err(stopped());
+    }
+    if refused.is_empty() {
+        return Ok(());
+    }
+    for r in refused.iter().take(20) {
+        tell!("  cannot requeue {r}");
+    }
+    Err(Failure::bad_input(anyhow::anyhow!(
+        "{} record(s) cannot be requeued (see above); they stay in the dead list",
+        refused.len()
+    )))
+}
+
+/// `dead-letter purge`: removes the chosen records, those older than a cutoff (a page at a
+/// time, oldest first), or all; the count is printed however it ends.
+async fn purge_records(
+    target: &Target,
+    id: &[String],
+    all: bool,
+    age: Option<Duration>,
+) -> Result<(), Failure> {
+    let dead = open(target).await?;
+    let stop = stop_on_signal();
+    let mut purged = 0u64;
+    let done = async {
+        match (all, id.is_empty(), age) {
+            (true, _, _) => purged = dead.purge_all().await?,
+            (false, false, age) => {
+                let chosen = matching(&dead, id).await?;
+                let old: Vec<&Listed> = chosen
+                    .iter()
+                    .filter(|e| age.is_none_or(|age| written_before(e, cutoff_ms(age))))
+                    .collect();
+                purged = dead.purge(&old).await?;
+            }
+            // --older-than alone: a page at a time, oldest first, so each old record
+            // is removed at the tail, where it is found at once.
+            (false, true, Some(age)) => {
+                let cutoff = cutoff_ms(age);
+                let mut pages = dead.oldest_pages().await?;
+                while let Some(page) = pages.next().await? {
+                    let old: Vec<&Listed> =
+                        page.iter().filter(|e| written_before(e, cutoff)).collect();
+                    let removed = dead.purge(&old).await?;
+                    purged += removed;
+                    pages.removed(usize::try_from(removed).unwrap_or(usize::MAX));
+                    if stop.is_cancelled() {
+                        break;
                     }
                 }
-                Ok(())
             }
-            .await;
-            // Said however it ended, so the count is known after a signal or a Redis failure.
-            if !matches!(&done, Err(f) if f.code == super::EXIT_BAD_INPUT) {
-                say!("{}", json!({"purged": purged, "dead_list": dead.key()}));
+            (false, true, None) => {
+                return Err(Failure::bad_input(anyhow::anyhow!(
+                    "say which records to purge: --id, --older-than or --all"
+                )))
             }
-            done?;
-            if stop.is_cancelled() {
-                return Err(stopped());
-            }
-            Ok(())
         }
+        Ok(())
     }
+    .await;
+    // Said however it ended, so the count is known after a signal or a Redis failure.
+    if !matches!(&done, Err(f) if f.code == super::EXIT_BAD_INPUT) {
+        say!("{}", json!({"purged": purged, "dead_list": dead.key()}));
+    }
+    done?;
+    if stop.is_cancelled() {
+        return Err(stopped());
+    }
+    Ok(())
 }
 
 /// A token cancelled by the first SIGINT or SIGTERM; a second one exits at once.

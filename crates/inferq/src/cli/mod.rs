@@ -258,6 +258,28 @@ fn value_hint(e: &clap::Error, argv: &[String]) -> Option<String> {
     ))
 }
 
+/// The log level and format a command asks for: Go's `-v` (2 is the default, 3 verbose, 4
+/// debug, 5 trace; `RUST_LOG` overrides) and zap's flags, for `run`; info as text otherwise.
+fn log_settings(command: &Command) -> (&'static str, logs::LogFormat) {
+    match command {
+        Command::Run(args) => {
+            let level = match args.v {
+                v if v >= 5 => "trace",
+                4 => "debug",
+                v if v <= 0 => "warn",
+                _ => "info",
+            };
+            let format = logs::LogFormat::from_zap_flags(
+                args.zap_devel,
+                args.zap_encoder.as_deref(),
+                args.zap_time_encoding.as_deref(),
+            );
+            (level, format)
+        }
+        _ => ("info", logs::LogFormat::Text),
+    }
+}
+
 pub fn main() -> ExitCode {
     let argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
     let cli = match Cli::try_parse_from(&argv) {
@@ -275,21 +297,7 @@ pub fn main() -> ExitCode {
             return ExitCode::from(code);
         }
     };
-    // Go's -v: 2 is the default, 3 verbose, 4 debug, 5 trace. RUST_LOG overrides.
-    let level = match &cli.command {
-        Command::Run(args) if args.v >= 5 => "trace",
-        Command::Run(args) if args.v >= 4 => "debug",
-        Command::Run(args) if args.v <= 0 => "warn",
-        _ => "info",
-    };
-    let format = match &cli.command {
-        Command::Run(args) => logs::LogFormat::from_zap_flags(
-            args.zap_devel,
-            args.zap_encoder.as_deref(),
-            args.zap_time_encoding.as_deref(),
-        ),
-        _ => logs::LogFormat::Text,
-    };
+    let (level, format) = log_settings(&cli.command);
     logs::init(level, format);
     let mut builder = tokio::runtime::Builder::new_multi_thread();
     match worker_threads(std::env::var_os(WORKER_THREADS_ENV)) {

@@ -265,18 +265,61 @@ const BATCH_BYTES: usize = 4 << 20;
 
 pub async fn submit(args: SubmitArgs) -> Result<(), Failure> {
     let (mut requests, count, bad) = read_input(&args)?;
+    refuse_bad_lines(&bad, args.skip_invalid)?;
+    let producer = producer_for(&args).await?;
+    // SIGINT or SIGTERM stops it between two batches, with the summary saying where.
+    let stop = CancellationToken::new();
+    tokio::spawn(super::results::watch_signals(stop.clone()));
+    let mut run = Run {
+        bar: progress(count as u64),
+        queue: producer.request_queue().to_owned(),
+        submitted: 0,
+        refused: 0,
+        bad_lines: bad.len() as u64,
+        redis_refused: None,
+    };
+    // A batch at a time, with the step after it looked at already: where a failed batch
+    // leaves the rest of the input.
+    let mut ahead = requests.next();
+    while !matches!(ahead, Next::End | Next::Unreadable(..)) {
+        if stop.is_cancelled() {
+            return Err(run.stopped(ahead.line()));
+        }
+        let chunk = run.next_batch(&mut ahead, &mut requests, args.batch);
+        if chunk.is_empty() {
+            continue;
+        }
+        let lines: Vec<usize> = chunk.iter().map(|(line, _)| *line).collect();
+        let sent = producer
+            .submit_many(chunk.into_iter().map(|(_, r)| r).collect())
+            .await;
+        match sent {
+            Ok(outcomes) => run.count(outcomes, lines),
+            Err(e) => return Err(run.batch_failed(&e, &lines, ahead.line())),
+        }
+    }
+    run.finish(ahead)
+}
+
+/// Prints up to 20 of the lines the check found bad; refuses them all unless `--skip-invalid`.
+fn refuse_bad_lines(bad: &[LineError], skip_invalid: bool) -> Result<(), Failure> {
     for e in bad.iter().take(20) {
         tell!("inferq submit: {e}");
     }
     if bad.len() > 20 {
         tell!("inferq submit: … and {} more bad lines", bad.len() - 20);
     }
-    if !bad.is_empty() && !args.skip_invalid {
+    if !bad.is_empty() && !skip_invalid {
         return Err(Failure::bad_input(anyhow::anyhow!(
             "{} bad line(s); nothing was submitted (use --skip-invalid to submit the rest)",
             bad.len()
         )));
     }
+    Ok(())
+}
+
+/// The producer the flags ask for: its Redis, replica wait and payload keys.
+async fn producer_for(args: &SubmitArgs) -> Result<crate::queue::producer::Producer, Failure> {
     let wait = crate::config::claim::resolve_replica_wait(
         Some(args.replica_wait),
         args.replica_wait_timeout_ms,
@@ -288,54 +331,62 @@ pub async fn submit(args: SubmitArgs) -> Result<(), Failure> {
         (false, Some(n)) => PayloadKeys::Above(n),
         (false, None) => PayloadKeys::Inline,
     };
-    let producer = args
+    Ok(args
         .redis
         .producer()
         .await?
         .with_replica_wait(wait)
-        .with_payload_keys(apart);
-    // SIGINT or SIGTERM stops it between two batches, with the summary saying where.
-    let stop = CancellationToken::new();
-    tokio::spawn(super::results::watch_signals(stop.clone()));
-    let bar = progress(count as u64);
-    let mut submitted = 0u64;
-    let mut refused = 0u64;
-    // The first request Redis refused (its line, and why).
-    let mut redis_refused: Option<(usize, String)> = None;
-    // A batch at a time, with the step after it looked at already: where a failed batch
-    // leaves the rest of the input.
-    let mut ahead = requests.next();
-    while !matches!(ahead, Next::End | Next::Unreadable(..)) {
-        if stop.is_cancelled() {
-            bar.finish_and_clear();
-            let not_sent = ahead.line();
-            say!(
-                "{}",
-                serde_json::json!({"submitted": submitted, "refused": refused + bad.len() as u64, "queue": producer.request_queue(), "not_sent_from_line": not_sent})
-            );
-            tell!(
-                "inferq submit: stopped by a signal after {submitted} request(s); lines from {} on were not sent",
-                not_sent.unwrap_or(0)
-            );
-            return Err(Failure {
-                code: 1,
-                error: anyhow::anyhow!("stopped by a signal"),
-            });
+        .with_payload_keys(apart))
+}
+
+/// Where a submission stands: what was queued, what was refused while submitting, how many
+/// lines the check found bad (passed over with `--skip-invalid`), the first request Redis
+/// itself refused (its line, and why), and the progress bar.
+struct Run {
+    bar: indicatif::ProgressBar,
+    queue: String,
+    submitted: u64,
+    refused: u64,
+    bad_lines: u64,
+    redis_refused: Option<(usize, String)>,
+}
+
+impl Run {
+    /// The summary line on standard output, with `more` fields (where the input stopped).
+    fn summary(&self, more: serde_json::Value) {
+        let mut line = serde_json::json!({
+            "submitted": self.submitted,
+            "refused": self.refused + self.bad_lines,
+            "queue": self.queue,
+        });
+        if let (Some(line), serde_json::Value::Object(more)) = (line.as_object_mut(), more) {
+            line.extend(more);
         }
+        say!("{line}");
+    }
+
+    /// The next batch: up to `batch` requests and [`BATCH_BYTES`] of payload, passing over (and
+    /// counting) lines that turned bad since the check.
+    fn next_batch(
+        &mut self,
+        ahead: &mut Next,
+        requests: &mut Requests,
+        batch: usize,
+    ) -> Vec<(usize, NewRequest)> {
         let mut chunk = Vec::new();
         let mut bytes = 0usize;
-        while chunk.len() < args.batch.max(1)
+        while chunk.len() < batch.max(1)
             && bytes < BATCH_BYTES
             && !matches!(ahead, Next::End | Next::Unreadable(..))
         {
-            match std::mem::replace(&mut ahead, requests.next()) {
+            match std::mem::replace(ahead, requests.next()) {
                 Next::Request(line, r) => {
                     bytes += r.payload.get().len() + r.id.len();
                     chunk.push((line, r))
                 }
                 Next::Bad(e) => {
-                    refused += 1;
-                    bar.suspend(|| {
+                    self.refused += 1;
+                    self.bar.suspend(|| {
                         tell!("inferq submit: {e} (the file changed since it was checked)")
                     });
                 }
@@ -343,80 +394,96 @@ pub async fn submit(args: SubmitArgs) -> Result<(), Failure> {
                 Next::End | Next::Unreadable(..) => {}
             }
         }
-        if chunk.is_empty() {
-            continue;
-        }
-        let lines: Vec<usize> = chunk.iter().map(|(line, _)| *line).collect();
-        let sent = producer
-            .submit_many(chunk.into_iter().map(|(_, r)| r).collect())
-            .await;
-        let outcomes = match sent {
-            Ok(outcomes) => outcomes,
-            Err(e) => {
-                // The batch's replies are unknown: say exactly what is queued, what may be,
-                // and what was never sent, so a rerun can start at the right line.
-                bar.finish_and_clear();
-                let (first, last) = (lines.first().copied(), lines.last().copied());
-                let not_sent = ahead.line();
-                say!(
-                    "{}",
-                    serde_json::json!({"submitted": submitted, "refused": refused + bad.len() as u64, "queue": producer.request_queue(), "in_doubt_lines": [first, last], "not_sent_from_line": not_sent})
-                );
-                let mut what = format!(
-                    "lines {} to {} may or may not be queued (Redis did not confirm them)",
-                    first.unwrap_or(0),
-                    last.unwrap_or(0)
-                );
-                if let Some(line) = not_sent {
-                    what.push_str(&format!("; lines from {line} on were not sent"));
-                }
-                return Err(Failure::from(anyhow::anyhow!(
-                    "submit failed after {submitted} request(s): {e}; {what}"
-                )));
-            }
-        };
+        chunk
+    }
+
+    /// Counts a batch's answers, one per line.
+    fn count(
+        &mut self,
+        outcomes: Vec<Result<crate::queue::producer::Submitted, ProducerError>>,
+        lines: Vec<usize>,
+    ) {
         for (outcome, line) in outcomes.into_iter().zip(lines) {
             match outcome {
-                Ok(_) => submitted += 1,
+                Ok(_) => self.submitted += 1,
                 Err(e) => {
-                    refused += 1;
+                    self.refused += 1;
                     if let ProducerError::Redis(e) = &e {
                         // Redis refused the request (OOM at maxmemory, NOPERM, WRONGTYPE): not queued.
-                        redis_refused.get_or_insert_with(|| (line, e.to_string()));
+                        self.redis_refused
+                            .get_or_insert_with(|| (line, e.to_string()));
                     }
-                    bar.suspend(|| tell!("inferq submit: line {line}: {e}"));
+                    self.bar
+                        .suspend(|| tell!("inferq submit: line {line}: {e}"));
                 }
             }
-            bar.inc(1);
+            self.bar.inc(1);
         }
     }
-    bar.finish_and_clear();
-    if let Next::Unreadable(line, e) = ahead {
-        say!(
-            "{}",
-            serde_json::json!({"submitted": submitted, "refused": refused + bad.len() as u64, "queue": producer.request_queue(), "not_sent_from_line": line})
+
+    /// Stopped by a signal between two batches: where the input stopped.
+    fn stopped(self, not_sent: Option<usize>) -> Failure {
+        self.bar.finish_and_clear();
+        self.summary(serde_json::json!({"not_sent_from_line": not_sent}));
+        tell!(
+            "inferq submit: stopped by a signal after {} request(s); lines from {} on were not sent",
+            self.submitted,
+            not_sent.unwrap_or(0)
         );
-        return Err(Failure::from(anyhow::anyhow!(
-            "cannot read the input on from line {line} ({e}) after {submitted} request(s) were \
-             submitted; lines from {line} on were not sent"
-        )));
+        Failure {
+            code: 1,
+            error: anyhow::anyhow!("stopped by a signal"),
+        }
     }
-    say!(
-        "{}",
-        serde_json::json!({"submitted": submitted, "refused": refused + bad.len() as u64, "queue": producer.request_queue()})
-    );
-    if let Some((line, e)) = redis_refused {
-        return Err(Failure::from(anyhow::anyhow!(
-            "Redis refused request(s), the first at line {line}: {e}; refused lines were not queued \
-             (submit them again once Redis takes them)"
-        )));
+
+    /// A batch whose replies are unknown: says exactly what is queued, what may be, and what
+    /// was never sent, so a rerun can start at the right line.
+    fn batch_failed(self, e: &ProducerError, lines: &[usize], not_sent: Option<usize>) -> Failure {
+        self.bar.finish_and_clear();
+        let (first, last) = (lines.first().copied(), lines.last().copied());
+        self.summary(
+            serde_json::json!({"in_doubt_lines": [first, last], "not_sent_from_line": not_sent}),
+        );
+        let mut what = format!(
+            "lines {} to {} may or may not be queued (Redis did not confirm them)",
+            first.unwrap_or(0),
+            last.unwrap_or(0)
+        );
+        if let Some(line) = not_sent {
+            what.push_str(&format!("; lines from {line} on were not sent"));
+        }
+        Failure::from(anyhow::anyhow!(
+            "submit failed after {} request(s): {e}; {what}",
+            self.submitted
+        ))
     }
-    if refused > 0 {
-        return Err(Failure::bad_input(anyhow::anyhow!(
-            "{refused} request(s) refused by the producer"
-        )));
+
+    /// The end of the input (or of what could be read): the summary, and the exit it calls for.
+    fn finish(self, ahead: Next) -> Result<(), Failure> {
+        self.bar.finish_and_clear();
+        if let Next::Unreadable(line, e) = ahead {
+            self.summary(serde_json::json!({"not_sent_from_line": line}));
+            return Err(Failure::from(anyhow::anyhow!(
+                "cannot read the input on from line {line} ({e}) after {} request(s) were \
+                 submitted; lines from {line} on were not sent",
+                self.submitted
+            )));
+        }
+        self.summary(serde_json::json!({}));
+        if let Some((line, e)) = self.redis_refused {
+            return Err(Failure::from(anyhow::anyhow!(
+                "Redis refused request(s), the first at line {line}: {e}; refused lines were not queued \
+                 (submit them again once Redis takes them)"
+            )));
+        }
+        if self.refused > 0 {
+            return Err(Failure::bad_input(anyhow::anyhow!(
+                "{} request(s) refused by the producer",
+                self.refused
+            )));
+        }
+        Ok(())
     }
-    Ok(())
 }
 
 /// A progress bar on a terminal; hidden otherwise.
