@@ -27,6 +27,11 @@ use super::context::QueueCtx;
 use super::subscription::{self, Next};
 use crate::queue::keys::doorbell_channel;
 
+/// The wait before subscribing again after a failure; it doubles with each failure in a row, up
+/// to [`MAX_PAUSE`].
+const FIRST_PAUSE: Duration = Duration::from_millis(500);
+const MAX_PAUSE: Duration = Duration::from_secs(30);
+
 /// Listens until `stop` is cancelled, reconnecting when the connection drops.
 pub async fn listen(
     client: crate::queue::target::Target,
@@ -36,29 +41,9 @@ pub async fn listen(
     let db = client.client().get_connection_info().redis_settings().db();
     let mut warned = false;
     let mut losses = Losses::default();
-    let mut pause = Duration::from_millis(500);
+    let mut pause = FIRST_PAUSE;
     loop {
-        let mut channels: HashMap<Vec<u8>, Bell> = HashMap::new();
-        for ctx in &queues {
-            let name = ctx.queue.name();
-            let bell = |source: &str| Bell {
-                ctx: ctx.clone(),
-                keyspace: source == "keyspace",
-                rings: ctx
-                    .metrics
-                    .wakeups
-                    .get_or_create(&ctx.labels.with_source(source))
-                    .clone(),
-            };
-            channels.insert(doorbell_channel(name).into_bytes(), bell("doorbell"));
-            // Subscribed whether or not the server publishes keyspace events: reading the
-            // setting would need CONFIG, which a least-privilege user should not have, and a
-            // silent channel costs nothing.
-            channels.insert(
-                format!("__keyspace@{db}__:{name}").into_bytes(),
-                bell("keyspace"),
-            );
-        }
+        let channels = bells(&queues, db);
         let Some(subscribed) =
             subscription::subscribe(&client, channels.keys().map(Vec::as_slice), &stop).await
         else {
@@ -70,27 +55,13 @@ pub async fn listen(
                     tracing::info!("wake-ups available again");
                 }
                 warned = false;
-                pause = Duration::from_millis(500);
+                pause = FIRST_PAUSE;
                 set_listening(&queues, true);
                 tracing::debug!("listening for wake-ups");
                 // Anything that arrived while not listening is found by one poll now.
                 ring_all(&queues);
-                let mut messages = pubsub.on_message();
-                loop {
-                    let msg = match subscription::next(&mut messages, &stop).await {
-                        Next::Message(msg) => msg,
-                        Next::Lost => break,
-                        Next::Stopped => return,
-                    };
-                    let Some(bell) = channels.get(msg.get_channel_name().as_bytes()) else {
-                        continue;
-                    };
-                    // Of the pending key's events only additions mean work arrived.
-                    if bell.keyspace && !matches!(msg.get_payload_bytes(), b"zadd" | b"zincr") {
-                        continue;
-                    }
-                    bell.rings.inc();
-                    bell.ctx.wake.notify_one();
+                if let Heard::Stopped = ring_until_lost(&mut pubsub, &channels, &stop).await {
+                    return;
                 }
                 set_listening(&queues, false);
                 losses.lost();
@@ -110,7 +81,68 @@ pub async fn listen(
             _ = stop.cancelled() => return,
             _ = tokio::time::sleep(pause) => {}
         }
-        pause = (pause * 2).min(Duration::from_secs(30));
+        pause = (pause * 2).min(MAX_PAUSE);
+    }
+}
+
+/// The channels to subscribe to, each with the bell it rings: every queue's doorbell and the
+/// keyspace channel of its pending key in database `db`.
+fn bells(queues: &[Arc<QueueCtx>], db: i64) -> HashMap<Vec<u8>, Bell> {
+    let mut channels: HashMap<Vec<u8>, Bell> = HashMap::new();
+    for ctx in queues {
+        let name = ctx.queue.name();
+        let bell = |source: &str| Bell {
+            ctx: ctx.clone(),
+            keyspace: source == "keyspace",
+            rings: ctx
+                .metrics
+                .wakeups
+                .get_or_create(&ctx.labels.with_source(source))
+                .clone(),
+        };
+        channels.insert(doorbell_channel(name).into_bytes(), bell("doorbell"));
+        // Subscribed whether or not the server publishes keyspace events: reading the
+        // setting would need CONFIG, which a least-privilege user should not have, and a
+        // silent channel costs nothing.
+        channels.insert(
+            format!("__keyspace@{db}__:{name}").into_bytes(),
+            bell("keyspace"),
+        );
+    }
+    channels
+}
+
+/// How listening on one subscription ended.
+enum Heard {
+    /// The connection is gone: subscribe again.
+    Lost,
+    /// `stop` was cancelled.
+    Stopped,
+}
+
+/// Rings the bell of every message that means work arrived, until the subscription is lost or
+/// `stop` is cancelled.
+async fn ring_until_lost(
+    pubsub: &mut redis::aio::PubSub,
+    channels: &HashMap<Vec<u8>, Bell>,
+    stop: &CancellationToken,
+) -> Heard {
+    let mut messages = pubsub.on_message();
+    loop {
+        let msg = match subscription::next(&mut messages, stop).await {
+            Next::Message(msg) => msg,
+            Next::Lost => return Heard::Lost,
+            Next::Stopped => return Heard::Stopped,
+        };
+        let Some(bell) = channels.get(msg.get_channel_name().as_bytes()) else {
+            continue;
+        };
+        // Of the pending key's events only additions mean work arrived.
+        if bell.keyspace && !matches!(msg.get_payload_bytes(), b"zadd" | b"zincr") {
+            continue;
+        }
+        bell.rings.inc();
+        bell.ctx.wake.notify_one();
     }
 }
 

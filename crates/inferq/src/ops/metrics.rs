@@ -98,6 +98,11 @@ type Counters = Family<QueueLabels, Counter>;
 type Gauges = Family<QueueLabels, Gauge>;
 type Histograms = Family<QueueLabels, Histogram>;
 
+/// A family's name as the Go processor spells it.
+fn go_name(name: &str) -> String {
+    format!("llm_d_async_async_{name}")
+}
+
 fn inference_buckets() -> Histogram {
     Histogram::new([
         10.0, 25.0, 50.0, 100.0, 250.0, 500.0, 1e3, 2.5e3, 5e3, 1e4, 3e4, 6e4, 1.2e5,
@@ -232,9 +237,27 @@ impl Default for Metrics {
 }
 
 impl Metrics {
+    /// Registers every family, a group at a time, then the process collector (`/metrics` lists
+    /// families sorted by name, see [`super::exposition`], so the groups are for the reader).
     pub fn new() -> Metrics {
+        let m = Metrics::unregistered();
         let mut registry = Registry::default();
-        let m = Metrics {
+        m.register_request_counts(&mut registry);
+        m.register_request_times(&mut registry);
+        m.register_load(&mut registry);
+        m.register_gates(&mut registry);
+        m.register_config_reloads(&mut registry);
+        m.register_drain_limits(&mut registry);
+        m.register_claims(&mut registry);
+        m.register_finishes(&mut registry);
+        m.register_deliveries(&mut registry);
+        registry.register_collector(Box::new(super::process::ProcessCollector));
+        Metrics { registry, ..m }
+    }
+
+    /// Every family empty, the registry not yet holding them.
+    fn unregistered() -> Metrics {
+        Metrics {
             requests: Counters::default(),
             retries: Counters::default(),
             successful: Counters::default(),
@@ -272,191 +295,226 @@ impl Metrics {
             config_reloads: Family::default(),
             config_last_success: Gauge::default(),
             registry: Registry::default(),
-        };
-        let go = |name: &str| format!("llm_d_async_async_{name}");
-        let r = &mut registry;
+        }
+    }
+
+    /// Go's per-request counters: started, retried, and how each ended.
+    fn register_request_counts(&self, r: &mut Registry) {
         r.register(
-            go("request"),
+            go_name("request"),
             "Requests started (first attempt)",
-            m.requests.clone(),
+            self.requests.clone(),
         );
         r.register(
-            go("request_retries"),
+            go_name("request_retries"),
             "Retries scheduled with a backoff",
-            m.retries.clone(),
+            self.retries.clone(),
         );
         r.register(
-            go("successful_requests"),
+            go_name("successful_requests"),
             "Requests answered below 400",
-            m.successful.clone(),
+            self.successful.clone(),
         );
         r.register(
-            go("failed_requests"),
+            go_name("failed_requests"),
             "Requests that failed terminally",
-            m.failed.clone(),
+            self.failed.clone(),
         );
         r.register(
-            go("exceeded_deadline_requests"),
+            go_name("exceeded_deadline_requests"),
             "Requests that ran out of time",
-            m.exceeded.clone(),
+            self.exceeded.clone(),
         );
         r.register(
-            go("shedded_requests"),
+            go_name("shedded_requests"),
             "Requests answered 429",
-            m.shedded.clone(),
+            self.shedded.clone(),
         );
+    }
+
+    /// Go's two latency histograms: the HTTP attempt, and the wait from claim to a worker.
+    fn register_request_times(&self, r: &mut Registry) {
         r.register(
-            go("inference_latency_time_millis"),
+            go_name("inference_latency_time_millis"),
             "Milliseconds per inference attempt",
-            m.inference_latency.clone(),
+            self.inference_latency.clone(),
         );
         r.register(
-            go("queue_residence_time_millis"),
+            go_name("queue_residence_time_millis"),
             "Milliseconds from claim to a worker",
-            m.residence.clone(),
+            self.residence.clone(),
         );
+    }
+
+    /// How much work is where: waiting for a worker, being sent, pending in Redis, and the
+    /// workers each pool may run.
+    fn register_load(&self, r: &mut Registry) {
         r.register(
-            go("queue_depth"),
+            go_name("queue_depth"),
             "Claimed requests waiting for a worker",
-            m.queue_depth.clone(),
+            self.queue_depth.clone(),
         );
         r.register(
-            go("inflight_requests"),
+            go_name("inflight_requests"),
             "Requests being sent",
-            m.inflight.clone(),
+            self.inflight.clone(),
         );
         r.register(
-            go("broker_backlog"),
+            go_name("broker_backlog"),
             "Pending requests in the queue",
-            m.backlog.clone(),
+            self.backlog.clone(),
         );
         r.register(
-            go("broker_backlog_source_available"),
+            go_name("broker_backlog_source_available"),
             "Whether the last backlog read succeeded (1) or failed (0)",
-            m.backlog_source_available.clone(),
+            self.backlog_source_available.clone(),
         );
         r.register(
-            go("pool_worker_limit"),
+            go_name("pool_worker_limit"),
             "Workers per pool",
-            m.pool_worker_limit.clone(),
+            self.pool_worker_limit.clone(),
         );
+    }
+
+    /// The gates' view: the queue gate's budget, each decision, and a metric gate's reading.
+    fn register_gates(&self, r: &mut Registry) {
         r.register(
-            go("dispatch_budget"),
+            go_name("dispatch_budget"),
             "Queue gate budget at each poll",
-            m.dispatch_budget.clone(),
+            self.dispatch_budget.clone(),
         );
         r.register(
-            go("gate_decisions"),
+            go_name("gate_decisions"),
             "Gate decisions by reason",
-            m.gate_decisions.clone(),
+            self.gate_decisions.clone(),
         );
         r.register(
-            go("gate_metric_value"),
+            go_name("gate_metric_value"),
             "A metric gate's last reading",
-            m.gate_metric_value.clone(),
+            self.gate_metric_value.clone(),
         );
         r.register(
-            go("gate_metric_threshold"),
+            go_name("gate_metric_threshold"),
             "A metric gate's threshold",
-            m.gate_metric_threshold.clone(),
+            self.gate_metric_threshold.clone(),
         );
         r.register(
-            go("gate_metric_source_available"),
+            go_name("gate_metric_source_available"),
             "Whether a metric gate's source answered (1) or its fallback was used (0)",
-            m.gate_metric_source_available.clone(),
+            self.gate_metric_source_available.clone(),
         );
+    }
+
+    /// Reloads of the queues config (Go's names).
+    fn register_config_reloads(&self, r: &mut Registry) {
         r.register(
-            go("queue_config_reloads"),
+            go_name("queue_config_reloads"),
             "Reloads of the queues config, by result",
-            m.config_reloads.clone(),
+            self.config_reloads.clone(),
         );
         r.register(
-            go("queue_config_last_success_timestamp_seconds"),
+            go_name("queue_config_last_success_timestamp_seconds"),
             "Unix time of the last queues config reload applied",
-            m.config_last_success.clone(),
+            self.config_last_success.clone(),
         );
+    }
+
+    /// A `redis-leased-rate` gate's lease (Go's `drain_limit_*` names).
+    fn register_drain_limits(&self, r: &mut Registry) {
         r.register(
-            go("drain_limit_rps"),
+            go_name("drain_limit_rps"),
             "The admission rate a redis-leased-rate gate's lease allows (0 when invalid)",
-            m.drain_limit_rps.clone(),
+            self.drain_limit_rps.clone(),
         );
         r.register(
-            go("drain_limit_lease_valid"),
+            go_name("drain_limit_lease_valid"),
             "Whether a redis-leased-rate gate's lease was valid at its last decision",
-            m.drain_limit_lease_valid.clone(),
+            self.drain_limit_lease_valid.clone(),
         );
         r.register(
-            go("drain_limit_valid_until_seconds"),
+            go_name("drain_limit_valid_until_seconds"),
             "When a redis-leased-rate gate's lease ends, in Unix seconds (0 when invalid)",
-            m.drain_limit_valid_until.clone(),
+            self.drain_limit_valid_until.clone(),
         );
+    }
+
+    /// The durable claims (Go's durable-claims names).
+    fn register_claims(&self, r: &mut Registry) {
         r.register(
-            go("claim_depth"),
+            go_name("claim_depth"),
             "Claims held by this instance",
-            m.claim_depth.clone(),
+            self.claim_depth.clone(),
         );
         r.register(
-            go("claims_expired"),
+            go_name("claims_expired"),
             "Claims redelivered after their lease expired",
-            m.claims_expired.clone(),
+            self.claims_expired.clone(),
         );
+    }
+
+    /// inferq's own: how requests finish once claimed (cancellations, lease renewals, fenced
+    /// finishes, the outbox, dead letters).
+    fn register_finishes(&self, r: &mut Registry) {
         r.register(
             "inferq_cancelled_requests",
             "Requests finished as CANCELLED",
-            m.cancelled.clone(),
+            self.cancelled.clone(),
         );
         r.register(
             "inferq_renewals",
             "Lease renewals by outcome",
-            m.renewals.clone(),
+            self.renewals.clone(),
         );
         r.register(
             "inferq_fenced_finishes",
             "Finishes refused because the claim was no longer ours",
-            m.fenced.clone(),
+            self.fenced.clone(),
         );
         r.register(
             "inferq_outbox_depth",
             "Outcomes waiting to be written to Redis",
-            m.outbox_depth.clone(),
+            self.outbox_depth.clone(),
         );
         r.register(
             "inferq_outbox_dropped",
             "Outcomes dropped after the lease was lost",
-            m.outbox_dropped.clone(),
+            self.outbox_dropped.clone(),
         );
         r.register(
             "inferq_dead_letters",
             "Requests dead-lettered, by reason",
-            m.dead_letters.clone(),
+            self.dead_letters.clone(),
         );
+    }
+
+    /// inferq's own: how requests arrive and are taken (claims, lost races, aborts, wake-ups,
+    /// pub/sub messages).
+    fn register_deliveries(&self, r: &mut Registry) {
         r.register(
             "inferq_delivery_attempts",
             "Claims taken (delivery attempts)",
-            m.deliveries.clone(),
+            self.deliveries.clone(),
         );
         r.register(
             "inferq_claims_lost",
             "Requests another instance claimed between this instance's peek and its claim",
-            m.claims_lost.clone(),
+            self.claims_lost.clone(),
         );
         r.register(
             "inferq_aborted_requests",
             "In-flight requests aborted, by reason",
-            m.aborted.clone(),
+            self.aborted.clone(),
         );
         r.register(
             "inferq_wakeups",
             "Wake-ups received (work arrived), by source",
-            m.wakeups.clone(),
+            self.wakeups.clone(),
         );
         r.register(
             "inferq_pubsub_messages",
             "Messages received on a redis-pubsub request channel, by outcome",
-            m.pubsub_messages.clone(),
+            self.pubsub_messages.clone(),
         );
-        r.register_collector(Box::new(super::process::ProcessCollector));
-        Metrics { registry, ..m }
     }
 
     /// The per-request series of one queue, resolved once so the hot path does no label lookups.
