@@ -46,7 +46,8 @@ pub enum Finish {
         record: String,
     },
     /// claimed -> parked: retry after `backoff` (by Redis time); `member` is the generation's
-    /// envelope with its `retry_count` already bumped (see [`Queue::retry_member`]).
+    /// envelope with its `retry_count` already bumped (see
+    /// [`Queue::retry_member`](super::Queue::retry_member)).
     Park {
         fence: Fence,
         member: Vec<u8>,
@@ -108,7 +109,7 @@ impl Finish {
     /// a bury of the same claim without pushing the result, its record saying why and keeping
     /// the result, so the request is set aside after one execution instead of running again at
     /// every lease expiry until the delivery limit. `member` and `deliveries` are what
-    /// [`Queue::claimed`] read. `None` for anything else.
+    /// [`Queue::claimed`](super::Queue::claimed) read. `None` for anything else.
     pub fn bury_unpublished(
         &self,
         queue: &str,
