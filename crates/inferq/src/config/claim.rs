@@ -77,65 +77,16 @@ const MIN_LEASE: Duration = Duration::from_secs(1);
 const MAX_LEASE: Duration = Duration::from_nanos(i64::MAX as u64);
 
 /// Combines the JSON fields, the flags and the defaults, and validates the result.
+///
+/// Checked in this order, the first problem winning: the lease, the reclaim interval (and that
+/// it fits in the lease), the delivery limit, the replica wait.
 pub(crate) fn resolve_claim(
     json: ClaimFields,
     flags: ClaimFlags,
 ) -> Result<ClaimSettings, ConfigError> {
     let defaults = ClaimSettings::default();
-
-    let (lease, lease_field) = match json.lease_seconds.filter(|&s| s != 0.0) {
-        Some(secs) => {
-            let field = "claim_lease_ttl_seconds";
-            let lease = Duration::try_from_secs_f64(secs)
-                .ok()
-                .filter(|d| (MIN_LEASE..=MAX_LEASE).contains(d))
-                .ok_or_else(|| {
-                    let reason = if secs < 1.0 {
-                        format!("must be at least 1 second, got {secs}")
-                    } else {
-                        format!(
-                            "must be at most {} seconds (about 292 years), got {secs}",
-                            MAX_LEASE.as_secs()
-                        )
-                    };
-                    ConfigError::invalid(field, reason)
-                })?;
-            (lease, field)
-        }
-        None => match flags.lease {
-            Some(lease) if lease < MIN_LEASE => {
-                return Err(ConfigError::invalid(
-                    "--claim-lease-ttl",
-                    format!("must be at least 1s, got {}", show(lease)),
-                ))
-            }
-            Some(lease) => (lease, "--claim-lease-ttl"),
-            None => (defaults.lease, "the default claim lease"),
-        },
-    };
-
-    let reclaim = match json.reclaim_interval_ms.filter(|&ms| ms != 0) {
-        Some(ms) if ms < 0 => {
-            return Err(ConfigError::invalid(
-                "claim_reclaim_interval_ms",
-                format!("must be at least 1, got {ms}"),
-            ))
-        }
-        Some(ms) => Some((
-            Duration::from_millis(ms.unsigned_abs()),
-            "claim_reclaim_interval_ms",
-        )),
-        None => match flags.reclaim_interval {
-            Some(d) if d.is_zero() => {
-                return Err(ConfigError::invalid(
-                    "--claim-reclaim-interval",
-                    "must be greater than 0",
-                ))
-            }
-            Some(d) => Some((d, "--claim-reclaim-interval")),
-            None => None,
-        },
-    };
+    let (lease, lease_field) = lease(json.lease_seconds, flags.lease, defaults.lease)?;
+    let reclaim = reclaim_interval(json.reclaim_interval_ms, flags.reclaim_interval)?;
     let reclaim_interval = match reclaim {
         Some((interval, field)) if interval > lease => {
             return Err(ConfigError::invalid(
@@ -152,22 +103,7 @@ pub(crate) fn resolve_claim(
         // Unset: the default, but never longer than a short lease.
         None => defaults.reclaim_interval.min(lease),
     };
-
-    let max_deliveries = match json.max_deliveries.unwrap_or(0) {
-        0 => defaults.max_deliveries,
-        n if n < 0 => {
-            return Err(ConfigError::invalid(
-                "max_deliveries",
-                format!("must be at least 1, got {n}"),
-            ))
-        }
-        n => u32::try_from(n).map_err(|_| {
-            ConfigError::invalid(
-                "max_deliveries",
-                format!("must be at most {}, got {n}", u32::MAX),
-            )
-        })?,
-    };
+    let max_deliveries = max_deliveries(json.max_deliveries, defaults.max_deliveries)?;
 
     Ok(ClaimSettings {
         lease,
@@ -179,6 +115,86 @@ pub(crate) fn resolve_claim(
             ("replica_wait", "replica_wait_timeout_ms"),
         )?,
     })
+}
+
+/// The lease and where it came from (named in the reclaim interval's error): the JSON's
+/// `claim_lease_ttl_seconds`, else `--claim-lease-ttl`, else `default`.
+fn lease(
+    json_seconds: Option<f64>,
+    flag: Option<Duration>,
+    default: Duration,
+) -> Result<(Duration, &'static str), ConfigError> {
+    match json_seconds.filter(|&s| s != 0.0) {
+        Some(secs) => {
+            let field = "claim_lease_ttl_seconds";
+            let lease = Duration::try_from_secs_f64(secs)
+                .ok()
+                .filter(|d| (MIN_LEASE..=MAX_LEASE).contains(d))
+                .ok_or_else(|| {
+                    let reason = if secs < 1.0 {
+                        format!("must be at least 1 second, got {secs}")
+                    } else {
+                        format!(
+                            "must be at most {} seconds (about 292 years), got {secs}",
+                            MAX_LEASE.as_secs()
+                        )
+                    };
+                    ConfigError::invalid(field, reason)
+                })?;
+            Ok((lease, field))
+        }
+        None => match flag {
+            Some(lease) if lease < MIN_LEASE => Err(ConfigError::invalid(
+                "--claim-lease-ttl",
+                format!("must be at least 1s, got {}", show(lease)),
+            )),
+            Some(lease) => Ok((lease, "--claim-lease-ttl")),
+            None => Ok((default, "the default claim lease")),
+        },
+    }
+}
+
+/// The reclaim interval and the field it came from: the JSON's `claim_reclaim_interval_ms`,
+/// else `--claim-reclaim-interval`; `None` when neither is set.
+fn reclaim_interval(
+    json_ms: Option<i64>,
+    flag: Option<Duration>,
+) -> Result<Option<(Duration, &'static str)>, ConfigError> {
+    match json_ms.filter(|&ms| ms != 0) {
+        Some(ms) if ms < 0 => Err(ConfigError::invalid(
+            "claim_reclaim_interval_ms",
+            format!("must be at least 1, got {ms}"),
+        )),
+        Some(ms) => Ok(Some((
+            Duration::from_millis(ms.unsigned_abs()),
+            "claim_reclaim_interval_ms",
+        ))),
+        None => match flag {
+            Some(d) if d.is_zero() => Err(ConfigError::invalid(
+                "--claim-reclaim-interval",
+                "must be greater than 0",
+            )),
+            Some(d) => Ok(Some((d, "--claim-reclaim-interval"))),
+            None => Ok(None),
+        },
+    }
+}
+
+/// `max_deliveries`: 0 (or absent) for `default`, else at least 1.
+fn max_deliveries(json: Option<i64>, default: u32) -> Result<u32, ConfigError> {
+    match json.unwrap_or(0) {
+        0 => Ok(default),
+        n if n < 0 => Err(ConfigError::invalid(
+            "max_deliveries",
+            format!("must be at least 1, got {n}"),
+        )),
+        n => u32::try_from(n).map_err(|_| {
+            ConfigError::invalid(
+                "max_deliveries",
+                format!("must be at most {}, got {n}", u32::MAX),
+            )
+        }),
+    }
 }
 
 /// A duration the way a user writes one (`1s 500ms`).

@@ -176,18 +176,34 @@ pub(crate) fn synthesise(
     env: &dyn Fn(&str) -> Option<String>,
     warnings: &mut Vec<String>,
 ) -> Result<(TransportKind, RawSortedSet, Legacy), ConfigError> {
-    let flags = match args.message_queue_impl.as_deref() {
-        Some(name) if name == SORTED_SET.kind.name() => &SORTED_SET,
-        Some(name) if name == PUBSUB.kind.name() => &PUBSUB,
-        Some(other) => {
-            return Err(ConfigError::unsupported(
-                "--message-queue-impl",
-                format!(
-                    "{other:?} is not supported; inferq supports redis-sortedset and \
-                     redis-pubsub (gcp-pubsub is not supported)"
-                ),
-            ))
-        }
+    let flags = selected_flags(args, warnings)?;
+    warnings.extend(other_transport_warning(args, flags));
+    let url = legacy_url(args, env, flags)?;
+    let (queues, queues_flag) = match queues_config(args, flags, warnings)? {
+        Some((flag, queues)) => (queues, Some(flag)),
+        None => (vec![single_queue(args, flags)?], None),
+    };
+    let raw = raw_config(args, flags, url, queues);
+    warnings.push(deprecation_warning(flags, &raw));
+    Ok((flags.kind, raw, Legacy { flags, queues_flag }))
+}
+
+/// The flags of the transport `--message-queue-impl` names (Go's default redis-pubsub when it
+/// is not set, unless sorted-set flags are).
+fn selected_flags(
+    args: &RunArgs,
+    warnings: &mut Vec<String>,
+) -> Result<&'static Flags, ConfigError> {
+    match args.message_queue_impl.as_deref() {
+        Some(name) if name == SORTED_SET.kind.name() => Ok(&SORTED_SET),
+        Some(name) if name == PUBSUB.kind.name() => Ok(&PUBSUB),
+        Some(other) => Err(ConfigError::unsupported(
+            "--message-queue-impl",
+            format!(
+                "{other:?} is not supported; inferq supports redis-sortedset and \
+                 redis-pubsub (gcp-pubsub is not supported)"
+            ),
+        )),
         // Go's default is redis-pubsub: a Go deployment of it that never named the transport
         // runs unchanged. Sorted-set flags that Go would then silently ignore are refused.
         None => {
@@ -211,9 +227,14 @@ pub(crate) fn synthesise(
             warnings.push(
                 "--message-queue-impl is not set: running redis-pubsub, Go's default".to_owned(),
             );
-            &PUBSUB
+            Ok(&PUBSUB)
         }
-    };
+    }
+}
+
+/// The warning naming the legacy flags set for another of Go's transports than `flags`';
+/// `None` when there are none.
+fn other_transport_warning(args: &RunArgs, flags: &Flags) -> Option<String> {
     let other: Vec<&str> = args
         .legacy_flags_set()
         .into_iter()
@@ -225,14 +246,22 @@ pub(crate) fn synthesise(
                 )
         })
         .collect();
-    if !other.is_empty() {
-        warnings.push(format!(
+    (!other.is_empty()).then(|| {
+        format!(
             "ignoring {}: they configure another of Go's transports, and \
              --message-queue-impl={} is selected",
             other.join(", "),
             flags.kind.name()
-        ));
-    }
+        )
+    })
+}
+
+/// `--redis.url`, required unless `REDIS_URL` gives one.
+fn legacy_url(
+    args: &RunArgs,
+    env: &dyn Fn(&str) -> Option<String>,
+    flags: &Flags,
+) -> Result<Option<String>, ConfigError> {
     // Left unset when only REDIS_URL gives it: the loader falls back to the variable and names
     // it in errors.
     let url = args
@@ -249,11 +278,17 @@ pub(crate) fn synthesise(
             ),
         ));
     }
-    let (queues, queues_flag) = match queues_config(args, flags, warnings)? {
-        Some((flag, queues)) => (queues, Some(flag)),
-        None => (vec![single_queue(args, flags)?], None),
-    };
-    let raw = match flags.kind {
+    Ok(url)
+}
+
+/// The transport config the flags of `flags`' transport describe, with these queues.
+fn raw_config(
+    args: &RunArgs,
+    flags: &Flags,
+    url: Option<String>,
+    queues: Vec<RawQueue>,
+) -> RawSortedSet {
+    match flags.kind {
         TransportKind::SortedSet => RawSortedSet {
             url,
             result_queue_name: args.redis_ss_result_queue_name.clone(),
@@ -271,19 +306,23 @@ pub(crate) fn synthesise(
             queues: Some(queues),
             ..RawSortedSet::default()
         },
-    };
-    let equivalent = serde_json::to_string(&raw).unwrap_or_default();
+    }
+}
+
+/// The deprecation warning, showing the `--transport-config` equivalent to `raw` (password
+/// redacted).
+fn deprecation_warning(flags: &Flags, raw: &RawSortedSet) -> String {
+    let equivalent = serde_json::to_string(raw).unwrap_or_default();
     let family = match flags.kind {
         TransportKind::SortedSet => "--redis.ss.*",
         TransportKind::PubSub => "--redis.*",
     };
-    warnings.push(format!(
+    format!(
         "--message-queue-impl and the --redis.url/{family} flags are deprecated; use \
          --transport={} --transport-config='{}'",
         flags.kind.name(),
         redact_in_text(&equivalent)
-    ));
-    Ok((flags.kind, raw, Legacy { flags, queues_flag }))
+    )
 }
 
 /// The queues of the transport's queues-config flag (inline, which wins) or its file, with the

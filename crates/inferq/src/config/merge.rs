@@ -99,6 +99,9 @@ struct RawTierPriority {
 }
 
 /// Decodes and validates the merge-policy file's text.
+///
+/// Checked in this order, the first problem winning: the type, that the parameters are an
+/// object, the policy's own parameters, then the fairness header.
 pub(crate) fn parse_merge_policy(text: &str) -> Result<MergePolicy, ConfigError> {
     let raw: RawPolicy = decode(
         text,
@@ -106,80 +109,108 @@ pub(crate) fn parse_merge_policy(text: &str) -> Result<MergePolicy, ConfigError>
         "--request-merge-policy-config-file",
         &[""],
     )?;
-    let kind = raw.kind.unwrap_or_default();
-    let tiered = match kind.as_str() {
-        "random-robin" => false,
-        "tier-priority" => true,
-        "" => {
-            return Err(ConfigError::invalid(
-                "merge_policy.type",
-                "required (\"random-robin\" or \"tier-priority\")",
-            ))
-        }
-        other => {
-            return Err(ConfigError::invalid(
-                "merge_policy.type",
-                format!("unknown merge policy {other:?} (known: random-robin, tier-priority)"),
-            ))
-        }
-    };
-    let params = match raw.parameters {
-        None | Some(Value::Null) => Value::Object(Default::default()),
-        Some(v @ Value::Object(_)) => v,
-        Some(other) => {
-            return Err(ConfigError::invalid(
-                "merge_policy.parameters",
-                format!("must be a JSON object, got {}", json_kind(&other)),
-            ))
-        }
-    };
-    let (fairness_header, fairness_attribute, kind) = if tiered {
-        let p: RawTierPriority = decode_value(params, "merge_policy.parameters")?;
-        let priority_header = match p.priority_header {
-            None => DEFAULT_PRIORITY_HEADER.to_owned(),
-            Some(h) if is_header_name(&h) => h,
-            Some(h) => {
-                return Err(ConfigError::invalid(
-                    "merge_policy.parameters.priority_header",
-                    format!("invalid HTTP header name {h:?}"),
-                ))
-            }
-        };
-        let tier_label = p
-            .tier_label
-            .filter(|l| !l.is_empty())
-            .unwrap_or_else(|| DEFAULT_TIER_LABEL.to_owned());
-        let kind = MergePolicyKind::TierPriority(TierPriority {
-            priority_header,
-            tier_label,
-        });
-        (p.fairness_header, p.fairness_attribute, kind)
+    let tiered = is_tiered(&raw.kind.unwrap_or_default())?;
+    let params = parameters_object(raw.parameters)?;
+    let policy = if tiered {
+        tier_priority(params)?
     } else {
-        let p: RawRandomRobin = decode_value(params, "merge_policy.parameters")?;
-        (
-            p.fairness_header,
-            p.fairness_attribute,
-            MergePolicyKind::RandomRobin,
-        )
+        random_robin(params)?
     };
-    let header = match fairness_header {
-        None => Some(DEFAULT_FAIRNESS_HEADER.to_owned()),
-        Some(h) if h.is_empty() => None,
-        Some(h) if is_header_name(&h) => Some(h),
+    let header = fairness_header(policy.fairness_header)?;
+    let attribute = policy
+        .fairness_attribute
+        .filter(|a| !a.is_empty())
+        .unwrap_or_else(|| DEFAULT_FAIRNESS_ATTRIBUTE.to_owned());
+    Ok(MergePolicy {
+        kind: policy.kind,
+        fairness: Fairness { header, attribute },
+    })
+}
+
+/// A policy's own parameters, decoded, with the fairness fields both policies share, not yet
+/// checked.
+struct PolicyParameters {
+    kind: MergePolicyKind,
+    fairness_header: Option<String>,
+    fairness_attribute: Option<String>,
+}
+
+/// `merge_policy.type`: whether it is `tier-priority` (else `random-robin`).
+fn is_tiered(kind: &str) -> Result<bool, ConfigError> {
+    match kind {
+        "random-robin" => Ok(false),
+        "tier-priority" => Ok(true),
+        "" => Err(ConfigError::invalid(
+            "merge_policy.type",
+            "required (\"random-robin\" or \"tier-priority\")",
+        )),
+        other => Err(ConfigError::invalid(
+            "merge_policy.type",
+            format!("unknown merge policy {other:?} (known: random-robin, tier-priority)"),
+        )),
+    }
+}
+
+/// `merge_policy.parameters`: an object, empty when absent or null.
+fn parameters_object(parameters: Option<Value>) -> Result<Value, ConfigError> {
+    match parameters {
+        None | Some(Value::Null) => Ok(Value::Object(Default::default())),
+        Some(v @ Value::Object(_)) => Ok(v),
+        Some(other) => Err(ConfigError::invalid(
+            "merge_policy.parameters",
+            format!("must be a JSON object, got {}", json_kind(&other)),
+        )),
+    }
+}
+
+/// The parameters of `tier-priority`: the priority header (checked) and the tier label.
+fn tier_priority(params: Value) -> Result<PolicyParameters, ConfigError> {
+    let p: RawTierPriority = decode_value(params, "merge_policy.parameters")?;
+    let priority_header = match p.priority_header {
+        None => DEFAULT_PRIORITY_HEADER.to_owned(),
+        Some(h) if is_header_name(&h) => h,
         Some(h) => {
             return Err(ConfigError::invalid(
-                "merge_policy.parameters.fairness_header",
+                "merge_policy.parameters.priority_header",
                 format!("invalid HTTP header name {h:?}"),
             ))
         }
     };
-    let attribute = fairness_attribute
-        .filter(|a| !a.is_empty())
-        .unwrap_or_else(|| DEFAULT_FAIRNESS_ATTRIBUTE.to_owned());
-    Ok(MergePolicy {
-        kind,
-        fairness: Fairness { header, attribute },
+    let tier_label = p
+        .tier_label
+        .filter(|l| !l.is_empty())
+        .unwrap_or_else(|| DEFAULT_TIER_LABEL.to_owned());
+    Ok(PolicyParameters {
+        kind: MergePolicyKind::TierPriority(TierPriority {
+            priority_header,
+            tier_label,
+        }),
+        fairness_header: p.fairness_header,
+        fairness_attribute: p.fairness_attribute,
     })
+}
+
+/// The parameters of `random-robin`: the fairness fields only.
+fn random_robin(params: Value) -> Result<PolicyParameters, ConfigError> {
+    let p: RawRandomRobin = decode_value(params, "merge_policy.parameters")?;
+    Ok(PolicyParameters {
+        kind: MergePolicyKind::RandomRobin,
+        fairness_header: p.fairness_header,
+        fairness_attribute: p.fairness_attribute,
+    })
+}
+
+/// `fairness_header`: the default when absent, none when empty, else a valid header name.
+fn fairness_header(header: Option<String>) -> Result<Option<String>, ConfigError> {
+    match header {
+        None => Ok(Some(DEFAULT_FAIRNESS_HEADER.to_owned())),
+        Some(h) if h.is_empty() => Ok(None),
+        Some(h) if is_header_name(&h) => Ok(Some(h)),
+        Some(h) => Err(ConfigError::invalid(
+            "merge_policy.parameters.fairness_header",
+            format!("invalid HTTP header name {h:?}"),
+        )),
+    }
 }
 
 /// An RFC 9110 token: the characters allowed in a header name.

@@ -10,7 +10,7 @@ use crate::queue::connect::RedisTls;
 use crate::queue::ClaimSettings;
 
 use super::args::RunArgs;
-use super::claim::{resolve_claim, ClaimFlags};
+use super::claim::{resolve_claim, ClaimFields, ClaimFlags};
 use super::duration::{parse_duration, DurationError};
 use super::json::decode;
 use super::merge::{parse_merge_policy, MergePolicy};
@@ -128,39 +128,147 @@ pub fn load(args: &RunArgs) -> Result<RunConfig, ConfigError> {
 }
 
 /// Loads the configuration, looking environment variables (`REDIS_URL`) up with `env`.
+///
+/// The steps run in a fixed order, and the first problem found wins: the flags on their own,
+/// then the transport, the OpenTelemetry environment, the pools and the checks across them,
+/// then the merge policy, the claim settings and the reload spec.
 pub fn load_with_env<F>(args: &RunArgs, env: F) -> Result<RunConfig, ConfigError>
 where
     F: Fn(&str) -> Option<String>,
 {
     let env: &dyn Fn(&str) -> Option<String> = &env;
     let mut warnings = Vec::new();
+    let flags = Flags::check(args, &mut warnings)?;
+    let loaded = load_transport(args, env, &mut warnings)?;
+    let otel = super::otel::from_env(env)?;
+    warnings.extend(tracing_warning(
+        loaded.transport.enable_tracing,
+        otel.is_some(),
+    ));
+    let pools = pools(args, &loaded, flags.concurrency, &mut warnings)?;
+    let prometheus = flags.prometheus_url.is_some();
+    check_queue_pools(&loaded.transport.queues, &pools).map_err(|e| loaded.rename(e))?;
+    check_prometheus_gates(&loaded.transport.queues, &pools, prometheus)
+        .map_err(|e| loaded.rename(e))?;
+    check_redis_tls_url(&flags.redis_tls, &loaded.transport)?;
+    let merge_policy = merge_policy(args, &mut warnings)?;
+    let claim = resolve_claim(loaded.claim_fields, flags.claim)?;
+    let reload = super::reload::spec(
+        flags.watch,
+        &loaded.source,
+        loaded.kind,
+        loaded.raw_json,
+        &pools,
+        prometheus,
+    )?;
 
-    let concurrency = match args.concurrency {
-        n if n < 1 => {
-            return Err(ConfigError::invalid(
-                "--concurrency",
-                format!("must be at least 1, got {n}"),
-            ))
-        }
+    Ok(RunConfig {
+        transport_source: loaded.source,
+        transport: loaded.transport,
+        claim,
+        pools,
+        merge_policy,
+        request_timeout: flags.request_timeout,
+        drain_timeout: flags.drain_timeout,
+        health_port: args.health_port,
+        metrics_port: args.metrics_port,
+        metrics_backlog_poll_interval: (!flags.backlog.is_zero()).then_some(flags.backlog),
+        tls: flags.tls,
+        redis_tls: flags.redis_tls,
+        prometheus: PrometheusSettings {
+            url: flags.prometheus_url,
+            cache_ttl: flags.cache_ttl,
+        },
+        transforms: flags.transforms,
+        otel,
+        verbosity: args.v,
+        warnings,
+        reload,
+    })
+}
+
+/// The flags that are checked on their own, before the transport is read.
+struct Flags {
+    concurrency: u32,
+    request_timeout: Duration,
+    drain_timeout: Duration,
+    /// `--metrics-backlog-poll-interval`; zero disables the backlog poll.
+    backlog: Duration,
+    cache_ttl: Duration,
+    /// `--transport-config-watch-interval`, for the reload spec.
+    watch: Duration,
+    transforms: Vec<super::transform::TransformSpec>,
+    tls: Option<TlsFiles>,
+    redis_tls: RedisTls,
+    prometheus_url: Option<String>,
+    /// The claim flags, resolved with the transport's claim fields at the end.
+    claim: ClaimFlags,
+}
+
+impl Flags {
+    /// Checks the flags in the order their errors are reported, and adds the warnings for
+    /// flags inferq ignores.
+    fn check(args: &RunArgs, warnings: &mut Vec<String>) -> Result<Flags, ConfigError> {
+        let concurrency = concurrency(args)?;
+        let request_timeout = positive_duration("--request-timeout", &args.request_timeout)?;
+        // Zero is Go's "do not wait": in-flight requests are aborted and released at once.
+        let drain_timeout = flag_duration("--drain-timeout", &args.drain_timeout)?;
+        let backlog = flag_duration(
+            "--metrics-backlog-poll-interval",
+            &args.metrics_backlog_poll_interval,
+        )?;
+        let cache_ttl = flag_duration("--prometheus-cache-ttl", &args.prometheus_cache_ttl)?;
+        let watch = flag_duration(
+            "--transport-config-watch-interval",
+            &args.transport_config_watch_interval,
+        )?;
+        check_ports(args)?;
+        let transforms = match non_empty(&args.transform_config_file) {
+            Some(path) => {
+                super::transform::parse_transforms(&read("--transform-config-file", path)?)?
+            }
+            None => Vec::new(),
+        };
+        let tls = tls_files(args)?;
+        let redis_tls = redis_tls(args)?;
+        let prometheus_url = prometheus_url(args)?;
+        let claim = claim_flags(args)?;
+        warnings.extend(ignored_flag_warnings(args)?);
+        warnings.extend(logging_warnings(args));
+        Ok(Flags {
+            concurrency,
+            request_timeout,
+            drain_timeout,
+            backlog,
+            cache_ttl,
+            watch,
+            transforms,
+            tls,
+            redis_tls,
+            prometheus_url,
+            claim,
+        })
+    }
+}
+
+/// `--concurrency`: the workers of the default pool, at least 1.
+fn concurrency(args: &RunArgs) -> Result<u32, ConfigError> {
+    match args.concurrency {
+        n if n < 1 => Err(ConfigError::invalid(
+            "--concurrency",
+            format!("must be at least 1, got {n}"),
+        )),
         n => u32::try_from(n).map_err(|_| {
             ConfigError::invalid(
                 "--concurrency",
                 format!("must be at most {}, got {n}", u32::MAX),
             )
-        })?,
-    };
-    let request_timeout = positive_duration("--request-timeout", &args.request_timeout)?;
-    // Zero is Go's "do not wait": in-flight requests are aborted and released at once.
-    let drain_timeout = flag_duration("--drain-timeout", &args.drain_timeout)?;
-    let backlog = flag_duration(
-        "--metrics-backlog-poll-interval",
-        &args.metrics_backlog_poll_interval,
-    )?;
-    let cache_ttl = flag_duration("--prometheus-cache-ttl", &args.prometheus_cache_ttl)?;
-    let watch = flag_duration(
-        "--transport-config-watch-interval",
-        &args.transport_config_watch_interval,
-    )?;
+        }),
+    }
+}
+
+/// The health and metrics ports differ (unless both are 0, any free port).
+fn check_ports(args: &RunArgs) -> Result<(), ConfigError> {
     if args.health_port == args.metrics_port && args.health_port != 0 {
         return Err(ConfigError::invalid(
             "--metrics-port",
@@ -170,27 +278,36 @@ where
             ),
         ));
     }
-    let transforms = match non_empty(&args.transform_config_file) {
-        Some(path) => super::transform::parse_transforms(&read("--transform-config-file", path)?)?,
-        None => Vec::new(),
-    };
-    let tls = tls_files(args)?;
-    let redis_tls = redis_tls(args)?;
-    let prometheus_url = match args.prometheus_url.as_ref().map(|u| u.expose()) {
-        None | Some("") => None,
+    Ok(())
+}
+
+/// `--prometheus-url`, when set: an http or https URL.
+fn prometheus_url(args: &RunArgs) -> Result<Option<String>, ConfigError> {
+    match args.prometheus_url.as_ref().map(|u| u.expose()) {
+        None | Some("") => Ok(None),
         Some(url) => {
             check_http_url(url)
                 .map_err(|reason| ConfigError::invalid("--prometheus-url", reason))?;
-            Some(url.to_owned())
+            Ok(Some(url.to_owned()))
         }
-    };
-    let claim_flags = ClaimFlags {
+    }
+}
+
+/// The claim flags, each an optional duration.
+fn claim_flags(args: &RunArgs) -> Result<ClaimFlags, ConfigError> {
+    Ok(ClaimFlags {
         lease: optional_duration("--claim-lease-ttl", &args.claim_lease_ttl)?,
         reclaim_interval: optional_duration(
             "--claim-reclaim-interval",
             &args.claim_reclaim_interval,
         )?,
-    };
+    })
+}
+
+/// Warnings for Go flags inferq accepts but ignores (a bad `--result-dedup-ttl` is still an
+/// error, as in Go).
+fn ignored_flag_warnings(args: &RunArgs) -> Result<Vec<String>, ConfigError> {
+    let mut warnings = Vec::new();
     if optional_duration("--result-dedup-ttl", &args.result_dedup_ttl)?.is_some() {
         warnings.push(
             "--result-dedup-ttl is ignored: inferq moves each request as a single copy, so no \
@@ -206,33 +323,76 @@ where
                 .to_owned(),
         );
     }
+    Ok(warnings)
+}
 
-    warnings.extend(logging_warnings(args));
+/// The transport as resolved, with what the rest of loading needs to know of where it came
+/// from.
+struct LoadedTransport {
+    source: TransportSource,
+    kind: TransportKind,
+    /// What the running config was read from, for a reload to compare with.
+    raw_json: serde_json::Value,
+    transport: SortedSetConfig,
+    /// The claim fields of the transport config, resolved with the claim flags.
+    claim_fields: ClaimFields,
+    /// How to name the legacy flags in errors, when the transport was synthesised from them.
+    legacy: Option<legacy::Legacy>,
+}
 
-    // Transport: the new JSON surface, or the legacy flags.
-    let (transport_source, kind, raw, legacy) = select_transport(args, env, &mut warnings)?;
-    // What the running config was read from, for a reload to compare with.
-    let raw_json = serde_json::to_value(&raw).unwrap_or(serde_json::Value::Null);
-    // Errors about the config the legacy flags made name those flags.
-    let rename = |e: ConfigError| match &legacy {
+impl LoadedTransport {
+    fn rename(&self, e: ConfigError) -> ConfigError {
+        rename_legacy(self.legacy.as_ref(), e)
+    }
+}
+
+/// Errors about the config the legacy flags made name those flags.
+fn rename_legacy(legacy: Option<&legacy::Legacy>, e: ConfigError) -> ConfigError {
+    match legacy {
         Some(legacy) => legacy.rename(e),
         None => e,
-    };
-    let (mut transport, claim_fields) = match kind {
-        TransportKind::SortedSet => resolve(raw, env, &mut warnings),
-        TransportKind::PubSub => resolve_pubsub(raw, env, &mut warnings),
     }
-    .map_err(rename)?;
+}
+
+/// Transport: the new JSON surface, or the legacy flags, resolved into the sorted-set config.
+fn load_transport(
+    args: &RunArgs,
+    env: &dyn Fn(&str) -> Option<String>,
+    warnings: &mut Vec<String>,
+) -> Result<LoadedTransport, ConfigError> {
+    let (source, kind, raw, legacy) = select_transport(args, env, warnings)?;
+    // What the running config was read from, for a reload to compare with.
+    let raw_json = serde_json::to_value(&raw).unwrap_or(serde_json::Value::Null);
+    let (mut transport, claim_fields) = match kind {
+        TransportKind::SortedSet => resolve(raw, env, warnings),
+        TransportKind::PubSub => resolve_pubsub(raw, env, warnings),
+    }
+    .map_err(|e| rename_legacy(legacy.as_ref(), e))?;
     if let Some(legacy) = &legacy {
         for q in &mut transport.queues {
             q.gate_params_field = legacy.name(&q.gate_params_field);
         }
     }
-    let otel = super::otel::from_env(env)?;
-    warnings.extend(tracing_warning(transport.enable_tracing, otel.is_some()));
+    Ok(LoadedTransport {
+        source,
+        kind,
+        raw_json,
+        transport,
+        claim_fields,
+        legacy,
+    })
+}
 
-    let pools = match non_empty(&args.pool_config_file) {
-        Some(_) if legacy.is_some() && !legacy::has_queues_config(args) => {
+/// The worker pools: from `--pool-config-file`, or one default pool of `--concurrency`
+/// workers.
+fn pools(
+    args: &RunArgs,
+    loaded: &LoadedTransport,
+    concurrency: u32,
+    warnings: &mut Vec<String>,
+) -> Result<Vec<PoolConfig>, ConfigError> {
+    Ok(match non_empty(&args.pool_config_file) {
+        Some(_) if loaded.legacy.is_some() && !legacy::has_queues_config(args) => {
             return Err(ConfigError::invalid(
                 "--pool-config-file",
                 "pool-config-file can only be specified when a transport/queues config is also \
@@ -248,13 +408,17 @@ where
                      `workers` sets its size"
                 ));
             }
-            parse_pools(&read("--pool-config-file", path)?, &mut warnings)?
+            parse_pools(&read("--pool-config-file", path)?, warnings)?
         }
         None => default_pools(concurrency),
-    };
-    check_queue_pools(&transport.queues, &pools).map_err(rename)?;
-    check_prometheus_gates(&transport.queues, &pools, prometheus_url.is_some()).map_err(rename)?;
+    })
+}
 
+/// Redis TLS files ask for a `rediss://` Redis URL.
+fn check_redis_tls_url(
+    redis_tls: &RedisTls,
+    transport: &SortedSetConfig,
+) -> Result<(), ConfigError> {
     if redis_tls.is_configured() && !transport.url.is_tls() {
         return Err(ConfigError::invalid(
             "--redis-tls-ca-cert",
@@ -264,40 +428,7 @@ where
             ),
         ));
     }
-    let merge_policy = merge_policy(args, &mut warnings)?;
-    let claim = resolve_claim(claim_fields, claim_flags)?;
-    let reload = super::reload::spec(
-        watch,
-        &transport_source,
-        kind,
-        raw_json,
-        &pools,
-        prometheus_url.is_some(),
-    )?;
-
-    Ok(RunConfig {
-        transport_source,
-        transport,
-        claim,
-        pools,
-        merge_policy,
-        request_timeout,
-        drain_timeout,
-        health_port: args.health_port,
-        metrics_port: args.metrics_port,
-        metrics_backlog_poll_interval: (!backlog.is_zero()).then_some(backlog),
-        tls,
-        redis_tls,
-        prometheus: PrometheusSettings {
-            url: prometheus_url,
-            cache_ttl,
-        },
-        transforms,
-        otel,
-        verbosity: args.v,
-        warnings,
-        reload,
-    })
+    Ok(())
 }
 
 /// Every queue's `worker_pool_id` names one of `pools`.
@@ -378,56 +509,8 @@ fn select_transport(
         let (kind, raw, legacy) = legacy::synthesise(args, env, warnings)?;
         return Ok((TransportSource::LegacyFlags, kind, raw, Some(legacy)));
     }
-    let kind = match args.transport.as_deref() {
-        Some(SORTED_SET) => TransportKind::SortedSet,
-        Some(PUBSUB) => TransportKind::PubSub,
-        Some(other) => {
-            return Err(ConfigError::unsupported(
-                "--transport",
-                format!(
-                    "{other:?} is not supported; inferq supports {SORTED_SET} and {PUBSUB} \
-                     (gcp-pubsub is not supported)"
-                ),
-            ))
-        }
-        None => {
-            return Err(ConfigError::invalid(
-                "--transport",
-                "not set, so Go would use redis-pubsub; inferq asks for the choice to be \
-                 explicit: pass --transport=redis-pubsub or --transport=redis-sortedset",
-            ))
-        }
-    };
-    let inline = args
-        .transport_config
-        .as_ref()
-        .map(|c| c.expose())
-        .filter(|c| !c.is_empty());
-    let file = non_empty(&args.transport_config_file);
-    let (source, text, name) = match (inline, file) {
-        (Some(_), Some(_)) => {
-            return Err(ConfigError::invalid(
-                "--transport-config",
-                "set only one of --transport-config and --transport-config-file",
-            ))
-        }
-        (None, None) => {
-            return Err(ConfigError::invalid(
-                "--transport-config",
-                "required with --transport: set --transport-config or --transport-config-file",
-            ))
-        }
-        (Some(text), None) => (
-            TransportSource::Inline,
-            text.to_owned(),
-            "--transport-config",
-        ),
-        (None, Some(path)) => (
-            TransportSource::File(PathBuf::from(path)),
-            read("--transport-config-file", path)?,
-            "--transport-config-file",
-        ),
-    };
+    let kind = transport_kind(args)?;
+    let (source, text, name) = transport_config_text(args)?;
     let ignored = args.legacy_flags_set();
     if !ignored.is_empty() {
         warnings.push(format!(
@@ -437,6 +520,59 @@ fn select_transport(
     }
     let raw = decode(&text, "", name, &RAW_SORTED_SET_OBJECTS)?;
     Ok((source, kind, raw, None))
+}
+
+/// `--transport`: one of the two Redis transports, named explicitly.
+fn transport_kind(args: &RunArgs) -> Result<TransportKind, ConfigError> {
+    match args.transport.as_deref() {
+        Some(SORTED_SET) => Ok(TransportKind::SortedSet),
+        Some(PUBSUB) => Ok(TransportKind::PubSub),
+        Some(other) => Err(ConfigError::unsupported(
+            "--transport",
+            format!(
+                "{other:?} is not supported; inferq supports {SORTED_SET} and {PUBSUB} \
+                 (gcp-pubsub is not supported)"
+            ),
+        )),
+        None => Err(ConfigError::invalid(
+            "--transport",
+            "not set, so Go would use redis-pubsub; inferq asks for the choice to be \
+             explicit: pass --transport=redis-pubsub or --transport=redis-sortedset",
+        )),
+    }
+}
+
+/// The transport config's text from exactly one of `--transport-config` (inline) and
+/// `--transport-config-file`, with where it came from and the flag that named it.
+fn transport_config_text(
+    args: &RunArgs,
+) -> Result<(TransportSource, String, &'static str), ConfigError> {
+    let inline = args
+        .transport_config
+        .as_ref()
+        .map(|c| c.expose())
+        .filter(|c| !c.is_empty());
+    let file = non_empty(&args.transport_config_file);
+    match (inline, file) {
+        (Some(_), Some(_)) => Err(ConfigError::invalid(
+            "--transport-config",
+            "set only one of --transport-config and --transport-config-file",
+        )),
+        (None, None) => Err(ConfigError::invalid(
+            "--transport-config",
+            "required with --transport: set --transport-config or --transport-config-file",
+        )),
+        (Some(text), None) => Ok((
+            TransportSource::Inline,
+            text.to_owned(),
+            "--transport-config",
+        )),
+        (None, Some(path)) => Ok((
+            TransportSource::File(PathBuf::from(path)),
+            read("--transport-config-file", path)?,
+            "--transport-config-file",
+        )),
+    }
 }
 
 /// Warnings for Go's zap flags where inferq's logs differ from what they ask of Go's: the level

@@ -267,83 +267,95 @@ impl Queue {
         items: Vec<(String, String)>,
         read: &StagedRead,
     ) -> Result<u64, QueueError> {
-        // Per list: its TTL (the longest asked), and its (claim key, result) pairs.
-        let mut by_list: BTreeMap<String, (u64, Vec<(String, String)>)> = BTreeMap::new();
-        let mut unreadable = Vec::new();
-        for (ck, value) in items {
-            match serde_json::from_str::<Staged>(&value) {
-                Ok(s) => {
-                    let (ttl_s, pairs) = by_list.entry(s.list).or_default();
-                    *ttl_s = (*ttl_s).max(s.ttl_s);
-                    pairs.push((ck, s.result));
-                }
-                Err(e) => {
-                    unreadable.push((ck, format!("staged result does not parse: {e}"), value))
-                }
-            }
-        }
+        let (by_list, unreadable) = group_by_list(items);
         let retention = delivered_retention(self.settings().lease)
             .as_millis()
             .to_string();
-        let deliveries = by_list.into_iter().map(|(list, (ttl_s, items))| {
-            let mut con = self.con.clone();
-            let retention = retention.clone();
-            async move {
-                let keys = [list.clone(), delivered_key(&list, self.name())];
-                let ttl_s = ttl_s.to_string();
-                let mut args: Vec<&str> = vec![&retention, &ttl_s, &read.at_ms, &read.oldest_ms];
-                for (ck, result) in &items {
-                    args.push(ck);
-                    args.push(result);
-                }
-                let cmd = SCRIPTS.deliver_once.cmd(&keys, &args);
-                let answer = SCRIPTS.deliver_once.run(&mut con, &cmd).await;
-                (list, items, answer)
-            }
-        });
-        let mut unstage: Vec<(String, String)> = Vec::new();
-        let mut first_error = None;
+        let deliveries = by_list
+            .into_iter()
+            .map(|(list, (ttl_s, items))| self.deliver_once(list, ttl_s, items, &retention, read));
+        let mut settled = Settled::default();
         for (list, items, answer) in join_all(deliveries).await {
-            match answer {
-                // With a replica wait, a staged result stays until its push is on the replicas:
-                // upkeep pushes it again if a fail-over lost the push (and its marker).
-                // The read was too old to push on (a stalled caller): read again later.
-                Ok(Value::BulkString(s)) if s == b"stale" => {
-                    first_error.get_or_insert(QueueError::Reply {
-                        script: "deliverOnce",
-                        detail: "the staged state was read too long ago; upkeep reads it again"
-                            .to_owned(),
-                    });
-                }
-                Ok(Value::Array(_)) => match self.settings().replica_wait {
-                    Some(wait) if !self.wait_for_replicas(&list, wait).await => {}
-                    _ => unstage.extend(items.into_iter().map(|(ck, _)| (ck, String::new()))),
-                },
-                Ok(other) => {
-                    first_error.get_or_insert(QueueError::Reply {
-                        script: "deliverOnce",
-                        detail: format!("{other:?}"),
-                    });
-                }
-                // Redis refuses the list for good (another type, an ACL rule): set aside.
-                Err(e) if super::moves::is_refusal(&e) => {
-                    for (ck, result) in items {
-                        let why = format!("its result could not be published to {list:?}: {e}");
-                        unstage.push((ck.clone(), self.refused_record(&ck, &why, result)));
-                    }
-                }
-                Err(e) => {
-                    first_error.get_or_insert(QueueError::Redis(e));
-                }
-            }
+            self.take_answer(&mut settled, list, items, answer).await;
         }
         for (ck, why, value) in unreadable {
-            unstage.push((ck.clone(), self.refused_record(&ck, &why, value)));
+            let record = self.refused_record(&ck, &why, value);
+            settled.unstage.push((ck, record));
         }
-        let dropped = self.unstage(&unstage).await?;
-        match first_error {
+        let dropped = self.unstage(&settled.unstage).await?;
+        match settled.first_error {
             Some(e) => Err(e),
             None => Ok(dropped),
+        }
+    }
+
+    /// Step 2 for one list: pushes its `(claim key, result)` pairs once each (`deliverOnce`).
+    /// Gives back the list and its pairs with Redis's answer.
+    async fn deliver_once(
+        &self,
+        list: String,
+        ttl_s: u64,
+        items: Vec<(String, String)>,
+        retention: &str,
+        read: &StagedRead,
+    ) -> (String, Vec<(String, String)>, redis::RedisResult<Value>) {
+        let mut con = self.con.clone();
+        let keys = [list.clone(), delivered_key(&list, self.name())];
+        let ttl_s = ttl_s.to_string();
+        let mut args: Vec<&str> = vec![retention, &ttl_s, &read.at_ms, &read.oldest_ms];
+        for (ck, result) in &items {
+            args.push(ck);
+            args.push(result);
+        }
+        let cmd = SCRIPTS.deliver_once.cmd(&keys, &args);
+        let answer = SCRIPTS.deliver_once.run(&mut con, &cmd).await;
+        (list, items, answer)
+    }
+
+    /// What one list's delivery means for its staged entries: dropped once pushed (and on the
+    /// replicas, when asked), set aside when Redis refuses the list, kept otherwise.
+    async fn take_answer(
+        &self,
+        settled: &mut Settled,
+        list: String,
+        items: Vec<(String, String)>,
+        answer: redis::RedisResult<Value>,
+    ) {
+        match answer {
+            // With a replica wait, a staged result stays until its push is on the replicas:
+            // upkeep pushes it again if a fail-over lost the push (and its marker).
+            // The read was too old to push on (a stalled caller): read again later.
+            Ok(Value::BulkString(s)) if s == b"stale" => {
+                settled.first_error.get_or_insert(QueueError::Reply {
+                    script: "deliverOnce",
+                    detail: "the staged state was read too long ago; upkeep reads it again"
+                        .to_owned(),
+                });
+            }
+            Ok(Value::Array(_)) => match self.settings().replica_wait {
+                Some(wait) if !self.wait_for_replicas(&list, wait).await => {}
+                _ => settled
+                    .unstage
+                    .extend(items.into_iter().map(|(ck, _)| (ck, String::new()))),
+            },
+            Ok(other) => {
+                settled.first_error.get_or_insert(QueueError::Reply {
+                    script: "deliverOnce",
+                    detail: format!("{other:?}"),
+                });
+            }
+            // Redis refuses the list for good (another type, an ACL rule): set aside.
+            Err(e) if super::moves::is_refusal(&e) => {
+                for (ck, result) in items {
+                    let why = format!("its result could not be published to {list:?}: {e}");
+                    settled
+                        .unstage
+                        .push((ck.clone(), self.refused_record(&ck, &why, result)));
+                }
+            }
+            Err(e) => {
+                settled.first_error.get_or_insert(QueueError::Redis(e));
+            }
         }
     }
 
@@ -486,6 +498,37 @@ impl Queue {
         }
         Ok(moved)
     }
+}
+
+/// Per result list: its TTL (the longest asked), and its `(claim key, result)` pairs.
+type ByList = BTreeMap<String, (u64, Vec<(String, String)>)>;
+
+/// Staged results `(claim key, staged value)` grouped [`ByList`]; apart, those that do not
+/// parse, as `(claim key, why, staged value)`.
+fn group_by_list(items: Vec<(String, String)>) -> (ByList, Vec<(String, String, String)>) {
+    let mut by_list = ByList::new();
+    let mut unreadable = Vec::new();
+    for (ck, value) in items {
+        match serde_json::from_str::<Staged>(&value) {
+            Ok(s) => {
+                let (ttl_s, pairs) = by_list.entry(s.list).or_default();
+                *ttl_s = (*ttl_s).max(s.ttl_s);
+                pairs.push((ck, s.result));
+            }
+            Err(e) => unreadable.push((ck, format!("staged result does not parse: {e}"), value)),
+        }
+    }
+    (by_list, unreadable)
+}
+
+/// What the deliveries of one settling leave to do.
+#[derive(Default)]
+struct Settled {
+    /// Staged entries to drop `(claim key, dead-letter record)`: the record empty for a
+    /// result delivered, else the record of a result set aside.
+    unstage: Vec<(String, String)>,
+    /// The first failure met; the rest still settle.
+    first_error: Option<QueueError>,
 }
 
 /// A Go retry member's origin queue (`internal.request_queue_name`; `None` when it does not

@@ -311,41 +311,11 @@ impl DeadLetters {
         let mut keys = vec![self.keys.dead.clone(), self.keys.pending.clone()];
         if cluster {
             // The markers live in other slots: checked here, the active one written after.
-            let mut con = self.con.clone();
-            let (active, cancel): (Option<String>, Option<String>) = (
-                redis::cmd("GET")
-                    .arg(active_key(&id))
-                    .query_async(&mut con)
-                    .await?,
-                redis::cmd("GET")
-                    .arg(cancel_key(&id))
-                    .query_async(&mut con)
-                    .await?,
-            );
-            if active.as_ref().is_some_and(|a| *a != old_token) {
-                return Ok(Err(Unrequeueable::NewerGeneration(id)));
-            }
-            if !old_token.is_empty() && cancel.as_deref() == Some(old_token.as_str()) {
-                return Ok(Err(Unrequeueable::Cancelled));
-            }
-            let payload = &env.internal.payload_ref;
-            if !payload.is_empty() {
-                // TYPE, not EXISTS: it is in the processor's ACL rule, which the operator's
-                // extends.
-                let kind: String = redis::cmd("TYPE")
-                    .arg(payload)
-                    .query_async(&mut con)
-                    .await?;
-                if kind == "none" {
-                    return Ok(Err(Unrequeueable::PayloadGone(payload.clone())));
-                }
+            if let Err(why) = self.check_markers_apart(&env, &old_token).await? {
+                return Ok(Err(why));
             }
         } else {
-            keys.push(active_key(&id));
-            keys.push(cancel_key(&id));
-            if !env.internal.payload_ref.is_empty() {
-                keys.push(env.internal.payload_ref.clone());
-            }
+            push_marker_keys(&mut keys, &env);
         }
         let score = score_of(deadline, env.internal.enqueue_seq);
         let from_tail = listed.from_tail.to_string();
@@ -361,31 +331,64 @@ impl DeadLetters {
         let cmd = SCRIPTS.requeue.cmd(&keys, &args);
         let reply = SCRIPTS.requeue.run(&mut self.con.clone(), &cmd).await?;
         if cluster && reply == Value::Int(1) {
-            let _: () = redis::cmd("SET")
-                .arg(active_key(&id))
-                .arg(&env.internal.request_token)
-                .arg("PX")
-                .arg(&ttl_ms)
-                .query_async(&mut self.con.clone())
+            self.mark_active(&id, &env.internal.request_token, &ttl_ms)
                 .await?;
         }
-        Ok(match reply {
-            Value::Int(1) => Ok(Requeued {
-                id,
-                request_token: env.internal.request_token,
-                deadline,
-            }),
-            Value::Int(0) => Err(Unrequeueable::Gone),
-            Value::Int(-1) => Err(Unrequeueable::NewerGeneration(id)),
-            Value::Int(-2) => Err(Unrequeueable::Cancelled),
-            Value::Int(-3) => Err(Unrequeueable::PayloadGone(env.internal.payload_ref)),
-            other => {
-                return Err(QueueError::Reply {
-                    script: "requeue",
-                    detail: format!("{other:?}"),
-                })
+        requeued_of(reply, id, env)
+    }
+
+    /// On a cluster, where the producer's markers and a stored-apart body live in other slots
+    /// than the dead list: whether they still let this generation be requeued, read before the
+    /// script runs.
+    async fn check_markers_apart(
+        &self,
+        env: &Envelope,
+        old_token: &str,
+    ) -> Result<Result<(), Unrequeueable>, QueueError> {
+        let id = &env.request.id;
+        let mut con = self.con.clone();
+        let (active, cancel): (Option<String>, Option<String>) = (
+            redis::cmd("GET")
+                .arg(active_key(id))
+                .query_async(&mut con)
+                .await?,
+            redis::cmd("GET")
+                .arg(cancel_key(id))
+                .query_async(&mut con)
+                .await?,
+        );
+        if active.as_ref().is_some_and(|a| *a != old_token) {
+            return Ok(Err(Unrequeueable::NewerGeneration(id.clone())));
+        }
+        if !old_token.is_empty() && cancel.as_deref() == Some(old_token) {
+            return Ok(Err(Unrequeueable::Cancelled));
+        }
+        let payload = &env.internal.payload_ref;
+        if !payload.is_empty() {
+            // TYPE, not EXISTS: it is in the processor's ACL rule, which the operator's
+            // extends.
+            let kind: String = redis::cmd("TYPE")
+                .arg(payload)
+                .query_async(&mut con)
+                .await?;
+            if kind == "none" {
+                return Ok(Err(Unrequeueable::PayloadGone(payload.clone())));
             }
-        })
+        }
+        Ok(Ok(()))
+    }
+
+    /// On a cluster, after the script requeued it: the producer's active marker names the new
+    /// generation, for as long as its deadline allows.
+    async fn mark_active(&self, id: &str, token: &str, ttl_ms: &str) -> Result<(), QueueError> {
+        let _: () = redis::cmd("SET")
+            .arg(active_key(id))
+            .arg(token)
+            .arg("PX")
+            .arg(ttl_ms)
+            .query_async(&mut self.con.clone())
+            .await?;
+        Ok(())
     }
 
     /// Removes these entries (each by its exact text, scanning from the end of the list it
@@ -423,6 +426,42 @@ impl DeadLetters {
             }),
         }
     }
+}
+
+/// On one server: the producer's markers of the generation (active, then cancel) and its
+/// stored-apart body, checked by the script itself.
+fn push_marker_keys(keys: &mut Vec<String>, env: &Envelope) {
+    keys.push(active_key(&env.request.id));
+    keys.push(cancel_key(&env.request.id));
+    if !env.internal.payload_ref.is_empty() {
+        keys.push(env.internal.payload_ref.clone());
+    }
+}
+
+/// What the `requeue` script's reply says about the generation of request `id`.
+fn requeued_of(
+    reply: Value,
+    id: String,
+    env: Envelope,
+) -> Result<Result<Requeued, Unrequeueable>, QueueError> {
+    let deadline = env.request.deadline;
+    Ok(match reply {
+        Value::Int(1) => Ok(Requeued {
+            id,
+            request_token: env.internal.request_token,
+            deadline,
+        }),
+        Value::Int(0) => Err(Unrequeueable::Gone),
+        Value::Int(-1) => Err(Unrequeueable::NewerGeneration(id)),
+        Value::Int(-2) => Err(Unrequeueable::Cancelled),
+        Value::Int(-3) => Err(Unrequeueable::PayloadGone(env.internal.payload_ref)),
+        other => {
+            return Err(QueueError::Reply {
+                script: "requeue",
+                detail: format!("{other:?}"),
+            })
+        }
+    })
 }
 
 #[cfg(test)]
