@@ -29,7 +29,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             model: String::new(),
         })
         .await?;
-    println!("submitted {} (generation {})", submitted.id, submitted.request_token);
+    println!(
+        "submitted {} (generation {})",
+        submitted.id, submitted.request_token
+    );
     match producer.pop_result(Duration::from_secs(60)).await? {
         Some(result) => println!("{}", result.to_json()),
         None => println!("no result within a minute: is a processor running?"),

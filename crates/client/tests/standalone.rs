@@ -47,7 +47,11 @@ async fn a_producer_submits_takes_results_and_cancels() {
         .unwrap();
     assert_eq!(members.len(), 1);
     let envelope = Envelope::decode(&members[0].0).unwrap();
-    assert_eq!(envelope.request.payload.get(), body, "the body, byte for byte");
+    assert_eq!(
+        envelope.request.payload.get(),
+        body,
+        "the body, byte for byte"
+    );
     assert_eq!(members[0].1.floor() as i64, deadline, "scored by deadline");
 
     let pushed = ResultMessage::http("a", 200, br#"{"ok":true}"#);
