@@ -20,8 +20,16 @@
 //! [`MAX_WAITING_BYTES`] of claimed members wait in the pool channel for a worker, it claims
 //! nothing, and a poll claims no more than the room left (but at least one member). A poll
 //! peeks at as many members as the room left holds at the size of the largest member of the
-//! previous poll ([`FIRST_LOOK`](window::FIRST_LOOK) members while none has been seen; halved for each poll that
-//! failed in a row), so a queue of big members is not read in whole batches either.
+//! previous poll ([`FIRST_LOOK`](window::FIRST_LOOK) members while none has been seen; halved
+//! for each poll that failed in a row), so a queue of big members is not read in whole batches
+//! either.
+//!
+//! This file is the poll loop ([`run_consumer`]: room, budget, poll, pause); the rest is in
+//! rooms of its own:
+//! - [`window`]: where a poll looks down the queue, and how far.
+//! - [`poll`]: one poll: look (peek, decode, triage), claim, hand each claim on.
+//! - [`triage`]: the queue gate and the last-chance rule, before the claim.
+//! - [`dead`]: members that cannot be requests, set aside.
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;

@@ -5,6 +5,9 @@
 //!
 //! A cancel marker, a lost lease or the end of the drain time aborts the in-flight HTTP request
 //! at once: GPU time spent on a result that cannot be published is waste.
+//!
+//! [`work`] reads as the request's journey: taken up, checked, through the pool gate (its wait
+//! is in [`pool_gate`]), made ready, sent, and decided.
 
 use std::borrow::Cow;
 use std::sync::Arc;
