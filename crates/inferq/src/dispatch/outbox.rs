@@ -43,6 +43,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
+use prometheus_client::metrics::gauge::Gauge;
 use tokio::sync::mpsc::UnboundedReceiver;
 use tokio_util::sync::CancellationToken;
 
@@ -50,7 +51,7 @@ use super::context::QueueCtx;
 use super::last_chance::Slot;
 use super::load::Charge;
 use crate::ops::Trouble;
-use crate::queue::{Finish, Finished};
+use crate::queue::{Finish, Finished, QueueError};
 
 /// Most outcomes written per round trip.
 pub const MAX_BATCH: usize = 256;
@@ -89,32 +90,92 @@ pub async fn run_outbox(
     mut rx: UnboundedReceiver<Outgoing>,
     flush: CancellationToken,
 ) {
-    let mut waiting: VecDeque<Outgoing> = VecDeque::new();
-    let mut backoff = Duration::from_millis(50);
-    let mut refused_in_a_row = 0u32;
-    // Round trips still to make one outcome at a time (after a write with a big outcome in it
-    // lost the connection), and how often in a row a big outcome alone lost it.
-    let mut alone = 0usize;
-    let mut cut_alone = 0u32;
-    // Whether /readyz was told that Redis refuses (or does not take) this queue's results.
-    let mut reported = false;
     let depth = ctx.metrics.outbox_depth.get_or_create(&ctx.labels).clone();
-    loop {
-        if waiting.is_empty() {
+    let mut outbox = Outbox {
+        ctx,
+        waiting: VecDeque::new(),
+        backoff: Duration::from_millis(50),
+        refused_in_a_row: 0,
+        alone: 0,
+        cut_alone: 0,
+        reported: false,
+        depth,
+    };
+    while outbox.collect(&mut rx, &flush).await {
+        outbox.drop_lost();
+        if outbox.waiting.is_empty() {
+            // Nothing left to write (what was kept lost its lease): nothing is refused or
+            // stalled now; the next outcome tells again.
+            report(&outbox.ctx, &mut outbox.reported, None);
+            continue;
+        }
+        if outbox.write_next().await {
+            outbox.show_depth();
+        }
+    }
+    outbox.depth.set(0);
+}
+
+/// One queue's outbox: the outcomes waiting, and what it remembers between round trips.
+struct Outbox {
+    ctx: Arc<QueueCtx>,
+    waiting: VecDeque<Outgoing>,
+    /// The pause before the next try after a failed or refused write.
+    backoff: Duration,
+    /// Round trips in a row in which Redis refused this queue's results.
+    refused_in_a_row: u32,
+    /// Round trips still to make one outcome at a time (after a write with a big outcome in it
+    /// lost the connection).
+    alone: usize,
+    /// How often in a row a big outcome alone lost the connection.
+    cut_alone: u32,
+    /// Whether /readyz was told that Redis refuses (or does not take) this queue's results.
+    reported: bool,
+    /// `inferq_outbox_depth` of this queue.
+    depth: Gauge,
+}
+
+/// What the statuses of one round trip add up to.
+#[derive(Default)]
+struct Round {
+    /// Outcomes for a result list this queue is configured with that Redis refused: kept and
+    /// retried, as in an outage (see the module comment).
+    kept: Vec<Outgoing>,
+    /// The last such refusal: the list and Redis's error.
+    refusal: Option<(String, String)>,
+    /// Whether a retry was parked: the promoter looks again.
+    parked: bool,
+}
+
+impl Outbox {
+    /// Waits for an outcome while none waits, then takes every one that has arrived. `false`
+    /// once nothing is left: the channel closed, or flushing with the channel empty.
+    async fn collect(
+        &mut self,
+        rx: &mut UnboundedReceiver<Outgoing>,
+        flush: &CancellationToken,
+    ) -> bool {
+        if self.waiting.is_empty() {
             let next = tokio::select! {
                 biased;
                 f = rx.recv() => f,
                 _ = flush.cancelled() => rx.try_recv().ok(),
             };
             match next {
-                Some(f) => waiting.push_back(f),
-                None => break,
+                Some(f) => self.waiting.push_back(f),
+                None => return false,
             }
         }
         while let Ok(f) = rx.try_recv() {
-            waiting.push_back(f);
+            self.waiting.push_back(f);
         }
-        waiting.retain(|f| {
+        true
+    }
+
+    /// Drops the outcomes whose lease is lost (another instance redoes those requests).
+    fn drop_lost(&mut self) {
+        let ctx = &self.ctx;
+        self.waiting.retain(|f| {
             let valid = ctx.holdings.is_held(f.finish.fence());
             if !valid {
                 ctx.metrics.outbox_dropped.get_or_create(&ctx.labels).inc();
@@ -122,126 +183,171 @@ pub async fn run_outbox(
             }
             valid
         });
-        depth.set(i64::try_from(waiting.len()).unwrap_or(i64::MAX));
-        if waiting.is_empty() {
-            // Nothing left to write (what was kept lost its lease): nothing is refused or
-            // stalled now; the next outcome tells again.
-            report(&ctx, &mut reported, None);
-            continue;
-        }
-        let n = if alone > 0 { 1 } else { batch_len(&waiting) };
-        let mut batch: Vec<Outgoing> = waiting.drain(..n).collect();
-        match ctx.queue.finish(&batch).await {
-            Ok(statuses) => {
-                alone = alone.saturating_sub(1);
-                cut_alone = 0;
-                // Outcomes for a result list this queue is configured with that Redis refused:
-                // kept and retried, as in an outage (see the module comment).
-                let mut kept: Vec<Outgoing> = Vec::new();
-                let mut refusal: Option<(String, String)> = None;
-                let mut parked = false;
-                for (o, status) in batch.into_iter().zip(statuses) {
-                    // Redis said the outcome is too big for it: no try will do better.
-                    let (o, status) = match status {
-                        Finished::Failed(e)
-                            if o.finish.size() >= BIG_OUTCOME && e.contains(OVERSIZE_REFUSAL) =>
-                        {
-                            match too_big(&ctx, &o.finish, &format!("Redis refused it ({e})")) {
-                                Some(instead) => {
-                                    waiting.push_back(o.replaced(&ctx, instead));
-                                    continue;
-                                }
-                                None => (o, Finished::Failed(e)),
-                            }
-                        }
-                        status => (o, status),
-                    };
-                    let f = &o.finish;
-                    let own_list = configured_list(&ctx, f);
-                    match status {
-                        Finished::Published => {
-                            parked |= matches!(f, Finish::Park { .. });
-                        }
-                        Finished::NotYours => {
-                            ctx.series.fenced.get().inc();
-                        }
-                        Finished::Failed(e) => {
-                            if let Some(list) = own_list {
-                                refusal = Some((list.to_owned(), e));
-                                kept.push(o);
-                                continue;
-                            }
-                            if let Some(instead) = instead_of_refused(&ctx, f, &e).await {
-                                let charge = ctx.outbox_load.charge(instead.size());
-                                waiting.push_back(Outgoing {
-                                    finish: instead,
-                                    last_chance: o.last_chance,
-                                    charge,
-                                });
-                                continue;
-                            }
-                            tracing::error!(queue = %ctx.queue.name(), error = %e, "Redis refused an outcome; the claim will be redelivered when its lease ends");
-                        }
-                    }
-                    ctx.holdings.remove(f.fence());
-                }
-                if parked {
-                    ctx.parked.notify_one();
-                }
-                match refusal {
-                    None => {
-                        refused_in_a_row = 0;
-                        backoff = Duration::from_millis(50);
-                        report(&ctx, &mut reported, None);
-                    }
-                    Some((list, e)) => {
-                        let why = format!("{e} (result list {list:?})");
-                        report(&ctx, &mut reported, Some(Trouble::Refused(why)));
-                        if refused_in_a_row % 50 == 0 {
-                            tracing::error!(queue = %ctx.queue.name(), result_list = %list, error = %e, outcomes = kept.len(), "Redis refuses this queue's results; keeping them, claiming no more work, and retrying");
-                        }
-                        refused_in_a_row = refused_in_a_row.saturating_add(1);
-                        hold_back(&mut waiting, kept, &mut backoff).await;
-                    }
-                }
-            }
-            Err(e) => {
-                if e.lost_redis() && batch.iter().any(|o| o.finish.size() >= BIG_OUTCOME) {
-                    if batch.len() > 1 {
-                        alone = alone.max(batch.len());
-                    } else if answers_ping(&ctx).await {
-                        cut_alone += 1;
-                        if cut_alone >= TOO_BIG_TRIES {
-                            cut_alone = 0;
-                            if let Some(o) = batch.pop() {
-                                let cause = format!("Redis closed the connection at each of {TOO_BIG_TRIES} writes of it while it answered PING");
-                                match too_big(&ctx, &o.finish, &cause) {
-                                    Some(instead) => {
-                                        waiting.push_front(o.replaced(&ctx, instead));
-                                        continue;
-                                    }
-                                    None => batch.push(o),
-                                }
-                            }
-                        }
-                    }
-                }
-                ctx.note_failure(&e);
-                // The consumer claims nothing meanwhile, so its polls cannot report this.
-                // Either way `/readyz` says so: a write that times out while PING still
-                // answers (writes paused, a stalled script) is no more ready than a refusal.
-                let trouble = match e.redis_refusal() {
-                    Some(refused) => Trouble::Refused(refused.to_string()),
-                    None => Trouble::Stalled(e.to_string()),
-                };
-                report(&ctx, &mut reported, Some(trouble));
-                tracing::warn!(queue = %ctx.queue.name(), error = %e, outcomes = batch.len(), "cannot write outcomes yet; keeping them while their leases last");
-                hold_back(&mut waiting, batch, &mut backoff).await;
-            }
-        }
-        depth.set(i64::try_from(waiting.len()).unwrap_or(i64::MAX));
+        self.show_depth();
     }
-    depth.set(0);
+
+    fn show_depth(&self) {
+        self.depth
+            .set(i64::try_from(self.waiting.len()).unwrap_or(i64::MAX));
+    }
+
+    /// One round trip: the next batch (one outcome while writing them alone), written and
+    /// settled, or held back. `false` when a big outcome was replaced and goes first: the
+    /// next round writes it at once.
+    async fn write_next(&mut self) -> bool {
+        let n = if self.alone > 0 {
+            1
+        } else {
+            batch_len(&self.waiting)
+        };
+        let batch: Vec<Outgoing> = self.waiting.drain(..n).collect();
+        match self.ctx.queue.finish(&batch).await {
+            Ok(statuses) => {
+                self.alone = self.alone.saturating_sub(1);
+                self.cut_alone = 0;
+                let mut round = Round::default();
+                for (o, status) in batch.into_iter().zip(statuses) {
+                    self.settle(o, status, &mut round).await;
+                }
+                self.after_round(round).await;
+                true
+            }
+            Err(e) => self.not_written(batch, e).await,
+        }
+    }
+
+    /// Settles one written outcome by its status: done (its claim leaves the holdings),
+    /// replaced (too big for Redis, or refused for a list a message chose), or kept (refused
+    /// for a list this queue is configured with).
+    async fn settle(&mut self, o: Outgoing, status: Finished, round: &mut Round) {
+        let ctx = &self.ctx;
+        // Redis said the outcome is too big for it: no try will do better.
+        let status = match status {
+            Finished::Failed(e)
+                if o.finish.size() >= BIG_OUTCOME && e.contains(OVERSIZE_REFUSAL) =>
+            {
+                match too_big(ctx, &o.finish, &format!("Redis refused it ({e})")) {
+                    Some(instead) => {
+                        self.waiting.push_back(o.replaced(ctx, instead));
+                        return;
+                    }
+                    None => Finished::Failed(e),
+                }
+            }
+            status => status,
+        };
+        let f = &o.finish;
+        let own_list = configured_list(ctx, f);
+        match status {
+            Finished::Published => {
+                round.parked |= matches!(f, Finish::Park { .. });
+            }
+            Finished::NotYours => {
+                ctx.series.fenced.get().inc();
+            }
+            Finished::Failed(e) => {
+                if let Some(list) = own_list {
+                    round.refusal = Some((list.to_owned(), e));
+                    round.kept.push(o);
+                    return;
+                }
+                if let Some(instead) = instead_of_refused(ctx, f, &e).await {
+                    let charge = ctx.outbox_load.charge(instead.size());
+                    self.waiting.push_back(Outgoing {
+                        finish: instead,
+                        last_chance: o.last_chance,
+                        charge,
+                    });
+                    return;
+                }
+                tracing::error!(queue = %ctx.queue.name(), error = %e, "Redis refused an outcome; the claim will be redelivered when its lease ends");
+            }
+        }
+        ctx.holdings.remove(f.fence());
+    }
+
+    /// After a round trip Redis answered: wakes the promoter for a parked retry, and either
+    /// clears the trouble or, when Redis refused this queue's results, says so and holds the
+    /// kept outcomes back.
+    async fn after_round(&mut self, round: Round) {
+        let ctx = &self.ctx;
+        if round.parked {
+            ctx.parked.notify_one();
+        }
+        match round.refusal {
+            None => {
+                self.refused_in_a_row = 0;
+                self.backoff = Duration::from_millis(50);
+                report(ctx, &mut self.reported, None);
+            }
+            Some((list, e)) => {
+                let why = format!("{e} (result list {list:?})");
+                report(ctx, &mut self.reported, Some(Trouble::Refused(why)));
+                if self.refused_in_a_row % 50 == 0 {
+                    tracing::error!(queue = %ctx.queue.name(), result_list = %list, error = %e, outcomes = round.kept.len(), "Redis refuses this queue's results; keeping them, claiming no more work, and retrying");
+                }
+                self.refused_in_a_row = self.refused_in_a_row.saturating_add(1);
+                hold_back(&mut self.waiting, round.kept, &mut self.backoff).await;
+            }
+        }
+    }
+
+    /// After a round trip that failed: a big outcome may be what Redis cuts (see
+    /// [`Outbox::cut_by_size`]); otherwise the failure is noted, told to `/readyz` and the
+    /// batch held back. `false` when a big outcome was replaced instead.
+    async fn not_written(&mut self, mut batch: Vec<Outgoing>, e: QueueError) -> bool {
+        if e.lost_redis()
+            && batch.iter().any(|o| o.finish.size() >= BIG_OUTCOME)
+            && self.cut_by_size(&mut batch).await
+        {
+            return false;
+        }
+        let ctx = &self.ctx;
+        ctx.note_failure(&e);
+        // The consumer claims nothing meanwhile, so its polls cannot report this.
+        // Either way `/readyz` says so: a write that times out while PING still
+        // answers (writes paused, a stalled script) is no more ready than a refusal.
+        let trouble = match e.redis_refusal() {
+            Some(refused) => Trouble::Refused(refused.to_string()),
+            None => Trouble::Stalled(e.to_string()),
+        };
+        report(ctx, &mut self.reported, Some(trouble));
+        tracing::warn!(queue = %ctx.queue.name(), error = %e, outcomes = batch.len(), "cannot write outcomes yet; keeping them while their leases last");
+        hold_back(&mut self.waiting, batch, &mut self.backoff).await;
+        true
+    }
+
+    /// A write with a big outcome in it lost the connection: its outcomes are then written one
+    /// at a time; and a big outcome alone cut [`TOO_BIG_TRIES`] times in a row while Redis
+    /// answers `PING` is replaced, at the front of the queue (`true`).
+    async fn cut_by_size(&mut self, batch: &mut Vec<Outgoing>) -> bool {
+        if batch.len() > 1 {
+            self.alone = self.alone.max(batch.len());
+            return false;
+        }
+        if !answers_ping(&self.ctx).await {
+            return false;
+        }
+        self.cut_alone += 1;
+        if self.cut_alone < TOO_BIG_TRIES {
+            return false;
+        }
+        self.cut_alone = 0;
+        let Some(o) = batch.pop() else {
+            return false;
+        };
+        let cause = format!("Redis closed the connection at each of {TOO_BIG_TRIES} writes of it while it answered PING");
+        match too_big(&self.ctx, &o.finish, &cause) {
+            Some(instead) => {
+                self.waiting.push_front(o.replaced(&self.ctx, instead));
+                true
+            }
+            None => {
+                batch.push(o);
+                false
+            }
+        }
+    }
 }
 
 /// Whether Redis answers `PING` within about half a second (the connection it just closed is

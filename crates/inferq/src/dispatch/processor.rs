@@ -7,7 +7,7 @@
 use std::collections::HashMap;
 use std::net::{Ipv6Addr, SocketAddr};
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use tokio::sync::{mpsc, Semaphore};
@@ -15,7 +15,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use super::consumer::Polling;
-use super::context::Job;
+use super::context::{Job, QueueCtx};
 use super::gates::{self, Gate, GateEnv, GateOwner};
 use super::holdings::Abort;
 use super::lanes::{queue_labels, Lanes, Wiring};
@@ -23,7 +23,7 @@ use super::merge::{tier_bucket, Merge, RandomRobin, TierPriority};
 use super::reload::Reloader;
 use super::trace::RequestTracer;
 use super::worker::{work, WorkerEnv};
-use crate::config::reload::ReloadSource;
+use crate::config::reload::{ReloadSource, ReloadSpec};
 use crate::config::{MergePolicyKind, RunConfig, TlsFiles, TransportKind};
 use crate::gateway::{self, GatewayClient, GatewayTls};
 use crate::ops::{
@@ -138,6 +138,10 @@ pub async fn run(config: RunConfig, shutdown: CancellationToken) -> Result<(), D
 
 /// [`run`], reloading the queues config at every message of `hangups` (SIGHUP) when
 /// `config.reload` allows it.
+///
+/// Start-up checks everything it can before it listens or connects (the Redis target, the
+/// gateway client, every gate), then serves health and metrics, connects, starts the pools,
+/// the queues' lanes and the background tasks, and reports ready; on shutdown it drains.
 pub async fn run_with(
     config: RunConfig,
     shutdown: CancellationToken,
@@ -145,7 +149,63 @@ pub async fn run_with(
 ) -> Result<(), DispatchError> {
     let metrics = Arc::new(Metrics::new());
     let transport = &config.transport;
-    // Before anything opens a descriptor: every busy worker holds a gateway connection.
+    raise_fd_limit(&config);
+    let target = Target::new(
+        transport.url.expose(),
+        &config.redis_tls,
+        transport.topology.clone(),
+    )
+    .map_err(|e| DispatchError::Config(e.to_string()))?;
+    let gateway_client = GatewayClient::new(
+        &gateway_tls(&config.tls),
+        usize::try_from(config.total_workers()).unwrap_or(64),
+    )?;
+    let gates = Gates::build(&config, &metrics)?;
+    let servers = Servers::start(&config, &metrics).await?;
+
+    tracing::info!(transport = transport.kind.name(), redis = %transport.url.redacted(), mode = transport.topology.mode(), queues = transport.queues.len(), "inferq starting");
+    let Some(con) = connect(&target, &servers.readiness, &shutdown).await? else {
+        servers.stop.cancel();
+        return Ok(());
+    };
+    let otel = start_otel(&config)?;
+    let con = traced_if_asked(con, otel.as_ref(), &config, &target);
+    // Before "ready": an operator reading the start-up lines sees that Redis may evict keys.
+    let memory = super::memory::check_at_start(&con).await;
+
+    arm_fault_injection();
+    let processor = Processor {
+        config: &config,
+        metrics,
+        readiness: servers.readiness.clone(),
+        target,
+        con,
+        tasks: Tasks::new(),
+    };
+    let env = processor.worker_env(gateway_client, otel.as_ref());
+    let lanes = processor.start_lanes(&env, gates.pools, gates.queues);
+    let alive = lanes.alive_handle();
+    processor.start_background(&lanes, memory);
+    if let Some(spec) = config.reload.clone() {
+        processor.watch_reloads(spec, lanes, gates.env, hangups);
+    }
+    servers.readiness.set(true);
+    tracing::info!(health = %servers.health_addr, metrics = %servers.metrics_addr, "inferq ready");
+
+    shutdown.cancelled().await;
+    processor.drain(&alive).await;
+    if let Some(otel) = otel {
+        otel.shutdown().await;
+    }
+    servers.stop().await;
+    tracing::info!("inferq stopped");
+    Ok(())
+}
+
+/// Raises the open-file limit to its hard limit, and warns when even that is short for the
+/// workers: done before anything opens a descriptor, as every busy worker holds a gateway
+/// connection.
+fn raise_fd_limit(config: &RunConfig) {
     let fds = crate::ops::fd_limit::raise();
     if fds.soft != fds.before {
         tracing::info!(from = ?fds.before, to = ?fds.soft, "raised the open-file limit (RLIMIT_NOFILE) to its hard limit");
@@ -153,190 +213,314 @@ pub async fn run_with(
     if let Some(warning) = crate::ops::fd_limit::shortfall(&fds, config.total_workers()) {
         tracing::warn!("{warning}");
     }
-    let target = Target::new(
-        transport.url.expose(),
-        &config.redis_tls,
-        transport.topology.clone(),
-    )
-    .map_err(|e| DispatchError::Config(e.to_string()))?;
-    let client = target.client().clone();
-    let gateway_client = GatewayClient::new(
-        &gateway_tls(&config.tls),
-        usize::try_from(config.total_workers()).unwrap_or(64),
-    )?;
-    let gate_env = GateEnv {
-        prometheus_url: config.prometheus.url.clone(),
-        prometheus_cache_ttl: config.prometheus.cache_ttl,
-        owner: None,
-    };
-    // Each gate is built with its owner, so its metric gates (wrapped or not) record their
-    // readings under the owner's labels.
-    let owned = |labels: &QueueLabels| GateEnv {
-        owner: Some(GateOwner {
-            metrics: metrics.clone(),
-            labels: labels.clone(),
-        }),
-        ..gate_env.clone()
-    };
-    let mut pool_gates: HashMap<String, Arc<dyn Gate>> = HashMap::new();
-    for (i, pool) in config.pools.iter().enumerate() {
-        if let Some(spec) = &pool.gate {
-            let labels = QueueLabels {
-                queue_id: String::new(),
-                queue_name: String::new(),
-                pool_name: pool.id.clone(),
-            };
-            let gate = gates::build(spec, &owned(&labels))
-                .map_err(|e| DispatchError::Config(format!("pools[{i}].gate_params: {e}")))?;
-            metrics.precreate_gate_series(&labels);
-            pool_gates.insert(pool.id.clone(), gate);
+}
+
+/// Every gate of the config, built at start-up so that a bad one is reported before anything
+/// listens or connects (and a metric gate logs its start-up lines once).
+struct Gates {
+    /// What building a gate needs: kept for the gates a reload builds.
+    env: GateEnv,
+    /// Each pool's gate, by pool id.
+    pools: HashMap<String, Arc<dyn Gate>>,
+    /// Each queue's gate, one per queue in config order.
+    queues: Vec<Option<Arc<dyn Gate>>>,
+}
+
+impl Gates {
+    fn build(config: &RunConfig, metrics: &Arc<Metrics>) -> Result<Gates, DispatchError> {
+        let env = GateEnv {
+            prometheus_url: config.prometheus.url.clone(),
+            prometheus_cache_ttl: config.prometheus.cache_ttl,
+            owner: None,
+        };
+        // Each gate is built with its owner, so its metric gates (wrapped or not) record their
+        // readings under the owner's labels.
+        let owned = |labels: &QueueLabels| GateEnv {
+            owner: Some(GateOwner {
+                metrics: metrics.clone(),
+                labels: labels.clone(),
+            }),
+            ..env.clone()
+        };
+        let mut pools: HashMap<String, Arc<dyn Gate>> = HashMap::new();
+        for (i, pool) in config.pools.iter().enumerate() {
+            if let Some(spec) = &pool.gate {
+                let labels = QueueLabels {
+                    queue_id: String::new(),
+                    queue_name: String::new(),
+                    pool_name: pool.id.clone(),
+                };
+                let gate = gates::build(spec, &owned(&labels))
+                    .map_err(|e| DispatchError::Config(format!("pools[{i}].gate_params: {e}")))?;
+                metrics.precreate_gate_series(&labels);
+                pools.insert(pool.id.clone(), gate);
+            }
         }
+        let mut queues = Vec::new();
+        for q in &config.transport.queues {
+            queues.push(match &q.gate {
+                Some(spec) => Some(
+                    gates::build(spec, &owned(&queue_labels(q)))
+                        .map_err(|e| queue_gate_error(q, e))?,
+                ),
+                None => None,
+            });
+        }
+        Ok(Gates { env, pools, queues })
     }
-    // Every queue gate is built here, with its queue as owner, so a bad one is reported before
-    // anything listens or connects (and a metric gate logs its start-up lines once).
-    let mut queue_gates = Vec::new();
-    for q in &transport.queues {
-        queue_gates.push(match &q.gate {
-            Some(spec) => Some(
-                gates::build(spec, &owned(&queue_labels(q))).map_err(|e| queue_gate_error(q, e))?,
-            ),
-            None => None,
-        });
+}
+
+/// The health and metrics servers, and the readiness the health server reports.
+struct Servers {
+    readiness: Readiness,
+    /// Stops both servers.
+    stop: CancellationToken,
+    health: tokio::task::JoinHandle<()>,
+    metrics: tokio::task::JoinHandle<()>,
+    health_addr: SocketAddr,
+    metrics_addr: SocketAddr,
+}
+
+impl Servers {
+    /// Listens on every address, IPv6 and IPv4, as Go's `:port` (see `ops::listen`).
+    async fn start(config: &RunConfig, metrics: &Arc<Metrics>) -> Result<Servers, DispatchError> {
+        let readiness = Readiness::new();
+        let stop = CancellationToken::new();
+        let health_addr = SocketAddr::from((Ipv6Addr::UNSPECIFIED, config.health_port));
+        let metrics_addr = SocketAddr::from((Ipv6Addr::UNSPECIFIED, config.metrics_port));
+        let health = serve_health(health_addr, readiness.clone(), stop.clone())
+            .await
+            .map_err(|source| DispatchError::Bind {
+                what: "health",
+                addr: health_addr,
+                source,
+            })?;
+        let metrics = serve_metrics(metrics_addr, metrics.clone(), stop.clone())
+            .await
+            .map_err(|source| DispatchError::Bind {
+                what: "metrics",
+                addr: metrics_addr,
+                source,
+            })?;
+        Ok(Servers {
+            readiness,
+            stop,
+            health,
+            metrics,
+            health_addr,
+            metrics_addr,
+        })
     }
 
-    let readiness = Readiness::new();
-    let servers = CancellationToken::new();
-    // Every address, IPv6 and IPv4, as Go's `:port` (see `ops::listen`).
-    let health_addr = SocketAddr::from((Ipv6Addr::UNSPECIFIED, config.health_port));
-    let metrics_addr = SocketAddr::from((Ipv6Addr::UNSPECIFIED, config.metrics_port));
-    let health = serve_health(health_addr, readiness.clone(), servers.clone())
-        .await
-        .map_err(|source| DispatchError::Bind {
-            what: "health",
-            addr: health_addr,
-            source,
-        })?;
-    let metrics_server = serve_metrics(metrics_addr, metrics.clone(), servers.clone())
-        .await
-        .map_err(|source| DispatchError::Bind {
-            what: "metrics",
-            addr: metrics_addr,
-            source,
-        })?;
+    /// Stops both servers and waits for them.
+    async fn stop(self) {
+        self.stop.cancel();
+        let _ = self.health.await;
+        let _ = self.metrics.await;
+    }
+}
 
-    tracing::info!(transport = transport.kind.name(), redis = %transport.url.redacted(), mode = transport.topology.mode(), queues = transport.queues.len(), "inferq starting");
-    let Some(mut con) = connect_until_up(&target, &readiness, &shutdown).await else {
-        servers.cancel();
-        return Ok(());
+/// Connects to Redis (retrying while it is down, not ready meanwhile; `None` when shutdown
+/// comes first), refuses a cluster given as standalone, and lets readiness check the
+/// connection.
+async fn connect(
+    target: &Target,
+    readiness: &Readiness,
+    shutdown: &CancellationToken,
+) -> Result<Option<Link>, DispatchError> {
+    let Some(mut con) = connect_until_up(target, readiness, shutdown).await else {
+        return Ok(None);
     };
     if !target.is_cluster() {
         refuse_cluster(&mut con).await?;
     }
-    readiness.set_connection(con.clone(), client.clone());
-    let otel = match &config.otel {
-        Some(settings) => {
-            let otel = Otel::start(settings)?;
-            tracing::info!(
-                endpoint = %crate::config::redact_url(&settings.endpoint),
-                service = %settings.service_name,
-                redis_commands = transport.enable_tracing,
-                "exporting request spans over OTLP"
-            );
-            Some(otel)
-        }
-        None => None,
+    readiness.set_connection(con.clone(), target.client().clone());
+    Ok(Some(con))
+}
+
+/// Starts the OTLP export of request spans, when configured.
+fn start_otel(config: &RunConfig) -> Result<Option<Otel>, DispatchError> {
+    let Some(settings) = &config.otel else {
+        return Ok(None);
     };
-    // Go's `enable_tracing`: a span per Redis command the moves send.
-    let con = match &otel {
-        Some(otel) if transport.enable_tracing => {
-            Con::traced(con, otel.tracer(), client.get_connection_info())
+    let otel = Otel::start(settings)?;
+    tracing::info!(
+        endpoint = %crate::config::redact_url(&settings.endpoint),
+        service = %settings.service_name,
+        redis_commands = config.transport.enable_tracing,
+        "exporting request spans over OTLP"
+    );
+    Ok(Some(otel))
+}
+
+/// Go's `enable_tracing`: a span per Redis command the moves send.
+fn traced_if_asked(con: Link, otel: Option<&Otel>, config: &RunConfig, target: &Target) -> Con {
+    match otel {
+        Some(otel) if config.transport.enable_tracing => {
+            Con::traced(con, otel.tracer(), target.client().get_connection_info())
         }
         _ => Con::plain(con),
-    };
-    // Before "ready": an operator reading the start-up lines sees that Redis may evict keys.
-    let memory = super::memory::check_at_start(&con).await;
+    }
+}
 
+/// Arms the `INFERQ_FAULT_CRASH_ON` crash hook when it is set, and says so.
+fn arm_fault_injection() {
     if let Some(marker) = super::fault::arm_from_env() {
         tracing::warn!(
             marker = %String::from_utf8_lossy(marker),
             "fault injection armed: a request whose payload carries the marker aborts this process"
         );
     }
-    let stop_claiming = CancellationToken::new();
-    let env = Arc::new(WorkerEnv {
-        client: gateway_client,
-        request_timeout: config.request_timeout,
-        fairness: config.merge_policy.fairness.clone(),
-        stop_claiming: stop_claiming.clone(),
-        tracer: otel.as_ref().map(|o| RequestTracer::new(o.tracer())),
-        priority: match &config.merge_policy.kind {
-            MergePolicyKind::TierPriority(tier) => Some(tier.clone()),
-            MergePolicyKind::RandomRobin => None,
-        },
-        transforms: gateway::transform::Transforms::new(&config.transforms),
-    });
-    let flush = CancellationToken::new();
-    let stop_upkeep = CancellationToken::new();
-    let stop_reload = CancellationToken::new();
-    let consumers = TaskTracker::new();
-    let pools = TaskTracker::new();
-    let workers = TaskTracker::new();
-    let outboxes = TaskTracker::new();
-    let upkeep_tasks = TaskTracker::new();
-    let reloads = TaskTracker::new();
-    let polling = Polling {
-        interval: transport.poll_interval,
-        batch: usize::try_from(transport.batch_size).unwrap_or(10).max(1),
-    };
-    let pool_inputs = start_pools(&config, &metrics, &env, &pools, &workers, &stop_claiming);
-    let mut lanes = Lanes::new(Wiring {
-        con: con.clone(),
-        target: target.clone(),
-        claim: config.claim,
-        kind: transport.kind,
-        default_result_list: transport.result_queue_name.clone(),
-        retry_queue_name: transport.retry_queue_name.clone(),
-        polling,
-        promote_every: transport.poll_interval.min(Duration::from_millis(500)),
-        backlog_every: config
-            .metrics_backlog_poll_interval
-            .filter(|d| !d.is_zero()),
-        drain_timeout: config.drain_timeout,
-        metrics: metrics.clone(),
-        readiness: readiness.clone(),
-        pool_gates: pool_gates.clone(),
-        pools: pool_inputs,
-        stop_claiming: stop_claiming.clone(),
-        stop_upkeep: stop_upkeep.clone(),
-        flush: flush.clone(),
-        consumers: consumers.clone(),
-        outboxes: outboxes.clone(),
-        upkeep: upkeep_tasks.clone(),
-    });
-    // The gates were built above, one per queue in config order, as `apply` asks for them.
-    let mut built = queue_gates.into_iter();
-    let _ = lanes.apply(&transport.queues, |_| {
-        Ok::<_, std::convert::Infallible>(built.next().flatten())
-    });
-    let alive = lanes.alive_handle();
-    upkeep_tasks.spawn(super::memory::watch(
-        con.clone(),
-        memory,
-        stop_upkeep.clone(),
-    ));
-    // So does the redis-pubsub ingress: what it admits after that waits in pending for others.
-    // (Its queues are not reloaded: see `config::reload::spec`.)
-    if transport.kind == TransportKind::PubSub {
-        super::ingress::start(
-            &upkeep_tasks,
-            target.clone(),
-            lanes.contexts(),
-            stop_claiming.clone(),
-        );
+}
+
+/// The processor's task groups, and the tokens that stop them, in the order shutdown stops
+/// them: reloads, then claiming (consumers and pools), workers (drained), outboxes (flushed),
+/// and last the upkeep.
+struct Tasks {
+    stop_reload: CancellationToken,
+    reloads: TaskTracker,
+    stop_claiming: CancellationToken,
+    consumers: TaskTracker,
+    pools: TaskTracker,
+    workers: TaskTracker,
+    flush: CancellationToken,
+    outboxes: TaskTracker,
+    stop_upkeep: CancellationToken,
+    upkeep: TaskTracker,
+}
+
+impl Tasks {
+    fn new() -> Tasks {
+        Tasks {
+            stop_reload: CancellationToken::new(),
+            reloads: TaskTracker::new(),
+            stop_claiming: CancellationToken::new(),
+            consumers: TaskTracker::new(),
+            pools: TaskTracker::new(),
+            workers: TaskTracker::new(),
+            flush: CancellationToken::new(),
+            outboxes: TaskTracker::new(),
+            stop_upkeep: CancellationToken::new(),
+            upkeep: TaskTracker::new(),
+        }
     }
-    if let Some(spec) = config.reload.clone() {
+}
+
+/// The processor once connected: what its remaining start-up steps and its shutdown share.
+struct Processor<'a> {
+    config: &'a RunConfig,
+    metrics: Arc<Metrics>,
+    readiness: Readiness,
+    target: Target,
+    con: Con,
+    tasks: Tasks,
+}
+
+impl Processor<'_> {
+    /// What every worker shares.
+    fn worker_env(&self, client: GatewayClient, otel: Option<&Otel>) -> Arc<WorkerEnv> {
+        let config = self.config;
+        Arc::new(WorkerEnv {
+            client,
+            request_timeout: config.request_timeout,
+            fairness: config.merge_policy.fairness.clone(),
+            stop_claiming: self.tasks.stop_claiming.clone(),
+            tracer: otel.map(|o| RequestTracer::new(o.tracer())),
+            priority: match &config.merge_policy.kind {
+                MergePolicyKind::TierPriority(tier) => Some(tier.clone()),
+                MergePolicyKind::RandomRobin => None,
+            },
+            transforms: gateway::transform::Transforms::new(&config.transforms),
+        })
+    }
+
+    /// Starts the pools, then one lane of tasks per queue, with the queue gates built at
+    /// start-up.
+    fn start_lanes(
+        &self,
+        env: &Arc<WorkerEnv>,
+        pool_gates: HashMap<String, Arc<dyn Gate>>,
+        queue_gates: Vec<Option<Arc<dyn Gate>>>,
+    ) -> Lanes {
+        let (config, tasks) = (self.config, &self.tasks);
+        let transport = &config.transport;
+        let polling = Polling {
+            interval: transport.poll_interval,
+            batch: usize::try_from(transport.batch_size).unwrap_or(10).max(1),
+        };
+        let pool_inputs = start_pools(
+            config,
+            &self.metrics,
+            env,
+            &tasks.pools,
+            &tasks.workers,
+            &tasks.stop_claiming,
+        );
+        let mut lanes = Lanes::new(Wiring {
+            con: self.con.clone(),
+            target: self.target.clone(),
+            claim: config.claim,
+            kind: transport.kind,
+            default_result_list: transport.result_queue_name.clone(),
+            retry_queue_name: transport.retry_queue_name.clone(),
+            polling,
+            promote_every: transport.poll_interval.min(Duration::from_millis(500)),
+            backlog_every: config
+                .metrics_backlog_poll_interval
+                .filter(|d| !d.is_zero()),
+            drain_timeout: config.drain_timeout,
+            metrics: self.metrics.clone(),
+            readiness: self.readiness.clone(),
+            pool_gates,
+            pools: pool_inputs,
+            stop_claiming: tasks.stop_claiming.clone(),
+            stop_upkeep: tasks.stop_upkeep.clone(),
+            flush: tasks.flush.clone(),
+            consumers: tasks.consumers.clone(),
+            outboxes: tasks.outboxes.clone(),
+            upkeep: tasks.upkeep.clone(),
+        });
+        // The gates were built at start-up, one per queue in config order, as `apply` asks for
+        // them.
+        let mut built = queue_gates.into_iter();
+        let _ = lanes.apply(&transport.queues, |_| {
+            Ok::<_, std::convert::Infallible>(built.next().flatten())
+        });
+        lanes
+    }
+
+    /// Starts the processor-wide background tasks: the eviction watch and, for the
+    /// redis-pubsub transport, the ingress.
+    fn start_background(&self, lanes: &Lanes, memory: Option<super::memory::MemoryState>) {
+        let tasks = &self.tasks;
+        tasks.upkeep.spawn(super::memory::watch(
+            self.con.clone(),
+            memory,
+            tasks.stop_upkeep.clone(),
+        ));
+        // So does the redis-pubsub ingress: what it admits after that waits in pending for others.
+        // (Its queues are not reloaded: see `config::reload::spec`.)
+        if self.config.transport.kind == TransportKind::PubSub {
+            super::ingress::start(
+                &tasks.upkeep,
+                self.target.clone(),
+                lanes.contexts(),
+                tasks.stop_claiming.clone(),
+            );
+        }
+    }
+
+    /// Watches the queues config for reloads (`spec`'s interval, SIGHUP); the reloader owns the
+    /// lanes from then on.
+    fn watch_reloads(
+        &self,
+        spec: ReloadSpec,
+        lanes: Lanes,
+        gate_env: GateEnv,
+        hangups: Option<mpsc::Receiver<()>>,
+    ) {
         let interval = spec.interval;
-        let (gate_env, owner) = (gate_env.clone(), metrics.clone());
+        let owner = self.metrics.clone();
         let reloader = Reloader {
             source: ReloadSource::new(spec),
             lanes,
@@ -353,61 +537,56 @@ pub async fn run_with(
                     .map(|spec| gates::build(spec, &env))
                     .transpose()
             }),
-            metrics: metrics.clone(),
+            metrics: self.metrics.clone(),
         };
-        reloads.spawn(super::reload::watch(
+        self.tasks.reloads.spawn(super::reload::watch(
             reloader,
             interval,
             hangups,
-            stop_reload.clone(),
+            self.tasks.stop_reload.clone(),
         ));
     }
-    readiness.set(true);
-    tracing::info!(health = %health_addr, metrics = %metrics_addr, "inferq ready");
 
-    shutdown.cancelled().await;
-    readiness.set(false);
-    tracing::info!("shutting down: no new claims; releasing unstarted work");
-    // No reload starts or retires a queue from here on.
-    stop_reload.cancel();
-    reloads.close();
-    reloads.wait().await;
-    stop_claiming.cancel();
-    consumers.close();
-    pools.close();
-    consumers.wait().await;
-    pools.wait().await;
-    workers.close();
-    if tokio::time::timeout(config.drain_timeout, workers.wait())
-        .await
-        .is_err()
-    {
-        tracing::warn!(drain_timeout = ?config.drain_timeout, "drain timeout: aborting in-flight requests and releasing their claims");
-        for ctx in alive.lock().unwrap_or_else(PoisonError::into_inner).iter() {
-            ctx.holdings.abort_all(Abort::Shutdown);
+    /// The graceful shutdown: no longer ready, no reloads, no new claims (unstarted work is
+    /// released), in-flight work drained for `--drain-timeout` (then aborted and released), the
+    /// outboxes flushed within a lease, and the upkeep stopped.
+    async fn drain(&self, alive: &Mutex<Vec<Arc<QueueCtx>>>) {
+        let (config, tasks) = (self.config, &self.tasks);
+        self.readiness.set(false);
+        tracing::info!("shutting down: no new claims; releasing unstarted work");
+        // No reload starts or retires a queue from here on.
+        tasks.stop_reload.cancel();
+        tasks.reloads.close();
+        tasks.reloads.wait().await;
+        tasks.stop_claiming.cancel();
+        tasks.consumers.close();
+        tasks.pools.close();
+        tasks.consumers.wait().await;
+        tasks.pools.wait().await;
+        tasks.workers.close();
+        if tokio::time::timeout(config.drain_timeout, tasks.workers.wait())
+            .await
+            .is_err()
+        {
+            tracing::warn!(drain_timeout = ?config.drain_timeout, "drain timeout: aborting in-flight requests and releasing their claims");
+            for ctx in alive.lock().unwrap_or_else(PoisonError::into_inner).iter() {
+                ctx.holdings.abort_all(Abort::Shutdown);
+            }
+            let _ = tokio::time::timeout(Duration::from_secs(5), tasks.workers.wait()).await;
         }
-        let _ = tokio::time::timeout(Duration::from_secs(5), workers.wait()).await;
+        tasks.flush.cancel();
+        tasks.outboxes.close();
+        let flush_limit = config.claim.lease + Duration::from_secs(1);
+        if tokio::time::timeout(flush_limit, tasks.outboxes.wait())
+            .await
+            .is_err()
+        {
+            tracing::warn!("could not write every outcome before the leases ran out; survivors will redo that work");
+        }
+        tasks.stop_upkeep.cancel();
+        tasks.upkeep.close();
+        tasks.upkeep.wait().await;
     }
-    flush.cancel();
-    outboxes.close();
-    let flush_limit = config.claim.lease + Duration::from_secs(1);
-    if tokio::time::timeout(flush_limit, outboxes.wait())
-        .await
-        .is_err()
-    {
-        tracing::warn!("could not write every outcome before the leases ran out; survivors will redo that work");
-    }
-    stop_upkeep.cancel();
-    upkeep_tasks.close();
-    upkeep_tasks.wait().await;
-    if let Some(otel) = otel {
-        otel.shutdown().await;
-    }
-    servers.cancel();
-    let _ = health.await;
-    let _ = metrics_server.await;
-    tracing::info!("inferq stopped");
-    Ok(())
 }
 
 /// Starts one task per pool (each fed by the channels of its queues, which [`Lanes`] hands it

@@ -129,65 +129,98 @@ pub async fn reclaimer(ctx: Arc<QueueCtx>, stop: CancellationToken) {
             continue;
         }
         if ctx.redis_lost.load(Ordering::SeqCst) {
-            // Every owner lost Redis too, so leases ran out that nobody abandoned. Once Redis
-            // answers, give the owners a lease to renew them and write what they finished, as
-            // a claim is only ever reclaimed after a lease in which its owner could have renewed.
-            if ctx.queue.ping().await.is_err() {
-                sleep = PROBE_SLEEP;
-                continue;
-            }
-            let grace = ctx.queue.settings().lease;
-            tracing::info!(queue = %ctx.queue.name(), ?grace, "Redis answers again; reclaiming after a lease, so live owners renew first");
-            if !tick(&stop, grace).await {
-                return;
-            }
-            // Failures during the grace count as the same outage: reclaim now rather than wait
-            // again, so a flaky Redis postpones reclaiming by a lease at a time, never for good.
-            ctx.redis_lost.store(false, Ordering::SeqCst);
-        }
-        loop {
-            let taken_at = Instant::now();
-            let reclaimed = match ctx.queue.reclaim(RECLAIM_BATCH).await {
-                Ok(r) => r,
-                Err(e) => {
-                    ctx.note_failure(&e);
-                    tracing::debug!(queue = %ctx.queue.name(), error = %e, "reclaim failed; will retry");
-                    break;
+            match grace_after_outage(&ctx, &stop).await {
+                Grace::RedisStillOut => {
+                    sleep = PROBE_SLEEP;
+                    continue;
                 }
-            };
-            let n = reclaimed.requeued as usize + reclaimed.taken_over.len();
-            if n > 0 {
-                ctx.metrics
-                    .claims_expired
-                    .get_or_create(&ctx.labels)
-                    .inc_by(n as u64);
-                tracing::info!(queue = %ctx.queue.name(), requeued = reclaimed.requeued, taken_over = reclaimed.taken_over.len(), "reclaimed expired leases");
-            }
-            if reclaimed.requeued > 0 {
-                ctx.wake.notify_one();
-            }
-            for taken in reclaimed.taken_over {
-                finish_taken(&ctx, taken, taken_at);
-            }
-            if n < RECLAIM_BATCH {
-                if let Some(next) = reclaimed.next_expiry {
-                    sleep = (next + RECLAIM_MARGIN).clamp(MIN_RECLAIM_SLEEP, every);
-                }
-                break;
+                Grace::Stopped => return,
+                Grace::Over => {}
             }
         }
-        // On a cluster: results a finisher staged but did not push (it died between steps).
-        match ctx.queue.settle_staged().await {
-            Ok(0) => {}
-            Ok(n) => {
-                tracing::info!(queue = %ctx.queue.name(), settled = n, "delivered results whose finisher stopped half-way")
-            }
-            Err(e) => {
-                tracing::debug!(queue = %ctx.queue.name(), error = %e, "settling staged results failed; will retry")
-            }
+        if let Some(next) = reclaim_expired(&ctx, every).await {
+            sleep = next;
         }
+        settle_staged(&ctx).await;
         if adopting {
             adopting = adopt_counts(&ctx).await;
+        }
+    }
+}
+
+/// How the grace after an outage went.
+enum Grace {
+    /// Redis does not answer yet: probe again soon.
+    RedisStillOut,
+    /// Stopped during the grace.
+    Stopped,
+    /// A lease has passed since Redis answered: reclaim.
+    Over,
+}
+
+/// Every owner lost Redis too, so leases ran out that nobody abandoned. Once Redis answers, give
+/// the owners a lease to renew them and write what they finished, as a claim is only ever
+/// reclaimed after a lease in which its owner could have renewed.
+async fn grace_after_outage(ctx: &QueueCtx, stop: &CancellationToken) -> Grace {
+    if ctx.queue.ping().await.is_err() {
+        return Grace::RedisStillOut;
+    }
+    let grace = ctx.queue.settings().lease;
+    tracing::info!(queue = %ctx.queue.name(), ?grace, "Redis answers again; reclaiming after a lease, so live owners renew first");
+    if !tick(stop, grace).await {
+        return Grace::Stopped;
+    }
+    // Failures during the grace count as the same outage: reclaim now rather than wait
+    // again, so a flaky Redis postpones reclaiming by a lease at a time, never for good.
+    ctx.redis_lost.store(false, Ordering::SeqCst);
+    Grace::Over
+}
+
+/// Reclaims expired leases a batch at a time until a batch comes back short, finishing what
+/// reclaim takes over. Returns how long to sleep before the next pass when the last batch
+/// said when the next lease runs out (at most `every`).
+async fn reclaim_expired(ctx: &QueueCtx, every: Duration) -> Option<Duration> {
+    loop {
+        let taken_at = Instant::now();
+        let reclaimed = match ctx.queue.reclaim(RECLAIM_BATCH).await {
+            Ok(r) => r,
+            Err(e) => {
+                ctx.note_failure(&e);
+                tracing::debug!(queue = %ctx.queue.name(), error = %e, "reclaim failed; will retry");
+                return None;
+            }
+        };
+        let n = reclaimed.requeued as usize + reclaimed.taken_over.len();
+        if n > 0 {
+            ctx.metrics
+                .claims_expired
+                .get_or_create(&ctx.labels)
+                .inc_by(n as u64);
+            tracing::info!(queue = %ctx.queue.name(), requeued = reclaimed.requeued, taken_over = reclaimed.taken_over.len(), "reclaimed expired leases");
+        }
+        if reclaimed.requeued > 0 {
+            ctx.wake.notify_one();
+        }
+        for taken in reclaimed.taken_over {
+            finish_taken(ctx, taken, taken_at);
+        }
+        if n < RECLAIM_BATCH {
+            return reclaimed
+                .next_expiry
+                .map(|next| (next + RECLAIM_MARGIN).clamp(MIN_RECLAIM_SLEEP, every));
+        }
+    }
+}
+
+/// On a cluster: results a finisher staged but did not push (it died between steps).
+async fn settle_staged(ctx: &QueueCtx) {
+    match ctx.queue.settle_staged().await {
+        Ok(0) => {}
+        Ok(n) => {
+            tracing::info!(queue = %ctx.queue.name(), settled = n, "delivered results whose finisher stopped half-way")
+        }
+        Err(e) => {
+            tracing::debug!(queue = %ctx.queue.name(), error = %e, "settling staged results failed; will retry")
         }
     }
 }

@@ -345,81 +345,125 @@ struct ScrapeParams {
 }
 
 fn scrape_params(p: &Params, client: reqwest::Client) -> Result<ScrapeParams, GateError> {
-    let target = Target {
-        url: http_url(p, "url")?.ok_or_else(|| param(p, "url", "required".to_owned()))?,
-        metric: p.required_string("metric")?,
-        labels: sorted(p.string_map("labels")?),
-    };
+    let target = scrape_target(p)?;
     let max_count_per_pod = number(p, "max_count_per_pod", 0.0, |v| v >= 0.0, ">= 0")?;
     // Compared with 1 − saturation, which is in [0, 1]: from 1 up the gate never opens, below
     // 0 it never closes (as prometheus-budget's baseline).
     let baseline = number(p, "baseline", 0.0, |v| (0.0..1.0).contains(&v), "in [0, 1)")?;
     let fallback = number(p, "fallback", 0.0, |_| true, "")?;
-    let direct_budget = match p.string_or("value_type", "saturation").as_str() {
-        "saturation" => false,
-        "budget" => true,
-        other => {
-            return Err(param(
-                p,
-                "value_type",
-                format!("must be saturation or budget, got {other:?}"),
-            ))
-        }
-    };
-    let absent_value = match p.float("absent_value")? {
-        Some(v) if !v.is_finite() => {
-            return Err(param(
-                p,
-                "absent_value",
-                format!("must be a finite number, got {v}"),
-            ))
-        }
-        v => v,
-    };
-    let counted = match p.string_or("admission", "budget").as_str() {
-        "budget" => false,
-        "counted" => true,
-        other => {
-            return Err(param(
-                p,
-                "admission",
-                format!("must be budget or counted, got {other:?}"),
-            ))
-        }
-    };
+    let direct_budget = direct_budget(p)?;
+    let absent_value = absent_value(p)?;
+    let counted = counted_admission(p)?;
     if counted {
-        // Counted admission needs a count and its capacity, and has no budget to fall back to.
-        if max_count_per_pod <= 0.0 {
+        check_counted(p, max_count_per_pod, direct_budget, baseline, fallback)?;
+    }
+    let pods = pods_target(p)?;
+    Ok(ScrapeParams {
+        scrape: Scrape {
+            client,
+            target,
+            max_count_per_pod,
+            pods,
+            absent_value,
+            direct_budget,
+        },
+        baseline,
+        fallback,
+        counted,
+    })
+}
+
+/// The scraped page (`url`), the metric read from it and the labels that pick its series.
+fn scrape_target(p: &Params) -> Result<Target, GateError> {
+    Ok(Target {
+        url: http_url(p, "url")?.ok_or_else(|| param(p, "url", "required".to_owned()))?,
+        metric: p.required_string("metric")?,
+        labels: sorted(p.string_map("labels")?),
+    })
+}
+
+/// `value_type`: whether the metric is a budget itself (`budget`) rather than a saturation.
+fn direct_budget(p: &Params) -> Result<bool, GateError> {
+    match p.string_or("value_type", "saturation").as_str() {
+        "saturation" => Ok(false),
+        "budget" => Ok(true),
+        other => Err(param(
+            p,
+            "value_type",
+            format!("must be saturation or budget, got {other:?}"),
+        )),
+    }
+}
+
+/// `absent_value`: the value taken when the page has no matching series, if any.
+fn absent_value(p: &Params) -> Result<Option<f64>, GateError> {
+    match p.float("absent_value")? {
+        Some(v) if !v.is_finite() => Err(param(
+            p,
+            "absent_value",
+            format!("must be a finite number, got {v}"),
+        )),
+        v => Ok(v),
+    }
+}
+
+/// `admission`: whether it is `counted` (else `budget`).
+fn counted_admission(p: &Params) -> Result<bool, GateError> {
+    match p.string_or("admission", "budget").as_str() {
+        "budget" => Ok(false),
+        "counted" => Ok(true),
+        other => Err(param(
+            p,
+            "admission",
+            format!("must be budget or counted, got {other:?}"),
+        )),
+    }
+}
+
+/// Counted admission needs a count and its capacity, and has no budget to fall back to.
+fn check_counted(
+    p: &Params,
+    max_count_per_pod: f64,
+    direct_budget: bool,
+    baseline: f64,
+    fallback: f64,
+) -> Result<(), GateError> {
+    if max_count_per_pod <= 0.0 {
+        return Err(param(
+            p,
+            "max_count_per_pod",
+            "must be > 0 with admission counted (the capacity slots are counted against)"
+                .to_owned(),
+        ));
+    }
+    if direct_budget {
+        return Err(param(
+            p,
+            "value_type",
+            "must be saturation with admission counted (a count of used slots)".to_owned(),
+        ));
+    }
+    for (name, value) in [("baseline", baseline), ("fallback", fallback)] {
+        if value != 0.0 {
             return Err(param(
                 p,
-                "max_count_per_pod",
-                "must be > 0 with admission counted (the capacity slots are counted against)"
+                name,
+                "not taken with admission counted (size the headroom with \
+                 max_count_per_pod; a failed reading admits nothing)"
                     .to_owned(),
             ));
         }
-        if direct_budget {
-            return Err(param(
-                p,
-                "value_type",
-                "must be saturation with admission counted (a count of used slots)".to_owned(),
-            ));
-        }
-        for (name, value) in [("baseline", baseline), ("fallback", fallback)] {
-            if value != 0.0 {
-                return Err(param(
-                    p,
-                    name,
-                    "not taken with admission counted (size the headroom with \
-                     max_count_per_pod; a failed reading admits nothing)"
-                        .to_owned(),
-                ));
-            }
-        }
     }
+    Ok(())
+}
+
+/// The ready-pod count's page and metric (`pods_url`, `pods_metric`, `pods_labels`), when both
+/// are set; one without the other is warned about and ignored.
+fn pods_target(p: &Params) -> Result<Option<Target>, GateError> {
     let pods_url = http_url(p, "pods_url")?;
     let pods_metric = p.string("pods_metric");
     let pods_labels = sorted(p.string_map("pods_labels")?);
-    let pods = match (pods_url, pods_metric) {
+    Ok(match (pods_url, pods_metric) {
         (Some(url), Some(metric)) => Some(Target {
             url,
             metric,
@@ -439,19 +483,6 @@ fn scrape_params(p: &Params, client: reqwest::Client) -> Result<ScrapeParams, Ga
             );
             None
         }
-    };
-    Ok(ScrapeParams {
-        scrape: Scrape {
-            client,
-            target,
-            max_count_per_pod,
-            pods,
-            absent_value,
-            direct_budget,
-        },
-        baseline,
-        fallback,
-        counted,
     })
 }
 
