@@ -37,9 +37,3 @@ pub mod ops;
 pub mod queue;
 
 pub use inferq_client::{roots, wire};
-
-// Until every test names the tool crates directly (merge in progress).
-#[cfg(test)]
-use inferq_sim as sim;
-#[cfg(test)]
-use inferq_testkit as testkit;

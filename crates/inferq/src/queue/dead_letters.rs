@@ -472,7 +472,7 @@ mod tests {
 
     use super::*;
     use crate::queue::producer::unix_ms;
-    use crate::testkit::RedisServer;
+    use inferq_testkit::RedisServer;
 
     /// A fresh Redis, a connection to it and the dead list of queue `q`.
     async fn dead_list() -> (RedisServer, redis::aio::ConnectionManager, DeadLetters) {

@@ -1130,7 +1130,7 @@ async fn https_workers_keep_their_connections() {
         Ok(dir) => dir,
         Err(e) => panic!("tempdir: {e}"),
     };
-    let tls = crate::sim::SimTls {
+    let tls = inferq_sim::SimTls {
         cert: Some(crate::gateway::tls::tests::temp_file(
             &dir,
             "server.crt",
@@ -1143,12 +1143,12 @@ async fn https_workers_keep_their_connections() {
         )),
         client_ca: None,
     };
-    let config = crate::sim::SimConfig {
+    let config = inferq_sim::SimConfig {
         ttft_ms: 0,
         per_token_ms: 0.0,
-        ..crate::sim::SimConfig::default()
+        ..inferq_sim::SimConfig::default()
     };
-    let sim = match crate::sim::Sim::start_tls(config, ([127, 0, 0, 1], 0).into(), &tls).await {
+    let sim = match inferq_sim::Sim::start_tls(config, ([127, 0, 0, 1], 0).into(), &tls).await {
         Ok(sim) => sim,
         Err(e) => panic!("sim: {e}"),
     };
