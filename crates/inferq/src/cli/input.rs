@@ -103,32 +103,8 @@ pub fn parse_line(
     if !payload.get().starts_with('{') {
         return Err(err("payload must be a JSON object".into()));
     }
-    let deadline = match (line.deadline, line.timeout_s) {
-        (Some(_), Some(_)) => return Err(err("give deadline or timeout_s, not both".into())),
-        (Some(d), None) if d <= now_s => {
-            return Err(err(format!("deadline {d} is not in the future")))
-        }
-        // A deadline more than 100 years out is a mistake, most likely milliseconds for
-        // seconds: it would never expire.
-        (Some(d), None) if d as f64 > now_s as f64 + MAX_TIMEOUT_S => {
-            return Err(err(format!(
-                "deadline {d} is more than 100 years away: it is in Unix seconds, not milliseconds"
-            )))
-        }
-        (Some(d), None) => d,
-        (None, t) => {
-            let t = t.unwrap_or(default_timeout_s);
-            if !(t.is_finite() && t >= 1.0) {
-                return Err(err(format!("timeout_s {t} must be at least 1 second")));
-            }
-            if t > MAX_TIMEOUT_S {
-                return Err(err(format!(
-                    "timeout_s is too large ({t:e} s; at most {MAX_TIMEOUT_S} s, 100 years)"
-                )));
-            }
-            now_s.saturating_add(t.ceil() as i64)
-        }
-    };
+    let deadline =
+        deadline_of(line.deadline, line.timeout_s, now_s, default_timeout_s).map_err(err)?;
     let headers = line.headers.unwrap_or_default();
     // Such a request would only end in an INFERENCE_ERROR naming the header: say so now.
     crate::gateway::check_message_headers(headers.iter().map(|(k, v)| (k.as_str(), v.as_str())))
@@ -143,6 +119,38 @@ pub fn parse_line(
         endpoint,
         model: line.model.unwrap_or_default(),
     })
+}
+
+/// The deadline a line asks for: its `deadline` (Unix seconds, in the future, within 100
+/// years), or `timeout_s` (else `default_timeout_s`) from `now_s`; never both.
+fn deadline_of(
+    deadline: Option<i64>,
+    timeout_s: Option<f64>,
+    now_s: i64,
+    default_timeout_s: f64,
+) -> Result<i64, String> {
+    match (deadline, timeout_s) {
+        (Some(_), Some(_)) => Err("give deadline or timeout_s, not both".into()),
+        (Some(d), None) if d <= now_s => Err(format!("deadline {d} is not in the future")),
+        // A deadline more than 100 years out is a mistake, most likely milliseconds for
+        // seconds: it would never expire.
+        (Some(d), None) if d as f64 > now_s as f64 + MAX_TIMEOUT_S => Err(format!(
+            "deadline {d} is more than 100 years away: it is in Unix seconds, not milliseconds"
+        )),
+        (Some(d), None) => Ok(d),
+        (None, t) => {
+            let t = t.unwrap_or(default_timeout_s);
+            if !(t.is_finite() && t >= 1.0) {
+                return Err(format!("timeout_s {t} must be at least 1 second"));
+            }
+            if t > MAX_TIMEOUT_S {
+                return Err(format!(
+                    "timeout_s is too large ({t:e} s; at most {MAX_TIMEOUT_S} s, 100 years)"
+                ));
+            }
+            Ok(now_s.saturating_add(t.ceil() as i64))
+        }
+    }
 }
 
 #[cfg(test)]
