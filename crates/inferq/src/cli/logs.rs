@@ -201,7 +201,12 @@ fn level_name(level: &Level) -> &'static str {
 
 /// A source path as zap's short caller shows it: relative to the crate's `src/`.
 fn short_file(file: &str) -> &str {
-    file.strip_prefix("src/").unwrap_or(file)
+    // `crates/<crate>/src/cli/logs.rs` (a workspace build) or `src/cli/logs.rs`: what follows
+    // the crate's `src/`.
+    match file.rfind("/src/") {
+        Some(i) => &file[i + "/src/".len()..],
+        None => file.strip_prefix("src/").unwrap_or(file),
+    }
 }
 
 /// `"key":value` onto a line.
