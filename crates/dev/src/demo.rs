@@ -341,7 +341,7 @@ impl Processor {
         args: &DemoArgs,
         dir: &Path,
     ) -> Result<Processor, Failure> {
-        let exe = own_binary()?;
+        let exe = inferq_testkit::inferq_binary()?;
         let health_port = free_port().context("no free port")?;
         let mut metrics_port = free_port().context("no free port")?;
         while metrics_port == health_port {
@@ -476,11 +476,6 @@ impl Processor {
         }
         tell!("---");
     }
-}
-
-/// The production binary `inferq`, built next to this one, to start `inferq run` from.
-fn own_binary() -> Result<PathBuf, Failure> {
-    Ok(inferq_testkit::inferq_binary()?)
 }
 
 impl Drop for Processor {

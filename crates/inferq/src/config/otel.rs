@@ -285,7 +285,7 @@ mod tests {
     /// without what its variable names is refused naming the variable.
     #[test]
     fn a_client_certificate_takes_both_variables() {
-        use crate::gateway::tls::tests::{temp_file, TEST_CLIENT_CERT_PEM, TEST_CLIENT_KEY_PEM};
+        use inferq_testkit::certs::{temp_file, TEST_CLIENT_CERT_PEM, TEST_CLIENT_KEY_PEM};
         let dir = match tempfile::tempdir() {
             Ok(dir) => dir,
             Err(e) => panic!("tempdir: {e}"),

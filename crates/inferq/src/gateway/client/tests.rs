@@ -898,7 +898,7 @@ fn self_signed_trust() -> (tempfile::TempDir, GatewayTls) {
         Err(e) => panic!("tempdir: {e}"),
     };
     let trust = GatewayTls {
-        ca_cert: Some(crate::gateway::tls::tests::temp_file(
+        ca_cert: Some(inferq_testkit::certs::temp_file(
             &dir,
             "gateway.crt",
             crate::gateway::leaf::tests::SELF_SIGNED_PEM,
@@ -962,7 +962,7 @@ async fn a_gateway_certificate_in_the_system_store_is_trusted() {
         Ok(dir) => dir,
         Err(e) => panic!("tempdir: {e}"),
     };
-    let store = crate::gateway::tls::tests::temp_file(
+    let store = inferq_testkit::certs::temp_file(
         &dir,
         "store.pem",
         crate::gateway::leaf::tests::SELF_SIGNED_PEM,
@@ -1131,12 +1131,12 @@ async fn https_workers_keep_their_connections() {
         Err(e) => panic!("tempdir: {e}"),
     };
     let tls = inferq_sim::SimTls {
-        cert: Some(crate::gateway::tls::tests::temp_file(
+        cert: Some(inferq_testkit::certs::temp_file(
             &dir,
             "server.crt",
             crate::gateway::leaf::tests::SELF_SIGNED_PEM,
         )),
-        key: Some(crate::gateway::tls::tests::temp_file(
+        key: Some(inferq_testkit::certs::temp_file(
             &dir,
             "server.key",
             crate::gateway::leaf::tests::SELF_SIGNED_KEY_PEM,
@@ -1283,9 +1283,7 @@ fn tls_errors_surface_from_new() {
         Err(e) => panic!("tempdir: {e}"),
     };
     let tls = GatewayTls {
-        ca_cert: Some(crate::gateway::tls::tests::temp_file(
-            &dir, "ca.pem", "garbage",
-        )),
+        ca_cert: Some(inferq_testkit::certs::temp_file(&dir, "ca.pem", "garbage")),
         ..GatewayTls::default()
     };
     match GatewayClient::new(&tls, 1) {
@@ -1293,10 +1291,10 @@ fn tls_errors_surface_from_new() {
         Err(e) => assert!(e.to_string().contains("no PEM certificates"), "{e}"),
     }
     let tls = GatewayTls {
-        ca_cert: Some(crate::gateway::tls::tests::temp_file(
+        ca_cert: Some(inferq_testkit::certs::temp_file(
             &dir,
             "good.pem",
-            crate::gateway::tls::tests::TEST_CA_PEM,
+            inferq_testkit::certs::TEST_CA_PEM,
         )),
         ..GatewayTls::default()
     };
