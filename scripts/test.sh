@@ -7,6 +7,9 @@ scripts/ensure-redis.sh
 # The cluster and sentinel fixtures' Valkey tests need a valkey-server (they fail in CI without).
 INFERQ_VALKEY_SERVER="$(scripts/ensure-valkey.sh)"
 export INFERQ_VALKEY_SERVER
+# The Batch API's tests drive it with the official openai Python SDK (crates/batch/tests/sdk.rs).
+INFERQ_PYTHON="$(scripts/ensure-openai.sh)"
+export INFERQ_PYTHON
 # tests/security.rs makes its TLS certificates with the openssl command line.
 if ! command -v openssl >/dev/null 2>&1; then
   echo "openssl not found: installing Debian's openssl package" >&2

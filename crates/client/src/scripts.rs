@@ -18,7 +18,8 @@ pub struct Script {
 }
 
 impl Script {
-    fn new(name: &'static str, includes: &[&str], body: &str) -> Script {
+    /// A script named `name` (for errors), its `includes` put before its `body`.
+    pub fn new(name: &'static str, includes: &[&str], body: &str) -> Script {
         let mut source = String::new();
         for include in includes {
             source.push_str(include);

@@ -20,6 +20,7 @@ macro_rules! tell {
     }};
 }
 
+mod batch_api;
 mod dead_letter;
 mod input;
 pub mod logs;
@@ -62,6 +63,9 @@ enum Command {
     /// Count where a queue's requests are: pending, claimed, parked, dead, and those needing
     /// attention (overdue, leases run out, retries due, delivered again).
     Status(status::StatusArgs),
+    /// Serve the OpenAI Files and Batches API: batch files in, results files out, over the
+    /// queue of a processors' transport config.
+    BatchApi(Box<batch_api::BatchApiArgs>),
 }
 
 /// Where Redis is and how to trust it, shared by the producer-side and dead-letter subcommands.
@@ -325,6 +329,7 @@ pub fn main() -> ExitCode {
             Command::Results(args) => results::results(args).await,
             Command::DeadLetter(args) => dead_letter::dead_letter(args).await,
             Command::Status(args) => status::status(args).await,
+            Command::BatchApi(args) => batch_api::batch_api(*args).await,
         }
     });
     match outcome {

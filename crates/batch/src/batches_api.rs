@@ -1,0 +1,214 @@
+//! The Batches API: create, retrieve, list and cancel. Create checks the request as OpenAI
+//! does and records the batch (status `validating`) in one Lua move; the stewards do the rest.
+//! Retrieve reads the batch's hash, so its `request_counts` are live while it runs, from
+//! whichever replica answers.
+
+use axum::body::Bytes;
+use axum::extract::{Path, Query, State};
+use axum::http::HeaderMap;
+use axum::Json;
+use redis::AsyncCommands;
+use serde_json::{Map, Value};
+
+use crate::error::ApiError;
+use crate::files_api::{owned_file, ListQuery};
+use crate::ids;
+use crate::keys;
+use crate::model::{batch_object, list_object, Fields};
+use crate::scripts::SCRIPTS;
+use crate::settings::window;
+use crate::state::{now_secs, App};
+
+/// The endpoints a batch may name: the ones the inference gateway serves.
+pub const ENDPOINTS: [&str; 3] = ["/v1/chat/completions", "/v1/completions", "/v1/embeddings"];
+
+fn required<'a>(body: &'a Map<String, Value>, name: &str) -> Result<&'a str, ApiError> {
+    match body.get(name) {
+        Some(Value::String(s)) if !s.is_empty() => Ok(s),
+        None | Some(Value::Null) => Err(ApiError::invalid(
+            format!("Missing required parameter: '{name}'."),
+            Some(name),
+        )),
+        Some(_) => Err(ApiError::invalid(
+            format!("Invalid type for '{name}': expected a string."),
+            Some(name),
+        )),
+    }
+}
+
+/// Checks `metadata`: at most 16 string pairs, keys up to 64 characters, values up to 512.
+fn metadata(body: &Map<String, Value>) -> Result<Option<String>, ApiError> {
+    let bad = |why: &str| ApiError::invalid(format!("Invalid 'metadata': {why}"), Some("metadata"));
+    match body.get("metadata") {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Object(m)) => {
+            if m.len() > 16 {
+                return Err(bad("at most 16 key-value pairs."));
+            }
+            for (k, v) in m {
+                if k.chars().count() > 64 {
+                    return Err(bad("keys are at most 64 characters."));
+                }
+                match v {
+                    Value::String(s) if s.chars().count() <= 512 => {}
+                    Value::String(_) => return Err(bad("values are at most 512 characters.")),
+                    _ => return Err(bad("values must be strings.")),
+                }
+            }
+            Ok(Some(Value::Object(m.clone()).to_string()))
+        }
+        Some(_) => Err(bad("expected an object of strings.")),
+    }
+}
+
+/// `POST /v1/batches`.
+pub async fn create(
+    State(app): State<App>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Result<Json<Value>, ApiError> {
+    let tenant = app.keys.tenant(&headers)?;
+    let body: Map<String, Value> = serde_json::from_slice(&body).map_err(|e| {
+        ApiError::invalid(format!("The request body is not a JSON object: {e}"), None)
+    })?;
+    let input = required(&body, "input_file_id")?;
+    let endpoint = required(&body, "endpoint")?;
+    if !ENDPOINTS.contains(&endpoint) {
+        return Err(ApiError::invalid(
+            format!(
+                "Invalid value for 'endpoint': '{endpoint}'. Supported values are: {}.",
+                ENDPOINTS.join(", ")
+            ),
+            Some("endpoint"),
+        ));
+    }
+    let window_text = required(&body, "completion_window")?;
+    let Some(window) = window(window_text, &app.settings.extra_windows) else {
+        return Err(ApiError::invalid(
+            format!("Invalid value for 'completion_window': '{window_text}'. Supported values are: '24h'."),
+            Some("completion_window"),
+        ));
+    };
+    let metadata = metadata(&body)?;
+    let file = owned_file(&app, &tenant, input).await.map_err(|mut e| {
+        e.param = Some("input_file_id".into());
+        e
+    })?;
+    if file.get("purpose").map(String::as_str) != Some("batch") {
+        return Err(ApiError::invalid(
+            format!(
+                "File {input} has purpose '{}': a batch's input file must have purpose 'batch'.",
+                file.get("purpose").map_or("", String::as_str)
+            ),
+            Some("input_file_id"),
+        ));
+    }
+    let id = ids::new_batch_id();
+    let created = now_secs();
+    let expires = created + i64::try_from(window.as_secs()).unwrap_or(i64::MAX / 2);
+    let mut fields: Vec<(&str, String)> = vec![
+        ("id", id.clone()),
+        ("tenant", tenant.clone()),
+        ("endpoint", endpoint.to_owned()),
+        ("input_file_id", input.to_owned()),
+        ("completion_window", window_text.to_owned()),
+        ("created_at", created.to_string()),
+        ("expires_at", expires.to_string()),
+        ("total", "0".into()),
+        ("completed", "0".into()),
+        ("failed", "0".into()),
+    ];
+    if let Some(m) = metadata {
+        fields.push(("metadata", m));
+    }
+    let mut args: Vec<String> = vec![id.clone(), inferq_client::producer::unix_ms().to_string()];
+    for (k, v) in fields {
+        args.push(k.to_owned());
+        args.push(v);
+    }
+    let script = &SCRIPTS.create;
+    let cmd = script.cmd(
+        &[
+            keys::batch(&id),
+            keys::batches(&tenant),
+            keys::live(),
+            keys::counts(),
+            keys::file(input),
+        ],
+        &args,
+    );
+    let mut con = app.redis.clone();
+    let made: i64 = redis::from_redis_value(script.run(&mut con, &cmd).await?)?;
+    if made != 1 {
+        return Err(ApiError::not_found("File", input));
+    }
+    let f: Fields = con.hgetall(keys::batch(&id)).await?;
+    tracing::info!(batch = %id, tenant = %tenant, endpoint = %endpoint, "batch created");
+    Ok(Json(batch_object(&f)))
+}
+
+/// A batch of `tenant`, or 404.
+async fn owned_batch(app: &App, tenant: &str, id: &str) -> Result<Fields, ApiError> {
+    if !ids::is_batch_id(id) {
+        return Err(ApiError::not_found("Batch", id));
+    }
+    let mut con = app.redis.clone();
+    let f: Fields = con.hgetall(keys::batch(id)).await?;
+    if f.get("tenant").map(String::as_str) != Some(tenant) {
+        return Err(ApiError::not_found("Batch", id));
+    }
+    Ok(f)
+}
+
+/// `GET /v1/batches/{batch_id}`.
+pub async fn retrieve(
+    State(app): State<App>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    let tenant = app.keys.tenant(&headers)?;
+    Ok(Json(batch_object(&owned_batch(&app, &tenant, &id).await?)))
+}
+
+/// `POST /v1/batches/{batch_id}/cancel`.
+pub async fn cancel(
+    State(app): State<App>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    let tenant = app.keys.tenant(&headers)?;
+    owned_batch(&app, &tenant, &id).await?;
+    let script = &SCRIPTS.cancel;
+    let cmd = script.cmd(&[keys::batch(&id), keys::counts(), keys::live()], &[&id]);
+    let mut con = app.redis.clone();
+    let (status, taken): (String, i64) =
+        redis::from_redis_value(script.run(&mut con, &cmd).await?)?;
+    if taken != 1 {
+        return Err(ApiError::conflict(format!(
+            "Cannot cancel a batch with status '{status}'."
+        )));
+    }
+    let f: Fields = con.hgetall(keys::batch(&id)).await?;
+    tracing::info!(batch = %id, "batch cancel asked");
+    Ok(Json(batch_object(&f)))
+}
+
+/// `GET /v1/batches`.
+pub async fn list(
+    State(app): State<App>,
+    headers: HeaderMap,
+    query: Result<Query<ListQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let tenant = app.keys.tenant(&headers)?;
+    let Query(q) = query.map_err(|e| ApiError::invalid(e.body_text(), None))?;
+    let page = crate::listing::page(&app, &keys::batches(&tenant), &q, 20, 100).await?;
+    let mut con = app.redis.clone();
+    let mut data = Vec::new();
+    for id in &page.ids {
+        let f: Fields = con.hgetall(keys::batch(id)).await?;
+        if !f.is_empty() {
+            data.push(batch_object(&f));
+        }
+    }
+    Ok(Json(list_object(data, page.has_more)))
+}

@@ -1,0 +1,332 @@
+//! The Files API: upload (`multipart/form-data` with `file` and `purpose=batch`), list,
+//! retrieve, content and delete. An upload streams into the file store while each line is
+//! checked to be a JSON object, so a file that is not JSONL, or that grows past the size limit,
+//! is refused while it arrives and nothing of it is kept. A tenant sees only its own files;
+//! another tenant's id answers 404, as an unknown one does.
+
+use axum::body::Body;
+use axum::extract::multipart::{Field, MultipartRejection};
+use axum::extract::{Multipart, Path, Query, State};
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use futures::StreamExt;
+use redis::AsyncCommands;
+use serde::Deserialize;
+use serde_json::Value;
+
+use crate::error::ApiError;
+use crate::ids;
+use crate::keys;
+use crate::lines::{is_blank, LineSplitter, SplitError};
+use crate::model::{file_object, is_ended, list_object, Fields};
+use crate::state::{now_secs, App};
+
+/// Why an upload stopped.
+enum Refusal {
+    Split(SplitError),
+    Api(ApiError),
+}
+
+impl From<SplitError> for Refusal {
+    fn from(e: SplitError) -> Refusal {
+        Refusal::Split(e)
+    }
+}
+
+fn bad_multipart(e: impl std::fmt::Display) -> ApiError {
+    ApiError::invalid(
+        format!("The request body is not valid multipart/form-data: {e}"),
+        None,
+    )
+}
+
+/// `POST /v1/files`.
+pub async fn upload(
+    State(app): State<App>,
+    headers: HeaderMap,
+    multipart: Result<Multipart, MultipartRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let tenant = app.keys.tenant(&headers)?;
+    let mut multipart = multipart.map_err(bad_multipart)?;
+    let mut purpose: Option<String> = None;
+    let mut stored: Option<(String, u64, String)> = None;
+    let outcome: Result<(), ApiError> = async {
+        while let Some(field) = multipart.next_field().await.map_err(bad_multipart)? {
+            match field.name() {
+                Some("purpose") => purpose = Some(small_text(field).await?),
+                Some("file") if stored.is_some() => {
+                    return Err(ApiError::invalid(
+                        "Only one 'file' may be uploaded.",
+                        Some("file"),
+                    ))
+                }
+                Some("file") => stored = Some(receive(&app, field).await?),
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+    .await;
+    let refuse = |e: ApiError| async {
+        if let Some((id, _, _)) = &stored {
+            if let Err(d) = app.store.delete(id).await {
+                tracing::warn!(error = %d, file = %id, "could not delete a refused upload");
+            }
+        }
+        Err(e)
+    };
+    if let Err(e) = outcome {
+        return refuse(e).await;
+    }
+    let Some((id, bytes, filename)) = stored.clone() else {
+        return Err(ApiError::invalid(
+            "Missing required parameter: 'file'.",
+            Some("file"),
+        ));
+    };
+    match purpose.as_deref() {
+        Some("batch") => {}
+        None => {
+            return refuse(ApiError::invalid("Missing required parameter: 'purpose'.", Some("purpose")))
+                .await
+        }
+        Some(other) => {
+            return refuse(ApiError::invalid(
+                format!("Invalid value for 'purpose': '{other}'. This server takes files with purpose 'batch'."),
+                Some("purpose"),
+            ))
+            .await
+        }
+    }
+    let created = now_secs();
+    let fields: Fields = [
+        ("id", id.clone()),
+        ("bytes", bytes.to_string()),
+        ("created_at", created.to_string()),
+        ("filename", filename),
+        ("purpose", "batch".to_owned()),
+        ("tenant", tenant.clone()),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), v))
+    .collect();
+    let mut con = app.redis.clone();
+    let pairs: Vec<(&String, &String)> = fields.iter().collect();
+    let written: redis::RedisResult<()> = redis::pipe()
+        .atomic()
+        .hset_multiple(keys::file(&id), &pairs)
+        .ignore()
+        .zadd(
+            keys::files(&tenant),
+            &id,
+            inferq_client::producer::unix_ms(),
+        )
+        .ignore()
+        .query_async(&mut con)
+        .await;
+    if let Err(e) = written {
+        return refuse(ApiError::from(e)).await;
+    }
+    Ok(Json(file_object(&fields)))
+}
+
+async fn small_text(mut field: Field<'_>) -> Result<String, ApiError> {
+    let mut text = Vec::new();
+    while let Some(chunk) = field.chunk().await.map_err(bad_multipart)? {
+        text.extend_from_slice(&chunk);
+        if text.len() > 256 {
+            return Err(ApiError::invalid("'purpose' is too long.", Some("purpose")));
+        }
+    }
+    String::from_utf8(text)
+        .map_err(|_| ApiError::invalid("'purpose' is not UTF-8.", Some("purpose")))
+}
+
+/// Streams the `file` field into the store, checking it is JSONL within the limits.
+async fn receive(app: &App, mut field: Field<'_>) -> Result<(String, u64, String), ApiError> {
+    let filename: String = field
+        .file_name()
+        .unwrap_or("upload.jsonl")
+        .chars()
+        .filter(|c| !c.is_control())
+        .take(255)
+        .collect();
+    let id = ids::new_file_id();
+    let limits = app.settings.limits;
+    let mut writer = app.store.writer(&id);
+    let mut splitter = LineSplitter::new(limits.max_line_bytes);
+    let mut lines = 0u64;
+    let mut check = |n: u64, line: &[u8]| -> Result<(), Refusal> {
+        if is_blank(line) {
+            return Ok(());
+        }
+        lines += 1;
+        match serde_json::from_slice::<&serde_json::value::RawValue>(line) {
+            Ok(v) if v.get().starts_with('{') => Ok(()),
+            Ok(_) => Err(Refusal::Api(not_jsonl(n, "the line is not a JSON object"))),
+            Err(e) => Err(Refusal::Api(not_jsonl(n, &e.to_string()))),
+        }
+    };
+    let outcome: Result<(), ApiError> = async {
+        loop {
+            let chunk = match field.chunk().await {
+                Ok(Some(c)) => c,
+                Ok(None) => break,
+                Err(e) => return Err(bad_multipart(e)),
+            };
+            if writer.bytes + chunk.len() as u64 > limits.max_file_bytes {
+                return Err(ApiError::too_large(format!(
+                    "File is too large: the limit is {} bytes.",
+                    limits.max_file_bytes
+                )));
+            }
+            splitter.push(&chunk, &mut check).map_err(refusal)?;
+            writer.write(&chunk).await.map_err(ApiError::from)?;
+        }
+        splitter.finish(&mut check).map_err(refusal)?;
+        Ok(())
+    }
+    .await;
+    if let Err(e) = outcome {
+        writer.abort().await;
+        return Err(e);
+    }
+    if lines == 0 {
+        writer.abort().await;
+        return Err(ApiError::invalid(
+            "The file is empty: a batch file needs at least one line.",
+            Some("file"),
+        )
+        .with_code("empty_file"));
+    }
+    let bytes = writer.finish().await.map_err(ApiError::from)?;
+    Ok((id, bytes, filename))
+}
+
+fn not_jsonl(line: u64, why: &str) -> ApiError {
+    ApiError::invalid(
+        format!("The file is not valid JSONL: line {line}: {why}."),
+        Some("file"),
+    )
+    .with_code("invalid_file_format")
+}
+
+fn refusal(r: Refusal) -> ApiError {
+    match r {
+        Refusal::Api(e) => e,
+        Refusal::Split(SplitError::TooLong { line, limit }) => ApiError::too_large(format!(
+            "Line {line} is longer than the longest line taken ({limit} bytes)."
+        ))
+        .with_code("line_too_large"),
+    }
+}
+
+/// A file of `tenant`, or 404.
+pub async fn owned_file(app: &App, tenant: &str, id: &str) -> Result<Fields, ApiError> {
+    if !ids::is_file_id(id) {
+        return Err(ApiError::not_found("File", id));
+    }
+    let mut con = app.redis.clone();
+    let f: Fields = con.hgetall(keys::file(id)).await?;
+    if f.get("tenant").map(String::as_str) != Some(tenant) {
+        return Err(ApiError::not_found("File", id));
+    }
+    Ok(f)
+}
+
+/// `GET /v1/files/{file_id}`.
+pub async fn retrieve(
+    State(app): State<App>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    let tenant = app.keys.tenant(&headers)?;
+    Ok(Json(file_object(&owned_file(&app, &tenant, &id).await?)))
+}
+
+/// `GET /v1/files/{file_id}/content`: the bytes, streamed.
+pub async fn content(
+    State(app): State<App>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
+    let tenant = app.keys.tenant(&headers)?;
+    owned_file(&app, &tenant, &id).await?;
+    let stream = app.store.read(&id).await.map_err(ApiError::from)?;
+    let body = Body::from_stream(stream.map(|c| c.map_err(std::io::Error::other)));
+    Ok((
+        StatusCode::OK,
+        [(header::CONTENT_TYPE, "application/octet-stream")],
+        body,
+    )
+        .into_response())
+}
+
+/// `DELETE /v1/files/{file_id}`. The input file of a batch that has not ended is kept: the
+/// batch reads it again to write its results.
+pub async fn delete(
+    State(app): State<App>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    let tenant = app.keys.tenant(&headers)?;
+    let f = owned_file(&app, &tenant, &id).await?;
+    let mut con = app.redis.clone();
+    if let Some(batch) = f.get("batch").filter(|b| !b.is_empty()) {
+        let status: Option<String> = con.hget(keys::batch(batch), "status").await?;
+        if let Some(status) = status.filter(|s| !is_ended(s)) {
+            return Err(ApiError::conflict(format!(
+                "File {id} is the input of batch {batch}, which is {status}: delete it once the batch has ended."
+            )));
+        }
+    }
+    let _: () = redis::pipe()
+        .atomic()
+        .del(keys::file(&id))
+        .ignore()
+        .zrem(keys::files(&tenant), &id)
+        .ignore()
+        .query_async(&mut con)
+        .await?;
+    app.store.delete(&id).await.map_err(ApiError::from)?;
+    Ok(Json(
+        serde_json::json!({"id": id, "object": "file", "deleted": true}),
+    ))
+}
+
+/// The query of a list call.
+#[derive(Debug, Deserialize)]
+pub struct ListQuery {
+    pub limit: Option<String>,
+    pub after: Option<String>,
+    pub order: Option<String>,
+    pub purpose: Option<String>,
+}
+
+/// `GET /v1/files`.
+pub async fn list(
+    State(app): State<App>,
+    headers: HeaderMap,
+    query: Result<Query<ListQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let tenant = app.keys.tenant(&headers)?;
+    let Query(q) = query.map_err(|e| ApiError::invalid(e.body_text(), None))?;
+    let page = crate::listing::page(&app, &keys::files(&tenant), &q, 10_000, 10_000).await?;
+    let mut con = app.redis.clone();
+    let mut data = Vec::new();
+    for id in &page.ids {
+        let f: Fields = con.hgetall(keys::file(id)).await?;
+        if f.is_empty() {
+            continue;
+        }
+        if q.purpose
+            .as_deref()
+            .is_some_and(|p| f.get("purpose").map(String::as_str) != Some(p))
+        {
+            continue;
+        }
+        data.push(file_object(&f));
+    }
+    Ok(Json(list_object(data, page.has_more)))
+}

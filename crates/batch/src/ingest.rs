@@ -1,0 +1,294 @@
+//! From an input file to requests on the queue, in two streamed passes, as OpenAI does it:
+//! [`validate`] reads the whole file and either counts its lines or names every bad one (the
+//! batch then fails and nothing is submitted); [`ingest`] reads it again and submits each line
+//! as one inferq request, `<batch id>:<line>`, its body's bytes untouched, `url` as its
+//! endpoint and the batch's expiry as its deadline, a thousand per round trip. After each
+//! round trip the batch's cursor moves (`advance.lua`), so a steward that dies is resumed by
+//! another from there; the requests of the round trip it was in may be submitted twice, and
+//! `collect.lua` files only the first result of a line.
+
+use std::collections::{BTreeMap, HashSet};
+
+use futures::StreamExt;
+use inferq_client::producer::ProducerError;
+use inferq_client::wire::NewRequest;
+use serde_json::{json, Value};
+
+use crate::error::BatchError;
+use crate::ids;
+use crate::keys;
+use crate::lines::{decode_line, is_blank, EachLine, LineSplitter, SplitError};
+use crate::model::Fields;
+use crate::scripts::SCRIPTS;
+use crate::state::App;
+
+/// Lines submitted per round trip.
+const CHUNK: usize = 1000;
+/// Bad lines named in a failed batch's `errors` (the rest are counted in one more entry).
+const MAX_ERRORS: usize = 1000;
+
+/// What validation found.
+pub enum Validated {
+    Lines(u64),
+    /// The `errors` object of a failed batch, as JSON.
+    Failed(String),
+}
+
+struct Check<'a> {
+    endpoint: &'a str,
+    max_lines: u64,
+    seen: HashSet<String>,
+    lines: u64,
+    errors: Vec<Value>,
+    more_errors: u64,
+}
+
+impl Check<'_> {
+    fn error(&mut self, code: &str, message: String, param: Option<&str>, line: Option<u64>) {
+        if self.errors.len() < MAX_ERRORS {
+            self.errors
+                .push(json!({"code": code, "message": message, "param": param, "line": line}));
+        } else {
+            self.more_errors += 1;
+        }
+    }
+
+    fn line(&mut self, n: u64, line: &[u8]) {
+        if is_blank(line) {
+            return;
+        }
+        self.lines += 1;
+        match decode_line(line, self.endpoint) {
+            Ok(l) => {
+                if !self.seen.insert(l.custom_id.clone()) {
+                    self.error(
+                        "duplicate_custom_id",
+                        format!("The custom_id '{}' is used by an earlier line: each line needs its own.", l.custom_id),
+                        Some("custom_id"),
+                        Some(n),
+                    );
+                }
+            }
+            Err(e) => self.error(e.code, e.message, e.param, Some(n)),
+        }
+    }
+}
+
+/// Streams lines of `file_id` to `each`; stops at the first error `each` gives.
+async fn each_line<E: From<SplitError> + From<BatchError>>(
+    app: &App,
+    file_id: &str,
+    each: &mut EachLine<'_, E>,
+) -> Result<(), E> {
+    let mut stream = app.store.read(file_id).await?;
+    let mut splitter = LineSplitter::new(app.settings.limits.max_line_bytes);
+    while let Some(chunk) = stream.next().await {
+        let chunk = chunk.map_err(BatchError::from)?;
+        splitter.push(&chunk, each)?;
+    }
+    splitter.finish(each)
+}
+
+#[derive(Debug)]
+enum ReadError {
+    Batch(BatchError),
+    Split(SplitError),
+}
+
+impl From<BatchError> for ReadError {
+    fn from(e: BatchError) -> Self {
+        ReadError::Batch(e)
+    }
+}
+
+impl From<SplitError> for ReadError {
+    fn from(e: SplitError) -> Self {
+        ReadError::Split(e)
+    }
+}
+
+/// Reads the batch's input file through and judges it.
+pub async fn validate(app: &App, batch: &Fields) -> Result<Validated, BatchError> {
+    let file = batch.get("input_file_id").cloned().unwrap_or_default();
+    let mut check = Check {
+        endpoint: batch.get("endpoint").map_or("", String::as_str),
+        max_lines: app.settings.limits.max_lines,
+        seen: HashSet::new(),
+        lines: 0,
+        errors: Vec::new(),
+        more_errors: 0,
+    };
+    let read = each_line::<ReadError>(app, &file, &mut |n, line| {
+        check.line(n, line);
+        Ok(())
+    })
+    .await;
+    match read {
+        Ok(()) => {}
+        Err(ReadError::Batch(BatchError::InputGone(_))) => check.error(
+            "input_file_missing",
+            format!("The input file {file} was deleted."),
+            Some("input_file_id"),
+            None,
+        ),
+        Err(ReadError::Batch(e)) => return Err(e),
+        Err(ReadError::Split(SplitError::TooLong { line, limit })) => check.error(
+            "line_too_large",
+            format!("The line is longer than the longest line taken ({limit} bytes)."),
+            None,
+            Some(line),
+        ),
+    }
+    if check.lines == 0 && check.errors.is_empty() {
+        check.error(
+            "empty_file",
+            "The input file has no requests.".into(),
+            Some("input_file_id"),
+            None,
+        );
+    }
+    if check.lines > check.max_lines {
+        let message = format!(
+            "The input file has {} requests; a batch takes at most {}.",
+            check.lines, check.max_lines
+        );
+        check.errors.insert(
+            0,
+            json!({"code": "too_many_tasks", "message": message, "param": null, "line": null}),
+        );
+    }
+    if check.more_errors > 0 {
+        let message = format!("{} more lines are invalid (not listed).", check.more_errors);
+        check.errors.push(
+            json!({"code": "too_many_errors", "message": message, "param": null, "line": null}),
+        );
+    }
+    if check.errors.is_empty() {
+        return Ok(Validated::Lines(check.lines));
+    }
+    Ok(Validated::Failed(
+        json!({"object": "list", "data": check.errors}).to_string(),
+    ))
+}
+
+/// Why ingestion stopped before the end.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Stopped {
+    /// Every line is on the queue.
+    Done,
+    /// The batch moved on (cancelled, sealed) or the window passed: the steward looks again.
+    Moved,
+}
+
+/// Submits the batch's lines after its cursor.
+pub async fn ingest(
+    app: &App,
+    batch: &Fields,
+    still_held: &(dyn Fn() -> bool + Sync),
+) -> Result<Stopped, BatchError> {
+    let id = batch.get("id").cloned().unwrap_or_default();
+    let file = batch.get("input_file_id").cloned().unwrap_or_default();
+    let endpoint = batch.get("endpoint").cloned().unwrap_or_default();
+    let num = |name: &str| {
+        batch
+            .get(name)
+            .and_then(|v| v.parse::<i64>().ok())
+            .unwrap_or(0)
+    };
+    let (created, deadline) = (num("created_at"), num("expires_at"));
+    let cursor = u64::try_from(num("cursor")).unwrap_or(0);
+    let mut submitted = u64::try_from(num("ingested")).unwrap_or(0);
+    let mut pending: Vec<(u64, NewRequest)> = Vec::with_capacity(CHUNK);
+    let mut stream = app.store.read(&file).await?;
+    let mut splitter = LineSplitter::new(app.settings.limits.max_line_bytes);
+    let mut finished = false;
+    loop {
+        let mut take = |n: u64, line: &[u8]| -> Result<(), SplitError> {
+            if n <= cursor || is_blank(line) {
+                return Ok(());
+            }
+            if let Ok(l) = decode_line(line, &endpoint) {
+                pending.push((n, request(&id, n, created, deadline, &l)));
+            }
+            Ok(())
+        };
+        match stream.next().await {
+            Some(chunk) => {
+                let chunk = chunk?;
+                splitter.push(&chunk, &mut take).map_err(split_error)?;
+            }
+            None => {
+                splitter.finish(&mut take).map_err(split_error)?;
+                finished = true;
+            }
+        }
+        while pending.len() >= CHUNK || (finished && !pending.is_empty()) {
+            if !still_held() {
+                return Err(BatchError::LeaseLost(id));
+            }
+            let at = pending.len().min(CHUNK);
+            let chunk: Vec<(u64, NewRequest)> = pending.drain(..at).collect();
+            let last = chunk.last().map_or(cursor, |(n, _)| *n);
+            match submit(app, chunk).await? {
+                Some(n) => submitted += n,
+                None => return Ok(Stopped::Moved),
+            }
+            app.metrics.lines_ingested.inc_by(at as u64);
+            if advance(app, &id, submitted, last).await? != "in_progress" {
+                return Ok(Stopped::Moved);
+            }
+        }
+        if finished {
+            return Ok(Stopped::Done);
+        }
+    }
+}
+
+fn split_error(e: SplitError) -> BatchError {
+    let SplitError::TooLong { line, limit } = e;
+    BatchError::Io(std::io::Error::other(format!(
+        "line {line} of the input file is longer than {limit} bytes (it was valid when checked)"
+    )))
+}
+
+fn request(
+    batch: &str,
+    line: u64,
+    created: i64,
+    deadline: i64,
+    l: &crate::lines::InputLine<'_>,
+) -> NewRequest {
+    let mut metadata = BTreeMap::new();
+    metadata.insert("batch_id".to_owned(), batch.to_owned());
+    NewRequest {
+        id: ids::request_id(batch, line),
+        created,
+        deadline,
+        payload: l.body.to_owned(),
+        metadata,
+        headers: BTreeMap::new(),
+        endpoint: l.url.clone(),
+        model: String::new(),
+    }
+}
+
+/// Submits one round trip's requests; `None` once the window has passed.
+async fn submit(app: &App, chunk: Vec<(u64, NewRequest)>) -> Result<Option<u64>, BatchError> {
+    let reqs: Vec<NewRequest> = chunk.into_iter().map(|(_, r)| r).collect();
+    let n = reqs.len() as u64;
+    for outcome in app.producer.submit_many(reqs).await? {
+        match outcome {
+            Ok(_) => {}
+            Err(ProducerError::Expired) => return Ok(None),
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(Some(n))
+}
+
+async fn advance(app: &App, id: &str, submitted: u64, cursor: u64) -> Result<String, BatchError> {
+    let script = &SCRIPTS.advance;
+    let cmd = script.cmd(&[keys::batch(id)], &[submitted, cursor]);
+    let mut con = app.redis.clone();
+    Ok(redis::from_redis_value(script.run(&mut con, &cmd).await?)?)
+}

@@ -1,0 +1,55 @@
+//! The Redis keys of the Batch API. Every key carries the hash tag `{inferq-batch}`, so on a
+//! Redis Cluster all of them sit in one slot and each Lua move stays atomic; the request queue
+//! and the processors' keys are elsewhere and spread as before.
+//!
+//! ```text
+//!   {inferq-batch}:file:<file id>        hash: a File object, its tenant and the batch using it
+//!   {inferq-batch}:files:<tenant>        zset: the tenant's files by creation time (ms)
+//!   {inferq-batch}:batch:<batch id>      hash: a Batch object, its tenant, cursors and ending
+//!   {inferq-batch}:batches:<tenant>      zset: the tenant's batches by creation time (ms)
+//!   {inferq-batch}:live                  zset: batches not ended -> when a steward is due (ms)
+//!   {inferq-batch}:lease:<batch id>      string: the steward holding the batch, with a TTL
+//!   {inferq-batch}:out:<batch id>        hash: line -> its result, until the files are written
+//!   {inferq-batch}:results               list: where processors push batch results
+//!   {inferq-batch}:counts                hash: status -> batches in it
+//! ```
+
+/// The hash tag and prefix of every key.
+pub const PREFIX: &str = "{inferq-batch}";
+
+/// The result list batch requests are routed to.
+pub fn results() -> String {
+    format!("{PREFIX}:results")
+}
+
+pub fn live() -> String {
+    format!("{PREFIX}:live")
+}
+
+pub fn counts() -> String {
+    format!("{PREFIX}:counts")
+}
+
+pub fn file(id: &str) -> String {
+    format!("{PREFIX}:file:{id}")
+}
+
+pub fn files(tenant: &str) -> String {
+    format!("{PREFIX}:files:{tenant}")
+}
+
+pub fn batch(id: &str) -> String {
+    format!("{PREFIX}:batch:{id}")
+}
+
+pub fn batches(tenant: &str) -> String {
+    format!("{PREFIX}:batches:{tenant}")
+}
+
+pub fn lease(id: &str) -> String {
+    format!("{PREFIX}:lease:{id}")
+}
+
+pub fn out(id: &str) -> String {
+    format!("{PREFIX}:out:{id}")
+}

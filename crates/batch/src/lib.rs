@@ -1,0 +1,122 @@
+//! inferq's OpenAI-compatible Batch API: the Files and Batches API over inferq's durable queue,
+//! so a batch survives the death of any pod.
+//!
+//! A batch travels like this:
+//!
+//! ```text
+//!  client ──POST /v1/files──▶ file store (streamed, checked JSONL)
+//!  client ──POST /v1/batches─▶ Redis: batch hash, status validating   (batches_api)
+//!  steward: validate ▶ in_progress ▶ submit each line as a request     (steward, ingest)
+//!  inferq run processors: claim, call the gateway, push the result     (unchanged)
+//!  collector: result list ──collect.lua──▶ the batch's filed results   (collect)
+//!  steward: seal ▶ write output + error files ▶ completed / expired / cancelled (finalize)
+//! ```
+//!
+//! Every piece of state is in Redis (keys in [`keys`]) or the file store ([`store`]); a replica
+//! holds none, so any number of replicas serve one deployment, and any answers for any batch.
+//! [`serve`] runs a replica: the HTTP server, one collector and the stewards.
+
+pub mod auth;
+pub mod batches_api;
+pub mod collect;
+pub mod error;
+pub mod files_api;
+pub mod finalize;
+pub mod ids;
+pub mod ingest;
+pub mod keys;
+pub mod lines;
+pub mod listing;
+pub mod metrics;
+pub mod model;
+pub mod scripts;
+pub mod server;
+pub mod settings;
+pub mod state;
+pub mod steward;
+pub mod store;
+
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
+
+use inferq_client::producer::Producer;
+use tokio_util::sync::CancellationToken;
+
+pub use error::{ApiError, BatchError};
+pub use settings::{Limits, Settings, StoreChoice};
+
+/// Why a replica could not start or stopped.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    /// A setting is wrong (exit code 2): the message names it.
+    #[error("{0}")]
+    Config(String),
+    #[error("cannot connect to Redis: {0}")]
+    Redis(String),
+    #[error("cannot listen on {addr}: {reason}")]
+    Listen { addr: String, reason: String },
+    #[error("server: {0}")]
+    Server(String),
+}
+
+/// Builds a replica's shared state: the keys, the store, the Redis link and the producer.
+pub async fn app(settings: Settings) -> Result<state::App, ServeError> {
+    let keys = match &settings.api_keys_file {
+        Some(path) => auth::Keys::load(path).map_err(|e| ServeError::Config(e.to_string()))?,
+        None => auth::Keys::default(),
+    };
+    let store = match &settings.store {
+        StoreChoice::Dir(dir) => store::Store::local(dir),
+        StoreChoice::Url(url) => store::Store::s3(url),
+    }
+    .map_err(|e| ServeError::Config(e.to_string()))?;
+    let redis = settings
+        .target
+        .connect()
+        .await
+        .map_err(|e| ServeError::Redis(e.to_string()))?;
+    let producer =
+        Producer::connect_target(&settings.target, &settings.request_queue, &keys::results())
+            .await
+            .map_err(|e| ServeError::Redis(e.to_string()))?;
+    Ok(state::App {
+        redis,
+        producer: Arc::new(producer),
+        store,
+        keys,
+        settings: Arc::new(settings),
+        metrics: Arc::new(metrics::Metrics::new()),
+        owner: inferq_client::keys::fresh_token(),
+        working: Arc::new(Mutex::new(HashSet::new())),
+    })
+}
+
+/// Runs a replica until `stop`: the API on `settings.listen`, a collector and the stewards.
+pub async fn serve(settings: Settings, stop: CancellationToken) -> Result<(), ServeError> {
+    let listen = settings.listen;
+    let app = app(settings).await?;
+    let listener = tokio::net::TcpListener::bind(listen)
+        .await
+        .map_err(|e| ServeError::Listen {
+            addr: listen.to_string(),
+            reason: e.to_string(),
+        })?;
+    tracing::info!(
+        listen = %listener.local_addr().map_or(listen.to_string(), |a| a.to_string()),
+        store = %app.store.describe,
+        queue = %app.settings.request_queue,
+        auth = !app.keys.is_empty(),
+        "batch API serving"
+    );
+    let background = CancellationToken::new();
+    let collector = tokio::spawn(collect::run(app.clone(), background.clone()));
+    let stewards = tokio::spawn(steward::run(app.clone(), background.clone()));
+    let served = axum::serve(listener, server::router(app))
+        .with_graceful_shutdown(stop.cancelled_owned())
+        .await
+        .map_err(|e| ServeError::Server(e.to_string()));
+    background.cancel();
+    let _ = collector.await;
+    let _ = stewards.await;
+    served
+}

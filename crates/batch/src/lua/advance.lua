@@ -1,0 +1,16 @@
+-- advance: records that the batch's lines up to ARGV[1] are on the request queue (the ingestion
+-- cursor a steward resumes from), while the batch is in_progress and not sealed.
+-- KEYS[1] the batch hash
+-- ARGV[1] requests submitted so far  ARGV[2] the input file's line they reach (1-based)
+-- Returns the batch's status, or "sealed" once an expiry sealed it (ingestion then stops).
+local b = redis.call('HMGET', KEYS[1], 'status', 'sealed', 'cursor')
+if b[1] ~= 'in_progress' then
+  return b[1] or ''
+end
+if b[2] and b[2] ~= '' then
+  return 'sealed'
+end
+if tonumber(ARGV[2]) > (tonumber(b[3]) or 0) then
+  redis.call('HSET', KEYS[1], 'ingested', ARGV[1], 'cursor', ARGV[2])
+end
+return 'in_progress'

@@ -1,0 +1,101 @@
+//! The Batch API's metrics, on `/metrics` of its listener: batches by status (refreshed from
+//! Redis, so every replica reports the whole deployment), lines ingested, results filed and
+//! dropped, lines written to output and error files, and the time from a batch's sealing to
+//! its files being recorded.
+
+use std::sync::atomic::AtomicU64;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StatusLabel {
+    pub status: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct FileLabel {
+    pub file: String,
+}
+
+/// Every metric of a replica.
+pub struct Metrics {
+    pub registry: Registry,
+    pub batches: Family<StatusLabel, Gauge<i64, std::sync::atomic::AtomicI64>>,
+    pub lines_ingested: Counter<u64, AtomicU64>,
+    pub results_filed: Counter<u64, AtomicU64>,
+    pub results_dropped: Counter<u64, AtomicU64>,
+    pub lines_written: Family<FileLabel, Counter<u64, AtomicU64>>,
+    pub finalize_seconds: Histogram,
+}
+
+impl Metrics {
+    pub fn new() -> Metrics {
+        let mut registry = Registry::default();
+        let batches = Family::<StatusLabel, Gauge<i64, std::sync::atomic::AtomicI64>>::default();
+        registry.register(
+            "inferq_batch_batches",
+            "Batches by status, across every replica (read from Redis)",
+            batches.clone(),
+        );
+        let lines_ingested = Counter::default();
+        registry.register(
+            "inferq_batch_lines_ingested",
+            "Input lines submitted to the request queue by this replica",
+            lines_ingested.clone(),
+        );
+        let results_filed = Counter::default();
+        registry.register(
+            "inferq_batch_results_filed",
+            "Results filed under their batch's line by this replica",
+            results_filed.clone(),
+        );
+        let results_dropped = Counter::default();
+        registry.register(
+            "inferq_batch_results_dropped",
+            "Results taken off the batch result list and dropped (a line's second result, an ended or unknown batch, an unreadable entry)",
+            results_dropped.clone(),
+        );
+        let lines_written = Family::<FileLabel, Counter<u64, AtomicU64>>::default();
+        registry.register(
+            "inferq_batch_lines_written",
+            "Lines written to output (file=output) and error (file=error) files by this replica",
+            lines_written.clone(),
+        );
+        let finalize_seconds =
+            Histogram::new([0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0]);
+        registry.register(
+            "inferq_batch_finalize_seconds",
+            "Time to write a sealed batch's output and error files and record its ending",
+            finalize_seconds.clone(),
+        );
+        Metrics {
+            registry,
+            batches,
+            lines_ingested,
+            results_filed,
+            results_dropped,
+            lines_written,
+            finalize_seconds,
+        }
+    }
+
+    /// The exposition text.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        if prometheus_client::encoding::text::encode(&mut out, &self.registry).is_err() {
+            out.clear();
+        }
+        out
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Metrics {
+        Metrics::new()
+    }
+}

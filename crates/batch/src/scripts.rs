@@ -1,0 +1,38 @@
+//! The Batch API's Lua moves, loaded from `lua/*.lua` at compile time (each file's opening
+//! comment states its KEYS, ARGV, answer and the move it makes), run by `EVALSHA` with a load
+//! and retry on `NOSCRIPT`, as the queue's scripts are.
+
+use std::sync::LazyLock;
+
+use inferq_client::scripts::Script;
+
+macro_rules! lua {
+    ($name:literal) => {
+        include_str!(concat!("lua/", $name, ".lua"))
+    };
+}
+
+const MOVE: &str = lua!("includes/move");
+
+/// Every script of the Batch API.
+pub struct Scripts {
+    pub create: Script,
+    pub begin: Script,
+    pub advance: Script,
+    pub collect: Script,
+    pub cancel: Script,
+    pub seal: Script,
+    pub finish: Script,
+    pub lease: Script,
+}
+
+pub static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
+    create: Script::new("batchCreate", &[], lua!("create")),
+    begin: Script::new("batchBegin", &[MOVE], lua!("begin")),
+    advance: Script::new("batchAdvance", &[], lua!("advance")),
+    collect: Script::new("batchCollect", &[MOVE], lua!("collect")),
+    cancel: Script::new("batchCancel", &[MOVE], lua!("cancel")),
+    seal: Script::new("batchSeal", &[], lua!("seal")),
+    finish: Script::new("batchFinish", &[MOVE], lua!("finish")),
+    lease: Script::new("batchLease", &[], lua!("lease")),
+});

@@ -1,0 +1,283 @@
+//! A whole Batch API deployment for tests, from real parts: a `redis-server` (AOF, fsync
+//! always) on a free port, the simulator gateway, `inferq run` processors and `inferq
+//! batch-api` replicas as child processes on free ports, sharing one files folder. Each part
+//! can be SIGKILLed and started again.
+
+#![allow(dead_code)]
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use inferq_sim::{Sim, SimConfig};
+use inferq_testkit::{free_port, inferq_binary, RedisServer};
+
+pub type Fallible<T = ()> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
+
+pub struct Deployment {
+    pub redis: RedisServer,
+    pub sim: Sim,
+    pub dir: tempfile::TempDir,
+    pub config: PathBuf,
+    pub processors: Vec<Child>,
+    pub replicas: Vec<(Child, u16)>,
+    pub extra_flags: Vec<String>,
+    pub processor_flags: Vec<String>,
+}
+
+impl Deployment {
+    /// Redis, a simulator with `ttft_ms` latency, and the config; no processes yet.
+    pub async fn start(ttft_ms: u64) -> Fallible<Deployment> {
+        let redis = RedisServer::start()?;
+        let cfg = SimConfig {
+            ttft_ms,
+            ..SimConfig::default()
+        };
+        let sim = Sim::start(cfg, "127.0.0.1:0".parse::<SocketAddr>()?).await?;
+        let dir = tempfile::tempdir()?;
+        let config = dir.path().join("transport.json");
+        std::fs::write(
+            &config,
+            serde_json::json!({
+                "url": redis.url(),
+                "poll_interval_ms": 50,
+                "batch_size": 100,
+                "queues": [{"queue_name": "batch-q", "igw_base_url": sim.base_url()}],
+            })
+            .to_string(),
+        )?;
+        Ok(Deployment {
+            redis,
+            sim,
+            dir,
+            config,
+            processors: Vec::new(),
+            replicas: Vec::new(),
+            extra_flags: Vec::new(),
+            processor_flags: Vec::new(),
+        })
+    }
+
+    pub fn files_dir(&self) -> PathBuf {
+        self.dir.path().join("files")
+    }
+
+    fn log(&self, name: &str) -> Fallible<std::fs::File> {
+        Ok(std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.path().join(name))?)
+    }
+
+    /// Starts one more `inferq run`.
+    pub fn add_processor(&mut self) -> Fallible {
+        let n = self.processors.len();
+        let child = Command::new(inferq_binary()?)
+            .args([
+                "run",
+                "--transport",
+                "redis-sortedset",
+                "--transport-config-file",
+            ])
+            .arg(&self.config)
+            .args([
+                "--health-port",
+                &free_port()?.to_string(),
+                "--metrics-port",
+                &free_port()?.to_string(),
+            ])
+            .args([
+                "--metrics-endpoint-auth=false",
+                "--claim-lease-ttl",
+                "3s",
+                "--claim-reclaim-interval",
+                "1s",
+            ])
+            .args(&self.processor_flags)
+            .stdout(Stdio::null())
+            .stderr(self.log(&format!("processor-{n}.log"))?)
+            .spawn()?;
+        self.processors.push(child);
+        Ok(())
+    }
+
+    /// Starts one more `inferq batch-api` and waits until it answers.
+    pub async fn add_replica(&mut self) -> Fallible<u16> {
+        let port = free_port()?;
+        let n = self.replicas.len();
+        let child = Command::new(inferq_binary()?)
+            .args(["batch-api", "--transport-config-file"])
+            .arg(&self.config)
+            .args(["--listen", &format!("127.0.0.1:{port}"), "--files-dir"])
+            .arg(self.files_dir())
+            .args(["--lease", "2s", "--cancel-grace", "3s"])
+            .args(&self.extra_flags)
+            .stdout(Stdio::null())
+            .stderr(self.log(&format!("replica-{n}.log"))?)
+            .spawn()?;
+        self.replicas.push((child, port));
+        wait_ready(port).await?;
+        Ok(port)
+    }
+
+    pub fn url(&self, replica: usize) -> String {
+        format!("http://127.0.0.1:{}/v1", self.replicas[replica].1)
+    }
+
+    pub fn kill_replica(&mut self, i: usize) {
+        let _ = self.replicas[i].0.kill();
+        let _ = self.replicas[i].0.wait();
+    }
+
+    pub fn kill_processor(&mut self, i: usize) {
+        let _ = self.processors[i].kill();
+        let _ = self.processors[i].wait();
+    }
+
+    pub fn logs(&self) -> String {
+        let mut out = String::new();
+        if let Ok(entries) = std::fs::read_dir(self.dir.path()) {
+            for e in entries.flatten() {
+                let p = e.path();
+                if p.extension().is_some_and(|x| x == "log") {
+                    out.push_str(&format!(
+                        "--- {}\n{}\n",
+                        p.display(),
+                        inferq_testkit::log_tail(&p, 30)
+                    ));
+                }
+            }
+        }
+        out
+    }
+}
+
+impl Drop for Deployment {
+    fn drop(&mut self) {
+        for (c, _) in &mut self.replicas {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        for c in &mut self.processors {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+pub async fn wait_ready(port: u16) -> Fallible {
+    let started = Instant::now();
+    let url = format!("http://127.0.0.1:{port}/readyz");
+    while started.elapsed() < Duration::from_secs(20) {
+        if let Ok(r) = reqwest::get(&url).await {
+            if r.status().is_success() {
+                return Ok(());
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    Err(format!("batch-api on port {port} did not become ready").into())
+}
+
+/// A JSONL batch of `n` chat lines, custom ids `req-0`…
+pub fn chat_lines(n: usize) -> String {
+    let mut text = String::new();
+    for i in 0..n {
+        text.push_str(
+            &serde_json::json!({
+                "custom_id": format!("req-{i}"),
+                "method": "POST",
+                "url": "/v1/chat/completions",
+                "body": {"model": "m", "messages": [{"role": "user", "content": format!("line {i}")}], "max_tokens": 4},
+            })
+            .to_string(),
+        );
+        text.push('\n');
+    }
+    text
+}
+
+/// Uploads `text` as a batch file; the File object.
+pub async fn upload(base: &str, text: String) -> Fallible<serde_json::Value> {
+    let form = reqwest::multipart::Form::new()
+        .text("purpose", "batch")
+        .part(
+            "file",
+            reqwest::multipart::Part::text(text).file_name("in.jsonl"),
+        );
+    let r = reqwest::Client::new()
+        .post(format!("{base}/files"))
+        .multipart(form)
+        .send()
+        .await?;
+    let status = r.status();
+    let v: serde_json::Value = r.json().await?;
+    if !status.is_success() {
+        return Err(format!("upload: {status} {v}").into());
+    }
+    Ok(v)
+}
+
+pub async fn create(base: &str, file: &str, window: &str) -> Fallible<serde_json::Value> {
+    let r = reqwest::Client::new()
+        .post(format!("{base}/batches"))
+        .json(&serde_json::json!({"input_file_id": file, "endpoint": "/v1/chat/completions", "completion_window": window}))
+        .send()
+        .await?;
+    Ok(r.json().await?)
+}
+
+pub async fn get(url: &str) -> Fallible<serde_json::Value> {
+    Ok(reqwest::get(url).await?.json().await?)
+}
+
+/// Polls a batch through `bases` in turn (any replica answers) until it ends.
+pub async fn wait_ended(
+    bases: &[String],
+    id: &str,
+    within: Duration,
+) -> Fallible<serde_json::Value> {
+    let started = Instant::now();
+    let mut i = 0;
+    while started.elapsed() < within {
+        let base = &bases[i % bases.len()];
+        i += 1;
+        if let Ok(b) = get(&format!("{base}/batches/{id}")).await {
+            if matches!(
+                b["status"].as_str(),
+                Some("completed" | "failed" | "expired" | "cancelled")
+            ) {
+                return Ok(b);
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    Err(format!("batch {id} did not end within {within:?}").into())
+}
+
+/// custom_id -> how many lines name it, over the batch's output and error files.
+pub async fn lines_per_id(
+    base: &str,
+    batch: &serde_json::Value,
+) -> Fallible<std::collections::BTreeMap<String, usize>> {
+    let mut seen = std::collections::BTreeMap::new();
+    for key in ["output_file_id", "error_file_id"] {
+        if let Some(id) = batch[key].as_str() {
+            let text = reqwest::get(format!("{base}/files/{id}/content"))
+                .await?
+                .text()
+                .await?;
+            for line in text.lines() {
+                let v: serde_json::Value = serde_json::from_str(line)?;
+                let cid = v["custom_id"].as_str().unwrap_or_default().to_owned();
+                *seen.entry(cid).or_insert(0) += 1;
+            }
+        }
+    }
+    Ok(seen)
+}
+
+pub fn path_of(p: &Path) -> String {
+    p.display().to_string()
+}

@@ -1,0 +1,186 @@
+//! What the Batch API promises when pods die: exactly one output-or-error line per
+//! `custom_id`, and no batch left in `in_progress`, `finalizing` or `cancelling`, across
+//! SIGKILLed replicas and processors and a Redis restart; a cancel ends a batch within seconds
+//! with its partial output; a window that passes expires it with the rest as `batch_expired`.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{chat_lines, create, lines_per_id, upload, wait_ended, Deployment, Fallible};
+
+fn every_id_once(seen: &std::collections::BTreeMap<String, usize>, n: usize) {
+    let missing: Vec<String> = (0..n)
+        .map(|i| format!("req-{i}"))
+        .filter(|id| !seen.contains_key(id))
+        .collect();
+    let doubled: Vec<(&String, &usize)> = seen.iter().filter(|(_, c)| **c != 1).collect();
+    assert!(
+        missing.is_empty(),
+        "{} custom_ids have no line: {:?}",
+        missing.len(),
+        &missing[..missing.len().min(10)]
+    );
+    assert!(
+        doubled.is_empty(),
+        "custom_ids with more than one line: {doubled:?}"
+    );
+    assert_eq!(
+        seen.len(),
+        n,
+        "lines name custom_ids that were never submitted"
+    );
+}
+
+async fn counts(base: &str, id: &str) -> Fallible<(u64, u64)> {
+    let b = common::get(&format!("{base}/batches/{id}")).await?;
+    let c = &b["request_counts"];
+    Ok((
+        c["completed"].as_u64().unwrap_or(0),
+        c["failed"].as_u64().unwrap_or(0),
+    ))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kills_and_a_redis_restart_lose_and_double_no_line() -> Fallible {
+    let n = 3000;
+    let mut d = Deployment::start(20).await?;
+    d.processor_flags = vec!["--concurrency".into(), "32".into()];
+    d.add_processor()?;
+    d.add_processor()?;
+    d.add_replica().await?;
+    d.add_replica().await?;
+    let file = upload(&d.url(0), chat_lines(n)).await?;
+    let batch = create(&d.url(0), file["id"].as_str().unwrap_or_default(), "24h").await?;
+    let id = batch["id"].as_str().unwrap_or_default().to_owned();
+    // Replica 0 is likely the steward now (validating or ingesting): kill it.
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    d.kill_replica(0);
+    let survivor = d.url(1);
+    // Once results flow, kill a processor in the middle of its work, and start another.
+    let started = Instant::now();
+    while counts(&survivor, &id).await?.0 < 300 && started.elapsed() < Duration::from_secs(60) {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    d.kill_processor(0);
+    d.add_processor()?;
+    // Then restart Redis (SIGKILL; the AOF, fsync always, brings everything back).
+    while counts(&survivor, &id).await?.0 < 1200 && started.elapsed() < Duration::from_secs(90) {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    d.redis.restart()?;
+    // A new replica joins; the survivor and it finish the batch.
+    d.add_replica().await?;
+    let bases = vec![survivor.clone(), d.url(2)];
+    let ended = wait_ended(&bases, &id, Duration::from_secs(180))
+        .await
+        .map_err(|e| format!("{e}\n{}", d.logs()))?;
+    assert_eq!(ended["status"], "completed", "{ended}\n{}", d.logs());
+    let c = &ended["request_counts"];
+    assert_eq!(
+        (
+            c["total"].as_u64(),
+            c["completed"].as_u64(),
+            c["failed"].as_u64()
+        ),
+        (Some(n as u64), Some(n as u64), Some(0)),
+        "{ended}"
+    );
+    every_id_once(&lines_per_id(&survivor, &ended).await?, n);
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancel_ends_the_batch_within_seconds_with_its_partial_output() -> Fallible {
+    let n = 400;
+    let mut d = Deployment::start(300).await?;
+    d.processor_flags = vec!["--concurrency".into(), "8".into()];
+    d.add_processor()?;
+    d.add_replica().await?;
+    let base = d.url(0);
+    let file = upload(&base, chat_lines(n)).await?;
+    let id = create(&base, file["id"].as_str().unwrap_or_default(), "24h").await?["id"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    let started = Instant::now();
+    while counts(&base, &id).await?.0 < 8 && started.elapsed() < Duration::from_secs(30) {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let r = reqwest::Client::new()
+        .post(format!("{base}/batches/{id}/cancel"))
+        .send()
+        .await?;
+    assert_eq!(r.status(), 200);
+    let cancelling: serde_json::Value = r.json().await?;
+    assert_eq!(cancelling["status"], "cancelling", "{cancelling}");
+    assert!(cancelling["cancelling_at"].is_i64());
+    let asked = Instant::now();
+    let ended = wait_ended(std::slice::from_ref(&base), &id, Duration::from_secs(20)).await?;
+    let took = asked.elapsed();
+    assert_eq!(ended["status"], "cancelled", "{ended}");
+    assert!(took < Duration::from_secs(8), "the cancel took {took:?}");
+    assert!(
+        ended["cancelled_at"].is_i64()
+            && ended["output_file_id"].is_string()
+            && ended["error_file_id"].is_string(),
+        "{ended}"
+    );
+    let seen = lines_per_id(&base, &ended).await?;
+    every_id_once(&seen, n);
+    let c = &ended["request_counts"];
+    let completed = c["completed"].as_u64().unwrap_or(0);
+    assert!(completed >= 8 && completed < n as u64 / 2, "{ended}");
+    assert_eq!(c["failed"].as_u64().unwrap_or(0) + completed, n as u64);
+    // A second cancel is accepted and changes nothing; the processor stopped working it.
+    let again: serde_json::Value = reqwest::Client::new()
+        .post(format!("{base}/batches/{id}/cancel"))
+        .send()
+        .await?
+        .json()
+        .await?;
+    assert_eq!(again["status"], "cancelled");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_passed_window_expires_the_batch_with_the_rest_as_batch_expired() -> Fallible {
+    let n = 300;
+    let mut d = Deployment::start(250).await?;
+    d.extra_flags = vec!["--allow-completion-window".into(), "3s".into()];
+    d.processor_flags = vec!["--concurrency".into(), "8".into()];
+    d.add_processor()?;
+    d.add_replica().await?;
+    let base = d.url(0);
+    let file = upload(&base, chat_lines(n)).await?;
+    let batch = create(&base, file["id"].as_str().unwrap_or_default(), "3s").await?;
+    let id = batch["id"].as_str().unwrap_or_default().to_owned();
+    assert_eq!(
+        batch["expires_at"].as_i64(),
+        batch["created_at"].as_i64().map(|c| c + 3)
+    );
+    let ended = wait_ended(std::slice::from_ref(&base), &id, Duration::from_secs(20)).await?;
+    assert_eq!(ended["status"], "expired", "{ended}");
+    assert!(ended["expired_at"].is_i64(), "{ended}");
+    let seen = lines_per_id(&base, &ended).await?;
+    every_id_once(&seen, n);
+    let errors = reqwest::get(format!(
+        "{base}/files/{}/content",
+        ended["error_file_id"].as_str().unwrap_or_default()
+    ))
+    .await?
+    .text()
+    .await?;
+    let expired = errors
+        .lines()
+        .filter(|l| l.contains("\"batch_expired\""))
+        .count();
+    let completed = ended["request_counts"]["completed"].as_u64().unwrap_or(0);
+    assert!(completed > 0, "some lines ran within the window: {ended}");
+    assert_eq!(
+        expired as u64 + completed,
+        n as u64,
+        "every other line is batch_expired"
+    );
+    Ok(())
+}

@@ -1,0 +1,174 @@
+//! `inferq batch-api`: serves the OpenAI Files and Batches API (the `inferq-batch` crate) over
+//! the queue a processors' transport config names. It reads the same `--transport-config-file`
+//! as `inferq run`, so Redis, its topology and TLS are configured once; a bad flag or config
+//! exits 2 naming it. Without `--api-keys-file` it listens only on loopback unless
+//! `--insecure-no-auth` is given.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::Parser;
+use tokio_util::sync::CancellationToken;
+
+use super::Failure;
+use crate::config::RunArgs;
+
+#[derive(Debug, clap::Args)]
+pub struct BatchApiArgs {
+    /// The processors' transport config file (Redis and its queues).
+    #[arg(long, value_name = "PATH")]
+    pub transport_config_file: String,
+    /// Address to serve the API on.
+    #[arg(long, default_value = "127.0.0.1:8080", value_name = "ADDR")]
+    pub listen: SocketAddr,
+    /// Folder holding uploaded and result files (every replica must see the same one).
+    #[arg(
+        long,
+        value_name = "DIR",
+        required_unless_present = "files_url",
+        conflicts_with = "files_url"
+    )]
+    pub files_dir: Option<PathBuf>,
+    /// S3-compatible object storage instead of a folder: s3://bucket[/prefix]; credentials,
+    /// region and endpoint from AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_REGION, AWS_ENDPOINT
+    /// (and AWS_ALLOW_HTTP=true for a plain-http endpoint).
+    #[arg(long, value_name = "URL")]
+    pub files_url: Option<String>,
+    /// The `id` of the config's queue that batches feed (default: the first queue).
+    #[arg(long, value_name = "ID")]
+    pub queue: Option<String>,
+    /// JSON object mapping each API key to its tenant; every call then needs
+    /// `Authorization: Bearer <key>`, and a tenant sees only its own files and batches.
+    #[arg(long, value_name = "PATH")]
+    pub api_keys_file: Option<PathBuf>,
+    /// Serve without keys on an address other than loopback.
+    #[arg(long)]
+    pub insecure_no_auth: bool,
+    /// Most requests per batch.
+    #[arg(long, default_value_t = 50_000)]
+    pub max_lines: u64,
+    /// Largest upload, in bytes.
+    #[arg(long, default_value_t = 200_000_000)]
+    pub max_file_bytes: u64,
+    /// Longest input line, in bytes.
+    #[arg(long, default_value_t = 16 * 1024 * 1024)]
+    pub max_line_bytes: usize,
+    /// A completion window accepted besides `24h` (e.g. `1h`, `30s`); repeatable.
+    #[arg(long = "allow-completion-window", value_name = "DURATION")]
+    pub allow_completion_window: Vec<String>,
+    /// How long a replica's hold on a batch lasts unrenewed: how soon another replica takes
+    /// over the batches of one that died.
+    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    pub lease: Duration,
+    /// How long a cancel waits for the results of requests in flight.
+    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    pub cancel_grace: Duration,
+}
+
+#[derive(Debug, Parser)]
+struct RunOnly {
+    #[command(flatten)]
+    run: RunArgs,
+}
+
+fn bad(field: &str, reason: impl std::fmt::Display) -> Failure {
+    Failure::bad_input(anyhow::anyhow!("{field}: {reason}"))
+}
+
+/// The batch-api settings these flags and the transport config give.
+pub fn settings(args: &BatchApiArgs) -> Result<inferq_batch::Settings, Failure> {
+    let run = RunOnly::try_parse_from([
+        "inferq",
+        "--transport",
+        "redis-sortedset",
+        "--transport-config-file",
+        &args.transport_config_file,
+    ])
+    .map_err(|e| bad("--transport-config-file", e))?;
+    let config = crate::config::load(&run.run).map_err(Failure::bad_input)?;
+    let transport = &config.transport;
+    let queue = match &args.queue {
+        None => transport.queues.first(),
+        Some(id) => transport.queues.iter().find(|q| &q.id == id),
+    }
+    .ok_or_else(|| {
+        bad(
+            "--queue",
+            format!(
+                "no queue with id {:?} in the transport config",
+                args.queue.as_deref().unwrap_or("")
+            ),
+        )
+    })?;
+    if let Some(list) = &queue.result_queue_name {
+        return Err(bad(
+            "--queue",
+            format!("queue {:?} sends every result to its own list {list:?} (result_queue_name), so batch results would not reach the Batch API: feed batches from a queue without one", queue.id),
+        ));
+    }
+    if !args.listen.ip().is_loopback() && args.api_keys_file.is_none() && !args.insecure_no_auth {
+        return Err(bad(
+            "--listen",
+            format!("{} is not a loopback address and no --api-keys-file was given: anyone who reaches it could read every batch (give --api-keys-file, or --insecure-no-auth to serve it open)", args.listen),
+        ));
+    }
+    for w in &args.allow_completion_window {
+        if humantime::parse_duration(w).map_or(true, |d| d.is_zero()) {
+            return Err(bad(
+                "--allow-completion-window",
+                format!("{w:?} is not a duration such as 30s or 2h"),
+            ));
+        }
+    }
+    if args.lease < Duration::from_secs(1) {
+        return Err(bad("--lease", "must be at least 1s"));
+    }
+    let target = crate::queue::target::Target::new(
+        transport.url.expose(),
+        &config.redis_tls,
+        transport.topology.clone(),
+    )
+    .map_err(|e| bad("url", e))?;
+    let store = match (&args.files_dir, &args.files_url) {
+        (_, Some(url)) => inferq_batch::StoreChoice::Url(url.clone()),
+        (Some(dir), None) => inferq_batch::StoreChoice::Dir(dir.clone()),
+        (None, None) => return Err(bad("--files-dir", "give --files-dir or --files-url")),
+    };
+    Ok(inferq_batch::Settings {
+        target,
+        request_queue: queue.queue_name.clone(),
+        listen: args.listen,
+        store,
+        api_keys_file: args.api_keys_file.clone(),
+        limits: inferq_batch::Limits {
+            max_lines: args.max_lines,
+            max_file_bytes: args.max_file_bytes,
+            max_line_bytes: args.max_line_bytes,
+        },
+        extra_windows: args.allow_completion_window.clone(),
+        lease: args.lease,
+        cancel_grace: args.cancel_grace,
+    })
+}
+
+pub async fn batch_api(args: BatchApiArgs) -> Result<(), Failure> {
+    let settings = settings(&args)?;
+    let stop = CancellationToken::new();
+    {
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            super::run::wait_for_signal().await;
+            tracing::info!("signal received: stopping the batch API");
+            stop.cancel();
+        });
+    }
+    inferq_batch::serve(settings, stop)
+        .await
+        .map_err(|e| match e {
+            inferq_batch::ServeError::Config(_) | inferq_batch::ServeError::Listen { .. } => {
+                Failure::bad_input(e)
+            }
+            other => Failure::from(other),
+        })
+}
