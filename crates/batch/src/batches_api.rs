@@ -122,9 +122,9 @@ pub async fn create(
         fields.push(("metadata", m));
     }
     let mut args: Vec<String> = vec![id.clone(), inferq_client::producer::unix_ms().to_string()];
-    for (k, v) in fields {
-        args.push(k.to_owned());
-        args.push(v);
+    for (k, v) in &fields {
+        args.push((*k).to_owned());
+        args.push(v.clone());
     }
     let script = &SCRIPTS.create;
     let cmd = script.cmd(
@@ -142,7 +142,10 @@ pub async fn create(
     if made != 1 {
         return Err(ApiError::not_found("File", input));
     }
-    let f: Fields = con.hgetall(keys::batch(&id)).await?;
+    // The batch is recorded: answer it from what was written, so a failed read cannot make a
+    // caller retry (and create a second batch).
+    let mut f: Fields = fields.into_iter().map(|(k, v)| (k.to_owned(), v)).collect();
+    f.insert("status".into(), "validating".into());
     tracing::info!(batch = %id, tenant = %tenant, endpoint = %endpoint, "batch created");
     Ok(Json(batch_object(&f)))
 }

@@ -19,7 +19,7 @@ use crate::error::ApiError;
 use crate::ids;
 use crate::keys;
 use crate::lines::{is_blank, LineSplitter, SplitError};
-use crate::model::{file_object, is_ended, list_object, Fields};
+use crate::model::{file_object, list_object, Fields};
 use crate::state::{now_secs, App};
 
 /// Why an upload stopped.
@@ -271,15 +271,12 @@ pub async fn delete(
     Path(id): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
     let tenant = app.keys.tenant(&headers)?;
-    let f = owned_file(&app, &tenant, &id).await?;
+    owned_file(&app, &tenant, &id).await?;
     let mut con = app.redis.clone();
-    if let Some(batch) = f.get("batch").filter(|b| !b.is_empty()) {
-        let status: Option<String> = con.hget(keys::batch(batch), "status").await?;
-        if let Some(status) = status.filter(|s| !is_ended(s)) {
-            return Err(ApiError::conflict(format!(
-                "File {id} is the input of batch {batch}, which is {status}: delete it once the batch has ended."
-            )));
-        }
+    if let Some(batch) = reading_batch(&mut con, &id).await? {
+        return Err(ApiError::conflict(format!(
+            "File {id} is the input of batch {batch}, which has not ended: delete it once the batch has ended."
+        )));
     }
     let _: () = redis::pipe()
         .atomic()
@@ -293,6 +290,28 @@ pub async fn delete(
     Ok(Json(
         serde_json::json!({"id": id, "object": "file", "deleted": true}),
     ))
+}
+
+/// A batch not yet ended that reads `file` (its input), looked for among the live batches:
+/// each reads its input again to write its results.
+async fn reading_batch(
+    con: &mut inferq_client::target::Link,
+    file: &str,
+) -> Result<Option<String>, ApiError> {
+    let live: Vec<String> = con.zrange(keys::live(), 0, -1).await?;
+    if live.is_empty() {
+        return Ok(None);
+    }
+    let mut pipe = redis::pipe();
+    for b in &live {
+        pipe.hget(keys::batch(b), "input_file_id");
+    }
+    let inputs: Vec<Option<String>> = pipe.query_async(con).await?;
+    Ok(live
+        .into_iter()
+        .zip(inputs)
+        .find(|(_, input)| input.as_deref() == Some(file))
+        .map(|(b, _)| b))
 }
 
 /// The query of a list call.

@@ -160,14 +160,11 @@ pub async fn finalize(app: &App, batch: &Fields, ending: &str) -> Result<(), Bat
         completed: 0,
         failed: 0,
     };
-    // A batch cancelled while it was validated has no lines to account for.
-    let validated = batch.get("in_progress_at").is_some_and(|v| !v.is_empty());
-    if validated {
-        if let Err(e) = write_lines(app, batch, ending, &mut outs).await {
-            outs.output.abort().await;
-            outs.errors.abort().await;
-            return Err(e);
-        }
+    // A batch cancelled while it was validated accounts for every line it can read too.
+    if let Err(e) = write_lines(app, batch, ending, &mut outs).await {
+        outs.output.abort().await;
+        outs.errors.abort().await;
+        return Err(e);
     }
     let total = outs.completed + outs.failed;
     let keep_out = outs.completed > 0;

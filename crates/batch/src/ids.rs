@@ -1,8 +1,8 @@
 //! Ids of files, batches and output lines. New ids are random (`file-` / `batch_` and 24
 //! lowercase letters and digits); ids from a request's path are checked against that shape
 //! before they name a key or an object, so no path trick (`..`, `/`, `%2F`) reaches the store.
-//! Ids the server derives (output files, output lines) come from the batch id, so two
-//! replicas that write one batch's files write the same bytes.
+//! The `batch_req_…` id of an output line is derived from the batch id and the line, so two
+//! stewards that write one batch's files write the same lines.
 
 use sha2::{Digest, Sha256};
 
@@ -39,12 +39,6 @@ pub fn is_batch_id(id: &str) -> bool {
     id.strip_prefix("batch_").is_some_and(suffix_ok)
 }
 
-/// The output (or error) file of a batch: `file-<batch suffix>out` / `…err`.
-pub fn result_file_id(batch_id: &str, errors: bool) -> String {
-    let suffix = batch_id.strip_prefix("batch_").unwrap_or(batch_id);
-    format!("file-{suffix}{}", if errors { "err" } else { "out" })
-}
-
 /// The inferq request id of a batch's line (1-based line of the input file).
 pub fn request_id(batch_id: &str, line: u64) -> String {
     format!("{batch_id}:{line}")
@@ -77,7 +71,6 @@ mod tests {
             assert!(!is_file_id(bad), "{bad}");
         }
         assert!(!is_batch_id("batch_../../etc"));
-        assert!(is_file_id(&result_file_id(&new_batch_id(), true)));
     }
 
     #[test]

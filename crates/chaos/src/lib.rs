@@ -30,6 +30,7 @@
 //!   with a replica wait, two result lists.
 //! - [`report`]: the JSON report and the summary table.
 
+pub mod batch;
 pub mod deployed;
 pub mod harness;
 pub mod history;

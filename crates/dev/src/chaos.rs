@@ -56,6 +56,19 @@ pub enum ChaosOnly {
         #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..))]
         count: u64,
     },
+    /// The batch profile: the Batch API under replica and processor kills and Redis
+    /// restarts, then every batch's output and error files checked line by line.
+    Batch {
+        /// Batches to run.
+        #[arg(long, default_value_t = 4)]
+        batches: usize,
+        /// Lines per batch.
+        #[arg(long, default_value_t = 1500)]
+        lines: usize,
+        /// Seconds of faults.
+        #[arg(long, default_value_t = 20)]
+        seconds: u64,
+    },
 }
 
 pub async fn chaos(args: ChaosArgs) -> Result<(), Failure> {
@@ -71,6 +84,22 @@ pub async fn chaos(args: ChaosArgs) -> Result<(), Failure> {
         .prefix("inferq-chaos-")
         .tempdir()
         .context("cannot create a data directory")?;
+    if let Some(ChaosOnly::Batch {
+        batches,
+        lines,
+        seconds,
+    }) = args.only
+    {
+        let settings = inferq_chaos::batch::BatchChaosSettings {
+            batches,
+            lines,
+            faults_for: std::time::Duration::from_secs(seconds),
+            seed,
+            dir: dir.path().to_owned(),
+            exe,
+        };
+        return batch(settings, dir, &args.report).await;
+    }
     let mut settings =
         ChaosSettings::deployed(args.profile, args.redis, seed, exe, dir.path().to_owned());
     if let Some(n) = args.requests {
@@ -94,7 +123,7 @@ pub async fn chaos(args: ChaosArgs) -> Result<(), Failure> {
                 settings.races = count;
                 harness::races_only(settings).await
             }
-            None => harness::run(settings).await,
+            Some(ChaosOnly::Batch { .. }) | None => harness::run(settings).await,
         }
     };
     // On a signal the run is dropped, and with it everything it started: processors
@@ -130,4 +159,49 @@ fn finish(report: &Report, path: &PathBuf) -> Result<(), Failure> {
     print!("{}", report.table());
     say!("report written to {}", path.display());
     Ok(())
+}
+
+/// `inferq-dev chaos batch`: runs the batch profile and prints its figures.
+async fn batch(
+    settings: inferq_chaos::batch::BatchChaosSettings,
+    dir: tempfile::TempDir,
+    report_path: &PathBuf,
+) -> Result<(), Failure> {
+    say!(
+        "inferq-dev chaos batch: {} batches of {} lines, {} s of faults, seed {} (replay with --seed {})",
+        settings.batches,
+        settings.lines,
+        settings.faults_for.as_secs(),
+        settings.seed,
+        settings.seed
+    );
+    let report = tokio::select! {
+        biased;
+        signal = interrupted() => {
+            return Err(Failure { code: EXIT_INTERRUPTED, error: anyhow!("interrupted by {signal}") });
+        }
+        report = inferq_chaos::batch::run(&settings) => report.map_err(|e| anyhow!("{e}"))?,
+    };
+    let json = serde_json::to_vec_pretty(&report).context("cannot encode the report")?;
+    std::fs::write(report_path, json).with_context(|| format!("cannot write {}", report_path.display()))?;
+    say!("batches            {}", report.batches);
+    say!("lines              {}", report.lines);
+    say!("replica kills      {}", report.replica_kills);
+    say!("processor kills    {}", report.processor_kills);
+    say!("redis restarts     {}", report.redis_restarts);
+    say!("statuses           {:?}", report.statuses);
+    say!("lines missing      {}", report.lines_missing);
+    say!("lines doubled      {}", report.lines_doubled);
+    say!("seconds            {:.1}", report.seconds);
+    say!("report written to {}", report_path.display());
+    if report.passed {
+        return Ok(());
+    }
+    let kept = dir.keep();
+    Err(Failure::from(anyhow!(
+        "batch chaos checks failed (seed {}; data kept in {}): stuck {:?}",
+        report.seed,
+        kept.display(),
+        report.stuck
+    )))
 }

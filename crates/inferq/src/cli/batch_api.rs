@@ -107,6 +107,13 @@ pub fn settings(args: &BatchApiArgs) -> Result<inferq_batch::Settings, Failure> 
             format!("queue {:?} sends every result to its own list {list:?} (result_queue_name), so batch results would not reach the Batch API: feed batches from a queue without one", queue.id),
         ));
     }
+    if queue.result_ttl_seconds > 0 {
+        tracing::warn!(
+            queue = %queue.id,
+            ttl = queue.result_ttl_seconds,
+            "the queue's result_ttl_seconds also applies to the batch result list: results are collected at once, but a Batch API stopped for longer than the TTL loses those waiting"
+        );
+    }
     if !args.listen.ip().is_loopback() && args.api_keys_file.is_none() && !args.insecure_no_auth {
         return Err(bad(
             "--listen",
