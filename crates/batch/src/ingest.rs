@@ -272,8 +272,16 @@ fn request(
     }
 }
 
-/// Submits one round trip's requests; `None` once the window has passed.
+/// Lines per `ingest.lua` call (several calls go in one round trip): small enough that one call
+/// holds Redis for about a millisecond.
+const PER_CALL: usize = 100;
+
+/// Submits one round trip's requests; `None` once the window has passed. On a Cluster each
+/// goes through the producer's own script; elsewhere `ingest.lua` queues many per call.
 async fn submit(app: &App, chunk: Vec<(u64, NewRequest)>) -> Result<Option<u64>, BatchError> {
+    if !app.redis.is_cluster() {
+        return submit_batched(app, chunk).await;
+    }
     let reqs: Vec<NewRequest> = chunk.into_iter().map(|(_, r)| r).collect();
     let n = reqs.len() as u64;
     for outcome in app.producer.submit_many(reqs).await? {
@@ -282,6 +290,90 @@ async fn submit(app: &App, chunk: Vec<(u64, NewRequest)>) -> Result<Option<u64>,
             Err(ProducerError::Expired) => return Ok(None),
             Err(e) => return Err(e.into()),
         }
+    }
+    Ok(Some(n))
+}
+
+async fn submit_batched(
+    app: &App,
+    chunk: Vec<(u64, NewRequest)>,
+) -> Result<Option<u64>, BatchError> {
+    let n = chunk.len() as u64;
+    let Some(deadline) = chunk.first().map(|(_, r)| r.deadline) else {
+        return Ok(Some(0));
+    };
+    let ttl_ms = deadline.saturating_mul(1000) - inferq_client::producer::unix_ms();
+    if ttl_ms <= 0 {
+        return Ok(None);
+    }
+    let script = &SCRIPTS.ingest;
+    let mut pipe = redis::pipe();
+    let mut args: Vec<Vec<u8>> = Vec::with_capacity(2 + 4 * PER_CALL);
+    let queue = app.settings.request_queue.clone();
+    let results = crate::keys::results();
+    let mut calls = 0;
+    for (i, (_, req)) in chunk.into_iter().enumerate() {
+        if i % PER_CALL == 0 {
+            if !args.is_empty() {
+                pipe.add_command(script.cmd(&[&queue], &args));
+                calls += 1;
+            }
+            args = vec![
+                deadline.to_string().into_bytes(),
+                ttl_ms.to_string().into_bytes(),
+            ];
+        }
+        let token = inferq_client::keys::fresh_token();
+        let routing = inferq_client::wire::Routing {
+            request_token: token.clone(),
+            request_queue_name: queue.clone(),
+            result_queue_name: results.clone(),
+            ..Default::default()
+        };
+        let active = inferq_client::keys::active_key(&req.id).into_bytes();
+        let cancel = inferq_client::keys::cancel_key(&req.id).into_bytes();
+        let member = req
+            .into_envelope(routing)
+            .map_err(|e| BatchError::Io(std::io::Error::other(e.to_string())))?
+            .encode();
+        args.extend([active, cancel, token.into_bytes(), member]);
+    }
+    if !args.is_empty() {
+        pipe.add_command(script.cmd(&[&queue], &args));
+        calls += 1;
+    }
+    // Ring the queue's doorbell so idle processors poll at once (a wake-up only).
+    pipe.cmd("PUBLISH")
+        .arg(inferq_client::keys::doorbell_channel(&queue))
+        .arg("1")
+        .ignore();
+    let mut con = app.redis.clone();
+    let queued: Vec<redis::RedisResult<u64>> =
+        match pipe.query_async::<Vec<redis::Value>>(&mut con).await {
+            Ok(values) => values
+                .into_iter()
+                .map(redis::from_redis_value::<u64>)
+                .map(|r| r.map_err(redis::RedisError::from))
+                .collect(),
+            // The script was not loaded (a restart): load it and send the chunk again.
+            Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+                script.load(&mut con).await?;
+                let values: Vec<redis::Value> = pipe.query_async(&mut con).await?;
+                values
+                    .into_iter()
+                    .map(|v| redis::from_redis_value::<u64>(v).map_err(redis::RedisError::from))
+                    .collect()
+            }
+            Err(e) => return Err(e.into()),
+        };
+    if queued.len() != calls {
+        return Err(BatchError::Unexpected {
+            script: script.name,
+            answer: format!("{} answers to {calls} calls", queued.len()),
+        });
+    }
+    for q in queued {
+        q?;
     }
     Ok(Some(n))
 }

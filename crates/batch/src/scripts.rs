@@ -24,6 +24,7 @@ pub struct Scripts {
     pub seal: Script,
     pub finish: Script,
     pub lease: Script,
+    pub ingest: Script,
 }
 
 pub static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
@@ -35,4 +36,5 @@ pub static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
     seal: Script::new("batchSeal", &[], lua!("seal")),
     finish: Script::new("batchFinish", &[MOVE], lua!("finish")),
     lease: Script::new("batchLease", &[], lua!("lease")),
+    ingest: Script::new("batchIngest", &[], lua!("ingest")),
 });

@@ -21,14 +21,21 @@ async fn error_of(r: reqwest::Response, status: u16) -> Fallible<Value> {
     let e = &v["error"];
     assert!(e["message"].as_str().is_some_and(|m| !m.is_empty()), "{v}");
     assert!(e["type"].is_string(), "{v}");
-    assert!(e.as_object().is_some_and(|o| o.contains_key("param") && o.contains_key("code")), "{v}");
+    assert!(
+        e.as_object()
+            .is_some_and(|o| o.contains_key("param") && o.contains_key("code")),
+        "{v}"
+    );
     Ok(e.clone())
 }
 
 fn form(text: Vec<u8>) -> reqwest::multipart::Form {
     reqwest::multipart::Form::new()
         .text("purpose", "batch")
-        .part("file", reqwest::multipart::Part::bytes(text).file_name("in.jsonl"))
+        .part(
+            "file",
+            reqwest::multipart::Part::bytes(text).file_name("in.jsonl"),
+        )
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -51,17 +58,40 @@ async fn bad_calls_get_openai_errors_and_leave_nothing_behind() -> Fallible {
 
     let e = error_of(c.get(format!("{base}/batches")).send().await?, 401).await?;
     assert_eq!(e["code"], "invalid_api_key");
-    let e = error_of(c.get(format!("{base}/files")).bearer_auth("sk-http-test-0123456788").send().await?, 401).await?;
+    let e = error_of(
+        c.get(format!("{base}/files"))
+            .bearer_auth("sk-http-test-0123456788")
+            .send()
+            .await?,
+        401,
+    )
+    .await?;
     assert_eq!(e["code"], "invalid_api_key");
 
     // Over the file limit: refused while it streams.
     let big = chat_lines(600).into_bytes();
     assert!(big.len() > 40_000);
-    let e = error_of(c.post(format!("{base}/files")).header("authorization", &auth).multipart(form(big)).send().await?, 413).await?;
+    let e = error_of(
+        c.post(format!("{base}/files"))
+            .header("authorization", &auth)
+            .multipart(form(big))
+            .send()
+            .await?,
+        413,
+    )
+    .await?;
     assert_eq!(e["code"], "file_too_large");
     // A line over the line limit.
     let long = format!("{{\"custom_id\":\"a\",\"pad\":\"{}\"}}\n", "x".repeat(5000));
-    let e = error_of(c.post(format!("{base}/files")).header("authorization", &auth).multipart(form(long.into_bytes())).send().await?, 413).await?;
+    let e = error_of(
+        c.post(format!("{base}/files"))
+            .header("authorization", &auth)
+            .multipart(form(long.into_bytes()))
+            .send()
+            .await?,
+        413,
+    )
+    .await?;
     assert_eq!(e["code"], "line_too_large");
     // Not JSONL, not UTF-8, empty.
     for (body, code) in [
@@ -70,11 +100,27 @@ async fn bad_calls_get_openai_errors_and_leave_nothing_behind() -> Fallible {
         (b"[1]\n".to_vec(), "invalid_file_format"),
         (b"\n\n".to_vec(), "empty_file"),
     ] {
-        let e = error_of(c.post(format!("{base}/files")).header("authorization", &auth).multipart(form(body)).send().await?, 400).await?;
+        let e = error_of(
+            c.post(format!("{base}/files"))
+                .header("authorization", &auth)
+                .multipart(form(body))
+                .send()
+                .await?,
+            400,
+        )
+        .await?;
         assert_eq!(e["code"], code);
     }
     // Not multipart, and broken multipart.
-    error_of(c.post(format!("{base}/files")).header("authorization", &auth).body("hello").send().await?, 400).await?;
+    error_of(
+        c.post(format!("{base}/files"))
+            .header("authorization", &auth)
+            .body("hello")
+            .send()
+            .await?,
+        400,
+    )
+    .await?;
     error_of(
         c.post(format!("{base}/files"))
             .header("authorization", &auth)
@@ -86,22 +132,64 @@ async fn bad_calls_get_openai_errors_and_leave_nothing_behind() -> Fallible {
     )
     .await?;
     // Nothing of any refused upload was kept.
-    let kept = std::fs::read_dir(d.files_dir().join("files")).map(|e| e.count()).unwrap_or(0);
+    let kept = std::fs::read_dir(d.files_dir().join("files"))
+        .map(|e| e.count())
+        .unwrap_or(0);
     assert_eq!(kept, 0, "refused uploads left objects");
-    let listed: Value = c.get(format!("{base}/files")).header("authorization", &auth).send().await?.json().await?;
+    let listed: Value = c
+        .get(format!("{base}/files"))
+        .header("authorization", &auth)
+        .send()
+        .await?
+        .json()
+        .await?;
     assert_eq!(listed["data"], serde_json::json!([]));
 
     // Ids with path tricks, unknown routes, wrong methods, bad bodies.
-    for path in ["files/..%2F..%2Fetc%2Fpasswd", "files/file-..", "files/file-a%2F..%2Fb/content", "batches/batch_..%2Fx"] {
-        error_of(c.get(format!("{base}/{path}")).header("authorization", &auth).send().await?, 404).await?;
+    for path in [
+        "files/..%2F..%2Fetc%2Fpasswd",
+        "files/file-..",
+        "files/file-a%2F..%2Fb/content",
+        "batches/batch_..%2Fx",
+    ] {
+        error_of(
+            c.get(format!("{base}/{path}"))
+                .header("authorization", &auth)
+                .send()
+                .await?,
+            404,
+        )
+        .await?;
     }
     error_of(c.get(format!("{base}/nothing-here")).send().await?, 404).await?;
-    error_of(c.put(format!("{base}/batches")).header("authorization", &auth).send().await?, 405).await?;
-    let e = error_of(c.post(format!("{base}/batches")).header("authorization", &auth).body("{not json").send().await?, 400).await?;
+    error_of(
+        c.put(format!("{base}/batches"))
+            .header("authorization", &auth)
+            .send()
+            .await?,
+        405,
+    )
+    .await?;
+    let e = error_of(
+        c.post(format!("{base}/batches"))
+            .header("authorization", &auth)
+            .body("{not json")
+            .send()
+            .await?,
+        400,
+    )
+    .await?;
     assert!(e["message"].as_str().is_some_and(|m| m.contains("JSON")));
     let e = error_of(c.post(format!("{base}/batches")).header("authorization", &auth).json(&serde_json::json!({"endpoint": "/v1/chat/completions", "completion_window": "24h"})).send().await?, 400).await?;
     assert_eq!(e["param"], "input_file_id");
-    let e = error_of(c.get(format!("{base}/batches?limit=0")).header("authorization", &auth).send().await?, 400).await?;
+    let e = error_of(
+        c.get(format!("{base}/batches?limit=0"))
+            .header("authorization", &auth)
+            .send()
+            .await?,
+        400,
+    )
+    .await?;
     assert_eq!(e["param"], "limit");
 
     // The key was never written to a log.
@@ -117,10 +205,16 @@ async fn a_completed_batch_shows_in_the_metrics() -> Fallible {
     let port = d.add_replica().await?;
     let base = d.url(0);
     let file = upload(&base, chat_lines(25)).await?;
-    let id = create(&base, file["id"].as_str().unwrap_or_default(), "24h").await?["id"].as_str().unwrap_or_default().to_owned();
+    let id = create(&base, file["id"].as_str().unwrap_or_default(), "24h").await?["id"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
     wait_ended(std::slice::from_ref(&base), &id, Duration::from_secs(30)).await?;
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let text = reqwest::get(format!("http://127.0.0.1:{port}/metrics")).await?.text().await?;
+    let text = reqwest::get(format!("http://127.0.0.1:{port}/metrics"))
+        .await?
+        .text()
+        .await?;
     for want in [
         "inferq_batch_batches{status=\"completed\"} 1",
         "inferq_batch_lines_ingested_total 25",
@@ -137,7 +231,10 @@ async fn a_completed_batch_shows_in_the_metrics() -> Fallible {
 fn bad_settings_exit_2_naming_the_field() -> Fallible {
     let dir = tempfile::tempdir()?;
     let config = dir.path().join("t.json");
-    std::fs::write(&config, r#"{"url":"redis://127.0.0.1:1","queues":[{"queue_name":"q","igw_base_url":"http://127.0.0.1:1"},{"id":"own","queue_name":"q2","result_queue_name":"mine","igw_base_url":"http://127.0.0.1:1"}]}"#)?;
+    std::fs::write(
+        &config,
+        r#"{"url":"redis://127.0.0.1:1","queues":[{"queue_name":"q","igw_base_url":"http://127.0.0.1:1"},{"id":"own","queue_name":"q2","result_queue_name":"mine","igw_base_url":"http://127.0.0.1:1"}]}"#,
+    )?;
     let run = |extra: &[&str]| -> Fallible<(i32, String)> {
         let out = Command::new(inferq_binary()?)
             .args(["batch-api", "--transport-config-file"])
@@ -146,18 +243,28 @@ fn bad_settings_exit_2_naming_the_field() -> Fallible {
             .arg(dir.path().join("files"))
             .args(extra)
             .output()?;
-        Ok((out.status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stderr).into_owned()))
+        Ok((
+            out.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        ))
     };
     let (code, err) = run(&["--listen", "0.0.0.0:0"])?;
     assert_eq!(code, 2, "{err}");
-    assert!(err.contains("--listen") && err.contains("--api-keys-file"), "{err}");
+    assert!(
+        err.contains("--listen") && err.contains("--api-keys-file"),
+        "{err}"
+    );
     let (code, err) = run(&["--queue", "own"])?;
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("result_queue_name"), "{err}");
     let (code, err) = run(&["--queue", "nope"])?;
     assert_eq!((code, err.contains("--queue")), (2, true), "{err}");
     let (code, err) = run(&["--allow-completion-window", "soon"])?;
-    assert_eq!((code, err.contains("--allow-completion-window")), (2, true), "{err}");
+    assert_eq!(
+        (code, err.contains("--allow-completion-window")),
+        (2, true),
+        "{err}"
+    );
     let keys = dir.path().join("keys.json");
     std::fs::write(&keys, r#"{"short":"t"}"#)?;
     let (code, err) = run(&["--api-keys-file", &keys.display().to_string()])?;

@@ -70,7 +70,10 @@ impl BatchDeployment {
     pub async fn start(exe: PathBuf, dir: PathBuf, ttft_ms: u64) -> Fallible<BatchDeployment> {
         std::fs::create_dir_all(&dir)?;
         let redis = RedisServer::start_in(&dir.join("redis"), inferq_testkit::Fsync::Always)?;
-        let cfg = SimConfig { ttft_ms, ..SimConfig::default() };
+        let cfg = SimConfig {
+            ttft_ms,
+            ..SimConfig::default()
+        };
         let sim = Sim::start(cfg, "127.0.0.1:0".parse::<SocketAddr>()?).await?;
         let config = dir.join("transport.json");
         let text = serde_json::json!({
@@ -79,22 +82,47 @@ impl BatchDeployment {
         });
         std::fs::write(&config, text.to_string())?;
         Ok(BatchDeployment {
-            redis, sim, exe, dir, config,
-            processors: Vec::new(), replicas: Vec::new(),
-            processor_flags: Vec::new(), replica_flags: Vec::new(),
+            redis,
+            sim,
+            exe,
+            dir,
+            config,
+            processors: Vec::new(),
+            replicas: Vec::new(),
+            processor_flags: Vec::new(),
+            replica_flags: Vec::new(),
         })
     }
 
     fn log(&self, name: &str) -> Fallible<std::fs::File> {
-        Ok(std::fs::OpenOptions::new().create(true).append(true).open(self.dir.join(name))?)
+        Ok(std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.join(name))?)
     }
 
     fn spawn_processor(&self, n: usize) -> Fallible<Child> {
         Ok(Command::new(&self.exe)
-            .args(["run", "--transport", "redis-sortedset", "--transport-config-file"])
+            .args([
+                "run",
+                "--transport",
+                "redis-sortedset",
+                "--transport-config-file",
+            ])
             .arg(&self.config)
-            .args(["--health-port", &free_port()?.to_string(), "--metrics-port", &free_port()?.to_string()])
-            .args(["--metrics-endpoint-auth=false", "--claim-lease-ttl", "3s", "--claim-reclaim-interval", "1s"])
+            .args([
+                "--health-port",
+                &free_port()?.to_string(),
+                "--metrics-port",
+                &free_port()?.to_string(),
+            ])
+            .args([
+                "--metrics-endpoint-auth=false",
+                "--claim-lease-ttl",
+                "3s",
+                "--claim-reclaim-interval",
+                "1s",
+            ])
             .args(&self.processor_flags)
             .stdout(Stdio::null())
             .stderr(self.log(&format!("processor-{n}.log"))?)
@@ -153,7 +181,12 @@ impl BatchDeployment {
 
 impl Drop for BatchDeployment {
     fn drop(&mut self) {
-        for c in self.replicas.iter_mut().map(|(c, _)| c).chain(self.processors.iter_mut()) {
+        for c in self
+            .replicas
+            .iter_mut()
+            .map(|(c, _)| c)
+            .chain(self.processors.iter_mut())
+        {
             let _ = c.kill();
             let _ = c.wait();
         }
@@ -202,10 +235,26 @@ pub async fn submit(base: &str, text: String, window: &str) -> Fallible<String> 
     let c = reqwest::Client::new();
     let form = reqwest::multipart::Form::new()
         .text("purpose", "batch")
-        .part("file", reqwest::multipart::Part::text(text).file_name("in.jsonl"));
-    let file = json_of(c.post(format!("{base}/files")).multipart(form).send().await?).await?;
+        .part(
+            "file",
+            reqwest::multipart::Part::text(text).file_name("in.jsonl"),
+        );
+    let file = json_of(
+        c.post(format!("{base}/files"))
+            .multipart(form)
+            .send()
+            .await?,
+    )
+    .await?;
     let body = serde_json::json!({"input_file_id": file["id"], "endpoint": "/v1/chat/completions", "completion_window": window});
-    let batch = json_of(c.post(format!("{base}/batches")).header("content-type", "application/json").body(body.to_string()).send().await?).await?;
+    let batch = json_of(
+        c.post(format!("{base}/batches"))
+            .header("content-type", "application/json")
+            .body(body.to_string())
+            .send()
+            .await?,
+    )
+    .await?;
     Ok(batch["id"].as_str().unwrap_or_default().to_owned())
 }
 
@@ -218,10 +267,15 @@ pub async fn lines_per_id(base: &str, batch: &Value) -> Fallible<BTreeMap<String
     let mut seen = BTreeMap::new();
     for key in ["output_file_id", "error_file_id"] {
         if let Some(id) = batch[key].as_str() {
-            let text = reqwest::get(format!("{base}/files/{id}/content")).await?.text().await?;
+            let text = reqwest::get(format!("{base}/files/{id}/content"))
+                .await?
+                .text()
+                .await?;
             for line in text.lines() {
                 let v: Value = serde_json::from_str(line)?;
-                *seen.entry(v["custom_id"].as_str().unwrap_or_default().to_owned()).or_insert(0) += 1;
+                *seen
+                    .entry(v["custom_id"].as_str().unwrap_or_default().to_owned())
+                    .or_insert(0) += 1;
             }
         }
     }
@@ -244,7 +298,12 @@ pub async fn run(s: &BatchChaosSettings) -> Fallible<BatchReport> {
     for _ in 0..3 {
         d.add_replica().await?;
     }
-    let mut report = BatchReport { seed: s.seed, batches: s.batches, lines: s.lines * s.batches, ..BatchReport::default() };
+    let mut report = BatchReport {
+        seed: s.seed,
+        batches: s.batches,
+        lines: s.lines * s.batches,
+        ..BatchReport::default()
+    };
     let mut ids = Vec::new();
     let mut next_batch = 0;
     let mut cancelled: Option<String> = None;
@@ -258,12 +317,17 @@ pub async fn run(s: &BatchChaosSettings) -> Fallible<BatchReport> {
                     ids.push(id);
                     next_batch += 1;
                 }
-                Err(e) => tracing::info!(error = %e, "a submission failed (a replica was down): trying again"),
+                Err(e) => {
+                    tracing::info!(error = %e, "a submission failed (a replica was down): trying again")
+                }
             }
         }
         if cancelled.is_none() && ids.len() >= 2 {
             let base = d.base(rng.random_range(0..d.replicas.len()));
-            let r = reqwest::Client::new().post(format!("{base}/batches/{}/cancel", ids[1])).send().await;
+            let r = reqwest::Client::new()
+                .post(format!("{base}/batches/{}/cancel", ids[1]))
+                .send()
+                .await;
             if r.is_ok_and(|r| r.status().is_success()) {
                 cancelled = Some(ids[1].clone());
             }
@@ -272,7 +336,16 @@ pub async fn run(s: &BatchChaosSettings) -> Fallible<BatchReport> {
             continue;
         }
         tokio::time::sleep(Duration::from_millis(rng.random_range(300..900))).await;
-        match rng.random_range(0..100) {
+        // One Redis restart always falls in the second half of the faults.
+        let half = until
+            .checked_sub(s.faults_for / 2)
+            .is_some_and(|h| Instant::now() >= h);
+        let roll = if half && report.redis_restarts == 0 {
+            99
+        } else {
+            rng.random_range(0..100)
+        };
+        match roll {
             0..45 => {
                 let i = rng.random_range(0..d.replicas.len());
                 d.kill_replica(i)?;
@@ -296,7 +369,13 @@ pub async fn run(s: &BatchChaosSettings) -> Fallible<BatchReport> {
     Ok(report)
 }
 
-async fn check(d: &BatchDeployment, ids: &[String], cancelled: Option<&str>, s: &BatchChaosSettings, report: &mut BatchReport) -> Fallible {
+async fn check(
+    d: &BatchDeployment,
+    ids: &[String],
+    cancelled: Option<&str>,
+    s: &BatchChaosSettings,
+    report: &mut BatchReport,
+) -> Fallible {
     for port in d.replicas.iter().map(|(_, p)| *p) {
         wait_ready(port).await?;
     }
@@ -309,17 +388,28 @@ async fn check(d: &BatchDeployment, ids: &[String], cancelled: Option<&str>, s: 
             batch = retrieve(&base, id).await?;
         }
         let status = batch["status"].as_str().unwrap_or_default().to_owned();
-        let want = if Some(id.as_str()) == cancelled { "cancelled" } else { "completed" };
+        let want = if Some(id.as_str()) == cancelled {
+            "cancelled"
+        } else {
+            "completed"
+        };
         if status != want {
             report.stuck.push(format!("{id}: {status} (wanted {want})"));
         }
         *report.statuses.entry(status).or_insert(0) += 1;
         let seen = lines_per_id(&base, &batch).await?;
         let prefix = format!("b{b}-");
-        report.lines_missing += (0..s.lines).filter(|i| !seen.contains_key(&format!("{prefix}{i}"))).count();
-        report.lines_doubled += seen.values().filter(|c| **c > 1).map(|c| c - 1).sum::<usize>();
+        report.lines_missing += (0..s.lines)
+            .filter(|i| !seen.contains_key(&format!("{prefix}{i}")))
+            .count();
+        report.lines_doubled += seen
+            .values()
+            .filter(|c| **c > 1)
+            .map(|c| c - 1)
+            .sum::<usize>();
         report.lines_doubled += seen.keys().filter(|k| !k.starts_with(&prefix)).count();
     }
-    report.passed = report.lines_missing == 0 && report.lines_doubled == 0 && report.stuck.is_empty();
+    report.passed =
+        report.lines_missing == 0 && report.lines_doubled == 0 && report.stuck.is_empty();
     Ok(())
 }

@@ -183,7 +183,8 @@ async fn batch(
         report = inferq_chaos::batch::run(&settings) => report.map_err(|e| anyhow!("{e}"))?,
     };
     let json = serde_json::to_vec_pretty(&report).context("cannot encode the report")?;
-    std::fs::write(report_path, json).with_context(|| format!("cannot write {}", report_path.display()))?;
+    std::fs::write(report_path, json)
+        .with_context(|| format!("cannot write {}", report_path.display()))?;
     say!("batches            {}", report.batches);
     say!("lines              {}", report.lines);
     say!("replica kills      {}", report.replica_kills);

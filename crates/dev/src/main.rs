@@ -22,6 +22,7 @@ macro_rules! tell {
     }};
 }
 
+mod batch_bench;
 mod bench;
 mod chaos;
 mod demo;
@@ -56,6 +57,9 @@ enum Command {
     /// Benchmark: drains, open-loop latency, Redis commands per request, CPU and
     /// memory, redelivery after kill -9, and BullMQ on the same Redis when installed.
     Bench(bench::BenchArgs),
+    /// Benchmark the Batch API: a batch's upload, ingestion, drain and output against the
+    /// same lines through `inferq submit`, and the replica's peak memory.
+    BenchBatch(batch_bench::BatchBenchArgs),
 }
 
 #[derive(Debug, clap::Args)]
@@ -109,6 +113,7 @@ fn main() -> ExitCode {
             Command::Sim(args) => sim(args).await,
             Command::Chaos(args) => chaos::chaos(args).await,
             Command::Bench(args) => bench::bench(args).await,
+            Command::BenchBatch(args) => batch_bench::bench_batch(args).await,
         }
     });
     match outcome {

@@ -12,15 +12,31 @@ use serde_json::Value;
 fn the_batch_profile_loses_no_line_doubles_none_and_strands_no_batch() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("report.json");
-    let seed = std::env::var("INFERQ_CHAOS_SEED").unwrap_or_else(|_| rand::random::<u32>().to_string());
+    let seed =
+        std::env::var("INFERQ_CHAOS_SEED").unwrap_or_else(|_| rand::random::<u32>().to_string());
     let out = Command::new(env!("CARGO_BIN_EXE_inferq-dev"))
-        .args(["chaos", "batch", "--batches", "4", "--lines", "1500", "--seconds", "20", "--seed", &seed, "--report"])
+        .args([
+            "chaos",
+            "batch",
+            "--batches",
+            "4",
+            "--lines",
+            "1500",
+            "--seconds",
+            "20",
+            "--seed",
+            &seed,
+            "--report",
+        ])
         .arg(&path)
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
     println!("{stdout}");
-    let context = format!("seed {seed} (replay: inferq-dev chaos batch --seed {seed})\n{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    let context = format!(
+        "seed {seed} (replay: inferq-dev chaos batch --seed {seed})\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(out.status.success(), "{context}");
     let r: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
     assert_eq!(r["lines"], 6000, "{context}");

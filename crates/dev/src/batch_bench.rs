@@ -1,0 +1,231 @@
+//! `inferq-dev bench-batch`: the Batch API measured against a reference in the same run. One
+//! Redis, the simulator and one `inferq run` serve both runs:
+//!
+//! 1. reference: the same lines through `inferq submit` (it reads OpenAI batch input lines),
+//!    timed from the start of the submit until every result is on the result list;
+//! 2. the Batch API: upload, create, and the batch polled until it completes, timed from the
+//!    start of the upload; ingestion timed from the batch turning `in_progress` until every
+//!    line is on the queue; then the output file downloaded.
+//!
+//! It prints each figure, the ratio of the two drains, and the replica's peak RSS (`VmHWM`).
+
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, Context};
+use inferq::cli::Failure;
+use inferq_chaos::batch::{batch_file, retrieve, BatchDeployment};
+use redis::AsyncCommands;
+
+#[derive(Debug, clap::Args)]
+pub struct BatchBenchArgs {
+    /// Lines in the batch.
+    #[arg(long, default_value_t = 50_000)]
+    pub lines: usize,
+    /// Filler bytes in each line's prompt (3,840 makes 50,000 lines just under 200 MB, the default limit).
+    #[arg(long, default_value_t = 3_840)]
+    pub pad: usize,
+    /// Workers of the processor.
+    #[arg(long, default_value_t = 128)]
+    pub concurrency: u32,
+    /// Measure only upload, validation and ingestion, with no processor running (the rate the
+    /// Batch API and Redis reach on their own).
+    #[arg(long)]
+    pub ingest_only: bool,
+}
+
+fn peak_rss_mib(pid: u32) -> Option<f64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kb: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb / 1024.0)
+}
+
+async fn wait_for(
+    what: &str,
+    within: Duration,
+    mut done: impl AsyncFnMut() -> anyhow::Result<bool>,
+) -> anyhow::Result<Duration> {
+    let started = Instant::now();
+    while started.elapsed() < within {
+        if done().await? {
+            return Ok(started.elapsed());
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    Err(anyhow!("{what} did not happen within {within:?}"))
+}
+
+pub async fn bench_batch(args: BatchBenchArgs) -> Result<(), Failure> {
+    let exe = inferq_testkit::inferq_binary()?;
+    let dir = tempfile::Builder::new()
+        .prefix("inferq-bench-batch-")
+        .tempdir()
+        .context("data dir")?;
+    let fail = |e: Box<dyn std::error::Error + Send + Sync>| anyhow!("{e}");
+    let mut d = BatchDeployment::start(exe.clone(), dir.path().to_owned(), 1)
+        .await
+        .map_err(fail)?;
+    d.processor_flags = vec!["--concurrency".into(), args.concurrency.to_string()];
+    if !args.ingest_only {
+        d.add_processor().map_err(fail)?;
+    }
+    let text = batch_file(0, args.lines, args.pad);
+    let mb = text.len() as f64 / 1e6;
+    let input = dir.path().join("input.jsonl");
+    std::fs::write(&input, &text).context("write input")?;
+    say!(
+        "inferq-dev bench-batch: {} lines, {mb:.1} MB, 1 processor with {} workers",
+        args.lines,
+        args.concurrency
+    );
+    let client = redis::Client::open(d.redis.url()).context("redis")?;
+    let mut con = client
+        .get_multiplexed_async_connection()
+        .await
+        .context("redis")?;
+
+    let n = args.lines as u64;
+    let reference = if args.ingest_only {
+        Duration::ZERO
+    } else {
+        reference(&d, &exe, &input, n, &mut con).await?
+    };
+
+    // 2. The Batch API.
+    let base = d.add_replica().await.map_err(fail)?;
+    let pid = d.replicas[0].0.id();
+    let started = Instant::now();
+    let id = inferq_chaos::batch::submit(&base, text, "24h")
+        .await
+        .map_err(fail)?;
+    let uploaded = started.elapsed();
+    let key = format!("{{inferq-batch}}:batch:{id}");
+    let c3 = con.clone();
+    let k3 = key.clone();
+    wait_for("in_progress", Duration::from_secs(300), async || {
+        let mut c = c3.clone();
+        Ok(c.hget::<_, _, Option<String>>(&k3, "status")
+            .await?
+            .as_deref()
+            != Some("validating"))
+    })
+    .await?;
+    let validated = started.elapsed();
+    wait_for("ingestion", Duration::from_secs(300), async || {
+        let mut c = c3.clone();
+        let (ingested, total): (Option<u64>, Option<u64>) = redis::cmd("HMGET")
+            .arg(&k3)
+            .arg("ingested")
+            .arg("total")
+            .query_async(&mut c)
+            .await?;
+        Ok(total.is_some() && ingested >= total
+            || c.hget::<_, _, Option<String>>(&k3, "sealed")
+                .await?
+                .is_some())
+    })
+    .await?;
+    let ingested = started.elapsed();
+    let ingest_s = (ingested - validated).as_secs_f64();
+    say!("batch api   upload {:.2} s ({:.0} MB/s), validation {:.2} s, ingestion {:.2} s ({:.0} lines/s)", uploaded.as_secs_f64(), mb / uploaded.as_secs_f64(), (validated - uploaded).as_secs_f64(), ingest_s, n as f64 / ingest_s);
+    if args.ingest_only {
+        say!(
+            "peak RSS    batch-api replica {:.1} MiB",
+            peak_rss_mib(pid).unwrap_or(f64::NAN)
+        );
+        return Ok(());
+    }
+    let b3 = base.clone();
+    let i3 = id.clone();
+    wait_for("completion", Duration::from_secs(900), async || {
+        let b = retrieve(&b3, &i3).await.map_err(|e| anyhow!("{e}"))?;
+        Ok(b["status"] == "completed")
+    })
+    .await?;
+    let drained = started.elapsed();
+    let batch = retrieve(&base, &id).await.map_err(fail)?;
+    let out_id = batch["output_file_id"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    let t = Instant::now();
+    let output = reqwest::get(format!("{base}/files/{out_id}/content"))
+        .await
+        .context("download")?
+        .bytes()
+        .await
+        .context("download")?;
+    let downloaded = t.elapsed();
+    let rss = peak_rss_mib(pid).unwrap_or(f64::NAN);
+    say!(
+        "batch api   drain {:.2} s (upload to completed), output {:.1} MB downloaded in {:.2} s",
+        drained.as_secs_f64(),
+        output.len() as f64 / 1e6,
+        downloaded.as_secs_f64()
+    );
+    say!(
+        "batch api   completed {} failed {}",
+        batch["request_counts"]["completed"],
+        batch["request_counts"]["failed"]
+    );
+    say!(
+        "ratio       batch drain / submit drain = {:.3}",
+        drained.as_secs_f64() / reference.as_secs_f64()
+    );
+    say!("peak RSS    batch-api replica {rss:.1} MiB");
+    Ok(())
+}
+
+/// The reference: `inferq submit` of the same lines, then every result on the list.
+async fn reference(
+    d: &BatchDeployment,
+    exe: &std::path::Path,
+    input: &std::path::Path,
+    n: u64,
+    con: &mut redis::aio::MultiplexedConnection,
+) -> Result<Duration, Failure> {
+    let started = Instant::now();
+    let out = tokio::process::Command::new(&exe)
+        .args([
+            "submit",
+            "--redis-url",
+            &d.redis.url(),
+            "--queue",
+            "batch-q",
+            "--result-queue",
+            "bench-results",
+            "--default-timeout-s",
+            "3600",
+            "-f",
+        ])
+        .arg(&input)
+        .output()
+        .await
+        .context("inferq submit")?;
+    if !out.status.success() {
+        return Err(Failure::from(anyhow!(
+            "inferq submit failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        )));
+    }
+    let submitted = started.elapsed();
+    let c2 = con.clone();
+    wait_for(
+        "the reference drain",
+        Duration::from_secs(900),
+        async || {
+            let mut c = c2.clone();
+            Ok(c.llen::<_, u64>("bench-results").await? >= n)
+        },
+    )
+    .await?;
+    let reference = started.elapsed();
+    let _: () = con.del("bench-results").await.context("redis")?;
+    say!(
+        "reference   submit {:.2} s ({:.0} lines/s), drain {:.2} s",
+        submitted.as_secs_f64(),
+        n as f64 / submitted.as_secs_f64(),
+        reference.as_secs_f64()
+    );
+    Ok(reference)
+}
