@@ -18,6 +18,7 @@
 
 pub mod auth;
 pub mod batches_api;
+pub mod census;
 pub mod collect;
 pub mod error;
 pub mod files_api;

@@ -185,7 +185,7 @@ async fn reference(
     con: &mut redis::aio::MultiplexedConnection,
 ) -> Result<Duration, Failure> {
     let started = Instant::now();
-    let out = tokio::process::Command::new(&exe)
+    let out = tokio::process::Command::new(exe)
         .args([
             "submit",
             "--redis-url",
@@ -198,7 +198,7 @@ async fn reference(
             "3600",
             "-f",
         ])
-        .arg(&input)
+        .arg(input)
         .output()
         .await
         .context("inferq submit")?;

@@ -37,6 +37,10 @@ pub struct StatusArgs {
     /// every such key).
     #[arg(long)]
     pub payloads: bool,
+    /// Also show the Batch API's batches: how many in each status, and each batch not yet
+    /// ended with its request counts.
+    #[arg(long)]
+    pub batches: bool,
     /// With --watch: stop after this many counts (at least 1).
     #[arg(long, requires = "watch", value_parser = clap::value_parser!(u64).range(1..))]
     pub samples: Option<u64>,
@@ -97,8 +101,19 @@ pub async fn status(args: StatusArgs) -> Result<(), Failure> {
             ),
             false => None,
         };
+        let batches = match args.batches {
+            true => Some(
+                inferq_batch::census::census(&mut con, 50)
+                    .await
+                    .context("cannot count the batches")?,
+            ),
+            false => None,
+        };
         if table {
             print_table(&rows, args.watch.is_some());
+            if let Some(b) = &batches {
+                print_batches(b);
+            }
             if let Some(p) = payloads {
                 say!(
                     "payload keys: {} ({} bytes), {} of ended generations (they expire ten minutes after their deadline)",
@@ -110,6 +125,9 @@ pub async fn status(args: StatusArgs) -> Result<(), Failure> {
         } else {
             if let Some(p) = payloads {
                 say!("{}", serde_json::to_string(&p)?);
+            }
+            if let Some(b) = &batches {
+                say!("{}", serde_json::to_string(b)?);
             }
             for (queue, census, rate) in &rows {
                 let line = Line {
@@ -127,6 +145,22 @@ pub async fn status(args: StatusArgs) -> Result<(), Failure> {
             }
             _ => return Ok(()),
         }
+    }
+}
+
+fn print_batches(b: &inferq_batch::census::BatchCensus) {
+    let counts: Vec<String> = b
+        .by_status
+        .iter()
+        .filter(|(_, n)| **n > 0)
+        .map(|(s, n)| format!("{s} {n}"))
+        .collect();
+    say!("batches: {}", if counts.is_empty() { "none".to_owned() } else { counts.join(", ") });
+    for l in &b.live {
+        say!(
+            "  {}  {:<11} {:>6} of {:<6} ingested, {} completed, {} failed",
+            l.id, l.status, l.ingested, l.total, l.completed, l.failed
+        );
     }
 }
 
