@@ -34,12 +34,17 @@ pub async fn census<C: redis::aio::ConnectionLike + Send + Sync>(
     let ids: Vec<String> = con.zrange(keys::live(), 0, most - 1).await?;
     let mut live = Vec::with_capacity(ids.len());
     for id in ids {
-        let f: (Option<String>, Option<u64>, Option<u64>, Option<u64>, Option<u64>) =
-            redis::cmd("HMGET")
-                .arg(keys::batch(&id))
-                .arg(&["status", "total", "completed", "failed", "ingested"])
-                .query_async(con)
-                .await?;
+        let f: (
+            Option<String>,
+            Option<u64>,
+            Option<u64>,
+            Option<u64>,
+            Option<u64>,
+        ) = redis::cmd("HMGET")
+            .arg(keys::batch(&id))
+            .arg(&["status", "total", "completed", "failed", "ingested"])
+            .query_async(con)
+            .await?;
         live.push(LiveBatch {
             id,
             status: f.0.unwrap_or_default(),

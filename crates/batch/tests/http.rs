@@ -224,6 +224,26 @@ async fn a_completed_batch_shows_in_the_metrics() -> Fallible {
     ] {
         assert!(text.contains(want), "missing {want:?} in\n{text}");
     }
+    // `inferq status --batches` counts it too.
+    let out = Command::new(inferq_binary()?)
+        .args([
+            "status",
+            "--redis-url",
+            &d.redis.url(),
+            "--queue",
+            "batch-q",
+            "--batches",
+            "--json",
+        ])
+        .output()?;
+    let first = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .to_owned();
+    let census: Value = serde_json::from_str(&first)?;
+    assert_eq!(census["by_status"]["completed"], 1, "{first}");
+    assert_eq!(census["live"], serde_json::json!([]), "{first}");
     Ok(())
 }
 

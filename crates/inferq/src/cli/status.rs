@@ -155,11 +155,23 @@ fn print_batches(b: &inferq_batch::census::BatchCensus) {
         .filter(|(_, n)| **n > 0)
         .map(|(s, n)| format!("{s} {n}"))
         .collect();
-    say!("batches: {}", if counts.is_empty() { "none".to_owned() } else { counts.join(", ") });
+    say!(
+        "batches: {}",
+        if counts.is_empty() {
+            "none".to_owned()
+        } else {
+            counts.join(", ")
+        }
+    );
     for l in &b.live {
         say!(
             "  {}  {:<11} {:>6} of {:<6} ingested, {} completed, {} failed",
-            l.id, l.status, l.ingested, l.total, l.completed, l.failed
+            l.id,
+            l.status,
+            l.ingested,
+            l.total,
+            l.completed,
+            l.failed
         );
     }
 }
