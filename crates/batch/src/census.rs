@@ -7,6 +7,15 @@ use redis::AsyncCommands;
 
 use crate::keys;
 
+/// `HMGET` of a batch's status, total, completed, failed and ingested.
+type Row = (
+    Option<String>,
+    Option<u64>,
+    Option<u64>,
+    Option<u64>,
+    Option<u64>,
+);
+
 /// One batch not yet ended.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct LiveBatch {
@@ -34,13 +43,7 @@ pub async fn census<C: redis::aio::ConnectionLike + Send + Sync>(
     let ids: Vec<String> = con.zrange(keys::live(), 0, most - 1).await?;
     let mut live = Vec::with_capacity(ids.len());
     for id in ids {
-        let f: (
-            Option<String>,
-            Option<u64>,
-            Option<u64>,
-            Option<u64>,
-            Option<u64>,
-        ) = redis::cmd("HMGET")
+        let f: Row = redis::cmd("HMGET")
             .arg(keys::batch(&id))
             .arg(&["status", "total", "completed", "failed", "ingested"])
             .query_async(con)
