@@ -7,7 +7,7 @@ scripts/ensure-redis.sh
 # The cluster and sentinel fixtures' Valkey tests need a valkey-server (they fail in CI without).
 INFERQ_VALKEY_SERVER="$(scripts/ensure-valkey.sh)"
 export INFERQ_VALKEY_SERVER
-# The Batch API's tests drive it with the official openai Python SDK (crates/batch/tests/sdk.rs).
+# The Batch API's tests drive it with the official openai Python SDK (crates/batch/tests/api/sdk.rs).
 INFERQ_PYTHON="$(scripts/ensure-openai.sh)"
 export INFERQ_PYTHON
 # tests/security.rs makes its TLS certificates with the openssl command line.

@@ -61,6 +61,38 @@ fn metadata(body: &Map<String, Value>) -> Result<Option<String>, ApiError> {
     }
 }
 
+/// The batch's `endpoint`: one the gateway serves.
+fn endpoint_of(body: &Map<String, Value>) -> Result<&str, ApiError> {
+    let endpoint = required(body, "endpoint")?;
+    if !ENDPOINTS.contains(&endpoint) {
+        return Err(ApiError::invalid(
+            format!(
+                "Invalid value for 'endpoint': '{endpoint}'. Supported values are: {}.",
+                ENDPOINTS.join(", ")
+            ),
+            Some("endpoint"),
+        ));
+    }
+    Ok(endpoint)
+}
+
+/// The batch's `completion_window`, as written and as a duration.
+fn window_of<'a>(
+    app: &App,
+    body: &'a Map<String, Value>,
+) -> Result<(&'a str, std::time::Duration), ApiError> {
+    let text = required(body, "completion_window")?;
+    match window(text, &app.settings.extra_windows) {
+        Some(w) => Ok((text, w)),
+        None => Err(ApiError::invalid(
+            format!(
+                "Invalid value for 'completion_window': '{text}'. Supported values are: '24h'."
+            ),
+            Some("completion_window"),
+        )),
+    }
+}
+
 /// `POST /v1/batches`.
 pub async fn create(
     State(app): State<App>,
@@ -72,23 +104,8 @@ pub async fn create(
         ApiError::invalid(format!("The request body is not a JSON object: {e}"), None)
     })?;
     let input = required(&body, "input_file_id")?;
-    let endpoint = required(&body, "endpoint")?;
-    if !ENDPOINTS.contains(&endpoint) {
-        return Err(ApiError::invalid(
-            format!(
-                "Invalid value for 'endpoint': '{endpoint}'. Supported values are: {}.",
-                ENDPOINTS.join(", ")
-            ),
-            Some("endpoint"),
-        ));
-    }
-    let window_text = required(&body, "completion_window")?;
-    let Some(window) = window(window_text, &app.settings.extra_windows) else {
-        return Err(ApiError::invalid(
-            format!("Invalid value for 'completion_window': '{window_text}'. Supported values are: '24h'."),
-            Some("completion_window"),
-        ));
-    };
+    let endpoint = endpoint_of(&body)?;
+    let (window_text, window) = window_of(&app, &body)?;
     let metadata = metadata(&body)?;
     let file = owned_file(&app, &tenant, input).await.map_err(|mut e| {
         e.param = Some("input_file_id".into());

@@ -51,59 +51,30 @@ pub async fn upload(
     let mut multipart = multipart.map_err(bad_multipart)?;
     let mut purpose: Option<String> = None;
     let mut stored: Option<(String, u64, String)> = None;
-    let outcome: Result<(), ApiError> = async {
-        while let Some(field) = multipart.next_field().await.map_err(bad_multipart)? {
-            match field.name() {
-                Some("purpose") => purpose = Some(small_text(field).await?),
-                Some("file") if stored.is_some() => {
-                    return Err(ApiError::invalid(
-                        "Only one 'file' may be uploaded.",
-                        Some("file"),
-                    ))
-                }
-                Some("file") => stored = Some(receive(&app, field).await?),
-                _ => {}
-            }
-        }
-        Ok(())
-    }
-    .await;
-    let refuse = |e: ApiError| async {
-        if let Some((id, _, _)) = &stored {
-            if let Err(d) = app.store.delete(id).await {
-                tracing::warn!(error = %d, file = %id, "could not delete a refused upload");
-            }
-        }
-        Err(e)
-    };
-    if let Err(e) = outcome {
-        return refuse(e).await;
-    }
-    let Some((id, bytes, filename)) = stored.clone() else {
-        return Err(ApiError::invalid(
-            "Missing required parameter: 'file'.",
-            Some("file"),
-        ));
-    };
-    match purpose.as_deref() {
-        Some("batch") => {}
-        None => {
-            return refuse(ApiError::invalid("Missing required parameter: 'purpose'.", Some("purpose")))
-                .await
-        }
-        Some(other) => {
-            return refuse(ApiError::invalid(
+    let mut outcome = read_form(&app, &mut multipart, &mut purpose, &mut stored).await;
+    if outcome.is_ok() {
+        outcome = match purpose.as_deref() {
+            Some("batch") => Ok(()),
+            None => Err(ApiError::invalid("Missing required parameter: 'purpose'.", Some("purpose"))),
+            Some(other) => Err(ApiError::invalid(
                 format!("Invalid value for 'purpose': '{other}'. This server takes files with purpose 'batch'."),
                 Some("purpose"),
-            ))
-            .await
-        }
+            )),
+        };
     }
-    let created = now_secs();
+    let Some((id, bytes, filename)) = stored else {
+        return Err(outcome.err().unwrap_or_else(|| {
+            ApiError::invalid("Missing required parameter: 'file'.", Some("file"))
+        }));
+    };
+    if let Err(e) = outcome {
+        forget(&app, &id).await;
+        return Err(e);
+    }
     let fields: Fields = [
         ("id", id.clone()),
         ("bytes", bytes.to_string()),
-        ("created_at", created.to_string()),
+        ("created_at", now_secs().to_string()),
         ("filename", filename),
         ("purpose", "batch".to_owned()),
         ("tenant", tenant.clone()),
@@ -111,24 +82,55 @@ pub async fn upload(
     .into_iter()
     .map(|(k, v)| (k.to_owned(), v))
     .collect();
-    let mut con = app.redis.clone();
-    let pairs: Vec<(&String, &String)> = fields.iter().collect();
-    let written: redis::RedisResult<()> = redis::pipe()
-        .atomic()
-        .hset_multiple(keys::file(&id), &pairs)
-        .ignore()
-        .zadd(
-            keys::files(&tenant),
-            &id,
-            inferq_client::producer::unix_ms(),
-        )
-        .ignore()
-        .query_async(&mut con)
-        .await;
-    if let Err(e) = written {
-        return refuse(ApiError::from(e)).await;
+    if let Err(e) = record(&app, &tenant, &id, &fields).await {
+        forget(&app, &id).await;
+        return Err(ApiError::from(e));
     }
     Ok(Json(file_object(&fields)))
+}
+
+/// Reads the form's fields: `purpose`, and `file` streamed into the store.
+async fn read_form(
+    app: &App,
+    multipart: &mut Multipart,
+    purpose: &mut Option<String>,
+    stored: &mut Option<(String, u64, String)>,
+) -> Result<(), ApiError> {
+    while let Some(field) = multipart.next_field().await.map_err(bad_multipart)? {
+        match field.name() {
+            Some("purpose") => *purpose = Some(small_text(field).await?),
+            Some("file") if stored.is_some() => {
+                return Err(ApiError::invalid(
+                    "Only one 'file' may be uploaded.",
+                    Some("file"),
+                ))
+            }
+            Some("file") => *stored = Some(receive(app, field).await?),
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+/// Deletes the bytes of an upload that was refused after it was stored.
+async fn forget(app: &App, id: &str) {
+    if let Err(e) = app.store.delete(id).await {
+        tracing::warn!(error = %e, file = %id, "could not delete a refused upload");
+    }
+}
+
+/// Records a stored file: its hash and its place in the tenant's list, in one transaction.
+async fn record(app: &App, tenant: &str, id: &str, fields: &Fields) -> redis::RedisResult<()> {
+    let mut con = app.redis.clone();
+    let pairs: Vec<(&String, &String)> = fields.iter().collect();
+    redis::pipe()
+        .atomic()
+        .hset_multiple(keys::file(id), &pairs)
+        .ignore()
+        .zadd(keys::files(tenant), id, inferq_client::producer::unix_ms())
+        .ignore()
+        .query_async(&mut con)
+        .await
 }
 
 async fn small_text(mut field: Field<'_>) -> Result<String, ApiError> {

@@ -62,39 +62,8 @@ pub fn render(
 ) -> (bool, String) {
     let id = ids::output_line_id(batch, line);
     let parsed = result.and_then(|r| serde_json::from_str::<ResultMessage>(r).ok());
-    let (ok, text) = match &parsed {
-        Some(r) if r.status_code != 0 => {
-            let quoted;
-            let body: &RawValue = match serde_json::from_str::<&RawValue>(&r.payload) {
-                Ok(raw) => raw,
-                Err(_) => {
-                    quoted = serde_json::value::to_raw_value(&r.payload).ok();
-                    match &quoted {
-                        Some(q) => q,
-                        None => RawValue::NULL,
-                    }
-                }
-            };
-            let request_id = if r.request_token.is_empty() {
-                &r.id
-            } else {
-                &r.request_token
-            };
-            let out = OutputLine {
-                id,
-                custom_id,
-                response: Some(Response {
-                    status_code: r.status_code,
-                    request_id,
-                    body,
-                }),
-                error: None,
-            };
-            (
-                (200..300).contains(&r.status_code),
-                serde_json::to_string(&out),
-            )
-        }
+    match &parsed {
+        Some(r) if r.status_code != 0 => answered(id, custom_id, r),
         Some(r) => {
             let code = error_code(&r.error_code);
             let message = if r.error_message.is_empty() {
@@ -102,16 +71,7 @@ pub fn render(
             } else {
                 r.error_message.as_str()
             };
-            let out = OutputLine {
-                id,
-                custom_id,
-                response: None,
-                error: Some(LineError {
-                    code: &code,
-                    message,
-                }),
-            };
-            (false, serde_json::to_string(&out))
+            (false, failed(id, custom_id, &code, message))
         }
         None => {
             let (code, message) = match (ending, result) {
@@ -129,16 +89,55 @@ pub fn render(
                 ),
                 _ => ("result_missing", "No result was recorded for this request."),
             };
-            let out = OutputLine {
-                id,
-                custom_id,
-                response: None,
-                error: Some(LineError { code, message }),
-            };
-            (false, serde_json::to_string(&out))
+            (false, failed(id, custom_id, code, message))
+        }
+    }
+}
+
+/// The line of a request the gateway answered: its status, the request token as `request_id`,
+/// and the body (as JSON when it is JSON, else as a string).
+fn answered(id: String, custom_id: &str, r: &ResultMessage) -> (bool, String) {
+    let quoted;
+    let body: &RawValue = match serde_json::from_str::<&RawValue>(&r.payload) {
+        Ok(raw) => raw,
+        Err(_) => {
+            quoted = serde_json::value::to_raw_value(&r.payload).ok();
+            match &quoted {
+                Some(q) => q,
+                None => RawValue::NULL,
+            }
         }
     };
-    (ok, text.unwrap_or_default())
+    let request_id = if r.request_token.is_empty() {
+        &r.id
+    } else {
+        &r.request_token
+    };
+    let out = OutputLine {
+        id,
+        custom_id,
+        response: Some(Response {
+            status_code: r.status_code,
+            request_id,
+            body,
+        }),
+        error: None,
+    };
+    (
+        (200..300).contains(&r.status_code),
+        serde_json::to_string(&out).unwrap_or_default(),
+    )
+}
+
+/// The line of a request without an answer: `response` null, `error{code, message}`.
+fn failed(id: String, custom_id: &str, code: &str, message: &str) -> String {
+    let out = OutputLine {
+        id,
+        custom_id,
+        response: None,
+        error: Some(LineError { code, message }),
+    };
+    serde_json::to_string(&out).unwrap_or_default()
 }
 
 struct Outputs {
@@ -152,11 +151,9 @@ struct Outputs {
 pub async fn finalize(app: &App, batch: &Fields, ending: &str) -> Result<(), BatchError> {
     let started = std::time::Instant::now();
     let id = batch.get("id").cloned().unwrap_or_default();
-    let out_id = ids::new_file_id();
-    let err_id = ids::new_file_id();
     let mut outs = Outputs {
-        output: app.store.writer(&out_id),
-        errors: app.store.writer(&err_id),
+        output: app.store.writer(&ids::new_file_id()),
+        errors: app.store.writer(&ids::new_file_id()),
         completed: 0,
         failed: 0,
     };
@@ -166,24 +163,9 @@ pub async fn finalize(app: &App, batch: &Fields, ending: &str) -> Result<(), Bat
         outs.errors.abort().await;
         return Err(e);
     }
-    let total = outs.completed + outs.failed;
-    let keep_out = outs.completed > 0;
-    let keep_err = outs.failed > 0;
-    let (out_bytes, err_bytes) = (outs.output.bytes, outs.errors.bytes);
-    let out_name = if keep_out {
-        outs.output.finish().await?;
-        out_id.clone()
-    } else {
-        outs.output.abort().await;
-        String::new()
-    };
-    let err_name = if keep_err {
-        outs.errors.finish().await?;
-        err_id.clone()
-    } else {
-        outs.errors.abort().await;
-        String::new()
-    };
+    let (completed, failed) = (outs.completed, outs.failed);
+    let output = keep(outs.output, completed > 0).await?;
+    let errors = keep(outs.errors, failed > 0).await?;
     let tenant = batch.get("tenant").cloned().unwrap_or_default();
     let script = &SCRIPTS.finish;
     let cmd = script.cmd(
@@ -192,48 +174,51 @@ pub async fn finalize(app: &App, batch: &Fields, ending: &str) -> Result<(), Bat
             keys::counts(),
             keys::live(),
             keys::out(&id),
-            keys::file(&out_id),
-            keys::file(&err_id),
+            keys::file(&output.0),
+            keys::file(&errors.0),
             keys::files(&tenant),
         ],
         &[
             id.clone(),
-            out_name.clone(),
-            err_name.clone(),
-            outs.completed.to_string(),
-            outs.failed.to_string(),
-            total.to_string(),
-            out_bytes.to_string(),
-            err_bytes.to_string(),
+            output.0.clone(),
+            errors.0.clone(),
+            completed.to_string(),
+            failed.to_string(),
+            (completed + failed).to_string(),
+            output.1.to_string(),
+            errors.1.to_string(),
             tenant,
             inferq_client::producer::unix_ms().to_string(),
         ],
     );
     let mut con = app.redis.clone();
     let (status, won): (String, i64) = redis::from_redis_value(script.run(&mut con, &cmd).await?)?;
-    if won == 1 {
-        app.metrics
-            .lines_written
-            .get_or_create(&FileLabel {
-                file: "output".into(),
-            })
-            .inc_by(outs.completed);
-        app.metrics
-            .lines_written
-            .get_or_create(&FileLabel {
-                file: "error".into(),
-            })
-            .inc_by(outs.failed);
-        app.metrics
-            .finalize_seconds
-            .observe(started.elapsed().as_secs_f64());
-        tracing::info!(batch = %id, status = %status, completed = outs.completed, failed = outs.failed, "batch ended");
-    } else {
-        for name in [out_name, err_name].into_iter().filter(|n| !n.is_empty()) {
+    if won != 1 {
+        for name in [output.0, errors.0].into_iter().filter(|n| !n.is_empty()) {
             app.store.delete(&name).await?;
         }
+        return Ok(());
     }
+    for (file, n) in [("output", completed), ("error", failed)] {
+        let label = FileLabel { file: file.into() };
+        app.metrics.lines_written.get_or_create(&label).inc_by(n);
+    }
+    app.metrics
+        .finalize_seconds
+        .observe(started.elapsed().as_secs_f64());
+    tracing::info!(batch = %id, status = %status, completed, failed, "batch ended");
     Ok(())
+}
+
+/// Completes a written file when it holds lines (its id and bytes), else gives it up (`""`).
+async fn keep(writer: Writer, wanted: bool) -> Result<(String, u64), BatchError> {
+    if !wanted {
+        writer.abort().await;
+        return Ok((String::new(), 0));
+    }
+    let id = writer.id.clone();
+    let bytes = writer.finish().await?;
+    Ok((id, bytes))
 }
 
 async fn write_lines(

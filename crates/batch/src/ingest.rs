@@ -307,38 +307,18 @@ async fn submit_batched(
         return Ok(None);
     }
     let script = &SCRIPTS.ingest;
-    let mut pipe = redis::pipe();
-    let mut args: Vec<Vec<u8>> = Vec::with_capacity(2 + 4 * PER_CALL);
     let queue = app.settings.request_queue.clone();
-    let results = crate::keys::results();
+    let mut pipe = redis::pipe();
     let mut calls = 0;
-    for (i, (_, req)) in chunk.into_iter().enumerate() {
-        if i % PER_CALL == 0 {
-            if !args.is_empty() {
-                pipe.add_command(script.cmd(&[&queue], &args));
-                calls += 1;
-            }
-            args = vec![
-                deadline.to_string().into_bytes(),
-                ttl_ms.to_string().into_bytes(),
-            ];
+    let mut reqs = chunk.into_iter().map(|(_, r)| r).peekable();
+    while reqs.peek().is_some() {
+        let mut args: Vec<Vec<u8>> = vec![
+            deadline.to_string().into_bytes(),
+            ttl_ms.to_string().into_bytes(),
+        ];
+        for req in reqs.by_ref().take(PER_CALL) {
+            args.extend(ingest_args(&queue, req)?);
         }
-        let token = inferq_client::keys::fresh_token();
-        let routing = inferq_client::wire::Routing {
-            request_token: token.clone(),
-            request_queue_name: queue.clone(),
-            result_queue_name: results.clone(),
-            ..Default::default()
-        };
-        let active = inferq_client::keys::active_key(&req.id).into_bytes();
-        let cancel = inferq_client::keys::cancel_key(&req.id).into_bytes();
-        let member = req
-            .into_envelope(routing)
-            .map_err(|e| BatchError::Io(std::io::Error::other(e.to_string())))?
-            .encode();
-        args.extend([active, cancel, token.into_bytes(), member]);
-    }
-    if !args.is_empty() {
         pipe.add_command(script.cmd(&[&queue], &args));
         calls += 1;
     }
@@ -348,34 +328,44 @@ async fn submit_batched(
         .arg("1")
         .ignore();
     let mut con = app.redis.clone();
-    let queued: Vec<redis::RedisResult<u64>> =
-        match pipe.query_async::<Vec<redis::Value>>(&mut con).await {
-            Ok(values) => values
-                .into_iter()
-                .map(redis::from_redis_value::<u64>)
-                .map(|r| r.map_err(redis::RedisError::from))
-                .collect(),
-            // The script was not loaded (a restart): load it and send the chunk again.
-            Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
-                script.load(&mut con).await?;
-                let values: Vec<redis::Value> = pipe.query_async(&mut con).await?;
-                values
-                    .into_iter()
-                    .map(|v| redis::from_redis_value::<u64>(v).map_err(redis::RedisError::from))
-                    .collect()
-            }
-            Err(e) => return Err(e.into()),
-        };
-    if queued.len() != calls {
+    let values: Vec<redis::Value> = match pipe.query_async(&mut con).await {
+        Ok(values) => values,
+        // The script was not loaded (a restart): nothing of it ran; load it and send again.
+        Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+            script.load(&mut con).await?;
+            pipe.query_async(&mut con).await?
+        }
+        Err(e) => return Err(e.into()),
+    };
+    if values.len() != calls {
         return Err(BatchError::Unexpected {
             script: script.name,
-            answer: format!("{} answers to {calls} calls", queued.len()),
+            answer: format!("{} answers to {calls} calls", values.len()),
         });
     }
-    for q in queued {
-        q?;
+    for v in values {
+        redis::from_redis_value::<u64>(v)?;
     }
     Ok(Some(n))
+}
+
+/// The four arguments of one request for `ingest.lua`: its active and cancel keys, a fresh
+/// request token, and its member (routed to the batch result list).
+fn ingest_args(queue: &str, req: NewRequest) -> Result<[Vec<u8>; 4], BatchError> {
+    let token = inferq_client::keys::fresh_token();
+    let routing = inferq_client::wire::Routing {
+        request_token: token.clone(),
+        request_queue_name: queue.to_owned(),
+        result_queue_name: crate::keys::results(),
+        ..Default::default()
+    };
+    let active = inferq_client::keys::active_key(&req.id).into_bytes();
+    let cancel = inferq_client::keys::cancel_key(&req.id).into_bytes();
+    let member = req
+        .into_envelope(routing)
+        .map_err(|e| BatchError::Io(std::io::Error::other(e.to_string())))?
+        .encode();
+    Ok([active, cancel, token.into_bytes(), member])
 }
 
 async fn advance(app: &App, id: &str, submitted: u64, cursor: u64) -> Result<String, BatchError> {

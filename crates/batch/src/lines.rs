@@ -46,6 +46,14 @@ struct Loose<'a> {
 
 /// Checks one line of a batch's input file against the batch's `endpoint`.
 pub fn decode_line<'a>(line: &'a [u8], endpoint: &str) -> Result<InputLine<'a>, LineError> {
+    // serde would read a JSON array into the struct by position: a line must be an object.
+    if line.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
+        return Err(LineError::new(
+            "invalid_json_line",
+            "This line is not a JSON object.",
+            None,
+        ));
+    }
     let loose: Loose<'a> = serde_json::from_slice(line).map_err(|e| {
         LineError::new(
             "invalid_json_line",
@@ -56,11 +64,7 @@ pub fn decode_line<'a>(line: &'a [u8], endpoint: &str) -> Result<InputLine<'a>, 
     let custom_id = match loose.custom_id {
         Some(serde_json::Value::String(s)) if !s.is_empty() => s,
         Some(serde_json::Value::String(_)) | None | Some(serde_json::Value::Null) => {
-            return Err(LineError::new(
-                "missing_required_parameter",
-                "Missing required parameter: 'custom_id'.",
-                Some("custom_id"),
-            ))
+            return Err(missing("custom_id"))
         }
         Some(_) => {
             return Err(LineError::new(
@@ -70,32 +74,50 @@ pub fn decode_line<'a>(line: &'a [u8], endpoint: &str) -> Result<InputLine<'a>, 
             ))
         }
     };
-    match loose.method {
-        Some(serde_json::Value::String(m)) if m == "POST" => {}
-        None | Some(serde_json::Value::Null) => {
-            return Err(LineError::new(
-                "missing_required_parameter",
-                "Missing required parameter: 'method'.",
-                Some("method"),
-            ))
-        }
+    check_method(loose.method)?;
+    let url = check_url(loose.url, endpoint)?;
+    let body = match loose.body {
+        Some(b) if b.get().starts_with('{') => b,
+        None => return Err(missing("body")),
         Some(_) => {
             return Err(LineError::new(
-                "invalid_method",
-                "Only the POST method is supported: 'method' must be \"POST\".",
-                Some("method"),
+                "invalid_body",
+                "'body' must be a JSON object.",
+                Some("body"),
             ))
         }
+    };
+    Ok(InputLine {
+        custom_id,
+        url,
+        body,
+    })
+}
+
+fn missing(field: &'static str) -> LineError {
+    LineError::new(
+        "missing_required_parameter",
+        format!("Missing required parameter: '{field}'."),
+        Some(field),
+    )
+}
+
+fn check_method(method: Option<serde_json::Value>) -> Result<(), LineError> {
+    match method {
+        Some(serde_json::Value::String(m)) if m == "POST" => Ok(()),
+        None | Some(serde_json::Value::Null) => Err(missing("method")),
+        Some(_) => Err(LineError::new(
+            "invalid_method",
+            "Only the POST method is supported: 'method' must be \"POST\".",
+            Some("method"),
+        )),
     }
-    let url = match loose.url {
+}
+
+fn check_url(url: Option<serde_json::Value>, endpoint: &str) -> Result<String, LineError> {
+    let url = match url {
         Some(serde_json::Value::String(u)) => u,
-        None | Some(serde_json::Value::Null) => {
-            return Err(LineError::new(
-                "missing_required_parameter",
-                "Missing required parameter: 'url'.",
-                Some("url"),
-            ))
-        }
+        None | Some(serde_json::Value::Null) => return Err(missing("url")),
         Some(_) => {
             return Err(LineError::new(
                 "invalid_url",
@@ -111,28 +133,7 @@ pub fn decode_line<'a>(line: &'a [u8], endpoint: &str) -> Result<InputLine<'a>, 
             Some("url"),
         ));
     }
-    let body = match loose.body {
-        Some(b) if b.get().starts_with('{') => b,
-        None => {
-            return Err(LineError::new(
-                "missing_required_parameter",
-                "Missing required parameter: 'body'.",
-                Some("body"),
-            ))
-        }
-        Some(_) => {
-            return Err(LineError::new(
-                "invalid_body",
-                "'body' must be a JSON object.",
-                Some("body"),
-            ))
-        }
-    };
-    Ok(InputLine {
-        custom_id,
-        url,
-        body,
-    })
+    Ok(url)
 }
 
 /// Whether a line is blank (only whitespace): blank lines are skipped everywhere, and keep

@@ -125,6 +125,6 @@ mod tests {
         assert!(b["completed_at"].is_null());
         assert!(b["errors"].is_null());
         assert_eq!(b["request_counts"]["total"], 0);
-        assert_eq!(b.as_object().map(|o| o.len()), Some(23));
+        assert_eq!(b.as_object().map(|o| o.len()), Some(22));
     }
 }

@@ -85,6 +85,7 @@ impl Store {
     pub fn writer(&self, file_id: &str) -> Writer {
         Writer {
             inner: BufWriter::new(self.inner.clone(), Self::path(file_id)),
+            id: file_id.to_owned(),
             bytes: 0,
         }
     }
@@ -122,6 +123,8 @@ impl Store {
 /// A file being written.
 pub struct Writer {
     inner: BufWriter,
+    /// The file it writes.
+    pub id: String,
     /// Bytes written so far.
     pub bytes: u64,
 }

@@ -3,10 +3,8 @@
 //! batch-api` replicas as child processes on free ports, sharing one files folder. Each part
 //! can be SIGKILLed and started again.
 
-#![allow(dead_code)]
-
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -24,6 +22,9 @@ pub struct Deployment {
     pub replicas: Vec<(Child, u16)>,
     pub extra_flags: Vec<String>,
     pub processor_flags: Vec<String>,
+    /// Replaces `--files-dir <dir>` (e.g. `--files-url s3://…`).
+    pub store_flags: Option<Vec<String>>,
+    pub replica_env: Vec<(String, String)>,
 }
 
 impl Deployment {
@@ -56,7 +57,24 @@ impl Deployment {
             replicas: Vec::new(),
             extra_flags: Vec::new(),
             processor_flags: Vec::new(),
+            store_flags: None,
+            replica_env: Vec::new(),
         })
+    }
+
+    /// Points the processors and replicas at another Redis: `fields` (`url`, `mode`, `addrs`)
+    /// replace the standalone server's in the transport config.
+    pub fn point_at(&self, fields: serde_json::Value) -> Fallible {
+        let mut config = serde_json::json!({
+            "poll_interval_ms": 50,
+            "batch_size": 100,
+            "queues": [{"queue_name": "batch-q", "igw_base_url": self.sim.base_url()}],
+        });
+        if let (Some(c), Some(f)) = (config.as_object_mut(), fields.as_object()) {
+            c.extend(f.clone());
+        }
+        std::fs::write(&self.config, config.to_string())?;
+        Ok(())
     }
 
     pub fn files_dir(&self) -> PathBuf {
@@ -106,11 +124,16 @@ impl Deployment {
     pub async fn add_replica(&mut self) -> Fallible<u16> {
         let port = free_port()?;
         let n = self.replicas.len();
+        let store = self
+            .store_flags
+            .clone()
+            .unwrap_or_else(|| vec!["--files-dir".into(), self.files_dir().display().to_string()]);
         let child = Command::new(inferq_binary()?)
             .args(["batch-api", "--transport-config-file"])
             .arg(&self.config)
-            .args(["--listen", &format!("127.0.0.1:{port}"), "--files-dir"])
-            .arg(self.files_dir())
+            .args(["--listen", &format!("127.0.0.1:{port}")])
+            .args(&store)
+            .envs(self.replica_env.iter().map(|(k, v)| (k, v)))
             .args(["--lease", "2s", "--cancel-grace", "3s"])
             .args(&self.extra_flags)
             .stdout(Stdio::null())
@@ -276,8 +299,4 @@ pub async fn lines_per_id(
         }
     }
     Ok(seen)
-}
-
-pub fn path_of(p: &Path) -> String {
-    p.display().to_string()
 }

@@ -1,11 +1,9 @@
-//! The Batch API driven by the official `openai` Python SDK (`tests/sdk/batch_sdk.py`) against
+//! The Batch API driven by the official `openai` Python SDK (`tests/api/batch_sdk.py`) against
 //! a real deployment with API keys: two replicas, one processor, Redis and the simulator.
 //! The SDK comes from the venv `scripts/ensure-openai.sh` makes; `$INFERQ_PYTHON` names its
 //! python (scripts/test.sh sets it). Without it the test fails, saying how to get it.
 
-mod common;
-
-use common::{Deployment, Fallible};
+use crate::common::{Deployment, Fallible};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_openai_sdk_runs_batches_end_to_end() -> Fallible {
@@ -22,7 +20,7 @@ async fn the_openai_sdk_runs_batches_end_to_end() -> Fallible {
     d.add_processor()?;
     d.add_replica().await?;
     d.add_replica().await?;
-    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/sdk/batch_sdk.py");
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/api/batch_sdk.py");
     let out = tokio::process::Command::new(python)
         .arg(script)
         .env("INFERQ_BATCH_URLS", format!("{},{}", d.url(0), d.url(1)))

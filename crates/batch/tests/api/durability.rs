@@ -3,11 +3,9 @@
 //! SIGKILLed replicas and processors and a Redis restart; a cancel ends a batch within seconds
 //! with its partial output; a window that passes expires it with the rest as `batch_expired`.
 
-mod common;
-
 use std::time::{Duration, Instant};
 
-use common::{chat_lines, create, lines_per_id, upload, wait_ended, Deployment, Fallible};
+use crate::common::{chat_lines, create, lines_per_id, upload, wait_ended, Deployment, Fallible};
 
 fn every_id_once(seen: &std::collections::BTreeMap<String, usize>, n: usize) {
     let missing: Vec<String> = (0..n)
@@ -33,7 +31,7 @@ fn every_id_once(seen: &std::collections::BTreeMap<String, usize>, n: usize) {
 }
 
 async fn counts(base: &str, id: &str) -> Fallible<(u64, u64)> {
-    let b = common::get(&format!("{base}/batches/{id}")).await?;
+    let b = crate::common::get(&format!("{base}/batches/{id}")).await?;
     let c = &b["request_counts"];
     Ok((
         c["completed"].as_u64().unwrap_or(0),

@@ -3,12 +3,10 @@
 //! UTF-8, not multipart), ids with path tricks, keys (401, never logged), the refusal to serve
 //! open on a non-loopback address, and the metrics a completed batch leaves.
 
-mod common;
-
 use std::process::Command;
 use std::time::Duration;
 
-use common::{chat_lines, create, upload, wait_ended, Deployment, Fallible};
+use crate::common::{chat_lines, create, upload, wait_ended, Deployment, Fallible};
 use inferq_testkit::inferq_binary;
 use serde_json::Value;
 

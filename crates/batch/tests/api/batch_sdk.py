@@ -1,6 +1,6 @@
 """Drives inferq's Batch API with the official `openai` Python SDK, as a user would.
 
-Run by crates/batch/tests/sdk.rs, which starts Redis, the simulator, an `inferq run` processor
+Run by crates/batch/tests/api/sdk.rs, which starts Redis, the simulator, an `inferq run` processor
 and two `inferq batch-api` replicas with API keys, and passes them in the environment:
 INFERQ_BATCH_URLS (two base URLs), INFERQ_KEY_A / INFERQ_KEY_B (keys of tenants a and b).
 Every check is an assert; the first failure ends the run with a non-zero exit.

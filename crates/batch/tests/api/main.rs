@@ -1,0 +1,11 @@
+//! The Batch API's end-to-end tests, in one test binary (one link instead of seven, which CI's
+//! time budget notices): each module starts its own deployment from real parts (see
+//! [`common`]) and drives it as a user would.
+
+mod cluster;
+mod common;
+mod durability;
+mod http;
+mod model;
+mod s3;
+mod sdk;
