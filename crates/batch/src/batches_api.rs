@@ -17,7 +17,7 @@ use crate::keys;
 use crate::model::{batch_object, list_object, Fields};
 use crate::scripts::SCRIPTS;
 use crate::settings::window;
-use crate::state::{now_secs, App};
+use crate::state::{now_secs, App, Owned};
 
 /// The endpoints a batch may name: the ones the inference gateway serves.
 pub const ENDPOINTS: [&str; 3] = ["/v1/chat/completions", "/v1/completions", "/v1/embeddings"];
@@ -169,15 +169,7 @@ pub async fn create(
 
 /// A batch of `tenant`, or 404.
 async fn owned_batch(app: &App, tenant: &str, id: &str) -> Result<Fields, ApiError> {
-    if !ids::is_batch_id(id) {
-        return Err(ApiError::not_found("Batch", id));
-    }
-    let mut con = app.redis.clone();
-    let f: Fields = con.hgetall(keys::batch(id)).await?;
-    if f.get("tenant").map(String::as_str) != Some(tenant) {
-        return Err(ApiError::not_found("Batch", id));
-    }
-    Ok(f)
+    app.owned(Owned::Batch, tenant, id).await
 }
 
 /// `GET /v1/batches/{batch_id}`.
@@ -222,13 +214,10 @@ pub async fn list(
     let tenant = app.keys.tenant(&headers)?;
     let Query(q) = query.map_err(|e| ApiError::invalid(e.body_text(), None))?;
     let page = crate::listing::page(&app, &keys::batches(&tenant), &q, 20, 100).await?;
-    let mut con = app.redis.clone();
-    let mut data = Vec::new();
-    for id in &page.ids {
-        let f: Fields = con.hgetall(keys::batch(id)).await?;
-        if !f.is_empty() {
-            data.push(batch_object(&f));
-        }
-    }
+    let data = crate::listing::fetch(&app, &page.ids, keys::batch)
+        .await?
+        .iter()
+        .map(batch_object)
+        .collect();
     Ok(Json(list_object(data, page.has_more)))
 }

@@ -20,7 +20,7 @@ use crate::ids;
 use crate::keys;
 use crate::lines::{is_blank, LineSplitter, SplitError};
 use crate::model::{file_object, list_object, Fields};
-use crate::state::{now_secs, App};
+use crate::state::{now_secs, App, Owned};
 
 /// Why an upload stopped.
 enum Refusal {
@@ -226,15 +226,7 @@ fn refusal(r: Refusal) -> ApiError {
 
 /// A file of `tenant`, or 404.
 pub async fn owned_file(app: &App, tenant: &str, id: &str) -> Result<Fields, ApiError> {
-    if !ids::is_file_id(id) {
-        return Err(ApiError::not_found("File", id));
-    }
-    let mut con = app.redis.clone();
-    let f: Fields = con.hgetall(keys::file(id)).await?;
-    if f.get("tenant").map(String::as_str) != Some(tenant) {
-        return Err(ApiError::not_found("File", id));
-    }
-    Ok(f)
+    app.owned(Owned::File, tenant, id).await
 }
 
 /// `GET /v1/files/{file_id}`.
@@ -334,13 +326,8 @@ pub async fn list(
     let tenant = app.keys.tenant(&headers)?;
     let Query(q) = query.map_err(|e| ApiError::invalid(e.body_text(), None))?;
     let page = crate::listing::page(&app, &keys::files(&tenant), &q, 10_000, 10_000).await?;
-    let mut con = app.redis.clone();
     let mut data = Vec::new();
-    for id in &page.ids {
-        let f: Fields = con.hgetall(keys::file(id)).await?;
-        if f.is_empty() {
-            continue;
-        }
+    for f in crate::listing::fetch(&app, &page.ids, keys::file).await? {
         if q.purpose
             .as_deref()
             .is_some_and(|p| f.get("purpose").map(String::as_str) != Some(p))

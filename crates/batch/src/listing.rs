@@ -1,5 +1,6 @@
 //! Paging through a tenant's files or batches: newest first (or oldest first with
-//! `order=asc`), `limit` per page, continuing `after` an id, as OpenAI's list calls do.
+//! `order=asc`), `limit` per page, continuing `after` an id, as OpenAI's list calls do; a
+//! page's objects are read in one pipelined round trip.
 
 use redis::AsyncCommands;
 
@@ -72,4 +73,23 @@ pub async fn page(
     let has_more = ids.len() as u64 > limit;
     ids.truncate(limit as usize);
     Ok(Page { ids, has_more })
+}
+
+/// The hashes of `ids` (keys from `key`), in one round trip; ids whose hash is gone are left
+/// out.
+pub async fn fetch(
+    app: &App,
+    ids: &[String],
+    key: fn(&str) -> String,
+) -> Result<Vec<crate::model::Fields>, ApiError> {
+    if ids.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut pipe = redis::pipe();
+    for id in ids {
+        pipe.hgetall(key(id));
+    }
+    let mut con = app.redis.clone();
+    let all: Vec<crate::model::Fields> = pipe.query_async(&mut con).await?;
+    Ok(all.into_iter().filter(|f| !f.is_empty()).collect())
 }

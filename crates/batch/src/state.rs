@@ -32,3 +32,37 @@ pub struct App {
 pub fn now_secs() -> i64 {
     inferq_client::producer::unix_ms() / 1000
 }
+
+/// The two kinds of object a tenant owns.
+#[derive(Debug, Clone, Copy)]
+pub enum Owned {
+    File,
+    Batch,
+}
+
+impl App {
+    /// A file or batch of `tenant` by its id, or 404: an id of the wrong shape, an unknown
+    /// one and another tenant's all answer alike, so a caller learns nothing of others.
+    pub async fn owned(
+        &self,
+        kind: Owned,
+        tenant: &str,
+        id: &str,
+    ) -> Result<crate::model::Fields, crate::error::ApiError> {
+        use redis::AsyncCommands;
+        let (shape_ok, key, name) = match kind {
+            Owned::File => (crate::ids::is_file_id(id), crate::keys::file(id), "File"),
+            Owned::Batch => (crate::ids::is_batch_id(id), crate::keys::batch(id), "Batch"),
+        };
+        let not_found = || crate::error::ApiError::not_found(name, id);
+        if !shape_ok {
+            return Err(not_found());
+        }
+        let mut con = self.redis.clone();
+        let f: crate::model::Fields = con.hgetall(key).await?;
+        if f.get("tenant").map(String::as_str) != Some(tenant) {
+            return Err(not_found());
+        }
+        Ok(f)
+    }
+}
