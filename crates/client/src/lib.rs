@@ -14,8 +14,8 @@
 //! - [`wire`]: the Go-compatible JSON formats (envelope, public request, result message).
 //! - [`keys`]: every Redis key name derived from a queue, as Go names them.
 //! - [`scripts`]: the Lua scripts (in `src/lua/`, one per move) and how they are called.
-//! - [`target`], [`connect`], [`sentinel`]: where Redis is (standalone, Cluster, Sentinel, TLS)
-//!   and the connections to it; [`roots`]: the certificate authorities trusted for `rediss://`.
+//! - [`target`], [`connect`], [`cluster`], [`sentinel`]: where Redis is (standalone, Cluster,
+//!   Sentinel, TLS) and the connections to it; [`roots`]: the certificate authorities trusted for `rediss://`.
 //! - [`producer`], [`submit`]: submit, cancel and take results.
 //! - [`reliable`], [`durable_results`]: result consumers that lose nothing when they die.
 //! - [`settings`]: the lease settings the scripts take; [`slot`]: Redis Cluster key slots;
@@ -25,6 +25,7 @@
 //! needs (rustls and the root stores) and a few small ones (tracing, url, rand, sha1_smol,
 //! futures, base64).
 
+pub mod cluster;
 pub mod connect;
 pub mod durable_results;
 pub mod keys;

@@ -13,11 +13,11 @@ use std::time::Duration;
 
 use redis::aio::{ConnectionLike, ConnectionManager, MultiplexedConnection};
 use redis::cluster::ClusterClient;
-use redis::cluster_async::ClusterConnection;
 use redis::{Client, Cmd, IntoConnectionInfo, Pipeline, RedisFuture, RedisResult, Value};
 
 use crate::settings::ReplicaWait;
 
+use crate::cluster::Cluster;
 use crate::connect::{self, ConnectError, RedisTls, RESPONSE_TIMEOUT};
 use crate::sentinel::Primary;
 
@@ -180,7 +180,7 @@ impl Target {
             }),
             Topology::Cluster { addrs } => {
                 let client = self.cluster_client(addrs, response_timeout)?;
-                Ok(Link::Cluster(client.get_async_connection().await?))
+                Ok(Link::Cluster(Cluster::connect(client).await?))
             }
             Topology::Sentinel { addrs, master_name } => {
                 let sentinels = self.sentinel_urls(addrs);
@@ -289,8 +289,9 @@ pub enum Link {
     Single(ConnectionManager),
     /// A standalone server's connection without a response timeout (blocking pops).
     Blocking(MultiplexedConnection),
-    /// A cluster: commands go to the node serving their key's slot.
-    Cluster(ClusterConnection),
+    /// A cluster: commands go to the node serving their key's slot (a connection made afresh
+    /// when it answers only with timeouts: [`crate::cluster`]).
+    Cluster(Cluster),
     /// The primary Sentinel names now.
     Sentinel(Primary),
 }

@@ -309,6 +309,74 @@ async fn a_master_killed_and_a_manual_failover_lose_nothing_and_double_nothing()
     );
 }
 
+/// A cluster connection that gets nothing but timeouts (here: the key's master frozen with
+/// SIGSTOP) makes itself again from the seeds once `stuck_after` has passed, and answers again
+/// when the node does. redis-rs's own connection can stay wedged after a fail-over; this is the
+/// way out inferq takes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_connection_answering_only_timeouts_is_made_again() {
+    use inferq_client::cluster::Cluster;
+    let cluster = RedisCluster::start().unwrap();
+    let client = redis::cluster::ClusterClientBuilder::new(cluster.seed_urls())
+        .connection_timeout(Duration::from_millis(300))
+        .response_timeout(Duration::from_millis(300))
+        .retries(0)
+        .build()
+        .unwrap();
+    let mut con = Cluster::connect_with(client, Duration::from_secs(1))
+        .await
+        .unwrap();
+    let _: () = redis::cmd("SET")
+        .arg("k")
+        .arg("v")
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    let master = cluster.master_for_key("k").unwrap();
+    let info = cluster.node_cli(master, &["INFO", "server"]).unwrap();
+    let pid = info
+        .lines()
+        .find_map(|l| l.strip_prefix("process_id:"))
+        .unwrap()
+        .trim()
+        .to_owned();
+    let signal = |sig: &str| {
+        assert!(std::process::Command::new("kill")
+            .args([sig, &pid])
+            .status()
+            .unwrap()
+            .success())
+    };
+    // Frozen for less than the cluster's node timeout (2 s), so no fail-over starts.
+    signal("-STOP");
+    let frozen = Instant::now();
+    let mut timeouts = 0;
+    while con.remakes() == 0 && frozen.elapsed() < Duration::from_millis(1_700) {
+        let got: redis::RedisResult<String> =
+            redis::cmd("GET").arg("k").query_async(&mut con).await;
+        if got.as_ref().is_err_and(|e| e.is_timeout()) {
+            timeouts += 1;
+        }
+    }
+    signal("-CONT");
+    assert!(timeouts >= 2, "{timeouts} timeouts");
+    assert_eq!(
+        con.remakes(),
+        1,
+        "no new connection after {timeouts} timeouts in a row"
+    );
+    let started = Instant::now();
+    let answer = loop {
+        let got: redis::RedisResult<String> =
+            redis::cmd("GET").arg("k").query_async(&mut con).await;
+        if got.is_ok() || started.elapsed() > Duration::from_secs(10) {
+            break got;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(answer.unwrap(), "v");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_queues_slot_migrated_mid_load_loses_nothing() {
     let cluster = RedisCluster::start().unwrap();
