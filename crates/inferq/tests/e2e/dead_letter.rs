@@ -3,7 +3,7 @@
 //! its id can be read) while the good requests around it are served; then `inferq dead-letter
 //! list|requeue|purge` against that dead list, run as the built binary against a real Redis.
 
-mod common;
+use crate::common;
 
 use std::process::{Command, Output};
 use std::time::Duration;

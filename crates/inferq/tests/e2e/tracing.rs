@@ -2,9 +2,8 @@
 //! pointing at a real OTLP gRPC receiver (tonic, the collector's own protocol) exports Go's spans
 //! and carries the trace to the gateway in a `traceparent` header.
 
-mod common;
-#[path = "security/harness.rs"]
-mod harness;
+use crate::common;
+use crate::harness;
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};

@@ -4,7 +4,7 @@
 //! rather than against inferq's own producer; the last tests check that inferq's producer
 //! writes the same.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

@@ -1,9 +1,9 @@
 //! What a long-running deployment leaves in Redis: once every request has ended, a queue's keys
 //! must hold nothing but what the design keeps (results until consumed, dead records until
 //! purged, markers that expire by themselves). Anything else grows with the requests served.
-//! Real processes against a real `redis-server`, as in `tests/processor.rs`.
+//! Real processes against a real `redis-server`, as in `processor.rs`.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

@@ -4,7 +4,7 @@
 //! `x-llm-d-request-dropped-reason` in a result's error message, the fairness header replacing
 //! a caller's own, and `broker_backlog_source_available` following Redis.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, SystemTime};
 

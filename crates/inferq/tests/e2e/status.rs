@@ -2,7 +2,7 @@
 //! processor and a gateway that holds some requests: what an operator sees of a queue while a
 //! processor serves it and after that processor dies.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

@@ -4,7 +4,7 @@
 //! that dies) keeps serving everything else. The crash is real: `INFERQ_FAULT_CRASH_ON` makes
 //! the processor `abort()` before it sends a payload carrying the marker.
 
-mod common;
+use crate::common;
 
 use std::os::unix::process::ExitStatusExt;
 use std::process::{Child, Command, Stdio};

@@ -3,7 +3,7 @@
 //! `inferq results --durable` processes sharing a list while one is killed with SIGKILL, and
 //! the `{route}:result-*` keys on a Redis Cluster.
 
-mod common;
+use crate::common;
 
 use std::collections::{HashMap, HashSet};
 use std::process::{Child, Command, Stdio};

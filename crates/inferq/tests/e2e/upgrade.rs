@@ -1,9 +1,9 @@
 //! Rolling upgrades: for minutes, processors of the previous release and of this one share a
 //! queue, and this one inherits what the previous one wrote (claims, delivery counts). CI does
 //! not build old commits: each test writes into a real `redis-server` the keys the previous
-//! release leaves, then runs this release's processor on them, as in `tests/residue.rs`.
+//! release leaves, then runs this release's processor on them, as in `residue.rs`.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

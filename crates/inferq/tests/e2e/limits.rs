@@ -5,7 +5,7 @@
 //! that every request gets exactly one result, that `/readyz` and the log name what is wrong
 //! while it lasts, and that the processor recovers by itself.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

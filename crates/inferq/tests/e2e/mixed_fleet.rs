@@ -4,7 +4,7 @@
 //! body, and no payload key is left once the queue is drained; a processor with one worker then
 //! serves equal deadlines in submission order.
 
-mod common;
+use crate::common;
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};

@@ -3,7 +3,7 @@
 //! Redis, a real HTTP gateway. Where Go executes a message once per subscribed instance and
 //! loses it with the instance that received it, inferq admits it into a durable queue once.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

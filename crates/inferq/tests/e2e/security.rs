@@ -7,9 +7,8 @@
 //!
 //! Certificates are made per test with the `openssl` command line into a temporary directory.
 
-mod common;
-#[path = "security/harness.rs"]
-mod harness;
+use crate::common;
+use crate::harness;
 
 use std::collections::BTreeMap;
 use std::process::{Command, Stdio};

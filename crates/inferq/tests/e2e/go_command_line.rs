@@ -2,7 +2,7 @@
 //! deprecated `--message-queue-impl`/`--redis.*` flags, Go's zap logging flags and Go's boolean
 //! spellings, as the Go processor's chart and older manifests pass them.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

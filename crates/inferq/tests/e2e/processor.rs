@@ -1,7 +1,7 @@
 //! End-to-end tests of `inferq run`: real processes, a real Redis, a real HTTP gateway.
 //! Each test states the user-visible behaviour it checks.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

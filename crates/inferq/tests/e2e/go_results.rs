@@ -4,7 +4,7 @@
 //! (`internal.result_routing_resolved`, `result_queue_name`, `result_ttl_seconds`) and kept by
 //! every processor after it.
 
-mod common;
+use crate::common;
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};

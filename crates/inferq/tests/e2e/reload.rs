@@ -2,7 +2,7 @@
 //! the real `inferq` binary against a real Redis and the scriptable gateway, its transport
 //! config in a file the test rewrites.
 
-mod common;
+use crate::common;
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};

@@ -6,7 +6,7 @@
 //! Results go to two lists: `result-list` (another slot than the queue: the staged,
 //! deliver-once finish) and `{request-sortedset}:results` (the queue's own slot: one script).
 
-mod common;
+use crate::common;
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};

@@ -2,7 +2,7 @@
 //! refused request stays pending without blocking the ones behind it, and pool gates bound
 //! concurrency at the gateway.
 
-mod common;
+use crate::common;
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};

@@ -1,7 +1,7 @@
 //! End-to-end tests of the producer-side subcommands (`submit`, `cancel`, `results`) run as
 //! the built binary against a real Redis.
 
-mod common;
+use crate::common;
 
 use std::process::Output;
 
