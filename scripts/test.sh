@@ -10,7 +10,13 @@ export INFERQ_VALKEY_SERVER
 # The Batch API's tests drive it with the official openai Python SDK (crates/batch/tests/api/sdk.rs).
 INFERQ_PYTHON="$(scripts/ensure-openai.sh)"
 export INFERQ_PYTHON
-# tests/security.rs makes its TLS certificates with the openssl command line.
+# The chart, dashboard and alert rules of deploy/, checked offline (Helm renders, Kubernetes
+# schemas, PromQL, promtool's rule tests); the names of the metrics they use go to the
+# end-to-end test that finds each on a live processor's or Batch API's page (tests/e2e/deploy.rs).
+scripts/check-deploy.sh --metric-names-out target/deploy-metric-names.txt
+INFERQ_DEPLOY_METRIC_NAMES="$PWD/target/deploy-metric-names.txt"
+export INFERQ_DEPLOY_METRIC_NAMES
+# tests/e2e/security.rs makes its TLS certificates with the openssl command line.
 if ! command -v openssl >/dev/null 2>&1; then
   echo "openssl not found: installing Debian's openssl package" >&2
   SUDO=""

@@ -24,6 +24,7 @@ mod batch_api;
 mod dead_letter;
 mod input;
 pub mod logs;
+mod manual;
 mod results;
 mod run;
 mod status;
@@ -36,10 +37,19 @@ use clap::{Parser, Subcommand};
 /// Exit code for bad input or configuration.
 pub const EXIT_BAD_INPUT: u8 = 2;
 
+/// What `inferq --version` says: the release and the commit it was built from (`build.rs`).
+pub const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (commit ",
+    env!("INFERQ_COMMIT"),
+    ")"
+);
+
 #[derive(Debug, Parser)]
 #[command(
     name = "inferq",
-    version,
+    version = VERSION,
+    propagate_version = true,
     about = "Durable dispatch of latency-insensitive LLM requests from Redis to an inference gateway"
 )]
 struct Cli {
@@ -66,6 +76,10 @@ enum Command {
     /// Serve the OpenAI Files and Batches API: batch files in, results files out, over the
     /// queue of a processors' transport config.
     BatchApi(Box<batch_api::BatchApiArgs>),
+    /// Print a shell's completion script (`source <(inferq completions bash)`).
+    Completions(manual::CompletionsArgs),
+    /// Write the man pages, one per command, into a directory.
+    Man(manual::ManArgs),
 }
 
 /// Where Redis is and how to trust it, shared by the producer-side and dead-letter subcommands.
@@ -301,6 +315,21 @@ pub fn main() -> ExitCode {
             return ExitCode::from(code);
         }
     };
+    // Made from the definitions alone: no logs, no runtime.
+    let made = match &cli.command {
+        Command::Completions(args) => Some(manual::completions(args)),
+        Command::Man(args) => Some(manual::man(args)),
+        _ => None,
+    };
+    if let Some(made) = made {
+        return match made {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(f) => {
+                tell!("inferq: {:#}", f.error);
+                ExitCode::from(f.code)
+            }
+        };
+    }
     let (level, format) = log_settings(&cli.command);
     logs::init(level, format);
     let mut builder = tokio::runtime::Builder::new_multi_thread();
@@ -330,6 +359,7 @@ pub fn main() -> ExitCode {
             Command::DeadLetter(args) => dead_letter::dead_letter(args).await,
             Command::Status(args) => status::status(args).await,
             Command::BatchApi(args) => batch_api::batch_api(*args).await,
+            Command::Completions(_) | Command::Man(_) => Ok(()),
         }
     });
     match outcome {

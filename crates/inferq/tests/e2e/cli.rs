@@ -903,3 +903,117 @@ async fn results_consumer_stops_between_results_on_a_signal() {
     );
     assert!(String::from_utf8_lossy(&out.stdout).contains("\"id\":\"a\""));
 }
+
+/// `inferq --version` names the commit the binary was built from, on every subcommand too.
+#[test]
+fn the_version_names_the_commit() {
+    let head = std::process::Command::new("git")
+        .args([
+            "-C",
+            env!("CARGO_MANIFEST_DIR"),
+            "rev-parse",
+            "--short=12",
+            "HEAD",
+        ])
+        .output()
+        .unwrap();
+    let head = String::from_utf8_lossy(&head.stdout).trim().to_owned();
+    assert_eq!(head.len(), 12, "not in a git work tree: {head:?}");
+    for args in [&["--version"][..], &["run", "--version"][..]] {
+        let out = common::cli(args, &[], "");
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{args:?}: {out:?}");
+        assert!(
+            text.contains(&format!("{} (commit {head})", env!("CARGO_PKG_VERSION"))),
+            "{args:?}: {text}"
+        );
+    }
+}
+
+/// The completion scripts come from the same definitions as the parser: bash's parses
+/// (`bash -n`) and completes the subcommands and `run`'s flags; every shell clap knows gets one;
+/// an unknown shell is bad input (exit 2).
+#[test]
+fn completion_scripts_know_the_commands_and_flags() {
+    let out = common::cli(&["completions", "bash"], &[], "");
+    assert!(out.status.success(), "{out:?}");
+    let script = String::from_utf8_lossy(&out.stdout).into_owned();
+    for word in [
+        "batch-api",
+        "dead-letter",
+        "--drain-timeout",
+        "--transport-config-file",
+    ] {
+        assert!(script.contains(word), "the bash script lacks {word}");
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("inferq.bash");
+    std::fs::write(&path, &script).unwrap();
+    let syntax = std::process::Command::new("bash")
+        .arg("-n")
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert!(syntax.status.success(), "bash -n: {syntax:?}");
+    // Sourced, the script registers the completion function for `inferq`.
+    let registered = std::process::Command::new("bash")
+        .arg("-c")
+        .arg(format!("source {} && complete -p inferq", path.display()))
+        .output()
+        .unwrap();
+    assert!(
+        String::from_utf8_lossy(&registered.stdout).contains("inferq"),
+        "{registered:?}"
+    );
+    for shell in ["zsh", "fish", "elvish", "powershell"] {
+        let out = common::cli(&["completions", shell], &[], "");
+        assert!(
+            out.status.success() && out.stdout.len() > 1000,
+            "{shell}: {out:?}"
+        );
+    }
+    let out = common::cli(&["completions", "tcsh"], &[], "");
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+}
+
+/// `inferq man --dir` writes a page per command, and each is clean roff: `groff -ww` warns of
+/// nothing, and `run`'s page documents its flags.
+#[test]
+fn man_pages_are_written_one_per_command() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = common::cli(&["man", "--dir", dir.path().to_str().unwrap()], &[], "");
+    assert!(out.status.success(), "{out:?}");
+    let listed = String::from_utf8_lossy(&out.stdout).into_owned();
+    for page in [
+        "inferq.1",
+        "inferq-run.1",
+        "inferq-batch-api.1",
+        "inferq-status.1",
+    ] {
+        let path = dir.path().join(page);
+        assert!(path.exists(), "{page} missing: {listed}");
+        assert!(listed.contains(page), "{page} not named: {listed}");
+        let groff = std::process::Command::new("groff")
+            .args(["-man", "-Tutf8", "-ww", "-z"])
+            .arg(&path)
+            .output();
+        // groff is Debian's groff-base, on every Debian with man-db; skip the lint without it.
+        if let Ok(groff) = groff {
+            assert!(
+                groff.status.success() && groff.stderr.is_empty(),
+                "{page}: {}",
+                String::from_utf8_lossy(&groff.stderr)
+            );
+        }
+    }
+    let run = std::fs::read_to_string(dir.path().join("inferq-run.1")).unwrap();
+    assert!(run.contains("drain\\-timeout"), "{run}");
+    // A directory that cannot be made is bad input naming the flag.
+    let file = dir.path().join("inferq.1");
+    let out = common::cli(&["man", "--dir", file.join("x").to_str().unwrap()], &[], "");
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("--dir"),
+        "{out:?}"
+    );
+}

@@ -476,7 +476,7 @@ async fn prometheus_gate_follows_the_metric() {
 
 /// A fake Prometheus whose every instant query answers one sample of the value in the returned
 /// cell.
-async fn fake_prometheus(value: &str) -> (std::net::SocketAddr, Arc<Mutex<String>>) {
+pub(crate) async fn fake_prometheus(value: &str) -> (std::net::SocketAddr, Arc<Mutex<String>>) {
     let value = Arc::new(Mutex::new(value.to_owned()));
     let served = value.clone();
     let app = axum::Router::new().route(

@@ -12,6 +12,7 @@ mod harness;
 mod cli;
 mod cluster;
 mod dead_letter;
+mod deploy;
 mod durable_results;
 mod gates;
 mod go_command_line;
