@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds inferq's container image (deploy/image/Containerfile) with Debian's podman, then runs
-# `inferq --version` and the demo inside it. No image registry is reachable here, so the Debian
+# `inferq --version`, the processor as the Helm chart runs it, and the demo inside it. No image registry is reachable here, so the Debian
 # base is made once with debootstrap and imported (kept as localhost/inferq-debian:bookworm).
 #   scripts/image.sh                     # build inferq:latest and inferq-demo:latest, run the demo
 #   scripts/image.sh --demo-args "--requests 2000"
@@ -45,12 +45,17 @@ if ! podman image exists "$base"; then
   $SUDO tar -C "$rootfs" -c . | podman import --change 'CMD ["/bin/bash"]' - "$base"
 fi
 
+# The machine's local CAs (a TLS-inspecting egress proxy's, say) for the build stage's
+# downloads, passed as a build secret; empty when there are none.
+cat /usr/local/share/ca-certificates/*.crt > target/image/local-ca.crt 2>/dev/null || : > target/image/local-ca.crt
+
 commit=$(git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)
 started=$(date +%s)
 for target in runtime demo; do
   name=inferq; [ "$target" = demo ] && name=inferq-demo
   podman build -f deploy/image/Containerfile --target "$target" \
     --build-arg "BASE=$base" --build-arg "INFERQ_COMMIT=$commit" \
+    --secret id=local-ca,src=target/image/local-ca.crt \
     -t "localhost/$name:$commit" -t "localhost/$name:latest" .
 done
 echo "built in $(( $(date +%s) - started )) s"
@@ -60,5 +65,41 @@ podman image ls --format '{{.Repository}}:{{.Tag}} {{.Size}}' | grep -E 'inferq(
 # (redis-server, the simulator gateway and `inferq run`) passes inside it.
 podman run --rm localhost/inferq:latest --version | tee /dev/stderr | grep -q "(commit $commit)"
 test "$(podman run --rm --entrypoint /usr/bin/id localhost/inferq:latest -u)" = 65532
+
+# The runtime image as the chart runs it: `inferq run` with the chart's flags, a read-only root
+# file system, the config mounted at /etc/inferq and REDIS_URL from the environment, against a
+# redis-server started here on a free port. /readyz must say 200 and /metrics must answer.
+work=$(mktemp -d)
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+redis_port=$(free_port); health_port=$(free_port); metrics_port=$(free_port)
+redis-server --port "$redis_port" --bind 127.0.0.1 --dir "$work" --save '' --daemonize yes \
+  --pidfile "$work/redis.pid" --logfile "$work/redis.log"
+container=""
+cleanup() {
+  if [ -n "$container" ]; then podman rm -f "$container" >/dev/null 2>&1 || true; fi
+  kill "$(cat "$work/redis.pid" 2>/dev/null)" 2>/dev/null || true
+  rm -rf "$work"
+}
+trap cleanup EXIT
+mkdir "$work/etc"
+echo '{"queues":[{"queue_name":"request-sortedset","igw_base_url":"http://127.0.0.1:9"}]}' > "$work/etc/transport.json"
+chmod -R a+rX "$work/etc"
+container=$(podman run -d --network=host --read-only --tmpfs /tmp \
+  -v "$work/etc:/etc/inferq:ro" -e "REDIS_URL=redis://127.0.0.1:$redis_port/0" \
+  localhost/inferq:latest run --transport=redis-sortedset \
+  --transport-config-file=/etc/inferq/transport.json --transport-config-watch-interval=0s \
+  --health-port="$health_port" --metrics-port="$metrics_port" --metrics-endpoint-auth=false \
+  --drain-timeout=2m --zap-devel=false)
+ready=""
+for _ in $(seq 1 100); do
+  if curl -fsS "http://127.0.0.1:$health_port/readyz" >/dev/null 2>&1; then ready=yes; break; fi
+  sleep 0.1
+done
+if [ -z "$ready" ]; then podman logs "$container" >&2; echo "the image's processor never became ready" >&2; exit 1; fi
+curl -fsS "http://127.0.0.1:$metrics_port/metrics" | grep -q '^llm_d_async_async_pool_worker_limit'
+podman stop -t 30 "$container" >/dev/null
+test "$(podman inspect -f '{{.State.ExitCode}}' "$container")" = 0
+echo "the runtime image served /readyz 200 and /metrics under the chart's flags, and drained on SIGTERM"
+
 # shellcheck disable=SC2086
 podman run --rm localhost/inferq-demo:latest demo $demo_args

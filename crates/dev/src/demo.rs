@@ -428,17 +428,14 @@ impl Processor {
         if !matches!(self.child.try_wait(), Ok(None)) {
             return;
         }
-        #[cfg(unix)]
-        {
-            let sent = Command::new("kill")
-                .args(["-TERM", &self.pid.to_string()])
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .status();
-            if matches!(sent, Ok(s) if s.success()) {
-                return;
-            }
+        // The signal goes by the kill(2) call itself, not a `kill` program: a minimal image
+        // (the demo image's Debian minbase) has none.
+        let pid = i32::try_from(self.pid)
+            .ok()
+            .and_then(rustix::process::Pid::from_raw);
+        let sent = pid.map(|pid| rustix::process::kill_process(pid, rustix::process::Signal::TERM));
+        if matches!(sent, Some(Ok(()))) {
+            return;
         }
         let _ = self.child.kill();
     }
