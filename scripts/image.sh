@@ -64,7 +64,7 @@ podman image ls --format '{{.Repository}}:{{.Tag}} {{.Size}}' | grep -E 'inferq(
 # The image answers as the commit it was built from, runs as a non-root user, and the demo
 # (redis-server, the simulator gateway and `inferq run`) passes inside it.
 podman run --rm localhost/inferq:latest --version | tee /dev/stderr | grep -q "(commit $commit)"
-test "$(podman run --rm --entrypoint /usr/bin/id localhost/inferq:latest -u)" = 65532
+test "$(podman image inspect -f '{{.Config.User}}' localhost/inferq:latest)" = 65532:65532
 
 # The runtime image as the chart runs it: `inferq run` with the chart's flags, a read-only root
 # file system, the config mounted at /etc/inferq and REDIS_URL from the environment, against a
@@ -97,6 +97,7 @@ for _ in $(seq 1 100); do
 done
 if [ -z "$ready" ]; then podman logs "$container" >&2; echo "the image's processor never became ready" >&2; exit 1; fi
 curl -fsS "http://127.0.0.1:$metrics_port/metrics" | grep -q '^llm_d_async_async_pool_worker_limit'
+podman top "$container" user | tail -n +2 | grep -qxE ' *(inferq|65532) *'
 podman stop -t 30 "$container" >/dev/null
 test "$(podman inspect -f '{{.State.ExitCode}}' "$container")" = 0
 echo "the runtime image served /readyz 200 and /metrics under the chart's flags, and drained on SIGTERM"
