@@ -315,21 +315,6 @@ pub fn main() -> ExitCode {
             return ExitCode::from(code);
         }
     };
-    // Made from the definitions alone: no logs, no runtime.
-    let made = match &cli.command {
-        Command::Completions(args) => Some(manual::completions(args)),
-        Command::Man(args) => Some(manual::man(args)),
-        _ => None,
-    };
-    if let Some(made) = made {
-        return match made {
-            Ok(()) => ExitCode::SUCCESS,
-            Err(f) => {
-                tell!("inferq: {:#}", f.error);
-                ExitCode::from(f.code)
-            }
-        };
-    }
     let (level, format) = log_settings(&cli.command);
     logs::init(level, format);
     let mut builder = tokio::runtime::Builder::new_multi_thread();
@@ -359,7 +344,8 @@ pub fn main() -> ExitCode {
             Command::DeadLetter(args) => dead_letter::dead_letter(args).await,
             Command::Status(args) => status::status(args).await,
             Command::BatchApi(args) => batch_api::batch_api(*args).await,
-            Command::Completions(_) | Command::Man(_) => Ok(()),
+            Command::Completions(args) => manual::completions(&args),
+            Command::Man(args) => manual::man(&args),
         }
     });
     match outcome {
