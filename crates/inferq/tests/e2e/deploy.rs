@@ -6,7 +6,8 @@
 //! here is chosen to touch each one: successes, a retry, a 429, a 400, a passed deadline, a
 //! renewal, a dead letter, a cancel in flight, a config reload, gates of every kind the panels
 //! show, a processor killed mid-request whose claim expires, two processors racing for claims,
-//! one frozen past its lease, the redis-pubsub transport, and a batch through the Batch API.
+//! one frozen past its lease, a claim taken over while its request is at the gateway, the
+//! redis-pubsub transport, and a batch through the Batch API.
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
@@ -98,6 +99,7 @@ async fn every_metric_the_dashboard_and_the_alerts_use_is_exported() {
     let mut pages = Vec::new();
 
     pages.extend(a_crash_a_race_and_a_freeze(&redis, &gw).await);
+    pages.push(a_claim_taken_over(&redis, &gw).await);
     pages.push(gated_work(&redis, &gw).await);
     pages.push(a_budget_and_a_leased_rate(&redis, &gw).await);
     pages.push(pubsub(&redis, &gw).await);
@@ -193,6 +195,39 @@ async fn a_crash_a_race_and_a_freeze(redis: &RedisServer, gw: &Gateway) -> Vec<S
     pages.push(b.metrics().await);
     pages.push(c.metrics().await);
     pages
+}
+
+/// A claim taken over while its request is at the gateway: another owner's token is written
+/// over the processor's (as a reclaim by another instance does), so the answer's finish is
+/// fenced. The lease is long, so no renewal learns of it first; a queue of its own keeps the
+/// orphaned claim away from the other steps.
+async fn a_claim_taken_over(redis: &RedisServer, gw: &Gateway) -> String {
+    let queue = "taken-over";
+    let mut opts = opts(30.0);
+    opts.queue = queue.to_owned();
+    let p = Processor::start(redis, gw, &opts).await;
+    gw.script("taken-0", vec![Reply::ok(OK).after(Duration::from_secs(2))]);
+    producer(redis, queue)
+        .await
+        .submit(request("taken-0", 120, "{}"))
+        .await
+        .unwrap();
+    gw.wait_seen("taken-0", Duration::from_secs(10)).await;
+    let mut con = con(redis).await;
+    let owners = format!("{queue}:claim-owners");
+    let claims: Vec<String> = con.hkeys(&owners).await.unwrap();
+    assert_eq!(claims.len(), 1, "{}", p.log());
+    let _: () = con
+        .hset(&owners, &claims[0], "another-instance")
+        .await
+        .unwrap();
+    let page = p.metrics_with(&["inferq_fenced_finishes_total{"]).await;
+    assert!(
+        page.contains("inferq_fenced_finishes_total{"),
+        "no fenced finish counted\n{}",
+        p.log()
+    );
+    page
 }
 
 /// One processor with a metric gate on its queue and a saturation gate on its pool, and work
