@@ -183,16 +183,13 @@ fn parse_nodes(text: &str) -> Vec<NodeLine> {
 }
 
 /// A free port below 55536 whose cluster bus port (+10000) is free as well. Both come from below
-/// the kernel's ephemeral range, like [`super::free_port`]'s, when that range leaves room.
+/// the kernel's ephemeral range, and from bands [`super::free_port`] never hands out, when that
+/// range leaves room (see [`super::port_bands`]): a single server started beside a cluster
+/// cannot take a node's bus port between this check and the node's start.
 pub fn free_cluster_port() -> std::io::Result<u16> {
     use std::sync::atomic::{AtomicU32, Ordering};
     static CURSOR: AtomicU32 = AtomicU32::new(u32::MAX);
-    let (low, high) = super::server_port_range();
-    let (low, high) = if high.saturating_sub(10_000) > low.saturating_add(100) {
-        (low, high - 10_000)
-    } else {
-        (1024, 55_536)
-    };
+    let (low, high) = super::port_bands().cluster;
     let span = u32::from(high - low);
     super::seed_cursor(&CURSOR, span, 7919);
     for _ in 0..span {
@@ -873,9 +870,19 @@ e7d1eecce10fd6bb5eb35b9f99a514335d9ba9ca 127.0.0.1:30001@40001 myself,master - 0
 
     #[test]
     fn cluster_ports_leave_room_for_the_bus_port() {
+        let bands = crate::port_bands();
+        let (s_low, s_high) = bands.single;
+        let apart = bands.cluster.1 - bands.cluster.0 < 10_000;
         for _ in 0..50 {
             let port = free_cluster_port().unwrap();
             assert!(port < 55_536);
+            // Neither the node's port nor its bus port is one a single server can be given
+            // (where the range leaves room for bands).
+            if apart {
+                for p in [port, port + 10_000] {
+                    assert!(!(s_low..s_high).contains(&p), "{p} in {s_low}..{s_high}");
+                }
+            }
             assert!(std::net::TcpListener::bind(("0.0.0.0", port + 10_000)).is_ok());
         }
     }

@@ -170,11 +170,13 @@ impl DataDir {
 /// before the server binds it — a processor then exits with "address already in use", and a
 /// restarted Redis can lose its port while it is down. Ports are handed out in turn from a
 /// per-process cursor that starts at a random offset, so two servers of one process never get the
-/// same port, and each candidate is bound once (on every address) to skip ports in use.
+/// same port, and each candidate is bound once (on every address) to skip ports in use. The
+/// ports of cluster nodes and their bus ports (see [`cluster::free_cluster_port`]) are a band of
+/// their own, so a server started beside a cluster never takes a node's bus port.
 pub fn free_port() -> std::io::Result<u16> {
     use std::sync::atomic::AtomicU32;
     static CURSOR: AtomicU32 = AtomicU32::new(u32::MAX);
-    let (low, high) = server_port_range();
+    let (low, high) = port_bands().single;
     seed_cursor(&CURSOR, u32::from(high - low), 1);
     next_free(&CURSOR, low, high).ok_or_else(|| {
         std::io::Error::new(
@@ -214,8 +216,35 @@ fn next_free(cursor: &std::sync::atomic::AtomicU32, low: u16, high: u16) -> Opti
     None
 }
 
-/// The ports [`free_port`] hands out: up to 12,000 ports just below the ephemeral range, and
-/// above the privileged ones.
+/// Where test servers' ports come from, out of [`server_port_range`]: cluster nodes from the
+/// bottom, their bus ports (+10000) from the top, single servers from between, so no pick of
+/// one kind can take a port another kind relies on.
+pub(crate) struct PortBands {
+    /// Ports of single servers: [`free_port`]'s.
+    pub(crate) single: (u16, u16),
+    /// Ports of cluster nodes, whose port + 10000 is in neither band.
+    pub(crate) cluster: (u16, u16),
+}
+
+/// The bands of this machine's [`server_port_range`]. When that range is too narrow for a bus
+/// band of its own (an ephemeral range starting below 11,124), single servers take the whole
+/// range and cluster nodes any port below 55,536, as they must.
+pub(crate) fn port_bands() -> PortBands {
+    let (low, high) = server_port_range();
+    if high - low > 10_100 {
+        PortBands {
+            single: (high - 10_000, low + 10_000),
+            cluster: (low, high - 10_000),
+        }
+    } else {
+        PortBands {
+            single: (low, high),
+            cluster: (1024, 55_536),
+        }
+    }
+}
+
+/// Up to 12,000 ports just below the ephemeral range, and above the privileged ones.
 fn server_port_range() -> (u16, u16) {
     let ephemeral_low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
         .ok()
@@ -786,6 +815,11 @@ mod tests {
         assert!(high <= ephemeral_low && low >= 1024, "{low}..{high}");
         let ports: Vec<u16> = (0..200).map(|_| free_port().unwrap()).collect();
         assert!(ports.iter().all(|p| (low..high).contains(p)), "{ports:?}");
+        // Never a cluster node's port nor its bus port.
+        let (c_low, c_high) = port_bands().cluster;
+        let node_or_bus =
+            |p: u16| (c_low..c_high).contains(&p) || (c_low + 10_000..c_high + 10_000).contains(&p);
+        assert!(!ports.iter().any(|p| node_or_bus(*p)), "{ports:?}");
         let distinct: std::collections::HashSet<_> = ports.iter().collect();
         assert_eq!(distinct.len(), ports.len());
     }
