@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use crate::common::{chat_lines, create, lines_per_id, upload, wait_ended, Deployment, Fallible};
 
-fn every_id_once(seen: &std::collections::BTreeMap<String, usize>, n: usize) {
+pub fn every_id_once(seen: &std::collections::BTreeMap<String, usize>, n: usize) {
     let missing: Vec<String> = (0..n)
         .map(|i| format!("req-{i}"))
         .filter(|id| !seen.contains_key(id))
@@ -30,7 +30,7 @@ fn every_id_once(seen: &std::collections::BTreeMap<String, usize>, n: usize) {
     );
 }
 
-async fn counts(base: &str, id: &str) -> Fallible<(u64, u64)> {
+pub async fn counts(base: &str, id: &str) -> Fallible<(u64, u64)> {
     let b = crate::common::get(&format!("{base}/batches/{id}")).await?;
     let c = &b["request_counts"];
     Ok((

@@ -1,4 +1,4 @@
-//! The Batch API's end-to-end tests, in one test binary (one link instead of seven, which CI's
+//! The Batch API's end-to-end tests, in one test binary (one link instead of eight, which CI's
 //! time budget notices): each module starts its own deployment from real parts (see
 //! [`common`]) and drives it as a user would.
 
@@ -9,3 +9,4 @@ mod http;
 mod model;
 mod s3;
 mod sdk;
+mod sentinel;
