@@ -8,6 +8,10 @@
 //!    line is on the queue; then the output file downloaded.
 //!
 //! It prints each figure, the ratio of the two drains, and the replica's peak RSS (`VmHWM`).
+//! With `--ingest-only`, a third run measures what Redis alone takes in: the same lines' three
+//! commands each (the cancel marker's `DEL`, the active marker's `SET`, the `ZADD` of the line),
+//! pipelined a thousand lines a round trip with no script and no replica in between. Batch
+//! ingestion is printed as a fraction of that ceiling.
 
 use std::time::{Duration, Instant};
 
@@ -31,6 +35,17 @@ pub struct BatchBenchArgs {
     /// Batch API and Redis reach on their own).
     #[arg(long)]
     pub ingest_only: bool,
+    /// Redis's `appendfsync` for the run: `always` (every write on disk before it is answered,
+    /// as the chaos tests run) or `everysec` (Redis's default).
+    #[arg(long, value_enum, default_value_t = Fsync::Always)]
+    pub fsync: Fsync,
+}
+
+/// Redis's `appendfsync` policy for a bench run.
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+pub enum Fsync {
+    Always,
+    Everysec,
 }
 
 fn peak_rss_mib(pid: u32) -> Option<f64> {
@@ -83,6 +98,16 @@ pub async fn bench_batch(args: BatchBenchArgs) -> Result<(), Failure> {
         .get_multiplexed_async_connection()
         .await
         .context("redis")?;
+    if let Fsync::Everysec = args.fsync {
+        let _: () = redis::cmd("CONFIG")
+            .arg("SET")
+            .arg("appendfsync")
+            .arg("everysec")
+            .query_async(&mut con)
+            .await
+            .context("CONFIG SET appendfsync")?;
+    }
+    say!("redis       appendfsync {:?}", args.fsync);
 
     let n = args.lines as u64;
     let reference = if args.ingest_only {
@@ -133,6 +158,13 @@ pub async fn bench_batch(args: BatchBenchArgs) -> Result<(), Failure> {
             "peak RSS    batch-api replica {:.1} MiB",
             peak_rss_mib(pid).unwrap_or(f64::NAN)
         );
+        let text = std::fs::read_to_string(&input).context("read input")?;
+        let alone = redis_alone(&text, &mut con).await?.as_secs_f64();
+        say!(
+            "redis alone {alone:.2} s ({:.0} lines/s); batch ingestion / redis alone = {:.3}",
+            n as f64 / alone,
+            alone / ingest_s
+        );
         return Ok(());
     }
     let b3 = base.clone();
@@ -174,6 +206,32 @@ pub async fn bench_batch(args: BatchBenchArgs) -> Result<(), Failure> {
     );
     say!("peak RSS    batch-api replica {rss:.1} MiB");
     Ok(())
+}
+
+/// The ceiling: each line's three commands straight into Redis, pipelined a thousand lines a
+/// round trip, on keys of their own (`bench-ceiling:*`).
+async fn redis_alone(
+    text: &str,
+    con: &mut redis::aio::MultiplexedConnection,
+) -> Result<Duration, Failure> {
+    let started = Instant::now();
+    let lines: Vec<&str> = text.lines().collect();
+    for (chunk_no, chunk) in lines.chunks(1000).enumerate() {
+        let mut pipe = redis::pipe();
+        for (i, line) in chunk.iter().enumerate() {
+            let i = chunk_no * 1000 + i;
+            pipe.del(format!("bench-ceiling:cancel:{i}")).ignore();
+            pipe.cmd("SET")
+                .arg(format!("bench-ceiling:active:{i}"))
+                .arg(i)
+                .arg("PX")
+                .arg(86_400_000)
+                .ignore();
+            pipe.zadd("bench-ceiling:q", *line, 1.9e9).ignore();
+        }
+        let _: () = pipe.query_async(con).await.context("redis alone")?;
+    }
+    Ok(started.elapsed())
 }
 
 /// The reference: `inferq submit` of the same lines, then every result on the list.
