@@ -39,6 +39,24 @@ pub async fn counts(base: &str, id: &str) -> Fallible<(u64, u64)> {
     ))
 }
 
+/// Polls the batch until `at_least` of its lines have completed or `within` has passed; returns
+/// the count it last saw.
+pub async fn until_completed(
+    base: &str,
+    id: &str,
+    at_least: u64,
+    within: Duration,
+) -> Fallible<u64> {
+    let started = Instant::now();
+    loop {
+        let done = counts(base, id).await?.0;
+        if done >= at_least || started.elapsed() >= within {
+            return Ok(done);
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kills_and_a_redis_restart_lose_and_double_no_line() -> Fallible {
     let n = 3000;
@@ -56,16 +74,11 @@ async fn kills_and_a_redis_restart_lose_and_double_no_line() -> Fallible {
     d.kill_replica(0);
     let survivor = d.url(1);
     // Once results flow, kill a processor in the middle of its work, and start another.
-    let started = Instant::now();
-    while counts(&survivor, &id).await?.0 < 300 && started.elapsed() < Duration::from_secs(60) {
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    until_completed(&survivor, &id, 300, Duration::from_secs(60)).await?;
     d.kill_processor(0);
     d.add_processor()?;
     // Then restart Redis (SIGKILL; the AOF, fsync always, brings everything back).
-    while counts(&survivor, &id).await?.0 < 1200 && started.elapsed() < Duration::from_secs(90) {
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    until_completed(&survivor, &id, 1200, Duration::from_secs(30)).await?;
     d.redis.restart()?;
     // A new replica joins; the survivor and it finish the batch.
     d.add_replica().await?;
@@ -101,10 +114,7 @@ async fn a_cancel_ends_the_batch_within_seconds_with_its_partial_output() -> Fal
         .as_str()
         .unwrap_or_default()
         .to_owned();
-    let started = Instant::now();
-    while counts(&base, &id).await?.0 < 8 && started.elapsed() < Duration::from_secs(30) {
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    until_completed(&base, &id, 8, Duration::from_secs(30)).await?;
     let r = reqwest::Client::new()
         .post(format!("{base}/batches/{id}/cancel"))
         .send()

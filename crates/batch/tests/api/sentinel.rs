@@ -3,19 +3,15 @@
 //! fail-over, then a SIGKILL of the new master: both are followed, the batch still ends
 //! `completed` with exactly one line per `custom_id`, and every replica is ready again.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crate::common::{chat_lines, create, lines_per_id, upload, wait_ended, Deployment, Fallible};
-use crate::durability::{counts, every_id_once};
+use crate::durability::{every_id_once, until_completed};
 use inferq_testkit::SentinelSet;
 
 /// Waits until `at_least` lines of the batch are done; fails if the batch had finished.
 async fn until_done(d: &Deployment, id: &str, at_least: u64, n: u64) -> Fallible {
-    let started = Instant::now();
-    while counts(&d.url(1), id).await?.0 < at_least && started.elapsed() < Duration::from_secs(60) {
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    let (done, _) = counts(&d.url(1), id).await?;
+    let done = until_completed(&d.url(1), id, at_least, Duration::from_secs(60)).await?;
     assert!(
         done < n,
         "the batch was over before the fault ({done} lines)"
