@@ -783,13 +783,22 @@ fn server_pid(port: u16) -> Option<u32> {
     server_pid_as(port, None)
 }
 
-/// [`server_pid`], logging in as `auth`.
+/// [`server_pid`], logging in as `auth`. A server still loading its AOF has no pid here: it
+/// answers `INFO` while loading but refuses data commands with `LOADING`, so it is not ready.
+/// (A sentinel's `INFO` has no `persistence` section and counts as loaded.)
 fn server_pid_as(port: u16, auth: Option<&Auth>) -> Option<u32> {
     let client = redis::Client::open(node_info(port, auth).ok()?).ok()?;
     let mut con = client
         .get_connection_with_timeout(Duration::from_millis(500))
         .ok()?;
-    let info: String = redis::cmd("INFO").arg("server").query(&mut con).ok()?;
+    let info: String = redis::cmd("INFO")
+        .arg("server")
+        .arg("persistence")
+        .query(&mut con)
+        .ok()?;
+    if info.lines().any(|l| l.trim() == "loading:1") {
+        return None;
+    }
     info.lines()
         .find_map(|l| l.strip_prefix("process_id:"))
         .and_then(|pid| pid.trim().parse().ok())

@@ -776,10 +776,18 @@ mod tests {
     /// The sentinels report the replica as master after the master is killed, a Sentinel client
     /// finds the data there, the old master rejoins as a replica, a forced failover moves the
     /// master back, and killing that master right after fails over again.
+    ///
+    /// The set waits 5 s, not 1 s, before it calls a master down: this test checks which node
+    /// each step leaves as master, and once in CI a loaded machine stalled the new master past
+    /// 1 s while the old one rejoined, so the sentinels failed over a second time on their own.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn reports_a_new_master_after_kill_master() {
         let started = Instant::now();
-        let mut set = SentinelSet::start("inferq-main").unwrap();
+        let options = SentinelOptions {
+            down_after_ms: 5000,
+            ..SentinelOptions::default()
+        };
+        let mut set = SentinelSet::start_opts("inferq-main", options).unwrap();
         eprintln!("sentinel set up in {:?}", started.elapsed());
         assert_eq!(set.sentinel_addrs().len(), 3);
         let old = set.master_port().unwrap();
@@ -805,7 +813,13 @@ mod tests {
         let t = Instant::now();
         set.restart_node(old).unwrap();
         eprintln!("old master back as a replica in {:?}", t.elapsed());
-        assert!(set.node_cli(old, &["ROLE"]).unwrap().starts_with("slave"));
+        let role = set.node_cli(old, &["ROLE"]).unwrap();
+        assert!(
+            role.starts_with("slave"),
+            "{old} says ROLE {role}; sentinels report master {:?}\n{}",
+            set.master_port(),
+            set.logs()
+        );
         wait_replicated(&set, old, "k", "v2");
         let t = Instant::now();
         assert_eq!(set.failover().unwrap(), old);
