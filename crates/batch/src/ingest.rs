@@ -5,7 +5,8 @@
 //! endpoint and the batch's expiry as its deadline, a thousand per round trip. After each
 //! round trip the batch's cursor moves (`advance.lua`), so a steward that dies is resumed by
 //! another from there; the requests of the round trip it was in may be submitted twice, and
-//! `collect.lua` files only the first result of a line.
+//! `collect.lua` files only the first result of a line. A cancel stops ingestion after the round
+//! trip in flight, whose lines the cursor still takes in, so the cancel marks them too.
 
 use std::collections::{BTreeMap, HashSet};
 

@@ -151,6 +151,90 @@ async fn a_cancel_ends_the_batch_within_seconds_with_its_partial_output() -> Fal
     Ok(())
 }
 
+/// A cancel that comes while a batch's lines are going onto the queue marks every line that
+/// went (the round trip then on its way to Redis included) and sends no more; a processor
+/// started after the cancel then sends none of them to the gateway.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancel_mid_ingestion_marks_every_line_it_submitted() -> Fallible {
+    use inferq_client::{keys::cancel_key, wire::Envelope};
+    use redis::AsyncCommands;
+    let n = 20_000;
+    let mut d = Deployment::start(50).await?;
+    d.add_replica().await?;
+    let base = d.url(0);
+    let file = upload(&base, chat_lines(n)).await?;
+    let id = create(&base, file["id"].as_str().unwrap_or_default(), "24h").await?["id"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    let mut con = d.redis.connection().await?;
+    let hash = inferq_batch::keys::batch(&id);
+    let started = Instant::now();
+    while con
+        .hget::<_, _, Option<u64>>(&hash, "ingested")
+        .await?
+        .unwrap_or(0)
+        == 0
+    {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "nothing was ingested"
+        );
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    let r = reqwest::Client::new()
+        .post(format!("{base}/batches/{id}/cancel"))
+        .send()
+        .await?;
+    assert_eq!(r.status(), 200);
+    let ended = wait_ended(std::slice::from_ref(&base), &id, Duration::from_secs(30)).await?;
+    assert_eq!(ended["status"], "cancelled", "{ended}");
+
+    let ingested: u64 = con.hget(&hash, "ingested").await?;
+    assert!(
+        ingested < n as u64,
+        "the cancel came after all {n} lines went"
+    );
+    let members: Vec<Vec<u8>> = con.zrange("batch-q", 0, -1).await?;
+    assert_eq!(
+        members.len() as u64,
+        ingested,
+        "lines queued beyond those recorded"
+    );
+    let mut unmarked = Vec::new();
+    for member in &members {
+        let env = Envelope::decode(member)?;
+        let marker: Option<String> = con.get(cancel_key(&env.request.id)).await?;
+        if marker.as_deref() != Some(env.internal.request_token.as_str()) {
+            unmarked.push(env.request.id);
+        }
+    }
+    assert!(
+        unmarked.is_empty(),
+        "{} of {ingested} queued lines have no cancel marker, e.g. {:?}",
+        unmarked.len(),
+        &unmarked[..unmarked.len().min(5)]
+    );
+
+    d.add_processor()?;
+    let started = Instant::now();
+    while con.zcard::<_, u64>("batch-q").await? > 0 {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "the queue never drained"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(
+        d.sim.total_requests(),
+        0,
+        "cancelled lines reached the gateway"
+    );
+    every_id_once(&lines_per_id(&base, &ended).await?, n);
+    assert_eq!(ended["request_counts"]["completed"], 0, "{ended}");
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_passed_window_expires_the_batch_with_the_rest_as_batch_expired() -> Fallible {
     let n = 300;

@@ -120,7 +120,9 @@ impl Model for BatchModel {
         if b.status == Status::InProgress && open && b.cursor < N && b.sent[b.cursor] < 2 {
             out.push(Move::Submit);
         }
-        if b.status == Status::InProgress && open && b.cursor < N && b.sent[b.cursor] > 0 {
+        // advance.lua records a round trip sent before a cancel came, too.
+        let advancing = matches!(b.status, Status::InProgress | Status::Cancelling);
+        if advancing && open && b.cursor < N && b.sent[b.cursor] > 0 {
             out.push(Move::Advance);
         }
         for i in 0..N {
