@@ -26,6 +26,7 @@ fuzz_target!(|data: &[u8]| {
     let listed = Listed {
         raw,
         record: Ok(back),
+        from_tail: 0,
     };
     if let Ok((env, member)) = DeadLetters::revive(&listed, 0) {
         let again = Envelope::decode(&member).expect("a revived member decodes");

@@ -293,6 +293,25 @@ mod tests {
         Ok(out)
     }
 
+    /// A body is checked against JSON's grammar, as Python's `json` reads it: half a surrogate
+    /// pair alone in a `\u` escape (RFC 8259, 8.2) and a number too big for a float are
+    /// accepted and their bytes go on untouched (the fuzzer found both; a gateway may still
+    /// refuse the request, and its answer is then the line's result).
+    #[test]
+    fn json_that_serde_cannot_hold_goes_through_untouched() {
+        for body in [r#"{"m\udFFd":"x"}"#, r#"{"m":"\ud800"}"#, r#"{"x":1e999}"#] {
+            let line = format!(
+                r#"{{"custom_id":"a","method":"POST","url":"/v1/chat/completions","body":{body}}}"#
+            );
+            let l = decode_line(line.as_bytes(), EP)
+                .map_err(|e| e.message)
+                .unwrap_or_else(|m| panic!("{body}: {m}"));
+            assert_eq!(l.body.get(), body);
+        }
+        let bad = br#"{"custom_id":"a","method":"POST","url":"/v1/chat/completions","body":{"m":"\ud8"}}"#;
+        assert!(decode_line(bad, EP).is_err());
+    }
+
     #[test]
     fn lines_cross_chunks_and_crlf_is_dropped() {
         let out = split(&[b"ab", b"c\r\nd", b"e\n\nf"], 10).unwrap_or_default();
