@@ -6,7 +6,7 @@
 -- KEYS[1] the batch hash
 -- ARGV[1] requests submitted so far  ARGV[2] the input file's line they reach (1-based)
 -- Returns the batch's status ("in_progress": go on; anything else: stop ingesting), or "sealed"
--- once an expiry sealed it.
+-- once it is sealed (by its expiry, or by a cancel whose steward already finished marking).
 local b = redis.call('HMGET', KEYS[1], 'status', 'sealed', 'cursor')
 if b[1] ~= 'in_progress' and b[1] ~= 'cancelling' then
   return b[1] or ''
