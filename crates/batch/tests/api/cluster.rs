@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use crate::common::{chat_lines, create, lines_per_id, upload, wait_ended, Deployment, Fallible};
+use crate::common::{lines_per_id, start_batch, wait_ended, Deployment, Fallible};
 use inferq_testkit::RedisCluster;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -18,11 +18,7 @@ async fn batches_run_on_a_redis_cluster() -> Fallible {
     d.add_processor()?;
     d.add_replica().await?;
     d.add_replica().await?;
-    let file = upload(&d.url(0), chat_lines(200)).await?;
-    let id = create(&d.url(0), file["id"].as_str().unwrap_or_default(), "24h").await?["id"]
-        .as_str()
-        .unwrap_or_default()
-        .to_owned();
+    let id = start_batch(&d.url(0), 200).await?;
     let ended = wait_ended(&[d.url(1)], &id, Duration::from_secs(60))
         .await
         .map_err(|e| format!("{e}\n{}", d.logs()))?;

@@ -251,6 +251,17 @@ pub async fn create(base: &str, file: &str, window: &str) -> Fallible<serde_json
     Ok(r.json().await?)
 }
 
+/// Uploads `n` chat lines ([`chat_lines`]) and creates a batch of them with a `24h` window;
+/// returns the batch's id.
+pub async fn start_batch(base: &str, n: usize) -> Fallible<String> {
+    let file = upload(base, chat_lines(n)).await?;
+    let batch = create(base, file["id"].as_str().unwrap_or_default(), "24h").await?;
+    match batch["id"].as_str() {
+        Some(id) => Ok(id.to_owned()),
+        None => Err(format!("create: {batch}").into()),
+    }
+}
+
 pub async fn get(url: &str) -> Fallible<serde_json::Value> {
     Ok(reqwest::get(url).await?.json().await?)
 }

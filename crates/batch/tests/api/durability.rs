@@ -5,7 +5,9 @@
 
 use std::time::{Duration, Instant};
 
-use crate::common::{chat_lines, create, lines_per_id, upload, wait_ended, Deployment, Fallible};
+use crate::common::{
+    chat_lines, create, lines_per_id, start_batch, upload, wait_ended, Deployment, Fallible,
+};
 
 pub fn every_id_once(seen: &std::collections::BTreeMap<String, usize>, n: usize) {
     let missing: Vec<String> = (0..n)
@@ -109,11 +111,7 @@ async fn a_cancel_ends_the_batch_within_seconds_with_its_partial_output() -> Fal
     d.add_processor()?;
     d.add_replica().await?;
     let base = d.url(0);
-    let file = upload(&base, chat_lines(n)).await?;
-    let id = create(&base, file["id"].as_str().unwrap_or_default(), "24h").await?["id"]
-        .as_str()
-        .unwrap_or_default()
-        .to_owned();
+    let id = start_batch(&base, n).await?;
     until_completed(&base, &id, 8, Duration::from_secs(30)).await?;
     let r = reqwest::Client::new()
         .post(format!("{base}/batches/{id}/cancel"))
@@ -162,11 +160,7 @@ async fn a_cancel_mid_ingestion_marks_every_line_it_submitted() -> Fallible {
     let mut d = Deployment::start(50).await?;
     d.add_replica().await?;
     let base = d.url(0);
-    let file = upload(&base, chat_lines(n)).await?;
-    let id = create(&base, file["id"].as_str().unwrap_or_default(), "24h").await?["id"]
-        .as_str()
-        .unwrap_or_default()
-        .to_owned();
+    let id = start_batch(&base, n).await?;
     let mut con = d.redis.connection().await?;
     let hash = inferq_batch::keys::batch(&id);
     let started = Instant::now();

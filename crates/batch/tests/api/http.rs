@@ -6,7 +6,7 @@
 use std::process::Command;
 use std::time::Duration;
 
-use crate::common::{chat_lines, create, upload, wait_ended, Deployment, Fallible};
+use crate::common::{chat_lines, start_batch, wait_ended, Deployment, Fallible};
 use inferq_testkit::inferq_binary;
 use serde_json::Value;
 
@@ -202,11 +202,7 @@ async fn a_completed_batch_shows_in_the_metrics() -> Fallible {
     d.add_processor()?;
     let port = d.add_replica().await?;
     let base = d.url(0);
-    let file = upload(&base, chat_lines(25)).await?;
-    let id = create(&base, file["id"].as_str().unwrap_or_default(), "24h").await?["id"]
-        .as_str()
-        .unwrap_or_default()
-        .to_owned();
+    let id = start_batch(&base, 25).await?;
     wait_ended(std::slice::from_ref(&base), &id, Duration::from_secs(30)).await?;
     tokio::time::sleep(Duration::from_millis(500)).await;
     let text = reqwest::get(format!("http://127.0.0.1:{port}/metrics"))

@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use crate::common::{chat_lines, create, lines_per_id, upload, wait_ended, Deployment, Fallible};
+use crate::common::{lines_per_id, start_batch, wait_ended, Deployment, Fallible};
 use crate::durability::{every_id_once, until_completed};
 use inferq_testkit::SentinelSet;
 
@@ -35,11 +35,7 @@ async fn a_failover_and_a_killed_master_mid_batch_lose_and_double_no_line() -> F
     d.add_processor()?;
     d.add_replica().await?;
     d.add_replica().await?;
-    let file = upload(&d.url(0), chat_lines(n)).await?;
-    let id = create(&d.url(0), file["id"].as_str().unwrap_or_default(), "24h").await?["id"]
-        .as_str()
-        .unwrap_or_default()
-        .to_owned();
+    let id = start_batch(&d.url(0), n).await?;
     until_done(&d, &id, 200, n as u64).await?;
     let first = set.master_port()?;
     let second = tokio::task::block_in_place(|| set.failover())?;
