@@ -112,6 +112,10 @@ async fn receive_renew_and_ack_follow_gos_protocol() {
         expiry >= (before + 400) as f64 && expiry <= (after + 400) as f64,
         "{expiry} not in {before}+400..{after}+400"
     );
+    // Renewed a few ms after b was received, so a's lease ends strictly after b's: claims whose
+    // leases end in the same millisecond go back in claim-ID order, a before b (in CI, b's
+    // receive and a's renewal once fell in one millisecond).
+    tokio::time::sleep(Duration::from_millis(20)).await;
     short.renew(&da).await.unwrap();
     // Both leases run out; nobody has put them back yet, but they are no longer the owner's.
     tokio::time::sleep(Duration::from_millis(700)).await;
