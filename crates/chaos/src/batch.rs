@@ -66,10 +66,15 @@ pub struct BatchDeployment {
 }
 
 impl BatchDeployment {
-    /// Redis (AOF, fsync always), the simulator with `ttft_ms` latency and the config.
-    pub async fn start(exe: PathBuf, dir: PathBuf, ttft_ms: u64) -> Fallible<BatchDeployment> {
+    /// Redis (AOF with `fsync`), the simulator with `ttft_ms` latency and the config.
+    pub async fn start(
+        exe: PathBuf,
+        dir: PathBuf,
+        ttft_ms: u64,
+        fsync: inferq_testkit::Fsync,
+    ) -> Fallible<BatchDeployment> {
         std::fs::create_dir_all(&dir)?;
-        let redis = RedisServer::start_in(&dir.join("redis"), inferq_testkit::Fsync::Always)?;
+        let redis = RedisServer::start_in(&dir.join("redis"), fsync)?;
         let cfg = SimConfig {
             ttft_ms,
             ..SimConfig::default()
@@ -290,7 +295,13 @@ fn ended(status: &str) -> bool {
 pub async fn run(s: &BatchChaosSettings) -> Fallible<BatchReport> {
     let started = Instant::now();
     let mut rng = rand::rngs::StdRng::seed_from_u64(s.seed);
-    let mut d = BatchDeployment::start(s.exe.clone(), s.dir.clone(), 15).await?;
+    let mut d = BatchDeployment::start(
+        s.exe.clone(),
+        s.dir.clone(),
+        15,
+        inferq_testkit::Fsync::Always,
+    )
+    .await?;
     d.processor_flags = vec!["--concurrency".into(), "16".into()];
     for _ in 0..2 {
         d.add_processor()?;

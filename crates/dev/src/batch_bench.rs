@@ -20,6 +20,7 @@ use std::time::{Duration, Instant};
 use anyhow::{anyhow, Context};
 use inferq::cli::Failure;
 use inferq_chaos::batch::{batch_file, retrieve, BatchDeployment};
+use inferq_testkit::Fsync;
 use redis::AsyncCommands;
 
 #[derive(Debug, clap::Args)]
@@ -39,15 +40,8 @@ pub struct BatchBenchArgs {
     pub ingest_only: bool,
     /// Redis's `appendfsync` for the run: `always` (every write on disk before it is answered,
     /// as the chaos tests run) or `everysec` (Redis's default).
-    #[arg(long, value_enum, default_value_t = Fsync::Always)]
+    #[arg(long, default_value = "always")]
     pub fsync: Fsync,
-}
-
-/// Redis's `appendfsync` policy for a bench run.
-#[derive(Debug, Clone, Copy, clap::ValueEnum)]
-pub enum Fsync {
-    Always,
-    Everysec,
 }
 
 fn peak_rss_mib(pid: u32) -> Option<f64> {
@@ -79,7 +73,7 @@ pub async fn bench_batch(args: BatchBenchArgs) -> Result<(), Failure> {
         .tempdir()
         .context("data dir")?;
     let fail = |e: Box<dyn std::error::Error + Send + Sync>| anyhow!("{e}");
-    let mut d = BatchDeployment::start(exe.clone(), dir.path().to_owned(), 1)
+    let mut d = BatchDeployment::start(exe.clone(), dir.path().to_owned(), 1, args.fsync)
         .await
         .map_err(fail)?;
     d.processor_flags = vec!["--concurrency".into(), args.concurrency.to_string()];
@@ -100,16 +94,13 @@ pub async fn bench_batch(args: BatchBenchArgs) -> Result<(), Failure> {
         .get_multiplexed_async_connection()
         .await
         .context("redis")?;
-    if let Fsync::Everysec = args.fsync {
-        let _: () = redis::cmd("CONFIG")
-            .arg("SET")
-            .arg("appendfsync")
-            .arg("everysec")
-            .query_async(&mut con)
-            .await
-            .context("CONFIG SET appendfsync")?;
-    }
-    say!("redis       appendfsync {:?}", args.fsync);
+    let (_, fsync): (String, String) = redis::cmd("CONFIG")
+        .arg("GET")
+        .arg("appendfsync")
+        .query_async(&mut con)
+        .await
+        .context("CONFIG GET appendfsync")?;
+    say!("redis       appendfsync {fsync}");
 
     let n = args.lines as u64;
     let reference = if args.ingest_only {

@@ -123,6 +123,21 @@ pub enum Fsync {
     EverySec,
 }
 
+/// `always` or `everysec`, as `redis.conf` spells them (how a tool's flag names a policy).
+impl std::str::FromStr for Fsync {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Fsync, String> {
+        match s {
+            "always" => Ok(Fsync::Always),
+            "everysec" => Ok(Fsync::EverySec),
+            other => Err(format!(
+                "{other:?} is no appendfsync policy: always or everysec"
+            )),
+        }
+    }
+}
+
 /// A redis-server child process on a free port.
 pub struct RedisServer {
     port: u16,
@@ -831,6 +846,16 @@ mod tests {
         assert!(!ports.iter().any(|p| node_or_bus(*p)), "{ports:?}");
         let distinct: std::collections::HashSet<_> = ports.iter().collect();
         assert_eq!(distinct.len(), ports.len());
+    }
+
+    /// A tool's `--fsync` flag reads the policies as `redis.conf` spells them, and names the
+    /// choices when it cannot.
+    #[test]
+    fn fsync_policies_parse_as_redis_spells_them() {
+        assert_eq!("always".parse(), Ok(Fsync::Always));
+        assert_eq!("everysec".parse(), Ok(Fsync::EverySec));
+        let err = "EverySec".parse::<Fsync>().unwrap_err();
+        assert!(err.contains("always or everysec"), "{err}");
     }
 
     /// A port already listened on is skipped.
