@@ -189,18 +189,41 @@ impl Drop for Deployment {
     }
 }
 
-pub async fn wait_ready(port: u16) -> Fallible {
+/// Calls `check` every `every` until it gives `Some`, and returns that; once `within` has
+/// passed, an error saying what never happened. An error from `check` ends the wait at once.
+pub async fn until<T>(
+    what: &str,
+    within: Duration,
+    every: Duration,
+    mut check: impl AsyncFnMut() -> Fallible<Option<T>>,
+) -> Fallible<T> {
     let started = Instant::now();
-    let url = format!("http://127.0.0.1:{port}/readyz");
-    while started.elapsed() < Duration::from_secs(20) {
-        if let Ok(r) = reqwest::get(&url).await {
-            if r.status().is_success() {
-                return Ok(());
-            }
+    loop {
+        if let Some(v) = check().await? {
+            return Ok(v);
         }
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        if started.elapsed() >= within {
+            return Err(format!("{what} not within {within:?}").into());
+        }
+        tokio::time::sleep(every).await;
     }
-    Err(format!("batch-api on port {port} did not become ready").into())
+}
+
+pub async fn wait_ready(port: u16) -> Fallible {
+    let url = format!("http://127.0.0.1:{port}/readyz");
+    let what = format!("batch-api on port {port} ready");
+    until(
+        &what,
+        Duration::from_secs(20),
+        Duration::from_millis(50),
+        async || {
+            Ok(reqwest::get(&url)
+                .await
+                .is_ok_and(|r| r.status().is_success())
+                .then_some(()))
+        },
+    )
+    .await
 }
 
 /// A JSONL batch of `n` chat lines, custom ids `req-0`…
@@ -272,22 +295,19 @@ pub async fn wait_ended(
     id: &str,
     within: Duration,
 ) -> Fallible<serde_json::Value> {
-    let started = Instant::now();
     let mut i = 0;
-    while started.elapsed() < within {
+    let what = format!("batch {id} ended");
+    until(&what, within, Duration::from_millis(100), async || {
         let base = &bases[i % bases.len()];
         i += 1;
-        if let Ok(b) = get(&format!("{base}/batches/{id}")).await {
-            if matches!(
+        Ok(get(&format!("{base}/batches/{id}")).await.ok().filter(|b| {
+            matches!(
                 b["status"].as_str(),
                 Some("completed" | "failed" | "expired" | "cancelled")
-            ) {
-                return Ok(b);
-            }
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    Err(format!("batch {id} did not end within {within:?}").into())
+            )
+        }))
+    })
+    .await
 }
 
 /// custom_id -> how many lines name it, over the batch's output and error files.

@@ -6,7 +6,7 @@
 use std::time::{Duration, Instant};
 
 use crate::common::{
-    chat_lines, create, lines_per_id, start_batch, upload, wait_ended, Deployment, Fallible,
+    chat_lines, create, lines_per_id, start_batch, until, upload, wait_ended, Deployment, Fallible,
 };
 
 pub fn every_id_once(seen: &std::collections::BTreeMap<String, usize>, n: usize) {
@@ -163,19 +163,16 @@ async fn a_cancel_mid_ingestion_marks_every_line_it_submitted() -> Fallible {
     let id = start_batch(&base, n).await?;
     let mut con = d.redis.connection().await?;
     let hash = inferq_batch::keys::batch(&id);
-    let started = Instant::now();
-    while con
-        .hget::<_, _, Option<u64>>(&hash, "ingested")
-        .await?
-        .unwrap_or(0)
-        == 0
-    {
-        assert!(
-            started.elapsed() < Duration::from_secs(30),
-            "nothing was ingested"
-        );
-        tokio::time::sleep(Duration::from_millis(2)).await;
-    }
+    until(
+        "a first round trip ingested",
+        Duration::from_secs(30),
+        Duration::from_millis(2),
+        async || {
+            let ingested: Option<u64> = con.hget(&hash, "ingested").await?;
+            Ok(ingested.filter(|n| *n > 0))
+        },
+    )
+    .await?;
     let r = reqwest::Client::new()
         .post(format!("{base}/batches/{id}/cancel"))
         .send()
@@ -211,14 +208,16 @@ async fn a_cancel_mid_ingestion_marks_every_line_it_submitted() -> Fallible {
     );
 
     d.add_processor()?;
-    let started = Instant::now();
-    while con.zcard::<_, u64>("batch-q").await? > 0 {
-        assert!(
-            started.elapsed() < Duration::from_secs(30),
-            "the queue never drained"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    until(
+        "the queue drained",
+        Duration::from_secs(30),
+        Duration::from_millis(50),
+        async || {
+            let left: u64 = con.zcard("batch-q").await?;
+            Ok((left == 0).then_some(()))
+        },
+    )
+    .await?;
     assert_eq!(
         d.sim.total_requests(),
         0,

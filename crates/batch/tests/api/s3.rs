@@ -5,9 +5,11 @@
 //! upload serves the output, and a deleted file's object is gone.
 
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use crate::common::{chat_lines, create, lines_per_id, upload, wait_ended, Deployment, Fallible};
+use crate::common::{
+    chat_lines, create, lines_per_id, until, upload, wait_ended, Deployment, Fallible,
+};
 use inferq_testkit::free_port;
 
 struct Moto(Child);
@@ -56,22 +58,17 @@ async fn batches_run_on_s3_compatible_storage() -> Fallible {
             .spawn()?,
     );
     let endpoint = format!("http://127.0.0.1:{port}");
-    let started = Instant::now();
-    loop {
-        if let Ok(r) = reqwest::Client::new()
-            .put(format!("{endpoint}/inferq-files"))
-            .send()
-            .await
-        {
-            if r.status().is_success() {
-                break;
-            }
-        }
-        if started.elapsed() > Duration::from_secs(30) {
-            return Err("moto_server did not answer".into());
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let bucket = format!("{endpoint}/inferq-files");
+    until(
+        "moto_server making the bucket",
+        Duration::from_secs(30),
+        Duration::from_millis(100),
+        async || {
+            let made = reqwest::Client::new().put(&bucket).send().await;
+            Ok(made.is_ok_and(|r| r.status().is_success()).then_some(()))
+        },
+    )
+    .await?;
     let mut d = Deployment::start(5).await?;
     d.store_flags = Some(vec![
         "--files-url".into(),
