@@ -53,7 +53,8 @@ pub async fn upload(
     let mut stored: Option<(String, u64, String)> = None;
     let mut outcome = read_form(&app, &mut multipart, &mut purpose, &mut stored).await;
     if outcome.is_err() {
-        drain(&mut multipart, app.settings.limits.max_file_bytes).await;
+        let cap = app.settings.limits.max_file_bytes.max(DRAIN_AT_LEAST);
+        drain(&mut multipart, cap).await;
     }
     if outcome.is_ok() {
         outcome = match purpose.as_deref() {
@@ -114,6 +115,10 @@ async fn read_form(
     }
     Ok(())
 }
+
+/// A refused upload's rest is read up to the file limit or this, whichever is more (a small
+/// limit must not leave most of a small upload unread).
+const DRAIN_AT_LEAST: u64 = 64 << 20;
 
 /// Reads and drops what is left of a refused upload, up to `cap` bytes or 10 s, before the
 /// refusal is answered. A server that answers and closes while the client is still sending
