@@ -3,6 +3,7 @@
 //! [`SimConfig::default`]; [`SimConfig::validate`] turns bad values into a [`SimError`] naming
 //! the flag before the server starts.
 
+use super::engine::EngineConfig;
 use super::SimError;
 
 /// Default `--served-model-name`.
@@ -103,6 +104,10 @@ pub struct SimConfig {
     /// long-running simulator stays bounded in memory (about 100 bytes an id).
     #[arg(long, default_value_t = DEFAULT_REMEMBER_IDS)]
     pub remember_ids: usize,
+
+    /// The engine model (`--pods` and its knobs); off by default.
+    #[command(flatten)]
+    pub engine: EngineConfig,
 }
 
 impl Default for SimConfig {
@@ -125,6 +130,7 @@ impl Default for SimConfig {
             reset_rate: 0.0,
             bad_request_rate: 0.0,
             remember_ids: DEFAULT_REMEMBER_IDS,
+            engine: EngineConfig::default(),
         }
     }
 }
@@ -181,6 +187,16 @@ impl SimConfig {
                     knob,
                     format!("must be between 0 and 1, got {value}"),
                 ));
+            }
+        }
+        self.engine.validate()?;
+        if self.engine.enabled() {
+            // The engines queue by themselves; a gate in front would hide their queues.
+            if self.capacity > 0 {
+                return Err(invalid("capacity", "cannot be combined with --pods".into()));
+            }
+            if self.queue > 0 {
+                return Err(invalid("queue", "cannot be combined with --pods".into()));
             }
         }
         let exclusive = self.error_rate + self.bad_request_rate + self.reset_rate + self.hang_rate;
@@ -247,6 +263,36 @@ mod tests {
         assert_eq!(cfg.served_model_name, "m");
     }
 
+    #[test]
+    fn engine_flags_parse_by_long_name() {
+        let cfg = Cli::parse_from([
+            "sim",
+            "--pods",
+            "2",
+            "--max-num-seqs",
+            "8",
+            "--time-factor-under-load",
+            "3",
+            "--flow-control",
+            "--sheddable-objectives",
+            "batch,bulk",
+            "--saturation-metric-names",
+            "both",
+        ])
+        .sim;
+        assert_eq!(cfg.engine.pods, 2);
+        assert_eq!(cfg.engine.max_num_seqs, 8);
+        assert_eq!(cfg.engine.time_factor_under_load, 3.0);
+        assert!(cfg.engine.flow_control);
+        assert!(cfg.engine.is_sheddable("bulk"));
+        assert!(!cfg.engine.is_sheddable("chat"));
+        assert_eq!(
+            cfg.engine.saturation_metric_names,
+            crate::engine::SaturationMetricNames::Both
+        );
+        assert!(cfg.validate().is_ok());
+    }
+
     fn knob_of(cfg: &SimConfig) -> Option<&'static str> {
         match cfg.validate() {
             Err(SimError::InvalidKnob { knob, .. }) => Some(knob),
@@ -308,7 +354,69 @@ mod tests {
                 "error-rate",
             ),
         ];
-        for (cfg, knob) in bad {
+        let with_pods = |engine: EngineConfig| SimConfig {
+            engine: EngineConfig { pods: 1, ..engine },
+            ..SimConfig::default()
+        };
+        let bad_engines = [
+            (
+                with_pods(EngineConfig {
+                    max_num_seqs: 0,
+                    ..EngineConfig::default()
+                }),
+                "max-num-seqs",
+            ),
+            (
+                with_pods(EngineConfig {
+                    time_factor_under_load: 0.5,
+                    ..EngineConfig::default()
+                }),
+                "time-factor-under-load",
+            ),
+            (
+                with_pods(EngineConfig {
+                    inter_token_latency_ms: -1.0,
+                    ..EngineConfig::default()
+                }),
+                "inter-token-latency-ms",
+            ),
+            (
+                with_pods(EngineConfig {
+                    prefill_overhead_ms: f64::NAN,
+                    ..EngineConfig::default()
+                }),
+                "prefill-overhead-ms",
+            ),
+            (
+                with_pods(EngineConfig {
+                    prefill_time_per_token_ms: -0.1,
+                    ..EngineConfig::default()
+                }),
+                "prefill-time-per-token-ms",
+            ),
+            (
+                with_pods(EngineConfig {
+                    kv_cache_tokens: Some(0),
+                    ..EngineConfig::default()
+                }),
+                "kv-cache-tokens",
+            ),
+            (
+                SimConfig {
+                    capacity: 4,
+                    ..with_pods(EngineConfig::default())
+                },
+                "capacity",
+            ),
+            (
+                SimConfig {
+                    queue: 4,
+                    ..with_pods(EngineConfig::default())
+                },
+                "queue",
+            ),
+        ];
+        for (cfg, knob) in bad.into_iter().chain(bad_engines) {
             assert_eq!(knob_of(&cfg), Some(knob), "{cfg:?}");
         }
         let fine = SimConfig {

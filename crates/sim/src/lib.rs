@@ -4,6 +4,10 @@
 //! slow answers, hangs, connection resets, bad requests) at configured rates, and counts how
 //! often each `x-inferq-request-id` was executed so tests can check for lost or duplicated work
 //! (and how many TCP connections it accepted, so they can check that clients keep theirs).
+//! With `--pods N` it models instead a pool of N vLLM engines behind a router: continuous
+//! batching, queueing, steps that slow down with load, streaming answers, saturation and
+//! vLLM's metrics. [`interactive`] drives it (or any OpenAI-compatible URL) with open-loop
+//! streaming chat traffic and measures TTFT and inter-token latency.
 //!
 //! Knobs enter through [`SimConfig`] (flags of `inferq-dev sim`); [`Sim::start`] serves them on a
 //! socket, and counts leave through [`Sim`]'s accessors and the `/stats`, `/executions` and
@@ -17,13 +21,17 @@
 //!   replaced at run time (`POST /faults`, [`Sim::set_faults`]).
 //! - `metrics`: lock-free counters, Prometheus text.
 //! - `arrivals`: when each id was admitted to run (`/arrivals`, and counted for `/executions`).
-//! - `openai`: request parsing and the JSON of answers and errors.
+//! - `openai`: request parsing and the JSON of answers, streamed chunks and errors.
+//! - `engine`: the engine model (`--pods`): the pool, its router, each engine's step loop, the
+//!   streamed answer and the engines' metrics; [`EngineConfig`] holds its flags.
 //! - `listener`: the accept loop whose connections a handler can reset (plain or TLS).
 //! - [`tls`]: `--tls-cert`, `--tls-key` and `--tls-client-ca` (HTTPS, optionally mutual TLS).
 
 mod arrivals;
 pub mod config;
+mod engine;
 mod faults;
+
 mod listener;
 mod metrics;
 mod openai;
@@ -44,6 +52,10 @@ use tokio_util::sync::CancellationToken;
 
 pub use arrivals::unix_us;
 pub use config::SimConfig;
+pub use engine::{
+    EngineConfig, EngineLoad, PoolSnapshot, SaturationMetricNames, DROPPED_REASON_HEADER,
+    OBJECTIVE_HEADER, REJECTED_SATURATED,
+};
 pub use faults::FaultRates;
 pub use metrics::SimStats;
 pub use server::REQUEST_ID_HEADER;
@@ -192,6 +204,12 @@ impl Sim {
     /// Every request that reached a completion endpoint, admitted or not.
     pub fn total_requests(&self) -> u64 {
         self.state.stats.snapshot().requests
+    }
+
+    /// Each engine's running and waiting counts and KV-cache usage, and the router's
+    /// saturation; `None` when the engine model is off (`--pods 0`).
+    pub fn pool_snapshot(&self) -> Option<PoolSnapshot> {
+        self.state.pool.as_ref().map(|pool| pool.snapshot())
     }
 
     /// A snapshot of all counters and gauges, as `GET /stats` serves it.

@@ -97,6 +97,17 @@ pub struct SimStats {
 }
 
 impl Stats {
+    /// Counts a 200 answer of `completion_tokens` for a prompt of `prompt_tokens`;
+    /// `hit_limit` when it stopped at the request's `max_tokens`.
+    pub fn count_success(&self, prompt_tokens: u64, completion_tokens: u64, hit_limit: bool) {
+        self.ok.fetch_add(1, Relaxed);
+        if hit_limit {
+            self.ok_length.fetch_add(1, Relaxed);
+        }
+        self.prompt_tokens.fetch_add(prompt_tokens, Relaxed);
+        self.generation_tokens.fetch_add(completion_tokens, Relaxed);
+    }
+
     /// Copies every counter.
     pub fn snapshot(&self) -> SimStats {
         SimStats {
@@ -121,8 +132,9 @@ impl Stats {
 
     /// Renders the Prometheus text exposition: vLLM's gauge and counter names with a
     /// `model_name` label, so tools that watch vLLM can watch the simulator, plus a few
-    /// `inferq_sim_` counters of its own.
-    pub fn render_prometheus(&self, model_name: &str) -> String {
+    /// `inferq_sim_` counters of its own. `request_gauges` false leaves out the running and
+    /// waiting gauges (the engine model exports them per pod instead).
+    pub fn render_prometheus(&self, model_name: &str, request_gauges: bool) -> String {
         // A label value escapes backslash, double quote and newline (the text exposition format).
         let model = model_name
             .replace('\\', "\\\\")
@@ -138,18 +150,20 @@ impl Stats {
                 let _ = writeln!(out, "{name}{{model_name=\"{model}\"{extra}}} {value}");
             }
         };
-        metric(
-            "vllm:num_requests_running",
-            "gauge",
-            "Number of requests currently running.",
-            &[("", s.running)],
-        );
-        metric(
-            "vllm:num_requests_waiting",
-            "gauge",
-            "Number of requests waiting to be processed.",
-            &[("", s.waiting)],
-        );
+        if request_gauges {
+            metric(
+                "vllm:num_requests_running",
+                "gauge",
+                "Number of requests currently running.",
+                &[("", s.running)],
+            );
+            metric(
+                "vllm:num_requests_waiting",
+                "gauge",
+                "Number of requests waiting to be processed.",
+                &[("", s.waiting)],
+            );
+        }
         metric(
             "vllm:request_success_total",
             "counter",
@@ -217,7 +231,7 @@ mod tests {
         stats.ok.store(5, Relaxed);
         stats.ok_length.store(2, Relaxed);
         stats.connections_accepted.store(4, Relaxed);
-        let text = stats.render_prometheus("a\"b");
+        let text = stats.render_prometheus("a\"b", true);
         assert!(text.contains("# TYPE vllm:num_requests_running gauge"));
         assert!(text.contains("vllm:num_requests_running{model_name=\"a\\\"b\"} 3"));
         assert!(text.contains("vllm:num_requests_waiting{model_name=\"a\\\"b\"} 0"));

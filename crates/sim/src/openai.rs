@@ -1,6 +1,7 @@
 //! The OpenAI wire shapes the simulator speaks. A request body enters as bytes and is read by
-//! [`parse_request`] into the few fields that matter (model, token limits, prompt size); an
-//! answer leaves as the JSON of [`completion_body`] or, on failure, [`error_body`].
+//! [`parse_request`] into the few fields that matter (model, token limits, prompt size, whether
+//! to stream); an answer leaves as the JSON of [`completion_body`], as streamed chunks
+//! ([`token_chunk_body`], [`usage_chunk_body`]) or, on failure, [`error_body`].
 
 use serde::{Deserialize, Serialize};
 use serde_json::value::RawValue;
@@ -26,10 +27,19 @@ struct RawRequest<'a> {
     max_completion_tokens: Option<u64>,
     #[serde(default)]
     stream: Option<bool>,
+    #[serde(default)]
+    stream_options: Option<StreamOptions>,
     #[serde(default, borrow)]
     prompt: Option<&'a RawValue>,
     #[serde(default, borrow)]
     messages: Option<&'a RawValue>,
+}
+
+/// `stream_options` of a streaming request.
+#[derive(Debug, Default, Deserialize)]
+struct StreamOptions {
+    #[serde(default)]
+    include_usage: Option<bool>,
 }
 
 /// A request the simulator can answer.
@@ -41,13 +51,22 @@ pub struct CompletionRequest {
     pub max_tokens: Option<u64>,
     /// Estimated prompt size: the JSON length of the prompt or messages over four.
     pub prompt_tokens: u64,
+    /// `"stream": true`: answer with server-sent events.
+    pub stream: bool,
+    /// `stream_options.include_usage`: end the stream with a chunk carrying `usage`.
+    pub include_usage: bool,
 }
 
 /// Reads a request body, or explains in the words of a 400 why it cannot be answered.
-pub fn parse_request(endpoint: Endpoint, body: &[u8]) -> Result<CompletionRequest, String> {
+/// `streaming` says whether `"stream": true` can be answered (the engine model only).
+pub fn parse_request(
+    endpoint: Endpoint,
+    body: &[u8],
+    streaming: bool,
+) -> Result<CompletionRequest, String> {
     let raw: RawRequest<'_> =
         serde_json::from_slice(body).map_err(|e| format!("invalid JSON body: {e}"))?;
-    if raw.stream == Some(true) {
+    if raw.stream == Some(true) && !streaming {
         return Err("stream=true is not supported by the inferq simulator".into());
     }
     let prompt = match endpoint {
@@ -57,7 +76,12 @@ pub fn parse_request(endpoint: Endpoint, body: &[u8]) -> Result<CompletionReques
     Ok(CompletionRequest {
         model: raw.model,
         max_tokens: raw.max_tokens.or(raw.max_completion_tokens),
-        prompt_tokens: (prompt.get().len() as u64).div_ceil(4),
+        prompt_tokens: (prompt.get().len() as u64).div_ceil(4).max(1),
+        stream: raw.stream == Some(true),
+        include_usage: raw
+            .stream_options
+            .and_then(|o| o.include_usage)
+            .unwrap_or(false),
     })
 }
 
@@ -161,6 +185,116 @@ pub fn completion_body(endpoint: Endpoint, answer: &Answer<'_>) -> Result<Vec<u8
 }
 
 #[derive(Serialize)]
+struct Chunk<'a, C> {
+    id: String,
+    object: &'static str,
+    created: u64,
+    model: &'a str,
+    choices: Vec<C>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    usage: Option<Usage>,
+}
+
+#[derive(Serialize)]
+struct TextChunkChoice<'a> {
+    index: u32,
+    text: &'a str,
+    logprobs: Option<()>,
+    finish_reason: Option<&'static str>,
+}
+
+#[derive(Serialize)]
+struct ChatChunkChoice<'a> {
+    index: u32,
+    delta: Delta<'a>,
+    logprobs: Option<()>,
+    finish_reason: Option<&'static str>,
+}
+
+#[derive(Serialize)]
+struct Delta<'a> {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    role: Option<&'static str>,
+    content: &'a str,
+}
+
+/// The id and object name of an answer's chunks (`chatcmpl-…`/`cmpl-…`).
+fn chunk_identity(endpoint: Endpoint, seq: u64) -> (String, &'static str) {
+    match endpoint {
+        Endpoint::Completions => (format!("cmpl-sim-{seq}"), "text_completion"),
+        Endpoint::Chat => (format!("chatcmpl-sim-{seq}"), "chat.completion.chunk"),
+    }
+}
+
+/// The streamed chunk of token `index` (0-based) of an answer: one word, the assistant role
+/// on the first chat chunk, and the finish reason on the last.
+pub fn token_chunk_body(
+    endpoint: Endpoint,
+    answer: &Answer<'_>,
+    index: u64,
+) -> Result<Vec<u8>, String> {
+    let word = WORDS[(index % WORDS.len() as u64) as usize];
+    let text = if index == 0 {
+        word.to_owned()
+    } else {
+        format!(" {word}")
+    };
+    let last = index + 1 >= answer.completion_tokens;
+    let finish_reason = last.then_some(if answer.hit_limit { "length" } else { "stop" });
+    let (id, object) = chunk_identity(endpoint, answer.seq);
+    let encoded = match endpoint {
+        Endpoint::Completions => serde_json::to_vec(&Chunk {
+            id,
+            object,
+            created: answer.created,
+            model: answer.model,
+            choices: vec![TextChunkChoice {
+                index: 0,
+                text: &text,
+                logprobs: None,
+                finish_reason,
+            }],
+            usage: None,
+        }),
+        Endpoint::Chat => serde_json::to_vec(&Chunk {
+            id,
+            object,
+            created: answer.created,
+            model: answer.model,
+            choices: vec![ChatChunkChoice {
+                index: 0,
+                delta: Delta {
+                    role: (index == 0).then_some("assistant"),
+                    content: &text,
+                },
+                logprobs: None,
+                finish_reason,
+            }],
+            usage: None,
+        }),
+    };
+    encoded.map_err(|e| e.to_string())
+}
+
+/// The last streamed chunk when `stream_options.include_usage` is set: no choices, `usage`.
+pub fn usage_chunk_body(endpoint: Endpoint, answer: &Answer<'_>) -> Result<Vec<u8>, String> {
+    let (id, object) = chunk_identity(endpoint, answer.seq);
+    serde_json::to_vec(&Chunk::<TextChunkChoice<'_>> {
+        id,
+        object,
+        created: answer.created,
+        model: answer.model,
+        choices: Vec::new(),
+        usage: Some(Usage {
+            prompt_tokens: answer.prompt_tokens,
+            completion_tokens: answer.completion_tokens,
+            total_tokens: answer.prompt_tokens + answer.completion_tokens,
+        }),
+    })
+    .map_err(|e| e.to_string())
+}
+
+#[derive(Serialize)]
 struct ErrorBody<'a> {
     error: ErrorDetail<'a>,
 }
@@ -223,6 +357,7 @@ mod tests {
         let req = parse_request(
             Endpoint::Chat,
             br#"{"model":"m","messages":[{"role":"user","content":"hi"}],"max_completion_tokens":7,"temperature":0.2}"#,
+            false,
         );
         let req = req.unwrap();
         assert_eq!(req.model.as_deref(), Some("m"));
@@ -239,8 +374,22 @@ mod tests {
             (Endpoint::Completions, br#"{"prompt":"p","max_tokens":-1}"#),
             (Endpoint::Completions, br#"{"prompt":"p","stream":true}"#),
         ] {
-            assert!(parse_request(endpoint, body).is_err(), "{body:?}");
+            assert!(parse_request(endpoint, body, false).is_err(), "{body:?}");
         }
+    }
+
+    #[test]
+    fn the_engine_model_reads_stream_and_include_usage() {
+        let req = parse_request(
+            Endpoint::Completions,
+            br#"{"prompt":"p","stream":true,"stream_options":{"include_usage":true}}"#,
+            true,
+        )
+        .unwrap();
+        assert!(req.stream && req.include_usage);
+        assert_eq!(req.prompt_tokens, 1);
+        let plain = parse_request(Endpoint::Completions, br#"{"prompt":"p"}"#, true).unwrap();
+        assert!(!plain.stream && !plain.include_usage);
     }
 
     #[test]

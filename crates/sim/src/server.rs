@@ -8,6 +8,9 @@
 //!                                                               else: sleep latency, 200
 //! ```
 //!
+//! With `--pods` the engine model answers instead (`engine::request`): no faults, no admission
+//! gate, the engines' queues and steps decide latency.
+//!
 //! Only requests that pass admission count as executions; what then happens to them (success
 //! or an injected fault) does not change that; an id that is not a visible-ASCII header value
 //! counts in the totals only. Counts leave through `/stats`, `/executions`,
@@ -28,6 +31,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 
 use super::arrivals::Arrivals;
+use super::engine::{self, Pool};
 use super::faults::{Fault, FaultPlan, FaultRates};
 use super::listener::ConnControl;
 use super::metrics::Stats;
@@ -51,14 +55,23 @@ pub struct SimState {
     retry_after: HeaderValue,
     /// Cancelled when the simulator stops; ends sleeps and hangs.
     shutdown: CancellationToken,
-    pub(super) stats: Stats,
-    pub(super) arrivals: Arrivals,
+    pub(crate) stats: Stats,
+    pub(crate) arrivals: Arrivals,
+    /// The engine model, when `--pods` ≥ 1; requests then go to it instead of the run stage.
+    pub(crate) pool: Option<Pool>,
 }
 
 impl SimState {
     /// Shared state for a validated config.
+    /// Starts the engines' step loops when the engine model is on, so it must run inside a
+    /// tokio runtime.
     pub fn new(cfg: SimConfig, shutdown: CancellationToken) -> Self {
+        let pool = cfg
+            .engine
+            .enabled()
+            .then(|| Pool::start(&cfg.engine, &shutdown));
         Self {
+            pool,
             faults: RwLock::new(FaultPlan::new(&cfg)),
             admission: Admission::new(cfg.capacity, cfg.queue),
             seq: AtomicU64::new(0),
@@ -72,6 +85,26 @@ impl SimState {
 }
 
 impl SimState {
+    /// The knobs it was started with.
+    pub fn config(&self) -> &SimConfig {
+        &self.cfg
+    }
+
+    /// A number for the next answer's id.
+    pub fn next_answer_seq(&self) -> u64 {
+        self.seq.fetch_add(1, Relaxed)
+    }
+
+    /// Counts a request as executed, and its `x-inferq-request-id` if it has one.
+    pub fn record_execution(&self, headers: &HeaderMap) {
+        self.stats.executed.fetch_add(1, Relaxed);
+        if let Some(id) = headers.get(REQUEST_ID_HEADER).and_then(|v| v.to_str().ok()) {
+            if self.arrivals.record(id) {
+                self.stats.forgotten_ids.fetch_add(1, Relaxed);
+            }
+        }
+    }
+
     /// The fault plan now in force.
     fn fault_plan(&self) -> FaultPlan {
         self.faults
@@ -135,7 +168,7 @@ async fn chat_completions(
 
 /// One completion request through parse, admission and the run stage.
 async fn complete(
-    state: &SimState,
+    state: &Arc<SimState>,
     conn: &ConnControl,
     endpoint: Endpoint,
     headers: &HeaderMap,
@@ -143,8 +176,11 @@ async fn complete(
 ) -> Response {
     let stats = &state.stats;
     stats.requests.fetch_add(1, Relaxed);
+    if let Some(pool) = &state.pool {
+        return engine::request::complete(state, pool, endpoint, headers, body).await;
+    }
 
-    let request = match openai::parse_request(endpoint, body) {
+    let request = match openai::parse_request(endpoint, body, false) {
         Ok(request) => request,
         Err(message) => return bad_request(stats, &message),
     };
@@ -165,12 +201,7 @@ async fn complete(
 
     // The run stage: from here on the request counts as executed.
     let _running = Gauge::enter(&stats.running, Some(&stats.max_running_seen));
-    stats.executed.fetch_add(1, Relaxed);
-    if let Some(id) = headers.get(REQUEST_ID_HEADER).and_then(|v| v.to_str().ok()) {
-        if state.arrivals.record(id) {
-            stats.forgotten_ids.fetch_add(1, Relaxed);
-        }
-    }
+    state.record_execution(headers);
 
     match faults.draw() {
         Fault::None => {}
@@ -231,14 +262,7 @@ async fn complete(
     };
     match openai::completion_body(endpoint, &answer) {
         Ok(body) => {
-            stats.ok.fetch_add(1, Relaxed);
-            if hit_limit {
-                stats.ok_length.fetch_add(1, Relaxed);
-            }
-            stats
-                .prompt_tokens
-                .fetch_add(request.prompt_tokens, Relaxed);
-            stats.generation_tokens.fetch_add(tokens, Relaxed);
+            stats.count_success(request.prompt_tokens, tokens, hit_limit);
             json_response(StatusCode::OK, body)
         }
         Err(e) => {
@@ -311,7 +335,16 @@ async fn stats(State(state): State<Arc<SimState>>) -> Response {
 }
 
 async fn metrics(State(state): State<Arc<SimState>>) -> Response {
-    let text = state.stats.render_prometheus(&state.cfg.served_model_name);
+    let model = &state.cfg.served_model_name;
+    let text = match &state.pool {
+        None => state.stats.render_prometheus(model, true),
+        Some(pool) => {
+            // The engines export the request gauges per pod; one family must not appear twice.
+            let mut text = state.stats.render_prometheus(model, false);
+            pool.render_prometheus(model, &mut text);
+            text
+        }
+    };
     (
         [(
             CONTENT_TYPE,
@@ -330,7 +363,7 @@ async fn not_found() -> Response {
     )
 }
 
-fn json_response(status: StatusCode, body: Vec<u8>) -> Response {
+pub(crate) fn json_response(status: StatusCode, body: Vec<u8>) -> Response {
     (
         status,
         [(CONTENT_TYPE, HeaderValue::from_static("application/json"))],
@@ -339,16 +372,16 @@ fn json_response(status: StatusCode, body: Vec<u8>) -> Response {
         .into_response()
 }
 
-fn error_response(status: StatusCode, message: &str, kind: &str) -> Response {
+pub(crate) fn error_response(status: StatusCode, message: &str, kind: &str) -> Response {
     json_response(status, openai::error_body(message, kind))
 }
 
-fn bad_request(stats: &Stats, message: &str) -> Response {
+pub(crate) fn bad_request(stats: &Stats, message: &str) -> Response {
     stats.bad_request.fetch_add(1, Relaxed);
     error_response(StatusCode::BAD_REQUEST, message, "invalid_request_error")
 }
 
-fn too_many_requests(state: &SimState, message: &str) -> Response {
+pub(crate) fn too_many_requests(state: &SimState, message: &str) -> Response {
     state.stats.too_many_requests.fetch_add(1, Relaxed);
     let mut response = error_response(StatusCode::TOO_MANY_REQUESTS, message, "rate_limit_error");
     response
@@ -357,7 +390,7 @@ fn too_many_requests(state: &SimState, message: &str) -> Response {
     response
 }
 
-fn shutting_down(stats: &Stats) -> Response {
+pub(crate) fn shutting_down(stats: &Stats) -> Response {
     stats.server_error.fetch_add(1, Relaxed);
     error_response(
         StatusCode::SERVICE_UNAVAILABLE,

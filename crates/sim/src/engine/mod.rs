@@ -1,0 +1,144 @@
+//! The engine model: `--pods` simulated vLLM engines behind the simulator's one port, and the
+//! router in front of them that picks an engine and sheds load.
+//!
+//! ```text
+//!  request ──► Pool::submit ──► shed? (--flow-control, sheddable, saturation ≥ 1) ──► 429
+//!                 │          ──► least-loaded engine's queue full? (--max-waiting) ──► 429
+//!                 ▼
+//!          Engine::enqueue (least running + waiting, ties to the lowest index)
+//!                 │  one TokenMade per step, on the sequence's channel
+//!                 ▼
+//!          request::answer: SSE chunks or, at the last token, one JSON answer
+//! ```
+//!
+//! Knobs enter as [`EngineConfig`]; each engine's step loop runs on its own tokio task
+//! (`scheduler`). Load leaves as a [`PoolSnapshot`] ([`crate::Sim::pool_snapshot`]) and as
+//! Prometheus text (`exposition`).
+//!
+//! # Layout
+//!
+//! - `config`: [`EngineConfig`], the step-length formula and validation.
+//! - `scheduler`: one engine's queues and step loop (continuous batching).
+//! - `histogram`: the latency histograms.
+//! - `exposition`: the per-engine and router metrics.
+//! - `request`: one engine-mode request, from routing to its answer.
+//! - `stream`: the `text/event-stream` answer body.
+
+mod config;
+mod exposition;
+mod histogram;
+pub(crate) mod request;
+mod scheduler;
+mod stream;
+#[cfg(test)]
+mod tests;
+
+use std::sync::{Arc, Mutex, PoisonError};
+
+use tokio_util::sync::CancellationToken;
+
+pub use config::{EngineConfig, SaturationMetricNames};
+pub use scheduler::EngineLoad;
+use scheduler::{Engine, SequenceSpec, TokenMade};
+
+/// The header naming a request's InferenceObjective, read by `--flow-control`.
+pub const OBJECTIVE_HEADER: &str = "x-llm-d-inference-objective";
+/// The header explaining a router's 429.
+pub const DROPPED_REASON_HEADER: &str = "x-llm-d-request-dropped-reason";
+/// Its value when the pool is saturated or an engine's queue is full.
+pub const REJECTED_SATURATED: &str = "rejected-saturated";
+
+/// The pool's load at one moment.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct PoolSnapshot {
+    /// Each engine's load, by index (`pod="engine-<index>"`).
+    pub engines: Vec<EngineLoad>,
+    /// The router's saturation: the mean over engines of `max(waiting / 5, kv / 0.8)`.
+    pub saturation: f64,
+}
+
+/// Why the router refused a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Rejection {
+    /// `--flow-control` shed a sheddable request while the pool was saturated.
+    Shed,
+    /// Every engine had `--max-waiting` requests waiting beyond its free slots.
+    QueueFull,
+}
+
+/// A request placed on an engine: its tokens arrive on `tokens`.
+#[derive(Debug)]
+pub struct Placed {
+    /// One message per generated token; closes early only if the simulator stops.
+    pub tokens: tokio::sync::mpsc::UnboundedReceiver<TokenMade>,
+}
+
+/// The engines and the router's settings.
+#[derive(Debug)]
+pub struct Pool {
+    cfg: EngineConfig,
+    engines: Vec<Arc<Engine>>,
+    /// Held while choosing and enqueueing, so concurrent arrivals see each other's placement.
+    routing: Mutex<()>,
+}
+
+impl Pool {
+    /// Starts `cfg.pods` engines, each stepping on its own task until `shutdown`.
+    pub fn start(cfg: &EngineConfig, shutdown: &CancellationToken) -> Self {
+        let engines: Vec<Arc<Engine>> = (0..cfg.pods).map(|_| Arc::new(Engine::new(cfg))).collect();
+        for engine in &engines {
+            let engine = Arc::clone(engine);
+            let cfg = cfg.clone();
+            let shutdown = shutdown.clone();
+            tokio::spawn(async move { engine.run(cfg, shutdown).await });
+        }
+        Self {
+            cfg: cfg.clone(),
+            engines,
+            routing: Mutex::new(()),
+        }
+    }
+
+    /// Every engine's load and the pool's saturation now.
+    pub fn snapshot(&self) -> PoolSnapshot {
+        let engines: Vec<EngineLoad> = self.engines.iter().map(|e| e.load()).collect();
+        let saturation = if engines.is_empty() {
+            // The router's reading of an empty pool.
+            1.0
+        } else {
+            engines.iter().map(EngineLoad::saturation).sum::<f64>() / engines.len() as f64
+        };
+        PoolSnapshot {
+            engines,
+            saturation,
+        }
+    }
+
+    /// Routes a request to the least-loaded engine, or says why the router refuses it.
+    /// `objective` is its `x-llm-d-inference-objective` header, if any.
+    pub fn submit(&self, spec: SequenceSpec, objective: Option<&str>) -> Result<Placed, Rejection> {
+        let _routing = self.routing.lock().unwrap_or_else(PoisonError::into_inner);
+        let sheddable = objective.is_some_and(|o| self.cfg.is_sheddable(o));
+        if self.cfg.flow_control && sheddable && self.snapshot().saturation >= 1.0 {
+            return Err(Rejection::Shed);
+        }
+        let mut best: Option<(usize, usize)> = None;
+        for (index, engine) in self.engines.iter().enumerate() {
+            if self.cfg.max_waiting > 0 && engine.backlog() >= self.cfg.max_waiting {
+                continue;
+            }
+            let load = engine.load();
+            let queued = load.running + load.waiting;
+            if best.is_none_or(|(_, least)| queued < least) {
+                best = Some((index, queued));
+            }
+        }
+        let Some((index, _)) = best else {
+            return Err(Rejection::QueueFull);
+        };
+        let engine = self.engines.get(index).ok_or(Rejection::QueueFull)?;
+        Ok(Placed {
+            tokens: engine.enqueue(spec),
+        })
+    }
+}
