@@ -24,6 +24,7 @@
 //! - `openai`: request parsing and the JSON of answers, streamed chunks and errors.
 //! - `engine`: the engine model (`--pods`): the pool, its router, each engine's step loop, the
 //!   streamed answer and the engines' metrics; [`EngineConfig`] holds its flags.
+//! - [`interactive`]: the interactive traffic generator (profiles of phases, TTFT/ITL report).
 //! - `listener`: the accept loop whose connections a handler can reset (plain or TLS).
 //! - [`tls`]: `--tls-cert`, `--tls-key` and `--tls-client-ca` (HTTPS, optionally mutual TLS).
 
@@ -31,7 +32,7 @@ mod arrivals;
 pub mod config;
 mod engine;
 mod faults;
-
+pub mod interactive;
 mod listener;
 mod metrics;
 mod openai;

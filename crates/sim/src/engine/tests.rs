@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
+use crate::interactive::{self, InteractiveSettings, Outcome, Phase, Profile};
 use crate::{EngineConfig, SaturationMetricNames, Sim, SimConfig, REQUEST_ID_HEADER};
 
 /// A pool of `pods` engines with small, round latencies: no prefill, a flat step unless the
@@ -464,4 +465,109 @@ async fn pods_cannot_be_combined_with_the_capacity_gate() {
         .await
         .unwrap_err();
     assert!(err.to_string().contains("--capacity"), "{err}");
+}
+
+#[tokio::test]
+async fn the_generator_reports_each_phase_and_sees_ttft_rise_when_the_pool_is_full() {
+    let sim = start(pool(1, 4, 2.0)).await;
+    let phase = Duration::from_millis(600);
+    let profile = Profile {
+        phases: vec![
+            Phase::steady("calm", phase, 30.0),
+            Phase::steady("crowded", phase, 30.0),
+        ],
+    };
+    let settings = InteractiveSettings {
+        max_tokens: 5,
+        grace: Duration::from_secs(5),
+        ..InteractiveSettings::default()
+    };
+    // From the second phase on, 8 long requests hold the 4 slots (300 steps of 2 ms each, two
+    // rounds) and the interactive ones queue behind them.
+    let (c, url) = (client(), sim.base_url());
+    let crowd = tokio::spawn(async move {
+        tokio::time::sleep(phase).await;
+        let mut held = Vec::new();
+        for _ in 0..8 {
+            let (c, url) = (c.clone(), url.clone());
+            held.push(tokio::spawn(async move {
+                let resp = c
+                    .post(format!("{url}/v1/chat/completions"))
+                    .header("content-type", "application/json")
+                    .body(chat(300, false).to_string())
+                    .send()
+                    .await
+                    .unwrap();
+                resp.bytes().await.unwrap();
+            }));
+        }
+        for task in held {
+            task.await.unwrap();
+        }
+    });
+    let report = interactive::run(
+        &sim.base_url(),
+        &profile,
+        &settings,
+        tokio_util::sync::CancellationToken::new(),
+    )
+    .await
+    .unwrap();
+    crowd.await.unwrap();
+
+    let calm = report.phase("calm#1").unwrap();
+    let crowded = report.phase("crowded#1").unwrap();
+    for p in [calm, crowded] {
+        // 30/s for 0.6 s: 18 expected.
+        assert!((8..=30).contains(&p.count), "{p:?}");
+        assert_eq!(p.ok, p.count, "{p:?}");
+        assert!(p.failures.is_empty() && p.unfinished == 0, "{p:?}");
+    }
+    let calm_ttft = calm.ttft_ms.unwrap();
+    let crowded_ttft = crowded.ttft_ms.unwrap();
+    assert!(calm_ttft.p50 < 60.0, "{calm:?}");
+    assert!(
+        crowded_ttft.p50 > calm_ttft.p50 + 100.0,
+        "calm {calm:?}, crowded {crowded:?}"
+    );
+    // Interactive ITL: 5 tokens, steps of 2 ms.
+    assert!(calm.itl_ms.unwrap().p50 < 20.0, "{calm:?}");
+    assert_eq!(report.samples.len(), calm.count + crowded.count);
+    assert!(report
+        .samples
+        .iter()
+        .all(|s| s.outcome == Outcome::Ok && s.sent_at_ms < 1300.0));
+}
+
+#[tokio::test]
+async fn the_generator_stops_after_its_grace_and_reports_the_rest_unfinished() {
+    // One slot, 10 ms steps, 300 tokens: each request takes 3 s, far past the grace.
+    let sim = start(pool(1, 1, 10.0)).await;
+    let profile = Profile {
+        phases: vec![Phase::steady("burst", Duration::from_millis(200), 20.0)],
+    };
+    let settings = InteractiveSettings {
+        max_tokens: 300,
+        grace: Duration::from_millis(200),
+        ..InteractiveSettings::default()
+    };
+    let started = Instant::now();
+    let report = interactive::run(
+        &sim.base_url(),
+        &profile,
+        &settings,
+        tokio_util::sync::CancellationToken::new(),
+    )
+    .await
+    .unwrap();
+    assert!(
+        started.elapsed() < Duration::from_secs(1),
+        "{:?}",
+        started.elapsed()
+    );
+    let burst = report.phase("burst#1").unwrap();
+    assert!(burst.count >= 1, "{burst:?}");
+    assert_eq!(burst.unfinished, burst.count, "{burst:?}");
+    // The cut requests let go of the engine.
+    eventually("idle", || loads(&sim) == vec![(0, 0)]).await;
 }
