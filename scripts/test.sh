@@ -7,6 +7,10 @@ scripts/ensure-redis.sh
 # The cluster and sentinel fixtures' Valkey tests need a valkey-server (they fail in CI without).
 INFERQ_VALKEY_SERVER="$(scripts/ensure-valkey.sh)"
 export INFERQ_VALKEY_SERVER
+# The real-Prometheus tests (the prometheus-* gates against a router stand-in, deploy/'s alert
+# rules against a live processor) start the prometheus this names (crates/testkit: PrometheusServer).
+INFERQ_PROMETHEUS="$(scripts/ensure-prometheus.sh)"
+export INFERQ_PROMETHEUS
 # The Batch API's tests drive it with the official openai Python SDK (crates/batch/tests/api/sdk.rs).
 INFERQ_PYTHON="$(scripts/ensure-openai.sh)"
 export INFERQ_PYTHON

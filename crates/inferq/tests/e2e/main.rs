@@ -23,6 +23,7 @@ mod limits;
 mod mixed_fleet;
 mod poison;
 mod processor;
+mod prometheus;
 mod pubsub;
 mod reload;
 mod residue;

@@ -18,7 +18,8 @@
 //! number of requests per reading instead.
 //!
 //! - [`counted`]: `endpoint-scrape`'s counted admission.
-//! - [`promql`]: the Go PromQL text for the saturation and budget gates.
+//! - [`promql`]: the PromQL text of the saturation and budget gates, on the router's current
+//!   metric names first and its old ones (Go's text) second.
 //! - [`source`]: HTTP reads, the cascade, the scrape arithmetic, the cache.
 //! - [`text`]: the Prometheus text-format parser.
 
@@ -247,8 +248,10 @@ fn saturation(p: &Params, prometheus: Prometheus) -> Result<Parts, GateError> {
     )?;
     // Go takes the fallback in saturation space: the default 0 means "not saturated", budget 1.
     let fallback = 1.0 - number(p, "fallback", 0.0, |_| true, "")?;
-    let query = promql::saturation(&pool, namespace.as_deref());
-    tracing::info!(gate = p.gate, %pool, %query, threshold, "metric gate query");
+    let queries = promql::saturation(&pool, namespace.as_deref());
+    for (i, query) in queries.iter().enumerate() {
+        tracing::info!(gate = p.gate, %pool, source = i, query = %query.promql, threshold, "metric gate cascade query");
+    }
     if fallback > 0.0 {
         tracing::warn!(
             gate = p.gate,
@@ -260,7 +263,7 @@ fn saturation(p: &Params, prometheus: Prometheus) -> Result<Parts, GateError> {
         );
     }
     Ok(Parts {
-        source: Source::Query { prometheus, query },
+        source: Source::cascade(prometheus, p.gate, queries.into()),
         threshold: 1.0 - threshold,
         fallback,
         pool: Some(pool),
@@ -281,7 +284,7 @@ fn budget(p: &Params, prometheus: Prometheus) -> Result<Parts, GateError> {
     let fallback = number(p, "fallback", 0.0, |_| true, "")?;
     let queries = promql::budget_cascade(&pool, namespace.as_deref(), max_concurrency);
     for (i, query) in queries.iter().enumerate() {
-        tracing::info!(gate = p.gate, %pool, source = i, %query, "metric gate cascade query");
+        tracing::info!(gate = p.gate, %pool, source = i, query = %query.promql, "metric gate cascade query");
     }
     tracing::info!(
         gate = p.gate,
@@ -292,7 +295,7 @@ fn budget(p: &Params, prometheus: Prometheus) -> Result<Parts, GateError> {
         max_concurrency * (1.0 - baseline)
     );
     Ok(Parts {
-        source: Source::cascade(prometheus, queries.into()),
+        source: Source::cascade(prometheus, p.gate, queries.into()),
         threshold: baseline,
         fallback,
         pool: Some(pool),

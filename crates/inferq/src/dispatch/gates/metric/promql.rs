@@ -1,44 +1,92 @@
-//! The PromQL text the `prometheus-saturation` and `prometheus-budget` gates send, built exactly
-//! as the Go processor builds it (go-compat §6.5): label matchers sorted by name, values quoted
-//! like Go's `strconv.Quote`, the concurrency rendered like Go's `%g`. Pool name, namespace and
-//! concurrency enter; query strings leave.
+//! The PromQL text the `prometheus-saturation` and `prometheus-budget` gates send. Pool name,
+//! namespace and concurrency enter; queries leave, each with the metric names it reads (for the
+//! log line of a gate that finds none of them).
+//!
+//! The llm-d router (its EPP) renamed its metrics to the `llm_d_epp_` prefix and stopped emitting
+//! the old names, so every query comes twice: on the current names first, then on the old ones
+//! (the Go processor's text, go-compat §6.5), which an older router still exports. The first
+//! with a series wins. Label matchers are sorted by name, values quoted like Go's
+//! `strconv.Quote`, the concurrency rendered like Go's `%g`.
 
-/// `1 - inference_extension_flow_control_pool_saturation{…}`: the pool's spare capacity.
-pub(super) fn saturation(pool: &str, namespace: Option<&str>) -> String {
-    format!(
-        "1 - {}",
-        selector(
-            "inference_extension_flow_control_pool_saturation",
-            &matchers("inference_pool", pool, namespace)
-        )
-    )
+/// The router's metric names this file queries: the current ones, confirmed in the llm-d
+/// router's metric catalogue (`docs/metrics.md` of llm-d/llm-d-router, whose deprecated-series
+/// table maps each old `inference_extension_*` name to its `llm_d_epp_*` one), and the old ones.
+/// The pool metrics were renamed with "pod" become "endpoint" (`inference_pool_ready_pods` →
+/// `llm_d_epp_ready_endpoints`), not by the plain prefix swap; their `name` label stayed.
+pub(super) mod names {
+    /// Pool saturation, labels `inference_pool` and `stage` (`prefill`, `decode`, and
+    /// `effective`, the larger of the two); 1.0 is the router's set point.
+    pub const POOL_SATURATION: &str = "llm_d_epp_flow_control_pool_saturation";
+    pub const OLD_POOL_SATURATION: &str = "inference_extension_flow_control_pool_saturation";
+    /// Requests held by the router's flow control, per router replica (label `inference_pool`).
+    pub const QUEUE_SIZE: &str = "llm_d_epp_flow_control_queue_size";
+    pub const OLD_QUEUE_SIZE: &str = "inference_extension_flow_control_queue_size";
+    /// Ready endpoints of the pool, as each router replica sees them (label `name`).
+    pub const READY_ENDPOINTS: &str = "llm_d_epp_ready_endpoints";
+    pub const OLD_READY_PODS: &str = "inference_pool_ready_pods";
+    /// Each endpoint's queue depth (labels `name`, `model_server_endpoint`).
+    pub const PER_ENDPOINT_QUEUE_SIZE: &str = "llm_d_epp_per_endpoint_queue_size";
+    pub const OLD_PER_POD_QUEUE_SIZE: &str = "inference_pool_per_pod_queue_size";
+    /// vLLM's running requests (not the router's; never renamed).
+    pub const VLLM_RUNNING: &str = "vllm:num_requests_running";
 }
 
-/// The three queries of the `prometheus-budget` cascade, most precise first: the flow-control
-/// queue against ready pods, the per-pod queue average, then running vLLM requests against ready
-/// pods. Each yields `1 − load / capacity`.
+/// One PromQL query and the metric names it reads.
+#[derive(Debug, Clone, PartialEq)]
+pub(super) struct Query {
+    pub promql: String,
+    pub metrics: [&'static str; 2],
+}
+
+/// The spare capacity `1 − saturation`: on the current name the largest of its series (the
+/// `effective` stage is the largest of the stages; with several router replicas, the most
+/// saturated view), then Go's query on the old name.
+pub(super) fn saturation(pool: &str, namespace: Option<&str>) -> [Query; 2] {
+    let by_pool = matchers("inference_pool", pool, namespace);
+    [
+        Query {
+            promql: format!("1 - max({})", selector(names::POOL_SATURATION, &by_pool)),
+            metrics: [names::POOL_SATURATION, names::POOL_SATURATION],
+        },
+        Query {
+            promql: format!("1 - {}", selector(names::OLD_POOL_SATURATION, &by_pool)),
+            metrics: [names::OLD_POOL_SATURATION, names::OLD_POOL_SATURATION],
+        },
+    ]
+}
+
+/// The `prometheus-budget` cascade, most precise first, each on the current names then the old
+/// ones: the flow-control queue against ready endpoints, the per-endpoint queue average, then
+/// running vLLM requests against ready endpoints. Each yields `1 − load / capacity`. Queue sizes
+/// and ready-endpoint counts are summed over every series, so several router replicas scraped
+/// by one Prometheus add up instead of failing the `on()` match (as Go's #489).
 pub(super) fn budget_cascade(
     pool: &str,
     namespace: Option<&str>,
     max_concurrency: f64,
-) -> [String; 3] {
+) -> [Query; 6] {
     let mc = go_g(max_concurrency);
     let by_pool = matchers("inference_pool", pool, namespace);
     let by_name = matchers("name", pool, namespace);
-    let ready = selector("inference_pool_ready_pods", &by_name);
+    let against_ready = |load: &'static str, ready: &'static str| Query {
+        promql: format!(
+            "1 - (sum({}) / on() (sum({}) * {mc}))",
+            selector(load, &by_pool),
+            selector(ready, &by_name)
+        ),
+        metrics: [load, ready],
+    };
+    let per_endpoint = |queue: &'static str| Query {
+        promql: format!("1 - (avg by(name)({}) / {mc})", selector(queue, &by_name)),
+        metrics: [queue, queue],
+    };
     [
-        format!(
-            "1 - (sum by(inference_pool)({}) / on() ({ready} * {mc}))",
-            selector("inference_extension_flow_control_queue_size", &by_pool)
-        ),
-        format!(
-            "1 - (avg by(name)({}) / {mc})",
-            selector("inference_pool_per_pod_queue_size", &by_name)
-        ),
-        format!(
-            "1 - (sum({}) / on() ({ready} * {mc}))",
-            selector("vllm:num_requests_running", &by_pool)
-        ),
+        against_ready(names::QUEUE_SIZE, names::READY_ENDPOINTS),
+        against_ready(names::OLD_QUEUE_SIZE, names::OLD_READY_PODS),
+        per_endpoint(names::PER_ENDPOINT_QUEUE_SIZE),
+        per_endpoint(names::OLD_PER_POD_QUEUE_SIZE),
+        against_ready(names::VLLM_RUNNING, names::READY_ENDPOINTS),
+        against_ready(names::VLLM_RUNNING, names::OLD_READY_PODS),
     ]
 }
 
@@ -132,32 +180,57 @@ mod tests {
 
     #[test]
     fn saturation_queries() {
+        let promql = |q: [Query; 2]| q.map(|q| q.promql);
         assert_eq!(
-            saturation("p1", None),
-            r#"1 - inference_extension_flow_control_pool_saturation{inference_pool="p1"}"#
+            promql(saturation("p1", None)),
+            [
+                r#"1 - max(llm_d_epp_flow_control_pool_saturation{inference_pool="p1"})"#,
+                r#"1 - inference_extension_flow_control_pool_saturation{inference_pool="p1"}"#,
+            ]
         );
         assert_eq!(
-            saturation("p1", Some("ns")),
-            r#"1 - inference_extension_flow_control_pool_saturation{inference_pool="p1",namespace="ns"}"#
+            promql(saturation("p1", Some("ns"))),
+            [
+                r#"1 - max(llm_d_epp_flow_control_pool_saturation{inference_pool="p1",namespace="ns"})"#,
+                r#"1 - inference_extension_flow_control_pool_saturation{inference_pool="p1",namespace="ns"}"#,
+            ]
         );
     }
 
     #[test]
     fn budget_queries() {
+        let promql = |q: [Query; 6]| q.map(|q| q.promql);
         assert_eq!(
-            budget_cascade("p1", None, 100.0),
+            promql(budget_cascade("p1", None, 100.0)),
             [
-                r#"1 - (sum by(inference_pool)(inference_extension_flow_control_queue_size{inference_pool="p1"}) / on() (inference_pool_ready_pods{name="p1"} * 100))"#,
+                r#"1 - (sum(llm_d_epp_flow_control_queue_size{inference_pool="p1"}) / on() (sum(llm_d_epp_ready_endpoints{name="p1"}) * 100))"#,
+                r#"1 - (sum(inference_extension_flow_control_queue_size{inference_pool="p1"}) / on() (sum(inference_pool_ready_pods{name="p1"}) * 100))"#,
+                r#"1 - (avg by(name)(llm_d_epp_per_endpoint_queue_size{name="p1"}) / 100)"#,
                 r#"1 - (avg by(name)(inference_pool_per_pod_queue_size{name="p1"}) / 100)"#,
-                r#"1 - (sum(vllm:num_requests_running{inference_pool="p1"}) / on() (inference_pool_ready_pods{name="p1"} * 100))"#,
+                r#"1 - (sum(vllm:num_requests_running{inference_pool="p1"}) / on() (sum(llm_d_epp_ready_endpoints{name="p1"}) * 100))"#,
+                r#"1 - (sum(vllm:num_requests_running{inference_pool="p1"}) / on() (sum(inference_pool_ready_pods{name="p1"}) * 100))"#,
             ]
         );
+        let with_ns = budget_cascade("p1", Some("prod"), 2.5e6);
         assert_eq!(
-            budget_cascade("p1", Some("prod"), 2.5e6),
+            with_ns[0].promql,
+            r#"1 - (sum(llm_d_epp_flow_control_queue_size{inference_pool="p1",namespace="prod"}) / on() (sum(llm_d_epp_ready_endpoints{name="p1",namespace="prod"}) * 2.5e+06))"#
+        );
+        assert_eq!(
+            with_ns[3].promql,
+            r#"1 - (avg by(name)(inference_pool_per_pod_queue_size{name="p1",namespace="prod"}) / 2.5e+06)"#
+        );
+        // Each query says what it reads: new names before old at every step.
+        let metrics: Vec<[&str; 2]> = with_ns.iter().map(|q| q.metrics).collect();
+        assert_eq!(
+            metrics,
             [
-                r#"1 - (sum by(inference_pool)(inference_extension_flow_control_queue_size{inference_pool="p1",namespace="prod"}) / on() (inference_pool_ready_pods{name="p1",namespace="prod"} * 2.5e+06))"#,
-                r#"1 - (avg by(name)(inference_pool_per_pod_queue_size{name="p1",namespace="prod"}) / 2.5e+06)"#,
-                r#"1 - (sum(vllm:num_requests_running{inference_pool="p1",namespace="prod"}) / on() (inference_pool_ready_pods{name="p1",namespace="prod"} * 2.5e+06))"#,
+                [names::QUEUE_SIZE, names::READY_ENDPOINTS],
+                [names::OLD_QUEUE_SIZE, names::OLD_READY_PODS],
+                [names::PER_ENDPOINT_QUEUE_SIZE; 2],
+                [names::OLD_PER_POD_QUEUE_SIZE; 2],
+                [names::VLLM_RUNNING, names::READY_ENDPOINTS],
+                [names::VLLM_RUNNING, names::OLD_READY_PODS],
             ]
         );
     }

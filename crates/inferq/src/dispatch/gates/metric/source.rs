@@ -11,7 +11,7 @@ use serde::Deserialize;
 use serde_json::Value;
 use tokio::sync::Mutex;
 
-use super::text;
+use super::{promql, text};
 
 /// Per-request bound on a Prometheus query (headers and body).
 pub(super) const PROMETHEUS_TIMEOUT: Duration = Duration::from_secs(5);
@@ -298,7 +298,9 @@ pub(super) enum Source {
     /// Several queries in order; the first with a sample wins.
     Cascade {
         prometheus: Prometheus,
-        queries: Vec<String>,
+        /// The gate type, for the log.
+        gate: &'static str,
+        queries: Vec<promql::Query>,
         /// Index of the query that won last time (`NONE` before the first read, `ALL_FAILED`
         /// when none did), to log changes only.
         winner: AtomicUsize,
@@ -311,9 +313,14 @@ const NONE: usize = usize::MAX;
 const ALL_FAILED: usize = usize::MAX - 1;
 
 impl Source {
-    pub fn cascade(prometheus: Prometheus, queries: Vec<String>) -> Source {
+    pub fn cascade(
+        prometheus: Prometheus,
+        gate: &'static str,
+        queries: Vec<promql::Query>,
+    ) -> Source {
         Source::Cascade {
             prometheus,
+            gate,
             queries,
             winner: AtomicUsize::new(NONE),
         }
@@ -324,31 +331,60 @@ impl Source {
             Source::Query { prometheus, query } => prometheus.instant(query).await,
             Source::Cascade {
                 prometheus,
+                gate,
                 queries,
                 winner,
             } => {
                 let mut failures = Vec::new();
                 for (i, query) in queries.iter().enumerate() {
-                    match prometheus.instant(query).await {
+                    match prometheus.instant(&query.promql).await {
                         Ok(values) if !values.is_empty() => {
                             if winner.swap(i, Ordering::Relaxed) != i {
-                                tracing::info!(source = i, %query, "prometheus-budget: reading from cascade source {i}");
+                                tracing::info!(
+                                    gate,
+                                    source = i,
+                                    query = %query.promql,
+                                    "{gate}: reading {} (cascade source {i})",
+                                    query.metrics.join(" and ")
+                                );
                             }
                             return Ok(values);
                         }
-                        Ok(_) => failures.push(format!("source {i}: no samples")),
-                        Err(e) => failures.push(format!("source {i}: {e}")),
+                        Ok(_) => failures.push(None),
+                        Err(e) => failures.push(Some(format!("source {i}: {e}"))),
                     }
                 }
                 // The gate logs the failure; a later winner is logged as a change.
                 winner.store(ALL_FAILED, Ordering::Relaxed);
-                Err(format!(
-                    "every cascade source failed ({})",
-                    failures.join("; ")
-                ))
+                Err(cascade_failure(queries, failures))
             }
             Source::Scrape(scrape) => scrape.read().await,
         }
+    }
+}
+
+/// Why no query of a cascade answered: the metric names it tried (each once, in order) and,
+/// when Prometheus itself failed, how.
+fn cascade_failure(queries: &[promql::Query], failures: Vec<Option<String>>) -> String {
+    let mut tried: Vec<&str> = Vec::new();
+    for name in queries.iter().flat_map(|q| q.metrics) {
+        if !tried.contains(&name) {
+            tried.push(name);
+        }
+    }
+    let errors: Vec<String> = failures.into_iter().flatten().collect();
+    if errors.is_empty() {
+        format!(
+            "Prometheus has no series of any metric the gate reads (tried {}): is it scraping \
+             the router, and does the pool name match?",
+            tried.join(", ")
+        )
+    } else {
+        format!(
+            "no query answered (tried {}): {}",
+            tried.join(", "),
+            errors.join("; ")
+        )
     }
 }
 

@@ -148,7 +148,10 @@ fn close(a: f64, b: f64) -> bool {
     (a - b).abs() < 1e-9
 }
 
-const SAT_P1: &str = r#"1 - inference_extension_flow_control_pool_saturation{inference_pool="p1"}"#;
+/// The saturation gate's query on the current name, then on the old one.
+const SAT_P1: &str = r#"1 - max(llm_d_epp_flow_control_pool_saturation{inference_pool="p1"})"#;
+const OLD_SAT_P1: &str =
+    r#"1 - inference_extension_flow_control_pool_saturation{inference_pool="p1"}"#;
 
 #[tokio::test]
 async fn saturation_threshold_fallback_and_apply() {
@@ -162,6 +165,7 @@ async fn saturation_threshold_fallback_and_apply() {
         let b = gate.budget().await;
         assert!(close(b, want), "v={v}: {b}");
     }
+    // The current name answers: the old one is not asked.
     assert_eq!(s.take_queries(), vec![SAT_P1; 4]);
     let r = gate.last_reading().unwrap();
     assert_eq!(r.value, Some(1.0));
@@ -172,7 +176,8 @@ async fn saturation_threshold_fallback_and_apply() {
     assert_eq!(gate.budget().await, 0.0);
     assert_eq!(verdict(&gate).await, Verdict::Refuse);
 
-    // Unavailable: the default fallback (saturation 0) fails open, as Go.
+    // Unavailable (on both names): the default fallback (saturation 0) fails open, as Go.
+    s.answer(OLD_SAT_P1, Answer::Vector(vec![]));
     for bad in [
         Answer::Vector(vec![]),
         Answer::Vector(vec!["NaN"]),
@@ -205,9 +210,12 @@ async fn saturation_threshold_fallback_and_apply() {
         assert_eq!(g.budget().await, want);
         assert!(close(g.last_reading().unwrap().threshold, 0.5));
     }
-    // With a namespace, the query names it (nothing answers it, hence the fallbacks above).
-    let with_ns = r#"1 - inference_extension_flow_control_pool_saturation{inference_pool="p1",namespace="ns"}"#;
-    assert_eq!(s.take_queries(), vec![with_ns; 4]);
+    // With a namespace, the queries name it (nothing answers them, hence the fallbacks above).
+    let with_ns = [
+        r#"1 - max(llm_d_epp_flow_control_pool_saturation{inference_pool="p1",namespace="ns"})"#,
+        r#"1 - inference_extension_flow_control_pool_saturation{inference_pool="p1",namespace="ns"}"#,
+    ];
+    assert_eq!(s.take_queries(), with_ns.repeat(4));
 }
 
 #[tokio::test]
@@ -254,28 +262,32 @@ async fn budget_cascade_falls_through() {
         GateType::PrometheusBudget,
         json!({"pool": "p1", "namespace": "prod", "max_concurrency": "64", "baseline": 0.1}),
     );
-    let q = promql::budget_cascade("p1", Some("prod"), 64.0);
+    let q: Vec<String> = promql::budget_cascade("p1", Some("prod"), 64.0)
+        .into_iter()
+        .map(|q| q.promql)
+        .collect();
     assert!(
-        q[0].contains(r#"{name="p1",namespace="prod"} * 64))"#),
+        q[0].contains(r#"{name="p1",namespace="prod"}) * 64))"#),
         "{}",
         q[0]
     );
 
-    // Nothing answers: all three are asked in order, then the fail-closed fallback.
+    // Nothing answers: all six are asked in order, then the fail-closed fallback.
     assert_eq!(gate.budget().await, 0.0);
-    assert_eq!(s.take_queries(), q.to_vec());
+    assert_eq!(s.take_queries(), q);
     assert!(!gate.last_reading().unwrap().source_available());
 
-    // The first is empty, the second fails: the third wins.
-    s.answer(&q[1], Answer::Status(500));
-    s.answer(&q[2], Answer::Vector(vec!["0.7"]));
+    // Only the last (vLLM's running requests against the old ready-pod count) has a sample,
+    // the one before it fails: the last wins.
+    s.answer(&q[4], Answer::Status(500));
+    s.answer(&q[5], Answer::Vector(vec!["0.7"]));
     assert!(close(gate.budget().await, 0.6));
-    assert_eq!(s.take_queries(), q.to_vec());
+    assert_eq!(s.take_queries(), q);
 
-    // The second has a sample: the third is not asked.
-    s.answer(&q[1], Answer::Vector(vec!["0.05"]));
+    // The per-endpoint queue on the old name has a sample: nothing after it is asked.
+    s.answer(&q[3], Answer::Vector(vec!["0.05"]));
     assert_eq!(gate.budget().await, 0.0, "0.05 ≤ baseline 0.1");
-    assert_eq!(s.take_queries(), q[..2].to_vec());
+    assert_eq!(s.take_queries(), q[..4].to_vec());
 
     // The first has a sample, even NaN: it wins, and NaN means the fallback.
     s.answer(&q[0], Answer::Vector(vec!["0.9"]));
@@ -290,11 +302,72 @@ async fn budget_cascade_falls_through() {
         json!({"pool": "p1", "fallback": 0.5}),
     );
     assert_eq!(gate.budget().await, 0.5);
-    let q = promql::budget_cascade("p1", None, 100.0);
-    assert_eq!(s.take_queries(), q.to_vec());
+    let q: Vec<String> = promql::budget_cascade("p1", None, 100.0)
+        .into_iter()
+        .map(|q| q.promql)
+        .collect();
+    assert_eq!(s.take_queries(), q);
     s.answer(&q[0], Answer::Vector(vec!["0.55"]));
     assert!(close(gate.budget().await, 0.5));
     assert!(close(gate.last_reading().unwrap().threshold, 0.05));
+}
+
+/// Each query is asked on the router's current names first and on the old ones only when the
+/// current give no series: a router exporting only new names, only old names, or both (the
+/// current then win) is read; with neither, the failure names every metric tried.
+#[tokio::test]
+async fn current_names_first_then_old_per_query() {
+    let s = Server::start().await;
+    let sat = s.gate(GateType::PrometheusSaturation, json!({"pool": "p1"}));
+    // Old only: asked after the current name, and read.
+    s.answer(OLD_SAT_P1, Answer::Vector(vec!["0.5"]));
+    assert!(close(sat.budget().await, 0.3));
+    assert_eq!(s.take_queries(), [SAT_P1, OLD_SAT_P1]);
+    // Both: the current wins, the old is not asked.
+    s.answer(SAT_P1, Answer::Vector(vec!["0"]));
+    assert_eq!(sat.budget().await, 0.0);
+    assert_eq!(verdict(&sat).await, Verdict::Refuse);
+    assert_eq!(s.take_queries(), [SAT_P1, SAT_P1]);
+    // An erroring current query is a failed source like an empty one: the old is asked.
+    s.answer(SAT_P1, Answer::Status(500));
+    assert!(close(sat.budget().await, 0.3));
+    assert_eq!(s.take_queries(), [SAT_P1, OLD_SAT_P1]);
+
+    // The budget cascade, step by step: a current-name step that has no series falls to the
+    // same step on the old names before the next step.
+    let q: Vec<String> = promql::budget_cascade("p1", None, 100.0)
+        .into_iter()
+        .map(|q| q.promql)
+        .collect();
+    let budget = s.gate(GateType::PrometheusBudget, json!({"pool": "p1"}));
+    s.answer(&q[1], Answer::Vector(vec!["0.75"]));
+    assert!(close(budget.budget().await, 0.7));
+    assert_eq!(s.take_queries(), q[..2].to_vec());
+    s.answer(&q[0], Answer::Vector(vec!["0.45"]));
+    assert!(close(budget.budget().await, 0.4));
+    assert_eq!(s.take_queries(), q[..1].to_vec());
+
+    // Nothing anywhere: the reason names each metric tried once, current names first.
+    let none = s.gate(GateType::PrometheusBudget, json!({"pool": "other"}));
+    let cascade = Source::cascade(
+        Prometheus::new(source::client().unwrap(), &s.base).unwrap(),
+        "prometheus-budget",
+        promql::budget_cascade("other", None, 100.0).into(),
+    );
+    let err = Cached::new(cascade, Duration::ZERO)
+        .read()
+        .await
+        .unwrap_err();
+    assert_eq!(
+        err,
+        "Prometheus has no series of any metric the gate reads (tried \
+         llm_d_epp_flow_control_queue_size, llm_d_epp_ready_endpoints, \
+         inference_extension_flow_control_queue_size, inference_pool_ready_pods, \
+         llm_d_epp_per_endpoint_queue_size, inference_pool_per_pod_queue_size, \
+         vllm:num_requests_running): is it scraping the router, and does the pool name match?"
+    );
+    assert_eq!(none.budget().await, 0.0);
+    assert!(!none.last_reading().unwrap().source_available());
 }
 
 #[tokio::test]
