@@ -34,11 +34,17 @@ pub enum GateType {
     PrometheusQuery,
     /// Budget from a scraped metrics endpoint.
     EndpointScrape,
+    /// Go's proposed feedback gate: a congestion window per band, driven by the router's
+    /// rejections.
+    Aimd,
+    /// inferq's own feedback gate: fills the pool's spare capacity from delay, a standing queue
+    /// and rejections, with no threshold to tune.
+    Slack,
 }
 
 impl GateType {
     /// Every gate type with its Go name.
-    pub const ALL: [(&'static str, GateType); 12] = [
+    pub const ALL: [(&'static str, GateType); 14] = [
         ("constant", GateType::Constant),
         ("redis", GateType::Redis),
         ("redis-quota", GateType::RedisQuota),
@@ -51,6 +57,8 @@ impl GateType {
         ("prometheus-budget", GateType::PrometheusBudget),
         ("prometheus-query", GateType::PrometheusQuery),
         ("endpoint-scrape", GateType::EndpointScrape),
+        ("aimd", GateType::Aimd),
+        ("slack", GateType::Slack),
     ];
 
     /// The Go name, as written in config files.
@@ -116,6 +124,31 @@ impl GateType {
                 "value_type",
                 "absent_value",
                 "admission",
+            ],
+            GateType::Aimd => &[
+                "min_window",
+                "max_window",
+                "increase",
+                "decrease_factor",
+                "hold_duration",
+                "tier_label",
+                "queue_duration_target",
+            ],
+            GateType::Slack => &[
+                "min_window",
+                "max_window",
+                "signal_url",
+                "signal_metric",
+                "signal_labels",
+                "signal_target",
+                "running_metric",
+                "interval",
+                "headroom",
+                "memory",
+                "latency_tolerance",
+                "increase",
+                "decrease_factor",
+                "preempt",
             ],
         }
     }

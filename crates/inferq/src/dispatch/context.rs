@@ -6,8 +6,9 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use tokio::sync::mpsc::UnboundedSender;
+use tokio_util::sync::CancellationToken;
 
-use super::gates::{Decision, Gate, Release};
+use super::gates::{Decision, Feedback, Gate, Release};
 use super::holdings::{Holdings, Ticket};
 use super::last_chance::{LastChance, Slot};
 use super::load::{Charge, Load};
@@ -222,6 +223,11 @@ pub struct Job {
     pub claimed_at: Instant,
     /// Gate reservations, undone once the outcome is decided.
     releases: Vec<Release>,
+    /// What the gateway did with the request, handed to the releases (feedback gates learn
+    /// from it); none when it was not sent.
+    feedback: Option<Feedback>,
+    /// Fired by a feedback gate to take the request back from the gateway.
+    pub preempt: Option<CancellationToken>,
     /// The last-chance slot, when this request is on its last delivery; freed when its outcome
     /// is written (or the job ends without one).
     last_chance: Option<Slot>,
@@ -238,6 +244,8 @@ impl Job {
             ticket,
             claimed_at: Instant::now(),
             releases,
+            feedback: None,
+            preempt: None,
             last_chance: None,
             waiting: None,
             done: false,
@@ -259,9 +267,17 @@ impl Job {
         self.last_chance = slot;
     }
 
-    /// Adds reservations (a pool gate's) to undo with the outcome.
-    pub fn hold_releases(&mut self, releases: Vec<Release>) {
+    /// Adds a pool gate's reservations, to undo with the outcome, and its preemption token.
+    pub fn hold_releases(&mut self, releases: Vec<Release>, preempt: Option<CancellationToken>) {
         self.releases.extend(releases);
+        if preempt.is_some() {
+            self.preempt = preempt;
+        }
+    }
+
+    /// Keeps what the gateway did with the request, for the releases.
+    pub fn observe(&mut self, feedback: Feedback) {
+        self.feedback = Some(feedback);
     }
 
     fn settle(&mut self) {
@@ -269,7 +285,7 @@ impl Job {
         let releases = std::mem::take(&mut self.releases);
         if !releases.is_empty() {
             if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-                runtime.spawn(Decision::release_all(releases));
+                runtime.spawn(Decision::settle_all(releases, self.feedback.take()));
             }
         }
     }

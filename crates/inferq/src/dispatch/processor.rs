@@ -232,6 +232,7 @@ impl Gates {
             prometheus_url: config.prometheus.url.clone(),
             prometheus_cache_ttl: config.prometheus.cache_ttl,
             owner: None,
+            pool_workers: None,
         };
         // Each gate is built with its owner, so its metric gates (wrapped or not) record their
         // readings under the owner's labels.
@@ -250,7 +251,11 @@ impl Gates {
                     queue_name: String::new(),
                     pool_name: pool.id.clone(),
                 };
-                let gate = gates::build(spec, &owned(&labels))
+                let env = GateEnv {
+                    pool_workers: Some(pool.workers),
+                    ..owned(&labels)
+                };
+                let gate = gates::build(spec, &env)
                     .map_err(|e| DispatchError::Config(format!("pools[{i}].gate_params: {e}")))?;
                 metrics.precreate_gate_series(&labels);
                 pools.insert(pool.id.clone(), gate);

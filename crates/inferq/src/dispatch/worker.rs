@@ -18,6 +18,7 @@ use serde_json::value::RawValue;
 use tokio_util::sync::CancellationToken;
 
 use super::context::{Job, QueueCtx};
+use super::gates::Feedback;
 use super::holdings::Abort;
 use super::merge::tier_bucket;
 use super::trace::{RequestFacts, RequestSpan, RequestTracer};
@@ -291,22 +292,33 @@ impl Journey<'_> {
         ));
         let inflight = self.ctx.series.inflight.get().clone();
         inflight.inc();
+        let sent_at = std::time::Instant::now();
+        let preempt = job.preempt.clone();
         let attempt = tokio::select! {
             biased;
-            reason = job.ticket.aborted() => Err(reason),
+            reason = job.ticket.aborted() => Err(Some(reason)),
+            _ = preempted(preempt.as_ref()) => Err(None),
             attempt = env.client.send_to(&ready.target, headers, ready.body, timeout) => Ok(attempt),
         };
         inflight.dec();
         let attempt = match attempt {
             Ok(a) => a,
-            Err(reason) => {
+            Err(Some(reason)) => {
                 aborted(job, reason, self.span.as_ref());
+                return None;
+            }
+            Err(None) => {
+                // Its gate took the room back for traffic that needs it: the request goes back
+                // to the queue unchanged (not a retry), to be sent again when there is room.
+                job.put_back(Duration::ZERO);
                 return None;
             }
         };
         if let Some(http_span) = http_span {
             http_span.end(attempt.outcome.status());
         }
+        let mut job = job;
+        job.observe(feedback(&attempt, sent_at));
         Some((job, attempt))
     }
 
@@ -320,6 +332,34 @@ impl Journey<'_> {
             .inference_latency
             .get()
             .observe(attempt.elapsed.as_secs_f64() * 1000.0);
+    }
+}
+
+/// Resolves when a feedback gate takes the request back (never, without such a gate).
+async fn preempted(token: Option<&CancellationToken>) {
+    match token {
+        Some(token) => token.cancelled().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// What a feedback gate learns from an attempt.
+fn feedback(attempt: &Attempt, sent_at: std::time::Instant) -> Feedback {
+    let outcome = &attempt.outcome;
+    let (retry_after, body) = match outcome {
+        Outcome::Retry { retry_after, .. } => (*retry_after, None),
+        Outcome::Success { body, .. } => (None, Some(body.clone())),
+        _ => (None, None),
+    };
+    Feedback {
+        status: outcome.status(),
+        dropped_reason: outcome
+            .client_error()
+            .and_then(|e| e.dropped_reason.clone()),
+        retry_after,
+        sent_at,
+        elapsed: attempt.elapsed,
+        body,
     }
 }
 

@@ -8,6 +8,7 @@ pub mod accept;
 pub mod encoding;
 pub mod exposition;
 pub mod fd_limit;
+pub mod feedback_metrics;
 pub mod gofloat;
 pub mod health;
 pub mod listen;

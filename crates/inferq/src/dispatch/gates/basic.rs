@@ -52,6 +52,7 @@ pub fn build(spec: &GateSpec, env: &GateEnv) -> Result<Arc<dyn Gate>, GateError>
         | GateType::PrometheusBudget
         | GateType::PrometheusQuery
         | GateType::EndpointScrape => super::metric::build(spec, env),
+        GateType::Aimd | GateType::Slack => super::adaptive::build(spec, env),
     }
 }
 

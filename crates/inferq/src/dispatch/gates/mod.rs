@@ -11,17 +11,23 @@
 //!   `local-max-concurrency`, `composite`, `wait-on-refuse`, `tier-priority-admission`.
 //! - [`metric`]: `prometheus-saturation`, `prometheus-budget`, `prometheus-query`,
 //!   `endpoint-scrape`.
+//! - [`adaptive`]: `aimd` (Go's proposed feedback gate) and `slack` (inferq's own): pool gates
+//!   whose window learns from what the gateway did with the requests they let through
+//!   ([`Feedback`], handed to their [`Release`]s).
 //! - [`params`]: Go's lenient parameter coercion.
 
+pub mod adaptive;
 pub mod basic;
 pub mod metric;
 pub mod params;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
+use bytes::Bytes;
 use futures::future::BoxFuture;
+use tokio_util::sync::CancellationToken;
 
 use crate::config::{GateSpec, GateType};
 use crate::ops::{Metrics, QueueLabels};
@@ -43,21 +49,75 @@ pub enum Verdict {
     Drop(Option<ResultMessage>),
 }
 
+/// What the gateway did with one request a gate let through, as its releases see it: the facts
+/// a feedback gate (`aimd`, `slack`) learns from. A request never sent has none.
+#[derive(Debug, Clone)]
+pub struct Feedback {
+    /// The answer's status; `None` for a transport failure or a timeout before the head.
+    pub status: Option<u16>,
+    /// The router's `x-llm-d-request-dropped-reason`, when it gave one.
+    pub dropped_reason: Option<String>,
+    /// The answer's `Retry-After`, when it gave one.
+    pub retry_after: Option<Duration>,
+    /// When the request was sent.
+    pub sent_at: Instant,
+    /// From the send to the end of the body (or the failure).
+    pub elapsed: Duration,
+    /// A successful answer's body, kept (a cheap reference) for [`Feedback::output_tokens`].
+    pub body: Option<Bytes>,
+}
+
+impl Feedback {
+    /// The answer's `usage.completion_tokens`, when it is an OpenAI answer that counts them.
+    /// Parsed only when asked (by a gate that normalises latency per token), never on the hot
+    /// path otherwise.
+    pub fn output_tokens(&self) -> Option<u64> {
+        #[derive(serde::Deserialize)]
+        struct Answer {
+            usage: Option<Usage>,
+        }
+        #[derive(serde::Deserialize)]
+        struct Usage {
+            completion_tokens: Option<u64>,
+        }
+        let body = self.body.as_ref()?;
+        let answer: Answer = serde_json::from_slice(body).ok()?;
+        answer.usage?.completion_tokens.filter(|&n| n > 0)
+    }
+}
+
+/// What a release is handed: the request's feedback, when it was sent.
+type ReleaseFn = Box<dyn FnOnce(Option<&Feedback>) -> BoxFuture<'static, ()> + Send>;
+
 /// Undoes a reservation a gate made (a concurrency slot, a quota unit). Runs once the request's
 /// outcome is decided, or at once when the request is not dispatched after all.
-pub struct Release(Box<dyn FnOnce() -> BoxFuture<'static, ()> + Send>);
+pub struct Release(ReleaseFn);
 
 impl Release {
+    /// A release that does not look at the outcome.
     pub fn new<F>(f: F) -> Release
     where
         F: FnOnce() -> BoxFuture<'static, ()> + Send + 'static,
     {
+        Release(Box::new(move |_| f()))
+    }
+
+    /// A release that learns from the outcome (`None`: the request was not sent).
+    pub fn observing<F>(f: F) -> Release
+    where
+        F: FnOnce(Option<&Feedback>) -> BoxFuture<'static, ()> + Send + 'static,
+    {
         Release(Box::new(f))
     }
 
-    /// Runs the release.
+    /// Runs the release for a request that was not sent.
     pub async fn run(self) {
-        (self.0)().await
+        (self.0)(None).await
+    }
+
+    /// Runs the release with what became of the request.
+    pub async fn settle(self, feedback: Option<&Feedback>) {
+        (self.0)(feedback).await
     }
 }
 
@@ -75,6 +135,9 @@ pub struct Decision {
     pub classification: Option<String>,
     /// Reservations to undo when the request is done (run in reverse order).
     pub releases: Vec<Release>,
+    /// Fired by the gate to take back the room it gave (the `slack` gate, when interactive
+    /// traffic needs it): a request still at the gateway is aborted and put back, unchanged.
+    pub preempt: Option<CancellationToken>,
 }
 
 impl Decision {
@@ -83,6 +146,7 @@ impl Decision {
             verdict,
             classification: None,
             releases: Vec::new(),
+            preempt: None,
         }
     }
 
@@ -100,10 +164,15 @@ impl Decision {
         }
     }
 
-    /// Runs every release, newest first.
+    /// Runs every release of a request that was not sent, newest first.
     pub async fn release_all(releases: Vec<Release>) {
+        Decision::settle_all(releases, None).await
+    }
+
+    /// Runs every release with what became of the request, newest first.
+    pub async fn settle_all(releases: Vec<Release>, feedback: Option<Feedback>) {
         for r in releases.into_iter().rev() {
-            r.run().await;
+            r.settle(feedback.as_ref()).await;
         }
     }
 }
@@ -147,6 +216,8 @@ pub struct GateEnv {
     /// Whose gate this is, for Go's `gate_metric_*` gauges: every metric gate built with this
     /// env (wrapped in other gates or not) records each reading under these labels.
     pub owner: Option<GateOwner>,
+    /// The workers of the pool a pool gate belongs to: the feedback gates' largest window.
+    pub pool_workers: Option<u32>,
 }
 
 /// The queue or pool a gate belongs to (Go stamps the owner into a gate and its inner gates).
@@ -186,6 +257,7 @@ pub fn build(spec: &GateSpec, env: &GateEnv) -> Result<Arc<dyn Gate>, GateError>
         | GateType::PrometheusBudget
         | GateType::PrometheusQuery
         | GateType::EndpointScrape => metric::build(spec, env),
+        GateType::Aimd | GateType::Slack => adaptive::build(spec, env),
         _ => basic::build(spec, env),
     }
 }

@@ -161,7 +161,7 @@ async fn follow_verdict(
     let ctx = job.ctx.clone();
     match decision.verdict {
         Verdict::Continue => {
-            job.hold_releases(decision.releases);
+            job.hold_releases(decision.releases, decision.preempt);
             AfterVerdict::Through(job)
         }
         Verdict::Drop(result) => {
@@ -169,7 +169,7 @@ async fn follow_verdict(
                 .gate_decisions
                 .get_or_create(&ctx.pool_labels.with_reason("dropped"))
                 .inc();
-            job.hold_releases(decision.releases);
+            job.hold_releases(decision.releases, None);
             let id = job.held.envelope.request.id.clone();
             job.publish(dropped_result(&id, result));
             AfterVerdict::Ended

@@ -154,6 +154,7 @@ impl Gate for Composite {
         Box::pin(async move {
             let mut labels = Cow::Borrowed(input.labels);
             let mut classification: Option<String> = None;
+            let mut preempt = None;
             let mut held = Vec::new();
             for gate in &self.gates {
                 let step = GateInput {
@@ -168,6 +169,7 @@ impl Gate for Composite {
                     }
                 };
                 held.extend(decision.releases);
+                preempt = preempt.or(decision.preempt);
                 if let Some(c) = decision.classification {
                     labels.to_mut().insert(CLASSIFICATION.to_owned(), c.clone());
                     classification = Some(c);
@@ -178,6 +180,7 @@ impl Gate for Composite {
                         verdict: decision.verdict,
                         classification,
                         releases: Vec::new(),
+                        preempt: None,
                     });
                 }
             }
@@ -185,6 +188,7 @@ impl Gate for Composite {
                 verdict: Verdict::Continue,
                 classification,
                 releases: held,
+                preempt,
             })
         })
     }

@@ -213,6 +213,7 @@ impl Gate for Quota {
                 verdict,
                 classification: Some(classification.to_owned()),
                 releases,
+                preempt: None,
             })
         })
     }

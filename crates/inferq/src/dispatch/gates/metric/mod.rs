@@ -34,6 +34,7 @@ use std::sync::{Arc, Mutex};
 
 use futures::future::BoxFuture;
 
+pub(super) use self::source::scrape_sums;
 use self::source::{Cached, Prometheus, Scrape, Source, Target};
 use super::params::Params;
 use super::{Decision, Gate, GateEnv, GateError, GateInput, GateOwner, Verdict};

@@ -119,6 +119,7 @@ impl Server {
 
     fn env(&self, ttl: Duration) -> GateEnv {
         GateEnv {
+            pool_workers: None,
             prometheus_url: Some(format!("{}/", self.base)),
             prometheus_cache_ttl: ttl,
             owner: None,
@@ -482,6 +483,7 @@ async fn scrape_cache() {
     let s = Server::start().await;
     s.page("vllm", 200, VLLM_PAGE);
     let env = GateEnv {
+        pool_workers: None,
         prometheus_url: None,
         prometheus_cache_ttl: Duration::from_secs(60),
         owner: None,
@@ -496,6 +498,7 @@ async fn scrape_cache() {
 #[test]
 fn build_errors_name_the_parameter() {
     let env = GateEnv {
+        pool_workers: None,
         prometheus_url: Some("http://127.0.0.1:9".to_owned()),
         prometheus_cache_ttl: Duration::ZERO,
         owner: None,
@@ -597,6 +600,7 @@ fn build_errors_name_the_parameter() {
     for kind in [PrometheusSaturation, PrometheusBudget, PrometheusQuery] {
         for url in [None, Some(String::new())] {
             let env = GateEnv {
+                pool_workers: None,
                 prometheus_url: url,
                 prometheus_cache_ttl: Duration::ZERO,
                 owner: None,
@@ -621,6 +625,7 @@ fn build_errors_name_the_parameter() {
 async fn unreachable_prometheus_gives_the_fallback() {
     // Port 9 (discard) is closed on loopback: the connection is refused at once.
     let env = GateEnv {
+        pool_workers: None,
         prometheus_url: Some("http://127.0.0.1:9".to_owned()),
         prometheus_cache_ttl: Duration::ZERO,
         owner: None,
@@ -660,6 +665,7 @@ fn counted(s: &Server, name: &str, per_pod: u32, every: Duration, extra: Value) 
         p.extend(extra);
     }
     let env = GateEnv {
+        pool_workers: None,
         prometheus_cache_ttl: every,
         ..GateEnv::default()
     };

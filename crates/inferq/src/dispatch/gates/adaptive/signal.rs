@@ -1,0 +1,46 @@
+//! The `slack` gate's signal: a Prometheus text page (`signal_url`, the engines' or the
+//! router's `/metrics`) read once per control period. A read leaves as a [`Reading`]: the sum of
+//! `signal_metric` over its matching series (the pool's standing queue) and, when the page has
+//! it, the sum of `running_metric` (what the pool runs), or as the reason there is none.
+
+use std::time::Duration;
+
+use crate::dispatch::gates::metric::scrape_sums;
+
+/// One read of the page.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Reading {
+    /// `signal_metric`, summed: requests waiting in the pool.
+    pub waiting: f64,
+    /// `running_metric`, summed, when the page has it: sequences the pool runs.
+    pub running: Option<f64>,
+}
+
+/// Where and what the signal reads.
+#[derive(Debug, Clone)]
+pub struct Signal {
+    pub url: reqwest::Url,
+    pub metric: String,
+    pub running_metric: String,
+    pub labels: Vec<(String, String)>,
+}
+
+impl Signal {
+    /// Reads the page once, within `timeout`.
+    pub async fn read(&self, timeout: Duration) -> Result<Reading, String> {
+        let families = [self.metric.as_str(), self.running_metric.as_str()];
+        let sums = scrape_sums(&self.url, &families, &self.labels, timeout).await?;
+        let waiting = sums.first().copied().flatten().ok_or_else(|| {
+            format!(
+                "{}: no series of {} matches {:?}",
+                crate::config::redact_url(self.url.as_str()),
+                self.metric,
+                self.labels
+            )
+        })?;
+        Ok(Reading {
+            waiting,
+            running: sums.get(1).copied().flatten(),
+        })
+    }
+}

@@ -1,0 +1,359 @@
+//! The `slack` gate's controller: the window, the requests it has at the gateway, and what it
+//! has learnt. Plain state with the time passed in, so every reaction is tested without a clock.
+//!
+//! Requests enter by [`Controller::admit`] and leave by [`Controller::settle`] with their answer;
+//! once per control period [`Controller::tick`] moves the window and names the requests to take
+//! back. It steers by one of two signals, whichever it has:
+//!
+//! - **A standing queue** (a fresh [`Reading`] of `signal_url`). With the pool's running count
+//!   beside it, the controller learns the pool's *capacity* (what it runs when a queue stands),
+//!   reckons the *others'* share (running + waiting − its own), and fills to
+//!   `capacity − others − headroom × √others − 1`: shrinking at once, growing by `increase` per
+//!   period. Without a running count it steers like TCP Vegas on the queue alone.
+//! - **Delay** (no signal, or a stale one): its own requests' latency per output token against
+//!   their no-load baseline; past `latency_tolerance` × baseline it cuts the window once per
+//!   flight, under 0.9 × that it grows.
+//!
+//! Rejections act as in `aimd`: a capacity rejection cuts the window once per flight, and a
+//! `Retry-After` closes the gate until then.
+
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+use tokio_util::sync::CancellationToken;
+
+use super::super::signal::Reading;
+use super::super::Answer;
+
+/// A reading older than this many control periods is stale: the controller steers on delay.
+const STALE_PERIODS: u32 = 3;
+/// The latency samples the delay signal looks at, at most (the newest).
+const SAMPLES: usize = 8;
+/// How long one bucket of the baseline's minimum lasts (the baseline is the smaller of this
+/// bucket's and the last one's, so a baseline measured under a lighter load fades out).
+const BASELINE_BUCKET: Duration = Duration::from_secs(300);
+/// Growth stops while the latency is above this share of the tolerance.
+const GROW_BELOW: f64 = 0.9;
+
+/// The controller's settings (the gate's parameters, read and checked).
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub min_window: f64,
+    pub max_window: f64,
+    pub signal_target: f64,
+    pub interval: Duration,
+    pub headroom: f64,
+    pub memory: Duration,
+    pub latency_tolerance: f64,
+    pub increase: f64,
+    pub decrease_factor: f64,
+    pub preempt: bool,
+}
+
+/// One request at the gateway.
+struct Flight {
+    seq: u64,
+    preempt: CancellationToken,
+}
+
+/// A latency sample: when its request was sent, and its latency per output token (seconds).
+#[derive(Debug, Clone, Copy)]
+struct Sample {
+    sent_at: Instant,
+    per_token: f64,
+}
+
+/// Which signal steered the last period.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Steer {
+    Queue,
+    Delay,
+}
+
+/// The controller.
+pub struct Controller {
+    s: Settings,
+    pub window: f64,
+    flights: VecDeque<Flight>,
+    next_seq: u64,
+    closed_until: Option<Instant>,
+    last_decrease: Option<Instant>,
+    samples: VecDeque<Sample>,
+    /// Answers learnt from since the last period: delay-steered growth waits for evidence.
+    answered: u32,
+    /// The window was full at some moment of this period (growing an unused window means
+    /// nothing).
+    bound: bool,
+    /// The minimum per-token latency in this bucket and the last.
+    baseline_now: Option<f64>,
+    baseline_before: Option<f64>,
+    bucket_started: Instant,
+    /// The last good reading, and when.
+    pub reading: Option<(Instant, Reading)>,
+    streak: u32,
+    /// Sequences the pool runs before it queues, once seen.
+    pub capacity: Option<f64>,
+    /// The others' share: its running mean, and its peak with when it was seen.
+    others_mean: f64,
+    others_peak: (f64, Instant),
+    pub others: f64,
+    pub steer: Steer,
+}
+
+impl Controller {
+    pub fn new(s: Settings, now: Instant) -> Controller {
+        Controller {
+            window: s.min_window,
+            s,
+            flights: VecDeque::new(),
+            next_seq: 0,
+            closed_until: None,
+            last_decrease: None,
+            samples: VecDeque::new(),
+            answered: 0,
+            bound: false,
+            baseline_now: None,
+            baseline_before: None,
+            bucket_started: now,
+            reading: None,
+            streak: 0,
+            capacity: None,
+            others_mean: 0.0,
+            others_peak: (0.0, now),
+            others: 0.0,
+            steer: Steer::Delay,
+        }
+    }
+
+    pub fn inflight(&self) -> usize {
+        self.flights.len()
+    }
+
+    /// Takes a slot when the gate is open and the window has room: the request's sequence
+    /// number and the token that preempts it.
+    pub fn admit(&mut self, now: Instant) -> Option<(u64, CancellationToken)> {
+        if self.closed_until.is_some_and(|t| now < t) {
+            return None;
+        }
+        self.closed_until = None;
+        if (self.flights.len() as f64) + 1.0 > self.window.floor().max(1.0) {
+            self.bound = true;
+            return None;
+        }
+        if (self.flights.len() as f64) + 2.0 > self.window.floor() {
+            self.bound = true;
+        }
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        let preempt = CancellationToken::new();
+        self.flights.push_back(Flight {
+            seq,
+            preempt: preempt.clone(),
+        });
+        Some((seq, preempt))
+    }
+
+    /// Frees request `seq`'s slot and learns from its answer: `(answer, sent_at, retry_after,
+    /// seconds per output token)`, or `None` when it was not sent or was taken back.
+    pub fn settle(
+        &mut self,
+        seq: u64,
+        answer: Option<(Answer, Instant, Option<Duration>, f64)>,
+        now: Instant,
+    ) {
+        self.flights.retain(|f| f.seq != seq);
+        let Some((answer, sent_at, retry_after, per_token)) = answer else {
+            return;
+        };
+        let new_flight = self.last_decrease.is_none_or(|t| sent_at >= t);
+        match answer {
+            Answer::Accepted => self.learn_latency(sent_at, per_token, now),
+            Answer::Saturated => {
+                if new_flight {
+                    self.cut(self.s.decrease_factor, now);
+                }
+                if let Some(ra) = retry_after {
+                    self.window = self.s.min_window;
+                    self.closed_until = Some(now + ra);
+                }
+            }
+            Answer::Expired if new_flight => self.cut(0.9, now),
+            _ => {}
+        }
+    }
+
+    fn learn_latency(&mut self, sent_at: Instant, per_token: f64, now: Instant) {
+        if !(per_token.is_finite() && per_token > 0.0) {
+            return;
+        }
+        if now.duration_since(self.bucket_started) >= BASELINE_BUCKET {
+            self.baseline_before = self.baseline_now.take();
+            self.bucket_started = now;
+        }
+        self.baseline_now = Some(self.baseline_now.map_or(per_token, |b| b.min(per_token)));
+        self.samples.push_back(Sample { sent_at, per_token });
+        self.answered += 1;
+        while self.samples.len() > SAMPLES {
+            self.samples.pop_front();
+        }
+    }
+
+    /// The no-load latency per output token: the least seen lately.
+    pub fn baseline(&self) -> Option<f64> {
+        match (self.baseline_now, self.baseline_before) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// The median latency per token of the newest samples sent since the last decrease.
+    pub fn latency(&self) -> Option<f64> {
+        let mut recent: Vec<f64> = self
+            .samples
+            .iter()
+            .filter(|s| self.last_decrease.is_none_or(|t| s.sent_at >= t))
+            .map(|s| s.per_token)
+            .collect();
+        if recent.is_empty() {
+            return None;
+        }
+        recent.sort_by(f64::total_cmp);
+        Some(recent[recent.len() / 2])
+    }
+
+    fn cut(&mut self, by: f64, now: Instant) {
+        self.window = (self.window * by).max(self.s.min_window);
+        self.last_decrease = Some(now);
+    }
+
+    /// Whether the window held the gate back this period, or is full now.
+    fn window_binds(&self) -> bool {
+        self.bound || self.flights.len() as f64 + 1.0 >= self.window.floor()
+    }
+
+    fn grow(&mut self) {
+        if self.window_binds() {
+            self.window += self.s.increase;
+        }
+    }
+
+    /// One control period: takes a fresh reading (or none), moves the window, and returns the
+    /// tokens of the requests to take back (the youngest first), when preemption is on.
+    pub fn tick(&mut self, reading: Option<Reading>, now: Instant) -> Vec<CancellationToken> {
+        if let Some(r) = reading {
+            self.reading = Some((now, r));
+        }
+        let stale = self.s.interval * STALE_PERIODS;
+        let fresh = self
+            .reading
+            .filter(|(at, _)| now.duration_since(*at) <= stale)
+            .map(|(_, r)| r);
+        let mut preempt = Vec::new();
+        match fresh {
+            Some(r) => {
+                self.steer = Steer::Queue;
+                self.answered = 0;
+                self.steer_by_queue(r, now);
+                let queued = r.waiting > self.s.signal_target;
+                if queued && self.s.preempt {
+                    // Requests already taken back but not yet released count as taken.
+                    let leaving = self
+                        .flights
+                        .iter()
+                        .filter(|f| f.preempt.is_cancelled())
+                        .count();
+                    let active = self.flights.len() - leaving;
+                    let over = active.saturating_sub(self.window.floor() as usize);
+                    let hurting = (r.waiting - self.s.signal_target).ceil().max(0.0) as usize;
+                    preempt = self.take_back(over.min(hurting.saturating_sub(leaving)));
+                }
+            }
+            None => {
+                self.steer = Steer::Delay;
+                self.steer_by_delay(now);
+            }
+        }
+        self.window = self.window.clamp(self.s.min_window, self.s.max_window);
+        self.bound = false;
+        preempt
+    }
+
+    /// The youngest `n` requests' tokens (they have done the least work), removed from the
+    /// window's count as their releases will be.
+    fn take_back(&mut self, n: usize) -> Vec<CancellationToken> {
+        let mut out = Vec::with_capacity(n);
+        for flight in self.flights.iter().rev() {
+            if out.len() == n {
+                break;
+            }
+            if !flight.preempt.is_cancelled() {
+                out.push(flight.preempt.clone());
+            }
+        }
+        out
+    }
+
+    fn steer_by_queue(&mut self, r: Reading, now: Instant) {
+        let queued = r.waiting > self.s.signal_target;
+        self.streak = if queued { self.streak + 1 } else { 0 };
+        let Some(running) = r.running else {
+            // Vegas on the queue alone: a queue standing for two periods cuts the window.
+            if self.streak >= 2 {
+                self.cut(self.s.decrease_factor, now);
+                self.streak = 0;
+            } else if !queued {
+                self.grow();
+            }
+            return;
+        };
+        let mine = self.flights.len() as f64;
+        self.others = (running + r.waiting - mine).max(0.0);
+        self.remember_others(now);
+        if queued {
+            // The pool runs this much when a queue stands.
+            self.capacity = Some(running);
+        } else if self.capacity.is_some_and(|c| running > c) {
+            self.capacity = Some(running);
+        }
+        match self.capacity {
+            Some(capacity) => {
+                let expect = self.others.max(self.others_mean).max(self.others_peak.0);
+                let room = capacity - expect - self.s.headroom * expect.sqrt() - 1.0;
+                if room < self.window {
+                    self.window = room;
+                } else if self.window_binds() {
+                    self.window = (self.window + self.s.increase).min(room);
+                }
+            }
+            // Not learnt yet: probe upward until a queue shows the capacity.
+            None if queued => self.cut(self.s.decrease_factor, now),
+            None => self.grow(),
+        }
+    }
+
+    /// The others' mean over `memory`, and their peak, kept for `memory`.
+    fn remember_others(&mut self, now: Instant) {
+        let alpha = (self.s.interval.as_secs_f64() / self.s.memory.as_secs_f64()).min(1.0);
+        self.others_mean += alpha * (self.others - self.others_mean);
+        let (peak, at) = self.others_peak;
+        if self.others >= peak || now.duration_since(at) > self.s.memory {
+            self.others_peak = (self.others, now);
+        }
+    }
+
+    /// Steers on delay. It grows only in a period that brought answers (the first one gives
+    /// the baseline at the smallest window), so the window never runs ahead of its evidence,
+    /// and it cuts once per flight (the latency it reads is of requests sent since the last cut).
+    fn steer_by_delay(&mut self, now: Instant) {
+        let answered = std::mem::take(&mut self.answered);
+        let (Some(latency), Some(baseline)) = (self.latency(), self.baseline()) else {
+            return;
+        };
+        let ratio = latency / baseline;
+        if ratio > self.s.latency_tolerance {
+            self.cut(self.s.decrease_factor, now);
+        } else if answered > 0 && ratio < self.s.latency_tolerance * GROW_BELOW {
+            self.grow();
+        }
+    }
+}
