@@ -25,6 +25,7 @@
 //! - `drain`, `open_loop`, `redelivery`, `bullmq`: the phases.
 //! - `cluster`: the cluster section (its drains, MONITOR census, replica wait and table).
 //! - `placement`: the split placement (the gateway on CPUs of its own) of the second drains.
+//! - [`slack`]: `inferq-dev bench-slack`, the fill-the-slack benchmark (its own run).
 //! - `stats`: latency percentiles. `report`: targets, table, JSON. `plot`: the PNG.
 
 mod bullmq;
@@ -40,6 +41,7 @@ mod plot;
 mod procs;
 mod redelivery;
 pub mod report;
+pub mod slack;
 mod stats;
 
 use std::path::PathBuf;

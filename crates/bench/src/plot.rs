@@ -16,7 +16,7 @@ use super::BenchError;
 const FONT: &str = "/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf";
 
 /// Registers the font once; `true` when text can be drawn.
-fn font_ready() -> bool {
+pub(crate) fn font_ready() -> bool {
     static READY: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *READY.get_or_init(|| match std::fs::read(FONT) {
         // Registered fonts live for the whole process.

@@ -384,6 +384,11 @@ impl Processor {
         self.proc.usage()
     }
 
+    /// Its `/metrics` page's address.
+    pub fn metrics_url(&self) -> String {
+        format!("http://127.0.0.1:{}/metrics", self.metrics)
+    }
+
     /// Its `inferq_claims_lost_total` over every queue: requests another instance claimed
     /// between this one's peek and its claim (`None` when `/metrics` did not answer).
     pub async fn claims_lost(&self, http: &reqwest::Client) -> Option<u64> {

@@ -26,6 +26,7 @@ mod batch_bench;
 mod bench;
 mod chaos;
 mod demo;
+mod slack_bench;
 
 use std::process::ExitCode;
 
@@ -60,6 +61,9 @@ enum Command {
     /// Benchmark the Batch API: a batch's upload, ingestion, drain and output against the
     /// same lines through `inferq submit`, and the replica's peak memory.
     BenchBatch(batch_bench::BatchBenchArgs),
+    /// Benchmark filling the slack: batch work beside interactive traffic on a pool that queues
+    /// like vLLM, ungated and behind each gate (static, aimd, slack), with the picture.
+    BenchSlack(slack_bench::SlackBenchArgs),
 }
 
 #[derive(Debug, clap::Args)]
@@ -114,6 +118,7 @@ fn main() -> ExitCode {
             Command::Chaos(args) => chaos::chaos(args).await,
             Command::Bench(args) => bench::bench(args).await,
             Command::BenchBatch(args) => batch_bench::bench_batch(args).await,
+            Command::BenchSlack(args) => slack_bench::bench_slack(args).await,
         }
     });
     match outcome {

@@ -28,6 +28,7 @@ mod pubsub;
 mod reload;
 mod residue;
 mod security;
+mod slack;
 mod status;
 mod tracing;
 mod upgrade;

@@ -254,8 +254,7 @@ impl Controller {
                 self.steer = Steer::Queue;
                 self.answered = 0;
                 self.steer_by_queue(r, now);
-                let queued = r.waiting > self.s.signal_target;
-                if queued && self.s.preempt {
+                if self.standing(r) && self.s.preempt {
                     // Requests already taken back but not yet released count as taken.
                     let leaving = self
                         .flights
@@ -293,11 +292,23 @@ impl Controller {
         out
     }
 
+    /// Whether the last reading shows a queue that stands: seen twice in a row (a request
+    /// waits for the next step boundary even in a pool with room, so one reading flickers), or
+    /// once while the pool runs all it can.
+    fn standing(&self, r: Reading) -> bool {
+        let full = match (r.running, self.capacity) {
+            (Some(running), Some(capacity)) => running >= capacity,
+            _ => false,
+        };
+        self.streak >= 2 || (self.streak >= 1 && full)
+    }
+
     fn steer_by_queue(&mut self, r: Reading, now: Instant) {
         let queued = r.waiting > self.s.signal_target;
         self.streak = if queued { self.streak + 1 } else { 0 };
+        let standing = self.standing(r);
         let Some(running) = r.running else {
-            // Vegas on the queue alone: a queue standing for two periods cuts the window.
+            // Vegas on the queue alone: a standing queue cuts the window, none lets it grow.
             if self.streak >= 2 {
                 self.cut(self.s.decrease_factor, now);
                 self.streak = 0;
@@ -309,7 +320,7 @@ impl Controller {
         let mine = self.flights.len() as f64;
         self.others = (running + r.waiting - mine).max(0.0);
         self.remember_others(now);
-        if queued {
+        if standing {
             // The pool runs this much when a queue stands.
             self.capacity = Some(running);
         } else if self.capacity.is_some_and(|c| running > c) {
@@ -321,13 +332,14 @@ impl Controller {
                 let room = capacity - expect - self.s.headroom * expect.sqrt() - 1.0;
                 if room < self.window {
                     self.window = room;
-                } else if self.window_binds() {
+                } else if !queued && self.window_binds() {
                     self.window = (self.window + self.s.increase).min(room);
                 }
             }
-            // Not learnt yet: probe upward until a queue shows the capacity.
-            None if queued => self.cut(self.s.decrease_factor, now),
-            None => self.grow(),
+            // Not learnt yet: probe upward until a standing queue shows the capacity.
+            None if standing => self.cut(self.s.decrease_factor, now),
+            None if !queued => self.grow(),
+            None => {}
         }
     }
 

@@ -1,0 +1,194 @@
+//! `inferq-dev bench-slack`: does inferq fill a pool's spare capacity without hurting the
+//! interactive traffic that shares it? Each scenario runs the same interactive profile (idle and
+//! burst phases, open-loop) against a pool that queues like vLLM (the simulator's engine model),
+//! beside a deep backlog of batch requests drained by one `inferq run` behind a different gate:
+//!
+//! 1. interactive alone (no batch: the reference for latency);
+//! 2. ungated (the reference for batch throughput);
+//! 3. Go's static gate (`endpoint-scrape` on the router's saturation metric, Go's defaults);
+//! 4. `aimd` (Go's proposed feedback gate);
+//! 5. `slack` with `signal_url` (the engines' `/metrics`);
+//! 6. `slack` alone (its own latencies and rejections).
+//!
+//! The set runs with the pool's flow control off (the engines never refuse) and on (sheddable
+//! batch requests are refused while the pool is saturated). `--sweep` adds static pool sizes and
+//! `slack` headrooms, for the trade-off curve.
+//!
+//! In: [`SlackOptions`]. Out: a table per setting and phase (batch completions and tokens per
+//! second, harvest against the ungated run, interactive TTFT and ITL p50/p99 and their ratio to
+//! interactive alone), `slack.json`, and `slack.png` (interactive p99 TTFT, batch throughput and
+//! the window over time, per scenario).
+//!
+//! # Layout
+//! - `scenario`: one scenario's run (Redis, pool, processor, generator, sampler).
+//! - `report`: per-phase figures, the table, the targets.
+//! - `plot`: the PNG.
+
+mod plot;
+pub mod report;
+mod scenario;
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use inferq_sim::interactive::{Phase, Profile};
+use inferq_sim::EngineConfig;
+
+use crate::BenchError;
+pub use scenario::Run;
+
+/// Everything a run is told.
+#[derive(Debug, Clone)]
+pub struct SlackOptions {
+    pub out: PathBuf,
+    /// The pool: engines, sequences, step times (flow control is set per scenario).
+    pub engine: EngineConfig,
+    /// The interactive profile (a `warmup` phase is left out of every figure).
+    pub profile: Profile,
+    pub interactive_tokens: u64,
+    pub batch_tokens: u64,
+    /// Batch requests queued before each scenario (more than it can finish).
+    pub backlog: u64,
+    /// The processor's workers.
+    pub workers: u32,
+    pub seed: u64,
+    /// Also run static pool sizes and slack headrooms (the trade-off curve).
+    pub sweep: Vec<Gate>,
+    /// Which flow-control settings to run.
+    pub flow_control: Vec<bool>,
+}
+
+/// The default profile: a warm-up, then idle and burst phases twice.
+pub fn default_profile(phase: Duration, idle_rate: f64, burst_rate: f64) -> Profile {
+    Profile {
+        phases: vec![
+            Phase::steady("warmup", Duration::from_secs(8), idle_rate),
+            Phase::steady("idle", phase, idle_rate),
+            Phase::steady("burst", phase, burst_rate),
+            Phase::steady("idle", phase, idle_rate),
+            Phase::steady("burst", phase, burst_rate),
+        ],
+    }
+}
+
+/// A scenario's gate.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Gate {
+    /// No batch work at all.
+    Alone,
+    /// Batch work, no gate.
+    Ungated,
+    /// Go's static gate: `endpoint-scrape` as a queue gate on the pool's saturation, Go's
+    /// defaults (budget 1 − saturation, closed at saturation 1).
+    Static,
+    /// A fixed pool size (`local-max-concurrency` with this limit, waiting for a permit).
+    Size(u32),
+    /// Go's proposed `aimd`.
+    Aimd,
+    /// `slack` reading the engines' page, with this headroom (None: the default).
+    SlackSignal(Option<f64>),
+    /// `slack` on its own latencies and rejections.
+    SlackAlone,
+}
+
+impl Gate {
+    /// The six scenarios of every run.
+    pub const SET: [Gate; 6] = [
+        Gate::Alone,
+        Gate::Ungated,
+        Gate::Static,
+        Gate::Aimd,
+        Gate::SlackSignal(None),
+        Gate::SlackAlone,
+    ];
+
+    pub fn name(&self) -> String {
+        match self {
+            Gate::Alone => "interactive-alone".into(),
+            Gate::Ungated => "ungated".into(),
+            Gate::Static => "static (endpoint-scrape)".into(),
+            Gate::Size(n) => format!("static size {n}"),
+            Gate::Aimd => "aimd".into(),
+            Gate::SlackSignal(None) => "slack + signal_url".into(),
+            Gate::SlackSignal(Some(h)) => format!("slack + signal_url, headroom {h}"),
+            Gate::SlackAlone => "slack alone".into(),
+        }
+    }
+
+    /// The queue gate `(type, params)`, when the scenario has one.
+    fn queue_gate(&self, pool_metrics: &str) -> Option<(&'static str, serde_json::Value)> {
+        match self {
+            Gate::Static => Some((
+                "endpoint-scrape",
+                serde_json::json!({
+                    "url": pool_metrics,
+                    "metric": "llm_d_epp_flow_control_pool_saturation",
+                }),
+            )),
+            _ => None,
+        }
+    }
+
+    /// The pool gate `(type, params)`, when the scenario has one.
+    fn pool_gate(&self, pool_metrics: &str) -> Option<(&'static str, serde_json::Value)> {
+        match self {
+            Gate::Size(n) => Some((
+                "local-max-concurrency",
+                serde_json::json!({"limit": n, "gating_mode": "blocking"}),
+            )),
+            Gate::Aimd => Some(("aimd", serde_json::json!({}))),
+            Gate::SlackSignal(headroom) => {
+                let mut p = serde_json::json!({"signal_url": pool_metrics});
+                if let Some(h) = headroom {
+                    p["headroom"] = (*h).into();
+                }
+                Some(("slack", p))
+            }
+            Gate::SlackAlone => Some(("slack", serde_json::json!({}))),
+            _ => None,
+        }
+    }
+
+    /// The processor's series for the window, and a label filter.
+    fn window_metric(&self) -> Option<(&'static str, &'static str)> {
+        match self {
+            Gate::Aimd => Some(("llm_d_async_async_aimd_window", "overflow-batch")),
+            Gate::SlackSignal(_) | Gate::SlackAlone => Some(("inferq_slack_window", "")),
+            _ => None,
+        }
+    }
+}
+
+/// Runs every scenario under every flow-control setting, prints the table, writes the JSON and
+/// the PNG.
+pub async fn run(opts: &SlackOptions) -> Result<report::SlackReport, BenchError> {
+    std::fs::create_dir_all(&opts.out).map_err(|e| BenchError::setup("output folder", e))?;
+    let dir = tempfile::tempdir().map_err(|e| BenchError::setup("scratch folder", e))?;
+    let mut runs = Vec::new();
+    for &fc in &opts.flow_control {
+        for gate in Gate::SET.iter().chain(opts.sweep.iter()) {
+            eprintln!(
+                "bench-slack: {} (flow control {})…",
+                gate.name(),
+                if fc { "on" } else { "off" }
+            );
+            let run = scenario::run(opts, gate, fc, dir.path())
+                .await
+                .map_err(|e| e.during(gate.name()))?;
+            runs.push(run);
+        }
+    }
+    let report = report::SlackReport::new(opts, runs);
+    println!("{}", report.table());
+    let json = serde_json::to_string_pretty(&report)
+        .map_err(|e| BenchError::Phase(format!("cannot encode slack.json: {e}")))?;
+    std::fs::write(opts.out.join("slack.json"), json)
+        .map_err(|e| BenchError::setup("slack.json", e))?;
+    plot::draw(&report, &opts.out.join("slack.png"))?;
+    println!(
+        "wrote {} and {}",
+        opts.out.join("slack.json").display(),
+        opts.out.join("slack.png").display()
+    );
+    Ok(report)
+}

@@ -1,0 +1,101 @@
+//! `inferq-dev bench-slack`: flags in, [`inferq_bench::slack::run`] does the work. The pool's
+//! knobs are the simulator's engine-model flags; the profile is a warm-up, then idle and burst
+//! phases twice. Exit 0 when the run completed (missed targets are reported in the table), 2 on
+//! a bad flag, 1 when a scenario failed.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use inferq::cli::Failure;
+use inferq_bench::slack::{self, Gate, SlackOptions};
+use inferq_sim::EngineConfig;
+
+#[derive(Debug, clap::Args)]
+pub struct SlackBenchArgs {
+    /// Folder for slack.json and slack.png.
+    #[arg(long, default_value = "bench-out")]
+    pub out: PathBuf,
+    /// Seconds of each idle and burst phase.
+    #[arg(long, default_value_t = 20.0)]
+    pub phase_s: f64,
+    /// Interactive requests per second in idle phases.
+    #[arg(long, default_value_t = 2.0)]
+    pub idle_rate: f64,
+    /// Interactive requests per second in burst phases.
+    #[arg(long, default_value_t = 8.0)]
+    pub burst_rate: f64,
+    /// Output tokens of each interactive request.
+    #[arg(long, default_value_t = 64)]
+    pub interactive_tokens: u64,
+    /// Output tokens of each batch request.
+    #[arg(long, default_value_t = 128)]
+    pub batch_tokens: u64,
+    /// Batch requests queued before each scenario.
+    #[arg(long, default_value_t = 20_000)]
+    pub backlog: u64,
+    /// The processor's workers.
+    #[arg(long, default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..))]
+    pub workers: u32,
+    /// Seed of the interactive arrivals (every scenario gets the same ones).
+    #[arg(long, default_value_t = 7)]
+    pub seed: u64,
+    /// Only this flow-control setting (both by default; the pool's own --flow-control flag is
+    /// set per scenario).
+    #[arg(long, value_parser = ["off", "on"])]
+    pub only_flow_control: Option<String>,
+    /// Also run these static pool sizes (the trade-off curve).
+    #[arg(long, value_delimiter = ',')]
+    pub sweep_sizes: Vec<u32>,
+    /// Also run `slack` with signal_url at these headrooms (the trade-off curve).
+    #[arg(long, value_delimiter = ',')]
+    pub sweep_headroom: Vec<f64>,
+    /// The pool (2 engines of 16 sequences unless told otherwise).
+    #[command(flatten)]
+    pub engine: EngineConfig,
+}
+
+pub async fn bench_slack(args: SlackBenchArgs) -> Result<(), Failure> {
+    let phase = Duration::try_from_secs_f64(args.phase_s)
+        .ok()
+        .filter(|d| *d >= Duration::from_secs(1))
+        .ok_or_else(|| Failure::bad_input(anyhow::anyhow!("--phase-s: must be at least 1")))?;
+    for (flag, rate) in [("idle-rate", args.idle_rate), ("burst-rate", args.burst_rate)] {
+        if !(rate.is_finite() && rate >= 0.0) {
+            return Err(Failure::bad_input(anyhow::anyhow!("--{flag}: must be ≥ 0, got {rate}")));
+        }
+    }
+    let mut engine = args.engine;
+    if engine.pods == 0 {
+        engine.pods = 2;
+    }
+    let sim = inferq_sim::SimConfig {
+        engine: engine.clone(),
+        ..inferq_sim::SimConfig::default()
+    };
+    sim.validate().map_err(Failure::bad_input)?;
+    let flow_control = match args.only_flow_control.as_deref() {
+        Some("off") => vec![false],
+        Some(_) => vec![true],
+        None => vec![false, true],
+    };
+    let sweep = args
+        .sweep_sizes
+        .iter()
+        .map(|n| Gate::Size(*n))
+        .chain(args.sweep_headroom.iter().map(|h| Gate::SlackSignal(Some(*h))))
+        .collect();
+    let opts = SlackOptions {
+        out: args.out,
+        engine,
+        profile: slack::default_profile(phase, args.idle_rate, args.burst_rate),
+        interactive_tokens: args.interactive_tokens,
+        batch_tokens: args.batch_tokens,
+        backlog: args.backlog,
+        workers: args.workers,
+        seed: args.seed,
+        sweep,
+        flow_control,
+    };
+    slack::run(&opts).await?;
+    Ok(())
+}
