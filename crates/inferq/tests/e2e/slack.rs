@@ -127,7 +127,8 @@ async fn measure(batch: bool, gate: Option<fn(&str) -> serde_json::Value>) -> Me
 async fn slack_keeps_interactive_latency_while_batch_work_runs() {
     let alone = measure(false, None).await;
     let ungated = measure(true, None).await;
-    let bound = (alone.ttft_p99 * 3.0).max(alone.ttft_p99 + 60.0);
+    // Loose: a queued interactive request waits at most until the gate has taken room back.
+    let bound = (alone.ttft_p99 * 5.0).max(alone.ttft_p99 + 250.0);
     eprintln!(
         "alone p99 {:.0} ms; ungated p99 {:.0} ms with {} batch results; bound {bound:.0} ms",
         alone.ttft_p99, ungated.ttft_p99, ungated.batch_done
