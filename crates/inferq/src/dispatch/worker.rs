@@ -19,7 +19,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::context::{Job, QueueCtx};
 use super::holdings::Abort;
-use super::merge::tier_bucket;
+use super::lane_stamp::lane_stamps;
 use super::trace::{RequestFacts, RequestSpan, RequestTracer};
 use crate::config::merge::TierPriority;
 use crate::config::Fairness;
@@ -38,6 +38,8 @@ use pool_gate::through_pool_gate;
 pub struct WorkerEnv {
     pub client: GatewayClient,
     pub request_timeout: Duration,
+    /// `--gate-wait-timeout` (`None`: until the deadline).
+    pub gate_wait_timeout: Option<Duration>,
     pub fairness: Fairness,
     /// Cancelled when the processor stops claiming (shutdown): a request still waiting at its
     /// pool gate has not started, so it is released to pending at once rather than after the
@@ -74,7 +76,7 @@ pub async fn work(job: Job, env: Arc<WorkerEnv>) {
         span,
         env: &env,
     };
-    let Some(job) = through_pool_gate(job, &env.stop_claiming).await else {
+    let Some(job) = through_pool_gate(job, &env.stop_claiming, env.gate_wait_timeout).await else {
         return;
     };
     let Some((job, ready)) = journey.make_ready(job) else {
@@ -95,9 +97,9 @@ struct Journey<'a> {
     /// The request's `process-request` span, when tracing is on: it ends when the journey is
     /// dropped, at the end of [`work`].
     span: Option<RequestSpan>,
-    /// The tier-priority header and the bucket the merge took the request by, when that is
-    /// the merge policy.
-    priority: Option<(&'a str, String)>,
+    /// The tier-priority stamps (objective, priority) of the lane the merge took the request
+    /// by, when that is the merge policy.
+    priority: Vec<(&'a str, String)>,
 }
 
 /// A request made ready to send.
@@ -161,11 +163,11 @@ fn validate_transforms(job: &Job, transforms: &Transforms) -> Result<(), String>
 
 /// The bucket the merge took the request by, stamped as Go's policy stamps it: before the
 /// pool gate (whose classification does not change it).
-fn priority_stamp<'a>(job: &Job, env: &'a WorkerEnv) -> Option<(&'a str, String)> {
-    env.priority.as_ref().map(|tier| {
-        let bucket = tier_bucket(&job.held.envelope.internal.labels, &tier.tier_label);
-        (tier.priority_header.as_str(), bucket.to_string())
-    })
+fn priority_stamp<'a>(job: &Job, env: &'a WorkerEnv) -> Vec<(&'a str, String)> {
+    env.priority
+        .as_ref()
+        .map(|tier| lane_stamps(tier, &job.held.envelope.internal.labels))
+        .unwrap_or_default()
 }
 
 impl Journey<'_> {
@@ -277,7 +279,7 @@ impl Journey<'_> {
                 fairness,
                 &request.id,
             );
-            if let Some((name, value)) = &self.priority {
+            for (name, value) in &self.priority {
                 gateway::stamp_header(&mut headers, name, value);
             }
             if let Some(value) = &ready.content_type {
@@ -291,6 +293,7 @@ impl Journey<'_> {
         ));
         let inflight = self.ctx.series.inflight.get().clone();
         inflight.inc();
+        super::tokens::dispatched(&self.ctx);
         let attempt = tokio::select! {
             biased;
             reason = job.ticket.aborted() => Err(reason),
@@ -348,6 +351,7 @@ fn decide(job: Job, outcome: Outcome) {
     match outcome {
         Outcome::Success { status, body } => {
             ctx.series.successful.get().inc();
+            super::tokens::count(&ctx, &body);
             job.publish(ResultMessage::http(&id, status, &body));
         }
         Outcome::Terminal { status, body, .. } => {

@@ -228,6 +228,8 @@ pub struct Metrics {
     pub config_reloads: Family<ResultLabels, Counter>,
     /// Unix time of the last reload applied (0: none yet).
     pub config_last_success: Gauge<f64, std::sync::atomic::AtomicU64>,
+    /// Sends, tokens, gate-wait requeues and deadline proximity (newer Go's).
+    pub dispatch: super::dispatch_metrics::DispatchMetrics,
 }
 
 impl Default for Metrics {
@@ -251,6 +253,7 @@ impl Metrics {
         m.register_claims(&mut registry);
         m.register_finishes(&mut registry);
         m.register_deliveries(&mut registry);
+        m.dispatch.register(&mut registry);
         registry.register_collector(Box::new(super::process::ProcessCollector));
         Metrics { registry, ..m }
     }
@@ -294,6 +297,7 @@ impl Metrics {
             pubsub_messages: Family::default(),
             config_reloads: Family::default(),
             config_last_success: Gauge::default(),
+            dispatch: Default::default(),
             registry: Registry::default(),
         }
     }
