@@ -51,7 +51,7 @@ pub struct TierPriority {
     pub objective_header: String,
     /// Each lane's InferenceObjective, by bucket ([`LANES`] order); a lane without one is not
     /// stamped.
-    pub lane_objectives: [Option<String>; 6],
+    pub lane_objectives: Box<[Option<String>; 6]>,
 }
 
 impl TierPriority {
@@ -227,7 +227,7 @@ fn tier_priority(params: Value) -> Result<PolicyParameters, ConfigError> {
             priority_header,
             tier_label,
             objective_header,
-            lane_objectives: lane_objectives(p.lane_objectives.unwrap_or_default())?,
+            lane_objectives: Box::new(lane_objectives(p.lane_objectives.unwrap_or_default())?),
         }),
         fairness_header: p.fairness_header,
         fairness_attribute: p.fairness_attribute,
@@ -375,7 +375,7 @@ mod tests {
         };
         assert_eq!(tier.objective_header, "X-Obj");
         assert_eq!(
-            tier.lane_objectives,
+            *tier.lane_objectives,
             [
                 Some("chat".to_owned()),
                 None,

@@ -51,7 +51,7 @@ struct Usage {
 
 /// `(input, output)` tokens of an answer's top-level `usage`; `None` without one.
 fn usage(body: &[u8]) -> Option<(u64, u64)> {
-    if memchr_usage(body).is_none() {
+    if !mentions_usage(body) {
         return None;
     }
     let answer: Answer = serde_json::from_slice(body).ok()?;
@@ -62,11 +62,11 @@ fn usage(body: &[u8]) -> Option<(u64, u64)> {
     ))
 }
 
-/// Where `"usage"` first occurs in the body, if anywhere: most answers without it are passed
-/// over without decoding.
-fn memchr_usage(body: &[u8]) -> Option<usize> {
+/// Whether `"usage"` occurs in the body at all: most answers without it are passed over
+/// without decoding.
+fn mentions_usage(body: &[u8]) -> bool {
     const NEEDLE: &[u8] = b"\"usage\"";
-    body.windows(NEEDLE.len()).position(|w| w == NEEDLE)
+    body.windows(NEEDLE.len()).any(|w| w == NEEDLE)
 }
 
 #[cfg(test)]
