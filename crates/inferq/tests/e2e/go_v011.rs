@@ -341,3 +341,66 @@ async fn redis_pubsub_is_announced_deprecated_at_start_up() {
     );
     assert!(!sorted.log().contains(warning), "{}", sorted.log());
 }
+
+/// The cost of one `deadline_proximity_millis` reading (the backlog poll's one pipeline: `ZCARD`
+/// and 13 `ZCOUNT`s) on a queue of a million pending members, beside a bare `ZCARD` round trip.
+/// Run by hand (`--ignored --nocapture`); the figure is in docs/benchmarks.md.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a measurement: fills a million members"]
+async fn deadline_proximity_costs_one_round_trip_on_a_million_members() {
+    let redis = RedisServer::start().unwrap();
+    let mut con = con(&redis).await;
+    let now_ms = inferq::queue::producer::unix_ms();
+    // Deadlines spread over the next two days, 10,000 members a script call.
+    let fill = redis::Script::new(
+        r"for i = tonumber(ARGV[1]), tonumber(ARGV[1]) + 9999 do
+            redis.call('ZADD', KEYS[1], tonumber(ARGV[2]) + (i % 172800) + i / 2097152, 'member-' .. i)
+          end",
+    );
+    for chunk in 0..100 {
+        let _: () = fill
+            .key(Q)
+            .arg(chunk * 10_000)
+            .arg(now_ms / 1000)
+            .invoke_async(&mut con)
+            .await
+            .unwrap();
+    }
+    let n: u64 = con.zcard(Q).await.unwrap();
+    assert_eq!(n, 1_000_000);
+    let time = |samples: &mut Vec<Duration>| {
+        samples.sort();
+        (samples[samples.len() / 2], samples[samples.len() * 99 / 100])
+    };
+    let mut zcard = Vec::new();
+    let mut reading = Vec::new();
+    for _ in 0..500 {
+        let t = Instant::now();
+        let _: u64 = con.zcard(Q).await.unwrap();
+        zcard.push(t.elapsed());
+        let t = Instant::now();
+        let r = inferq::dispatch::proximity::read(&mut con, Q, now_ms)
+            .await
+            .unwrap();
+        reading.push(t.elapsed());
+        assert_eq!(r.pending, 1_000_000);
+        assert!(r.within.windows(2).all(|w| w[0] <= w[1]), "{r:?}");
+    }
+    let (zcard_median, zcard_p99) = time(&mut zcard);
+    let (median, p99) = time(&mut reading);
+    // Redis's own time per command, from its statistics.
+    let stats: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    let zcount = stats
+        .lines()
+        .find(|l| l.starts_with("cmdstat_zcount:"))
+        .unwrap_or("")
+        .to_owned();
+    println!(
+        "1M members: ZCARD round trip median {zcard_median:?} p99 {zcard_p99:?}; \
+         proximity pipeline (ZCARD + 13 ZCOUNT) median {median:?} p99 {p99:?}; {zcount}"
+    );
+}
