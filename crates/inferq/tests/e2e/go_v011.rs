@@ -370,7 +370,10 @@ async fn deadline_proximity_costs_one_round_trip_on_a_million_members() {
     assert_eq!(n, 1_000_000);
     let time = |samples: &mut Vec<Duration>| {
         samples.sort();
-        (samples[samples.len() / 2], samples[samples.len() * 99 / 100])
+        (
+            samples[samples.len() / 2],
+            samples[samples.len() * 99 / 100],
+        )
     };
     let mut zcard = Vec::new();
     let mut reading = Vec::new();
