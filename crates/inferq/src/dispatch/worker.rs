@@ -161,8 +161,8 @@ fn validate_transforms(job: &Job, transforms: &Transforms) -> Result<(), String>
         .map_err(|e| format!("Failed to validate request for transform: {e}"))
 }
 
-/// The bucket the merge took the request by, stamped as Go's policy stamps it: before the
-/// pool gate (whose classification does not change it).
+/// The stamps of the lane (bucket) the merge took the request by, as Go's policy stamps them:
+/// decided before the pool gate (whose classification does not change them).
 fn priority_stamp<'a>(job: &Job, env: &'a WorkerEnv) -> Vec<(&'a str, String)> {
     env.priority
         .as_ref()

@@ -144,17 +144,22 @@ async fn a_request_waiting_past_the_gate_wait_timeout_goes_back_and_completes_la
     let requeues = format!("llm_d_async_async_gate_wait_requeues_total{{{LABELS}}}");
     let page = p.metrics().await;
     assert_eq!(value(&page, &requeues), Some(0.0), "{page}");
-    producer(&redis, Q)
-        .await
-        .submit(request("held", 60, "{}"))
-        .await
-        .unwrap();
-    // Put back at least twice: it was claimed again after the first.
+    let held = request("held", 60, "{}");
+    // Its score: the deadline plus its FIFO fraction (newer Go's enqueue_seq / 2^21).
+    let deadline = held.deadline;
+    let submitted = producer(&redis, Q).await.submit(held).await.unwrap();
+    let score = deadline as f64 + submitted.enqueue_seq as f64 / 2_097_152.0;
+    // Put back at least twice: it was claimed again after the first. Whenever it is seen back
+    // in pending, it has its first score.
     let started = Instant::now();
     loop {
         let page = p.metrics().await;
         if value(&page, &requeues).unwrap_or(0.0) >= 2.0 {
             break;
+        }
+        let pending: Vec<(String, f64)> = con.zrange_withscores(Q, 0, -1).await.unwrap();
+        for (_, seen) in &pending {
+            assert_eq!(*seen, score, "put back with another score");
         }
         assert!(
             started.elapsed() < Duration::from_secs(15),
@@ -169,11 +174,14 @@ async fn a_request_waiting_past_the_gate_wait_timeout_goes_back_and_completes_la
     let page = p.metrics().await;
     let retries = format!("llm_d_async_async_request_retries_total{{{LABELS}}}");
     assert_eq!(value(&page, &retries), Some(0.0), "not a retry: {page}");
-    // The member put back kept its generation and retry count.
     let _: () = con.set("dispatch-gate-budget", "1").await.unwrap();
     let got = wait_results(&mut con, 1, Duration::from_secs(15)).await;
     assert_eq!(got.len(), 1, "{}", p.log());
     assert_eq!((got[0].id.as_str(), got[0].status_code), ("held", 200));
+    assert_eq!(
+        got[0].request_token, submitted.request_token,
+        "the same generation"
+    );
     assert_eq!(gw.seen("held").len(), 1);
 }
 

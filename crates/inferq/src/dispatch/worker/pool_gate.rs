@@ -67,7 +67,8 @@ pub(super) async fn through_pool_gate(
 /// by it, refused (put back to the queue, as Go re-enqueues it), out of time, cancelled, lost,
 /// or shut down (a request still at the gate when claiming stops has not started: it is
 /// released to pending at once). Unlike Go, the wait is bounded by the
-/// request's deadline, not by `--request-timeout`.
+/// request's deadline, not by `--request-timeout`; and, as newer Go, by `--gate-wait-timeout`,
+/// after which the request is put back in its queue ([`gate_wait`]).
 async fn pass_pool_gate(
     mut job: Job,
     gate: Arc<dyn Gate>,
