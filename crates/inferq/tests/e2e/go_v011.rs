@@ -29,8 +29,8 @@ const LABELS: &str =
 /// A Go config of the `tier-priority` policy (#443) with `lane_objectives` and
 /// `fairness_attribute`: each lane's objective is stamped into `x-llm-d-inference-objective`,
 /// replacing a caller's header of that name in any case; no `x-gateway-priority` is stamped
-/// (its default is now `""`); the fairness id is stamped when non-empty and at most 256 bytes,
-/// replacing the caller's, and left out otherwise.
+/// (its default is now `""`); the fairness id is stamped when non-empty, at most 256 bytes and
+/// a legal header value, replacing the caller's, and left out otherwise.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_go_tier_priority_config_stamps_each_lane_s_objective() {
     let redis = RedisServer::start().unwrap();
@@ -81,15 +81,19 @@ async fn a_go_tier_priority_config_stamps_each_lane_s_objective() {
     exact.metadata.insert("tenant".to_owned(), "e".repeat(256));
     let mut empty = request("empty-tenant", 60, "{}");
     empty.metadata.insert("tenant".to_owned(), String::new());
-    for r in [long, exact, empty] {
+    let mut illegal = request("illegal-tenant", 60, "{}");
+    illegal
+        .metadata
+        .insert("tenant".to_owned(), "line\nbreak".to_owned());
+    for r in [long, exact, empty, illegal] {
         batch.submit(r).await.unwrap();
     }
     let mut con = con(&redis).await;
     assert_eq!(
-        wait_results(&mut con, 4, Duration::from_secs(20))
+        wait_results(&mut con, 5, Duration::from_secs(20))
             .await
             .len(),
-        4
+        5
     );
     let headers = |id: &str| gateway.seen(id)[0].headers.clone();
     let all = |h: &reqwest::header::HeaderMap, name: &str| -> Vec<String> {
@@ -105,7 +109,12 @@ async fn a_go_tier_priority_config_stamps_each_lane_s_objective() {
         "{h:?}"
     );
     assert_eq!(all(&h, "x-llm-d-inference-fairness-id"), ["alice"], "{h:?}");
-    for id in ["long-tenant", "exact-tenant", "empty-tenant"] {
+    for id in [
+        "long-tenant",
+        "exact-tenant",
+        "empty-tenant",
+        "illegal-tenant",
+    ] {
         let h = headers(id);
         assert_eq!(
             all(&h, "x-llm-d-inference-objective"),
