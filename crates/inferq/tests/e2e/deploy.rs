@@ -2,8 +2,9 @@
 //! PromQL uses (listed by `scripts/check-deploy.sh`, which parses it) is on the `/metrics` page
 //! of a real processor or of a real Batch API, after real work has made the series appear.
 //!
-//! The processor's page leaves out a family until it has a series (as Go's does), so the work
-//! here is chosen to touch each one: successes, a retry, a 429, a 400, a passed deadline, a
+//! The page leaves out a family without a series (as Go's does). Every series whose labels are
+//! known exists from start-up (checked on fresh pages by the last test here); the work of the
+//! first is chosen to touch the rest too: successes, a retry, a 429, a 400, a passed deadline, a
 //! renewal, a dead letter, a cancel in flight, a config reload, gates of every kind the panels
 //! show, a processor killed mid-request whose claim expires, two processors racing for claims,
 //! one frozen past its lease, a claim taken over while its request is at the gateway, the
