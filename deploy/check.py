@@ -142,6 +142,13 @@ VALUE_SETS: dict[str, tuple[dict[str, Any], set[tuple[str, str]]]] = {
         ("PrometheusRule", "prod-inferq"), ("PodDisruptionBudget", "prod-inferq"),
         ("PodDisruptionBudget", "prod-inferq-batch-api"),
     }),
+    "go-url-secret": ({
+        "redis": {"url": ""},
+        "processor": {"gateWaitTimeout": "30s"},
+        "transportConfig": {"config": {
+            "urlSecret": {"name": "redis-auth", "key": "url"},
+            "queues": [{"queue_name": "q", "igw_base_url": "http://gateway:80"}]}},
+    }, {("Deployment", "prod-inferq"), ("ConfigMap", "prod-inferq-config")}),
     "pubsub-long-drain": ({
         "processor": {"transport": "redis-pubsub", "drainTimeout": "3m30s",
                       "terminationGracePeriodSeconds": 240, "logging": {"format": "console"},
@@ -175,6 +182,9 @@ REFUSED: dict[str, tuple[dict[str, Any], str]] = {
     "Batch API replicas on a ReadWriteOnce claim": (
         {"batchApi": {"enabled": True, "replicaCount": 2, "insecureNoAuth": True}},
         "ReadWriteMany"),
+    "a urlSecret without its key": (
+        {"transportConfig": {"urlSecret": {"name": "redis-auth"}}},
+        "transportConfig.urlSecret.key"),
     "no Redis URL anywhere": (
         {"redis": {"url": ""}},
         "no Redis URL"),
@@ -323,7 +333,13 @@ def pod_spec_checks(docs: list[dict[str, Any]], values: dict[str, Any], flags: d
         fail.check(grace == int(go_seconds(drain)) + 10, at, f"the computed grace period is {grace}, not drain + 10s")
     env = {e["name"]: e for e in c.get("env", [])}
     redis = values.get("redis", {})
-    if redis.get("existingSecret"):
+    tc = values.get("transportConfig", {})
+    url_secret = tc.get("urlSecret", {}) if tc.get("urlSecret", {}).get("name") else tc.get("config", {}).get("urlSecret", {})
+    if url_secret.get("name"):
+        ref = env.get("REDIS_URL", {}).get("valueFrom", {}).get("secretKeyRef", {})
+        fail.check(ref == {"name": url_secret["name"], "key": url_secret["key"]}, at,
+                   f"REDIS_URL does not come from transportConfig.urlSecret: {ref}")
+    elif redis.get("existingSecret"):
         ref = env.get("REDIS_URL", {}).get("valueFrom", {}).get("secretKeyRef", {})
         fail.check(ref == {"name": redis["existingSecret"], "key": redis["existingSecretKey"]}, at,
                    f"REDIS_URL does not come from the existing Secret: {ref}")
@@ -377,9 +393,17 @@ def check_chart(versions: list[str], fail: Failures) -> None:
                 if doc["kind"] == "ConfigMap":
                     for key, text in (doc.get("data") or {}).items():
                         try:
-                            json.loads(text)
+                            parsed = json.loads(text)
                         except json.JSONDecodeError as e:
                             fail.add(f"{where} ConfigMap/{doc['metadata']['name']} {key}", f"not JSON: {e}")
+                            continue
+                        # The Go chart's urlSecret is the chart's: the processor must not see it.
+                        fail.check(not (key == "transport.json" and "urlSecret" in parsed),
+                                   f"{where} ConfigMap/{doc['metadata']['name']}", "transport.json keeps urlSecret")
+                if doc["kind"] == "Secret" and doc["metadata"]["name"].endswith("-redis"):
+                    tc = values.get("transportConfig", {})
+                    fail.check(not (tc.get("urlSecret") or tc.get("config", {}).get("urlSecret")), where,
+                               "a Redis URL Secret is made beside the urlSecret")
             print(f"  chart [{name}]: {len(docs)} manifests")
         for name, (values, message) in REFUSED.items():
             where = f"[refuses {name}]"
@@ -570,7 +594,8 @@ def run_promtool(fail: Failures) -> None:
 def exported_metrics() -> set[str]:
     """Every family name inferq's source registers (processor, process collector, Batch API)."""
     found = set()
-    for rel in ("crates/inferq/src/ops/metrics.rs", "crates/inferq/src/ops/process.rs", "crates/batch/src/metrics.rs"):
+    for rel in ("crates/inferq/src/ops/metrics.rs", "crates/inferq/src/ops/dispatch_metrics.rs",
+                "crates/inferq/src/ops/process.rs", "crates/batch/src/metrics.rs"):
         text = (REPO / rel).read_text()
         found |= {"llm_d_async_async_" + n for n in re.findall(r'go_name\(\s*"([a-z0-9_]+)"', text)}
         found |= set(re.findall(r'register\(\s*"([a-z_][a-z0-9_]*)"', text))

@@ -22,6 +22,19 @@ pub struct FileLabel {
     pub file: String,
 }
 
+/// Every status an OpenAI batch can have: each has its `inferq_batch_batches` series from
+/// start-up, at 0 until the first count read from Redis says otherwise.
+pub const BATCH_STATUSES: [&str; 8] = [
+    "validating",
+    "failed",
+    "in_progress",
+    "finalizing",
+    "completed",
+    "expired",
+    "cancelling",
+    "cancelled",
+];
+
 /// Every metric of a replica.
 pub struct Metrics {
     pub registry: Registry,
@@ -73,6 +86,17 @@ impl Metrics {
             "Time to write a sealed batch's output and error files and record its ending",
             finalize_seconds.clone(),
         );
+        // Every series whose labels are known exists at 0 from start-up (go-v011 §4).
+        for status in BATCH_STATUSES {
+            let _ = batches.get_or_create(&StatusLabel {
+                status: status.to_owned(),
+            });
+        }
+        for file in ["output", "error"] {
+            let _ = lines_written.get_or_create(&FileLabel {
+                file: file.to_owned(),
+            });
+        }
         Metrics {
             registry,
             batches,
@@ -97,5 +121,23 @@ impl Metrics {
 impl Default for Metrics {
     fn default() -> Metrics {
         Metrics::new()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_status_and_file_is_there_at_zero_from_the_start() {
+        let page = Metrics::new().encode();
+        for status in BATCH_STATUSES {
+            let series = format!("inferq_batch_batches{{status=\"{status}\"}} 0");
+            assert!(page.contains(&series), "{series} missing from {page}");
+        }
+        assert!(
+            page.contains("inferq_batch_lines_written_total{file=\"error\"} 0"),
+            "{page}"
+        );
     }
 }

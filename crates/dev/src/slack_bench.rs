@@ -49,6 +49,10 @@ pub struct SlackBenchArgs {
     /// Also run `slack` with signal_url at these headrooms (the trade-off curve).
     #[arg(long, value_delimiter = ',')]
     pub sweep_headroom: Vec<f64>,
+    /// Of the six scenarios run only the references (interactive alone, ungated), then the
+    /// sweep.
+    #[arg(long)]
+    pub references_only: bool,
     /// The pool (2 engines of 16 sequences unless told otherwise).
     #[command(flatten)]
     pub engine: EngineConfig,
@@ -59,9 +63,14 @@ pub async fn bench_slack(args: SlackBenchArgs) -> Result<(), Failure> {
         .ok()
         .filter(|d| *d >= Duration::from_secs(1))
         .ok_or_else(|| Failure::bad_input(anyhow::anyhow!("--phase-s: must be at least 1")))?;
-    for (flag, rate) in [("idle-rate", args.idle_rate), ("burst-rate", args.burst_rate)] {
+    for (flag, rate) in [
+        ("idle-rate", args.idle_rate),
+        ("burst-rate", args.burst_rate),
+    ] {
         if !(rate.is_finite() && rate >= 0.0) {
-            return Err(Failure::bad_input(anyhow::anyhow!("--{flag}: must be ≥ 0, got {rate}")));
+            return Err(Failure::bad_input(anyhow::anyhow!(
+                "--{flag}: must be ≥ 0, got {rate}"
+            )));
         }
     }
     let mut engine = args.engine;
@@ -82,7 +91,11 @@ pub async fn bench_slack(args: SlackBenchArgs) -> Result<(), Failure> {
         .sweep_sizes
         .iter()
         .map(|n| Gate::Size(*n))
-        .chain(args.sweep_headroom.iter().map(|h| Gate::SlackSignal(Some(*h))))
+        .chain(
+            args.sweep_headroom
+                .iter()
+                .map(|h| Gate::SlackSignal(Some(*h))),
+        )
         .collect();
     let opts = SlackOptions {
         out: args.out,
@@ -95,6 +108,7 @@ pub async fn bench_slack(args: SlackBenchArgs) -> Result<(), Failure> {
         seed: args.seed,
         sweep,
         flow_control,
+        references_only: args.references_only,
     };
     slack::run(&opts).await?;
     Ok(())

@@ -56,6 +56,8 @@ pub struct SlackOptions {
     pub sweep: Vec<Gate>,
     /// Which flow-control settings to run.
     pub flow_control: Vec<bool>,
+    /// Run only the references (alone, ungated) of the six scenarios, and the sweep.
+    pub references_only: bool,
 }
 
 /// The default profile: a warm-up, then idle and burst phases twice.
@@ -166,7 +168,10 @@ pub async fn run(opts: &SlackOptions) -> Result<report::SlackReport, BenchError>
     let dir = tempfile::tempdir().map_err(|e| BenchError::setup("scratch folder", e))?;
     let mut runs = Vec::new();
     for &fc in &opts.flow_control {
-        for gate in Gate::SET.iter().chain(opts.sweep.iter()) {
+        let set = Gate::SET
+            .iter()
+            .filter(|g| !opts.references_only || matches!(g, Gate::Alone | Gate::Ungated));
+        for gate in set.chain(opts.sweep.iter()) {
             eprintln!(
                 "bench-slack: {} (flow control {})…",
                 gate.name(),

@@ -32,7 +32,11 @@ fn err(e: impl std::fmt::Display) -> BenchError {
 
 /// p99 TTFT of the interactive requests sent in each bucket.
 fn ttft_curve(run: &Run) -> Vec<(f64, f64)> {
-    let end = run.samples.iter().map(|s| s.sent_at_ms / 1000.0).fold(0.0, f64::max);
+    let end = run
+        .samples
+        .iter()
+        .map(|s| s.sent_at_ms / 1000.0)
+        .fold(0.0, f64::max);
     let mut points = Vec::new();
     let mut t = 0.0;
     while t < end {
@@ -73,6 +77,9 @@ fn window_curve(run: &Run) -> Vec<(f64, f64)> {
         .collect()
 }
 
+/// A panel: its title, the curve of one run, and whether its y axis is logarithmic.
+type Panel = (&'static str, fn(&Run) -> Vec<(f64, f64)>, bool);
+
 /// Draws the report into a PNG at `path`.
 pub fn draw(report: &SlackReport, path: &Path) -> Result<(), BenchError> {
     let text = crate::plot::font_ready();
@@ -80,29 +87,43 @@ pub fn draw(report: &SlackReport, path: &Path) -> Result<(), BenchError> {
         .into_iter()
         .filter(|fc| report.runs.iter().any(|r| r.flow_control == *fc))
         .collect();
-    let root = BitMapBackend::new(path, (1800, 480 * settings.len().max(1) as u32)).into_drawing_area();
+    let root =
+        BitMapBackend::new(path, (1800, 480 * settings.len().max(1) as u32)).into_drawing_area();
     root.fill(&WHITE).map_err(err)?;
     let rows = root.split_evenly((settings.len().max(1), 3));
     let end = report.phases.last().map_or(60.0, |p| p.2);
     for (row, fc) in settings.iter().enumerate() {
-        let runs: Vec<&Run> = report.runs.iter().filter(|r| r.flow_control == *fc).collect();
-        let fc_name = if *fc { "flow control on" } else { "flow control off" };
-        let panels: [(&str, fn(&Run) -> Vec<(f64, f64)>, bool); 3] = [
+        let runs: Vec<&Run> = report
+            .runs
+            .iter()
+            .filter(|r| r.flow_control == *fc)
+            .collect();
+        let fc_name = if *fc {
+            "flow control on"
+        } else {
+            "flow control off"
+        };
+        let panels: [Panel; 3] = [
             ("interactive p99 TTFT (ms, log)", ttft_curve, true),
             ("batch results per second", throughput_curve, false),
             ("gate window (requests)", window_curve, false),
         ];
         for (col, (title, curve, log)) in panels.into_iter().enumerate() {
             let area = &rows[row * 3 + col];
-            let curves: Vec<(String, Vec<(f64, f64)>)> =
-                runs.iter().map(|r| (r.scenario.clone(), curve(r))).collect();
+            let curves: Vec<(String, Vec<(f64, f64)>)> = runs
+                .iter()
+                .map(|r| (r.scenario.clone(), curve(r)))
+                .collect();
             let top = curves
                 .iter()
                 .flat_map(|(_, p)| p.iter().map(|(_, y)| *y))
                 .fold(1.0, f64::max)
                 * 1.15;
             let mut builder = ChartBuilder::on(area);
-            builder.margin(12).x_label_area_size(30).y_label_area_size(55);
+            builder
+                .margin(12)
+                .x_label_area_size(30)
+                .y_label_area_size(55);
             if text {
                 builder.caption(format!("{title}, {fc_name}"), ("sans-serif", 17));
             }
@@ -112,7 +133,9 @@ pub fn draw(report: &SlackReport, path: &Path) -> Result<(), BenchError> {
                     .map_err(err)?;
                 shade_and_draw(&mut chart, report, &curves, text, 1.0, top)?;
             } else {
-                let mut chart = builder.build_cartesian_2d(0.0..end, 0.0..top).map_err(err)?;
+                let mut chart = builder
+                    .build_cartesian_2d(0.0..end, 0.0..top)
+                    .map_err(err)?;
                 shade_and_draw(&mut chart, report, &curves, text, 0.0, top)?;
             }
         }
@@ -140,21 +163,31 @@ where
     mesh.draw().map_err(err)?;
     for (name, a, b) in &report.phases {
         if name.starts_with("burst") || name == "warmup" {
-            let shade = if name == "warmup" { RGBColor(235, 235, 235) } else { RGBColor(255, 236, 214) };
+            let shade = if name == "warmup" {
+                RGBColor(235, 235, 235)
+            } else {
+                RGBColor(255, 236, 214)
+            };
             chart
-                .draw_series(std::iter::once(Rectangle::new([(*a, bottom), (*b, top)], shade.filled())))
+                .draw_series(std::iter::once(Rectangle::new(
+                    [(*a, bottom), (*b, top)],
+                    shade.filled(),
+                )))
                 .map_err(err)?;
         }
     }
     for (i, (name, points)) in curves.iter().enumerate() {
         let color = COLORS[i % COLORS.len()];
         let series = chart
-            .draw_series(LineSeries::new(points.iter().copied(), color.stroke_width(2)))
+            .draw_series(LineSeries::new(
+                points.iter().copied(),
+                color.stroke_width(2),
+            ))
             .map_err(err)?;
         if text {
-            series
-                .label(name.clone())
-                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(2)));
+            series.label(name.clone()).legend(move |(x, y)| {
+                PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(2))
+            });
         }
     }
     if text {

@@ -176,7 +176,9 @@ impl SlackReport {
     /// The targets, judged per flow-control setting: `slack` with `signal_url`
     /// harvest ≥ 0.9 within 2× p99 TTFT in every phase; `slack` alone ≥ 0.8 within 3×.
     fn targets(&self) -> String {
-        let mut out = String::from("\ntargets (harvest over every phase; worst p99 TTFT ratio of idle and burst):\n");
+        let mut out = String::from(
+            "\ntargets (harvest over every phase; worst p99 TTFT ratio of idle and burst):\n",
+        );
         for fc in [false, true] {
             for (scenario, harvest, ratio) in [
                 ("slack + signal_url", 0.9, 2.0),
@@ -231,8 +233,16 @@ fn row(opts: &SlackOptions, run: &Run, name: &str, phases: &[(String, f64, f64)]
     let batch_per_s = if seconds > 0.0 { done / seconds } else { 0.0 };
     let samples: Vec<&Sample> = run.samples.iter().filter(|s| in_phase(&s.phase)).collect();
     let ok = |s: &&&Sample| s.outcome == Outcome::Ok;
-    let ttft: Vec<f64> = samples.iter().filter(ok).filter_map(|s| s.ttft_ms).collect();
-    let itl: Vec<f64> = samples.iter().filter(ok).filter_map(|s| s.mean_itl_ms).collect();
+    let ttft: Vec<f64> = samples
+        .iter()
+        .filter(ok)
+        .filter_map(|s| s.ttft_ms)
+        .collect();
+    let itl: Vec<f64> = samples
+        .iter()
+        .filter(ok)
+        .filter_map(|s| s.mean_itl_ms)
+        .collect();
     Row {
         scenario: run.scenario.clone(),
         flow_control: run.flow_control,

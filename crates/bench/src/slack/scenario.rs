@@ -43,17 +43,28 @@ pub async fn run(
     flow_control: bool,
     dir: &Path,
 ) -> Result<Run, BenchError> {
-    let redis_dir = dir.join(format!("redis-{}-{flow_control}", gate.name().replace(' ', "_")));
+    let redis_dir = dir.join(format!(
+        "redis-{}-{flow_control}",
+        gate.name().replace(' ', "_")
+    ));
     std::fs::create_dir_all(&redis_dir).map_err(|e| BenchError::setup("redis dir", e))?;
-    let redis = tokio::task::spawn_blocking(move || RedisServer::start_in(&redis_dir, Fsync::EverySec))
-        .await
-        .map_err(|e| BenchError::Phase(format!("redis start: {e}")))??;
-    let mut sim_cfg = SimConfig::default();
-    sim_cfg.engine = opts.engine.clone();
+    let redis =
+        tokio::task::spawn_blocking(move || RedisServer::start_in(&redis_dir, Fsync::EverySec))
+            .await
+            .map_err(|e| BenchError::Phase(format!("redis start: {e}")))??;
+    let mut sim_cfg = SimConfig {
+        engine: opts.engine.clone(),
+        ..SimConfig::default()
+    };
     sim_cfg.engine.flow_control = flow_control;
-    let sim = Sim::start(sim_cfg, "127.0.0.1:0".parse().map_err(|_| BenchError::Phase("addr".into()))?)
-        .await
-        .map_err(|e| BenchError::Phase(format!("simulator: {e}")))?;
+    let sim = Sim::start(
+        sim_cfg,
+        "127.0.0.1:0"
+            .parse()
+            .map_err(|_| BenchError::Phase("addr".into()))?,
+    )
+    .await
+    .map_err(|e| BenchError::Phase(format!("simulator: {e}")))?;
     let http = reqwest::Client::new();
     let processor = match gate {
         Gate::Alone => None,
@@ -160,7 +171,10 @@ async fn start_processor(
         pool["gate_type"] = kind.into();
         pool["gate_params"] = params;
     }
-    let pools = dir.join(format!("pools-{}.json", gate.name().replace([' ', '(', ')', ','], "_")));
+    let pools = dir.join(format!(
+        "pools-{}.json",
+        gate.name().replace([' ', '(', ')', ','], "_")
+    ));
     std::fs::write(&pools, serde_json::json!([pool]).to_string())
         .map_err(|e| BenchError::setup("pool config", e))?;
     let spec = ProcessorSpec {
@@ -173,10 +187,7 @@ async fn start_processor(
         batch_size: 32,
         lease_s: None,
         reclaim_interval_ms: None,
-        extra_args: vec![
-            "--pool-config-file".to_owned(),
-            pools.display().to_string(),
-        ],
+        extra_args: vec!["--pool-config-file".to_owned(), pools.display().to_string()],
         cpus: None,
         transport_json: Some(transport),
     };
@@ -201,7 +212,10 @@ async fn sample(
             _ = stop.cancelled() => return Ok(timeline),
             _ = ticks.tick() => {}
         }
-        let done: u64 = redis::cmd("LLEN").arg(RESULTS).query_async(&mut con).await?;
+        let done: u64 = redis::cmd("LLEN")
+            .arg(RESULTS)
+            .query_async(&mut con)
+            .await?;
         let window = match (&metrics_url, window_metric) {
             (Some(url), Some((metric, filter))) => read_sum(&http, url, metric, filter).await,
             _ => None,

@@ -99,6 +99,15 @@ pub struct RunArgs {
     #[arg(long = "drain-timeout", default_value = "2m", value_name = "DURATION")]
     pub drain_timeout: String,
 
+    /// How long a request may wait at its pool's gate before it is put back in its queue (not
+    /// failed, not a retry); 0 = until its deadline.
+    #[arg(
+        long = "gate-wait-timeout",
+        default_value = "5m",
+        value_name = "DURATION"
+    )]
+    pub gate_wait_timeout: String,
+
     /// Port of /healthz and /readyz.
     #[arg(long = "health-port", default_value_t = 8081, value_name = "PORT")]
     pub health_port: u16,
@@ -549,6 +558,7 @@ pub(crate) mod tests {
         assert_eq!(a.concurrency, 64);
         assert_eq!(a.request_timeout, "5m");
         assert_eq!(a.drain_timeout, "2m");
+        assert_eq!(a.gate_wait_timeout, "5m");
         assert_eq!(a.health_port, 8081);
         assert_eq!(a.metrics_port, 9090);
         assert!(a.metrics_endpoint_auth);

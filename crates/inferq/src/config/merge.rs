@@ -15,8 +15,18 @@ pub const DEFAULT_FAIRNESS_HEADER: &str = "x-llm-d-inference-fairness-id";
 /// Metadata key whose value becomes the fairness id by default.
 pub const DEFAULT_FAIRNESS_ATTRIBUTE: &str = "userid";
 
-/// Header stamped with the tier-priority bucket when the policy does not name another.
-pub const DEFAULT_PRIORITY_HEADER: &str = "x-gateway-priority";
+/// Header stamped with a lane's InferenceObjective when the policy does not name another
+/// (go-v011 §3, Go #443).
+pub const DEFAULT_OBJECTIVE_HEADER: &str = "x-llm-d-inference-objective";
+/// Go's six lanes, in bucket order (bucket 0 most urgent): `lane_objectives`' keys.
+pub const LANES: [&str; 6] = [
+    "reserved-interactive",
+    "reserved-async",
+    "reserved-batch",
+    "overflow-interactive",
+    "overflow-async",
+    "overflow-batch",
+];
 /// Queue label naming a queue's tier when the policy does not name another.
 pub const DEFAULT_TIER_LABEL: &str = "tier";
 
@@ -32,10 +42,28 @@ pub enum MergePolicyKind {
 /// The `tier-priority` parameters.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TierPriority {
-    /// The header the bucket (`"0"`, most urgent, to `"5"`) is stamped into.
+    /// The header the bucket (`"0"`, most urgent, to `"5"`) is stamped into; empty (Go's
+    /// default since #443) stamps nothing.
     pub priority_header: String,
     /// The request label (copied from the queue's `labels`) that names its tier.
     pub tier_label: String,
+    /// The header a lane's objective is stamped into.
+    pub objective_header: String,
+    /// Each lane's InferenceObjective, by bucket ([`LANES`] order); a lane without one is not
+    /// stamped.
+    pub lane_objectives: Box<[Option<String>; 6]>,
+}
+
+impl TierPriority {
+    /// Go's defaults: no priority header, the objective header, no lane objectives.
+    pub fn new(tier_label: &str) -> TierPriority {
+        TierPriority {
+            priority_header: String::new(),
+            tier_label: tier_label.to_owned(),
+            objective_header: DEFAULT_OBJECTIVE_HEADER.to_owned(),
+            lane_objectives: Default::default(),
+        }
+    }
 }
 
 /// Fairness stamping: copy `metadata[attribute]` into the `header` request header.
@@ -96,6 +124,8 @@ struct RawTierPriority {
     fairness_attribute: Option<String>,
     priority_header: Option<String>,
     tier_label: Option<String>,
+    objective_header: Option<String>,
+    lane_objectives: Option<std::collections::BTreeMap<String, String>>,
 }
 
 /// Decodes and validates the merge-policy file's text.
@@ -163,15 +193,27 @@ fn parameters_object(parameters: Option<Value>) -> Result<Value, ConfigError> {
     }
 }
 
-/// The parameters of `tier-priority`: the priority header (checked) and the tier label.
+/// The parameters of `tier-priority`: the priority and objective headers (checked), the tier
+/// label and the lanes' objectives.
 fn tier_priority(params: Value) -> Result<PolicyParameters, ConfigError> {
     let p: RawTierPriority = decode_value(params, "merge_policy.parameters")?;
     let priority_header = match p.priority_header {
-        None => DEFAULT_PRIORITY_HEADER.to_owned(),
-        Some(h) if is_header_name(&h) => h,
+        None => String::new(),
+        Some(h) if h.is_empty() || is_header_name(&h) => h,
         Some(h) => {
             return Err(ConfigError::invalid(
                 "merge_policy.parameters.priority_header",
+                format!("invalid HTTP header name {h:?}"),
+            ))
+        }
+    };
+    let objective_header = match p.objective_header {
+        None => DEFAULT_OBJECTIVE_HEADER.to_owned(),
+        Some(h) if h.is_empty() => DEFAULT_OBJECTIVE_HEADER.to_owned(),
+        Some(h) if is_header_name(&h) => h,
+        Some(h) => {
+            return Err(ConfigError::invalid(
+                "merge_policy.parameters.objective_header",
                 format!("invalid HTTP header name {h:?}"),
             ))
         }
@@ -184,10 +226,40 @@ fn tier_priority(params: Value) -> Result<PolicyParameters, ConfigError> {
         kind: MergePolicyKind::TierPriority(TierPriority {
             priority_header,
             tier_label,
+            objective_header,
+            lane_objectives: Box::new(lane_objectives(p.lane_objectives.unwrap_or_default())?),
         }),
         fairness_header: p.fairness_header,
         fairness_attribute: p.fairness_attribute,
     })
+}
+
+/// `lane_objectives`: Go's six lane names only; each objective a legal header value (an empty
+/// one stamps nothing).
+fn lane_objectives(
+    map: std::collections::BTreeMap<String, String>,
+) -> Result<[Option<String>; 6], ConfigError> {
+    let mut by_bucket: [Option<String>; 6] = Default::default();
+    for (lane, objective) in map {
+        let field = format!("merge_policy.parameters.lane_objectives.{lane}");
+        let Some(bucket) = LANES.iter().position(|l| *l == lane) else {
+            return Err(ConfigError::invalid(
+                field,
+                format!("unknown lane (known: {})", LANES.join(", ")),
+            ));
+        };
+        if !objective
+            .bytes()
+            .all(|b| (b >= 0x20 && b != 0x7f) || b == b'\t')
+        {
+            return Err(ConfigError::invalid(
+                field,
+                format!("{objective:?} is not a legal HTTP header value"),
+            ));
+        }
+        by_bucket[bucket] = Some(objective).filter(|o| !o.is_empty());
+    }
+    Ok(by_bucket)
 }
 
 /// The parameters of `random-robin`: the fairness fields only.
@@ -263,11 +335,16 @@ mod tests {
         let p = parse_merge_policy(r#"{"type":"tier-priority"}"#).unwrap();
         assert_eq!(
             p.kind,
-            MergePolicyKind::TierPriority(TierPriority {
-                priority_header: "x-gateway-priority".to_owned(),
-                tier_label: "tier".to_owned(),
-            })
+            MergePolicyKind::TierPriority(TierPriority::new("tier"))
         );
+        let MergePolicyKind::TierPriority(tier) = &p.kind else {
+            unreachable!()
+        };
+        assert_eq!(
+            tier.priority_header, "",
+            "Go #443: nothing stamped by default"
+        );
+        assert_eq!(tier.objective_header, "x-llm-d-inference-objective");
         assert_eq!(p.fairness, Fairness::default());
         let p = parse_merge_policy(
             r#"{"type":"tier-priority","parameters":{"priority_header":"X-Prio",
@@ -278,10 +355,50 @@ mod tests {
             p.kind,
             MergePolicyKind::TierPriority(TierPriority {
                 priority_header: "X-Prio".to_owned(),
-                tier_label: "class".to_owned(),
+                ..TierPriority::new("class")
             })
         );
         assert_eq!(p.fairness.header, None);
+    }
+
+    /// Go's format (#443): `objective_header` and `lane_objectives` by Go's six lane names.
+    #[test]
+    fn tier_priority_reads_go_s_lane_objectives() {
+        let p = parse_merge_policy(
+            r#"{"type":"tier-priority","parameters":{"objective_header":"X-Obj",
+                "lane_objectives":{"reserved-interactive":"chat","overflow-batch":"bulk",
+                "reserved-async":""}}}"#,
+        )
+        .unwrap();
+        let MergePolicyKind::TierPriority(tier) = p.kind else {
+            panic!("{p:?}")
+        };
+        assert_eq!(tier.objective_header, "X-Obj");
+        assert_eq!(
+            *tier.lane_objectives,
+            [
+                Some("chat".to_owned()),
+                None,
+                None,
+                None,
+                None,
+                Some("bulk".to_owned())
+            ]
+        );
+        assert_eq!(
+            err(r#"{"type":"tier-priority","parameters":{"lane_objectives":{"urgent":"x"}}}"#),
+            "invalid config: merge_policy.parameters.lane_objectives.urgent: unknown lane \
+             (known: reserved-interactive, reserved-async, reserved-batch, \
+             overflow-interactive, overflow-async, overflow-batch)"
+        );
+        assert!(err(
+            r#"{"type":"tier-priority","parameters":{"lane_objectives":{"reserved-batch":"a\nb"}}}"#
+        )
+        .starts_with("invalid config: merge_policy.parameters.lane_objectives.reserved-batch:"));
+        assert!(
+            err(r#"{"type":"tier-priority","parameters":{"objective_header":"a b"}}"#)
+                .starts_with("invalid config: merge_policy.parameters.objective_header:")
+        );
     }
 
     #[test]

@@ -44,6 +44,9 @@ pub struct RunConfig {
     pub request_timeout: Duration,
     /// How long in-flight work may finish after a shutdown signal.
     pub drain_timeout: Duration,
+    /// `--gate-wait-timeout`: how long a request may wait at its pool gate before it is put
+    /// back in its queue; `None` (the flag's `0`) waits until the deadline.
+    pub gate_wait_timeout: Option<Duration>,
     /// Port of /healthz and /readyz.
     pub health_port: u16,
     /// Port of /metrics.
@@ -170,6 +173,7 @@ where
         merge_policy,
         request_timeout: flags.request_timeout,
         drain_timeout: flags.drain_timeout,
+        gate_wait_timeout: (!flags.gate_wait.is_zero()).then_some(flags.gate_wait),
         health_port: args.health_port,
         metrics_port: args.metrics_port,
         metrics_backlog_poll_interval: (!flags.backlog.is_zero()).then_some(flags.backlog),
@@ -192,6 +196,8 @@ struct Flags {
     concurrency: u32,
     request_timeout: Duration,
     drain_timeout: Duration,
+    /// `--gate-wait-timeout`; zero waits until the deadline.
+    gate_wait: Duration,
     /// `--metrics-backlog-poll-interval`; zero disables the backlog poll.
     backlog: Duration,
     cache_ttl: Duration,
@@ -213,6 +219,7 @@ impl Flags {
         let request_timeout = positive_duration("--request-timeout", &args.request_timeout)?;
         // Zero is Go's "do not wait": in-flight requests are aborted and released at once.
         let drain_timeout = flag_duration("--drain-timeout", &args.drain_timeout)?;
+        let gate_wait = flag_duration("--gate-wait-timeout", &args.gate_wait_timeout)?;
         let backlog = flag_duration(
             "--metrics-backlog-poll-interval",
             &args.metrics_backlog_poll_interval,
@@ -239,6 +246,7 @@ impl Flags {
             concurrency,
             request_timeout,
             drain_timeout,
+            gate_wait,
             backlog,
             cache_ttl,
             watch,

@@ -115,6 +115,25 @@ fn zero_drain_timeout_means_do_not_wait() {
     assert_eq!(c.drain_timeout, Duration::ZERO);
 }
 
+/// `--gate-wait-timeout` (go-v011 §2): Go's default 5m; `0` waits until the deadline; a bad or
+/// negative value exits naming the flag.
+#[test]
+fn gate_wait_timeout_defaults_to_five_minutes_and_zero_means_the_deadline() {
+    let c = load_ok(&[SS, &inline(MINIMAL)]);
+    assert_eq!(c.gate_wait_timeout, Some(Duration::from_secs(300)));
+    let c = load_ok(&[SS, &inline(MINIMAL), "--gate-wait-timeout=0"]);
+    assert_eq!(c.gate_wait_timeout, None);
+    let c = load_ok(&[SS, &inline(MINIMAL), "--gate-wait-timeout=1m30s"]);
+    assert_eq!(c.gate_wait_timeout, Some(Duration::from_secs(90)));
+    for bad in ["--gate-wait-timeout=soon", "--gate-wait-timeout=-1s"] {
+        assert!(
+            load_err(&[SS, &inline(MINIMAL), bad])
+                .starts_with("invalid config: --gate-wait-timeout:"),
+            "{bad}"
+        );
+    }
+}
+
 #[test]
 fn inline_config_and_flag_values() {
     let c = load_ok(&[

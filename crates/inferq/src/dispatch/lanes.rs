@@ -226,9 +226,8 @@ impl Lanes {
         let w = &self.wiring;
         let (outbox_tx, outcomes) = mpsc::unbounded_channel();
         let labels = queue_labels(q);
-        if gate.is_some() {
-            w.metrics.precreate_gate_series(&labels);
-        }
+        w.metrics
+            .precreate_queue(&labels, matches!(w.kind, TransportKind::PubSub));
         let pool_labels = QueueLabels {
             queue_id: String::new(),
             queue_name: String::new(),

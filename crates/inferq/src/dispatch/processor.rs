@@ -136,6 +136,11 @@ pub async fn run(config: RunConfig, shutdown: CancellationToken) -> Result<(), D
     run_with(config, shutdown, None).await
 }
 
+/// Logged at start-up on the redis-pubsub transport, as Go does since #442.
+pub const PUBSUB_DEPRECATED: &str = "the redis-pubsub transport is deprecated and will be removed \
+    (in Go no earlier than v0.12): move to --transport=redis-sortedset, whose queues inferq \
+    already admits the channel's messages into";
+
 /// [`run`], reloading the queues config at every message of `hangups` (SIGHUP) when
 /// `config.reload` allows it.
 ///
@@ -148,7 +153,11 @@ pub async fn run_with(
     hangups: Option<mpsc::Receiver<()>>,
 ) -> Result<(), DispatchError> {
     let metrics = Arc::new(Metrics::new());
+    metrics.precreate_process();
     let transport = &config.transport;
+    if transport.kind == TransportKind::PubSub {
+        tracing::warn!("{PUBSUB_DEPRECATED}");
+    }
     raise_fd_limit(&config);
     let target = Target::new(
         transport.url.expose(),
@@ -428,6 +437,7 @@ impl Processor<'_> {
         Arc::new(WorkerEnv {
             client,
             request_timeout: config.request_timeout,
+            gate_wait_timeout: config.gate_wait_timeout,
             fairness: config.merge_policy.fairness.clone(),
             stop_claiming: self.tasks.stop_claiming.clone(),
             tracer: otel.map(|o| RequestTracer::new(o.tracer())),

@@ -31,6 +31,28 @@ fn body_model(payload: &serde_json::value::RawValue) -> Option<String> {
     serde_json::from_str::<Model>(payload.get()).ok()?.model
 }
 
+/// The request's id (`gen_ai.request.id`; before go-v011 `request.id`).
+const ID: &str = "gen_ai.request.id";
+const OLD_ID: &str = "request.id";
+/// Its queue's id and name.
+const QUEUE_ID: &str = "llm_d.async.queue.id";
+const OLD_QUEUE_ID: &str = "queue.id";
+const QUEUE_NAME: &str = "llm_d.async.queue.name";
+const OLD_QUEUE_NAME: &str = "queue.name";
+/// The attempt's retry count.
+const RETRY_COUNT: &str = "llm_d.async.retry_count";
+const OLD_RETRY_COUNT: &str = "retry.count";
+/// Why an attempt failed ([`crate::gateway::ErrorCategory`]).
+const ERROR_CATEGORY: &str = "llm_d.async.error.category";
+const OLD_ERROR_CATEGORY: &str = "error.category";
+
+/// Sets the error category under both names.
+fn set_category(span: &opentelemetry::trace::SpanRef<'_>, category: &'static str) {
+    for key in [ERROR_CATEGORY, OLD_ERROR_CATEGORY] {
+        span.set_attribute(KeyValue::new(key, category));
+    }
+}
+
 /// Makes the spans of requests; cheap to clone.
 #[derive(Clone)]
 pub struct RequestTracer {
@@ -67,16 +89,23 @@ impl RequestTracer {
     /// carries (a new trace when it carries none). It ends when the returned span is dropped.
     pub fn start(&self, facts: &RequestFacts<'_>) -> RequestSpan {
         let parent = self.propagator.extract(&Metadata(facts.metadata));
-        let mut attributes = vec![
-            KeyValue::new("request.id", facts.id.to_owned()),
-            KeyValue::new("retry.count", i64::from(facts.retry_count)),
-        ];
-        for (key, value) in [
-            ("queue.id", facts.queue_id),
-            ("queue.name", facts.queue_name),
+        // Newer Go's names (semantic conventions v1.41.0), each with the old name beside it for
+        // one release, as Go emits them.
+        let mut attributes = Vec::with_capacity(9);
+        for key in [ID, OLD_ID] {
+            attributes.push(KeyValue::new(key, facts.id.to_owned()));
+        }
+        for key in [RETRY_COUNT, OLD_RETRY_COUNT] {
+            attributes.push(KeyValue::new(key, i64::from(facts.retry_count)));
+        }
+        for (keys, value) in [
+            ([QUEUE_ID, OLD_QUEUE_ID], facts.queue_id),
+            ([QUEUE_NAME, OLD_QUEUE_NAME], facts.queue_name),
         ] {
             if !value.is_empty() {
-                attributes.push(KeyValue::new(key, value.to_owned()));
+                for key in keys {
+                    attributes.push(KeyValue::new(key, value.to_owned()));
+                }
             }
         }
         let model = if facts.model.is_empty() {
@@ -142,7 +171,7 @@ impl RequestSpan {
             return;
         };
         let span = self.cx.span();
-        span.set_attribute(KeyValue::new("error.category", error.category.as_str()));
+        set_category(&span, error.category.as_str());
         if !matches!(outcome, Outcome::Retry { .. }) {
             span.set_status(Status::error(error.to_string()));
         }
@@ -157,7 +186,10 @@ impl RequestSpan {
         let link = opentelemetry::trace::Link::with_context(self.cx.span().span_context().clone());
         let mut span = tracer
             .span_builder("re-enqueue")
-            .with_attributes(vec![KeyValue::new("request.id", id.to_owned())])
+            .with_attributes(vec![
+                KeyValue::new(ID, id.to_owned()),
+                KeyValue::new(OLD_ID, id.to_owned()),
+            ])
             .with_links(vec![link])
             .start_with_context(tracer, &Context::new());
         span.end();
@@ -166,7 +198,7 @@ impl RequestSpan {
     /// Records a request that failed before an attempt (its URL cannot be made).
     pub fn fatal(&self, error: &ClientError) {
         let span = self.cx.span();
-        span.set_attribute(KeyValue::new("error.category", error.category.as_str()));
+        set_category(&span, error.category.as_str());
         span.set_status(Status::error(error.to_string()));
     }
 }

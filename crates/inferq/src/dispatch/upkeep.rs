@@ -355,7 +355,8 @@ fn promote_sleep(until_due: Option<Duration>, every: Duration, longest: Duration
 
 /// Reports the pending backlog (ZCARD) every `every`, and whether that read succeeded: a failed
 /// read reports a backlog of 0, as Go does, and `broker_backlog_source_available` 0 tells it
-/// from an empty queue.
+/// from an empty queue. The same round trip reads the deadline proximity snapshot (see
+/// [`super::proximity`]), left as it was when the read fails.
 pub async fn backlog(ctx: Arc<QueueCtx>, every: Duration, stop: CancellationToken) {
     let gauge = ctx.metrics.backlog.get_or_create(&ctx.labels).clone();
     let available = ctx
@@ -363,13 +364,26 @@ pub async fn backlog(ctx: Arc<QueueCtx>, every: Duration, stop: CancellationToke
         .backlog_source_available
         .get_or_create(&ctx.labels)
         .clone();
+    let proximity = ctx
+        .metrics
+        .dispatch
+        .deadline_proximity
+        .get_or_create(&ctx.labels)
+        .clone();
     loop {
-        let n: Result<i64, _> = redis::cmd("ZCARD")
-            .arg(ctx.queue.name())
-            .query_async(&mut ctx.queue.connection())
-            .await;
-        available.set(i64::from(n.is_ok()));
-        gauge.set(n.unwrap_or(0));
+        let now_ms = crate::queue::producer::unix_ms();
+        let reading =
+            super::proximity::read(&mut ctx.queue.connection(), ctx.queue.name(), now_ms).await;
+        available.set(i64::from(reading.is_ok()));
+        match reading {
+            Ok(r) => {
+                gauge.set(i64::try_from(r.pending).unwrap_or(i64::MAX));
+                proximity.set(&r.within, r.pending);
+            }
+            Err(_) => {
+                gauge.set(0);
+            }
+        }
         if !tick(&stop, every).await {
             return;
         }

@@ -20,7 +20,7 @@ use tokio_util::sync::CancellationToken;
 use super::context::{Job, QueueCtx};
 use super::gates::Feedback;
 use super::holdings::Abort;
-use super::merge::tier_bucket;
+use super::lane_stamp::lane_stamps;
 use super::trace::{RequestFacts, RequestSpan, RequestTracer};
 use crate::config::merge::TierPriority;
 use crate::config::Fairness;
@@ -39,6 +39,8 @@ use pool_gate::through_pool_gate;
 pub struct WorkerEnv {
     pub client: GatewayClient,
     pub request_timeout: Duration,
+    /// `--gate-wait-timeout` (`None`: until the deadline).
+    pub gate_wait_timeout: Option<Duration>,
     pub fairness: Fairness,
     /// Cancelled when the processor stops claiming (shutdown): a request still waiting at its
     /// pool gate has not started, so it is released to pending at once rather than after the
@@ -75,7 +77,7 @@ pub async fn work(job: Job, env: Arc<WorkerEnv>) {
         span,
         env: &env,
     };
-    let Some(job) = through_pool_gate(job, &env.stop_claiming).await else {
+    let Some(job) = through_pool_gate(job, &env.stop_claiming, env.gate_wait_timeout).await else {
         return;
     };
     let Some((job, ready)) = journey.make_ready(job) else {
@@ -96,9 +98,9 @@ struct Journey<'a> {
     /// The request's `process-request` span, when tracing is on: it ends when the journey is
     /// dropped, at the end of [`work`].
     span: Option<RequestSpan>,
-    /// The tier-priority header and the bucket the merge took the request by, when that is
-    /// the merge policy.
-    priority: Option<(&'a str, String)>,
+    /// The tier-priority stamps (objective, priority) of the lane the merge took the request
+    /// by, when that is the merge policy.
+    priority: Vec<(&'a str, String)>,
 }
 
 /// A request made ready to send.
@@ -160,13 +162,13 @@ fn validate_transforms(job: &Job, transforms: &Transforms) -> Result<(), String>
         .map_err(|e| format!("Failed to validate request for transform: {e}"))
 }
 
-/// The bucket the merge took the request by, stamped as Go's policy stamps it: before the
-/// pool gate (whose classification does not change it).
-fn priority_stamp<'a>(job: &Job, env: &'a WorkerEnv) -> Option<(&'a str, String)> {
-    env.priority.as_ref().map(|tier| {
-        let bucket = tier_bucket(&job.held.envelope.internal.labels, &tier.tier_label);
-        (tier.priority_header.as_str(), bucket.to_string())
-    })
+/// The stamps of the lane (bucket) the merge took the request by, as Go's policy stamps them:
+/// decided before the pool gate (whose classification does not change them).
+fn priority_stamp<'a>(job: &Job, env: &'a WorkerEnv) -> Vec<(&'a str, String)> {
+    env.priority
+        .as_ref()
+        .map(|tier| lane_stamps(tier, &job.held.envelope.internal.labels))
+        .unwrap_or_default()
 }
 
 impl Journey<'_> {
@@ -278,7 +280,7 @@ impl Journey<'_> {
                 fairness,
                 &request.id,
             );
-            if let Some((name, value)) = &self.priority {
+            for (name, value) in &self.priority {
                 gateway::stamp_header(&mut headers, name, value);
             }
             if let Some(value) = &ready.content_type {
@@ -294,6 +296,7 @@ impl Journey<'_> {
         inflight.inc();
         let sent_at = std::time::Instant::now();
         let preempt = job.preempt.clone();
+        super::tokens::dispatched(&self.ctx);
         let attempt = tokio::select! {
             biased;
             reason = job.ticket.aborted() => Err(Some(reason)),
@@ -388,6 +391,7 @@ fn decide(job: Job, outcome: Outcome) {
     match outcome {
         Outcome::Success { status, body } => {
             ctx.series.successful.get().inc();
+            super::tokens::count(&ctx, &body);
             job.publish(ResultMessage::http(&id, status, &body));
         }
         Outcome::Terminal { status, body, .. } => {

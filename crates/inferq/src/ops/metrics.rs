@@ -230,6 +230,8 @@ pub struct Metrics {
     pub config_last_success: Gauge<f64, std::sync::atomic::AtomicU64>,
     /// The feedback gates' (`aimd`, `slack`) windows and signals.
     pub feedback: super::feedback_metrics::FeedbackMetrics,
+    /// Sends, tokens, gate-wait requeues and deadline proximity (newer Go's).
+    pub dispatch: super::dispatch_metrics::DispatchMetrics,
 }
 
 impl Default for Metrics {
@@ -254,6 +256,7 @@ impl Metrics {
         m.register_finishes(&mut registry);
         m.register_deliveries(&mut registry);
         m.feedback.register(&mut registry);
+        m.dispatch.register(&mut registry);
         registry.register_collector(Box::new(super::process::ProcessCollector));
         Metrics { registry, ..m }
     }
@@ -298,6 +301,7 @@ impl Metrics {
             config_reloads: Family::default(),
             config_last_success: Gauge::default(),
             feedback: Default::default(),
+            dispatch: Default::default(),
             registry: Registry::default(),
         }
     }

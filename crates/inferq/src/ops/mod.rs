@@ -5,6 +5,7 @@
 //! (`process`).
 
 pub mod accept;
+pub mod dispatch_metrics;
 pub mod encoding;
 pub mod exposition;
 pub mod fd_limit;
@@ -14,6 +15,7 @@ pub mod health;
 pub mod listen;
 pub mod metrics;
 pub mod otel;
+mod precreate;
 pub mod process;
 
 pub use health::{serve_health, serve_metrics, Readiness, Trouble};

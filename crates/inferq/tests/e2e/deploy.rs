@@ -2,8 +2,9 @@
 //! PromQL uses (listed by `scripts/check-deploy.sh`, which parses it) is on the `/metrics` page
 //! of a real processor or of a real Batch API, after real work has made the series appear.
 //!
-//! The processor's page leaves out a family until it has a series (as Go's does), so the work
-//! here is chosen to touch each one: successes, a retry, a 429, a 400, a passed deadline, a
+//! The page leaves out a family without a series (as Go's does). Every series whose labels are
+//! known exists from start-up (checked on fresh pages by the last test here); the work of the
+//! first is chosen to touch the rest too: successes, a retry, a 429, a 400, a passed deadline, a
 //! renewal, a dead letter, a cancel in flight, a config reload, gates of every kind the panels
 //! show, a processor killed mid-request whose claim expires, two processors racing for claims,
 //! one frozen past its lease, a claim taken over while its request is at the gateway, the
@@ -465,4 +466,160 @@ async fn batch_api(redis: &RedisServer, gw: &Gateway) -> String {
     let _ = child.kill();
     let _ = child.wait();
     page
+}
+
+/// Families that a processor without the matching gate or transport cannot have, each with
+/// why; every other family the dashboard and the rules use must have a series at 0 on a fresh
+/// page.
+const ONLY_WITH_A_GATE_OR_TRANSPORT: &[(&str, &str)] = &[
+    (
+        "llm_d_async_async_dispatch_budget",
+        "a queue gate's budget: only a gated queue has one",
+    ),
+    (
+        "llm_d_async_async_gate_metric_value",
+        "a metric gate's reading: only with a prometheus-* or endpoint-scrape gate, once read",
+    ),
+    (
+        "llm_d_async_async_gate_metric_threshold",
+        "a metric gate's threshold: as its reading",
+    ),
+    (
+        "llm_d_async_async_gate_metric_source_available",
+        "a metric gate's source: as its reading",
+    ),
+    (
+        "llm_d_async_async_drain_limit_rps",
+        "a redis-leased-rate gate's lease: only with that gate",
+    ),
+    (
+        "llm_d_async_async_drain_limit_lease_valid",
+        "a redis-leased-rate gate's lease: only with that gate",
+    ),
+    (
+        "inferq_pubsub_messages_total",
+        "the redis-pubsub transport's messages: checked on a fresh pub/sub processor below",
+    ),
+];
+
+/// The names of a page's samples (not its `# TYPE` lines: a family declared without a series
+/// charts "No data").
+fn sampled(page: &str, into: &mut BTreeSet<String>) {
+    for line in page.lines().filter(|l| !l.starts_with('#')) {
+        let end = line.find(['{', ' ']).unwrap_or(line.len());
+        if end > 0 {
+            into.insert(line[..end].to_owned());
+        }
+    }
+}
+
+/// Starts `inferq batch-api` on the queue `Q`; returns it, its base URL and its directory.
+async fn start_batch_api(redis: &RedisServer, gw: &Gateway) -> (Child, String, tempfile::TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("transport.json");
+    std::fs::write(
+        &config,
+        format!(
+            r#"{{"url":"{}","queues":[{{"queue_name":"{Q}","igw_base_url":"{}"}}]}}"#,
+            redis.url(),
+            gw.url()
+        ),
+    )
+    .unwrap();
+    let port = free_port().unwrap();
+    let child = Command::new(env!("CARGO_BIN_EXE_inferq"))
+        .arg("batch-api")
+        .arg("--transport-config-file")
+        .arg(&config)
+        .arg("--files-dir")
+        .arg(dir.path().join("files"))
+        .arg("--insecure-no-auth")
+        .arg("--listen")
+        .arg(format!("127.0.0.1:{port}"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let base = format!("http://127.0.0.1:{port}");
+    let started = Instant::now();
+    while !matches!(reqwest::get(format!("{base}/readyz")).await, Ok(r) if r.status().is_success())
+    {
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "the Batch API is not ready"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    (child, base, dir)
+}
+
+/// go-v011 §4: every family the dashboard and the rules use whose label values are known at
+/// start-up has its series at 0 on a fresh `inferq run` and a fresh `inferq batch-api`, before
+/// any request: per queue, per pool, per gate reason, per batch status. (A series that appears
+/// only after its first event breaks ratios, `absent()` alerts and the dashboard's panels.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fresh_processor_and_batch_api_chart_every_family_at_zero() {
+    let used = used_names();
+    let redis = RedisServer::start().unwrap();
+    let gw = Gateway::start().await;
+    let p = Processor::start(&redis, &gw, &opts(30.0)).await;
+    let pubsub_opts = ProcessorOpts {
+        transport_args: Some(vec![
+            "--transport".into(),
+            "redis-pubsub".into(),
+            "--transport-config".into(),
+            format!(
+                r#"{{"url":"{}","queues":[{{"queue_name":"request-queue","igw_base_url":"{}"}}]}}"#,
+                redis.url(),
+                gw.url()
+            ),
+        ]),
+        ..ProcessorOpts::default()
+    };
+    let pubsub = Processor::start(&redis, &gw, &pubsub_opts).await;
+    let (mut batch, base, _dir) = start_batch_api(&redis, &gw).await;
+    let batch_page = reqwest::get(format!("{base}/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let _ = batch.kill();
+    let _ = batch.wait();
+    // The first backlog poll runs as the queue's lane starts.
+    let page = p.metrics_with(&["llm_d_async_async_broker_backlog{"]).await;
+    let mut names = BTreeSet::new();
+    sampled(&page, &mut names);
+    sampled(&batch_page, &mut names);
+    let mut pubsub_names = BTreeSet::new();
+    sampled(&pubsub.metrics().await, &mut pubsub_names);
+    assert!(
+        pubsub_names.contains("inferq_pubsub_messages_total"),
+        "{pubsub_names:?}"
+    );
+    let excused: BTreeSet<&str> = ONLY_WITH_A_GATE_OR_TRANSPORT
+        .iter()
+        .map(|(n, _)| *n)
+        .collect();
+    let missing: Vec<&String> = used
+        .iter()
+        .filter(|n| !names.contains(*n) && !excused.contains(n.as_str()))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "no series on a fresh page: {missing:?}\nprocessor:\n{page}\nbatch api:\n{batch_page}"
+    );
+    let results: u64 = con(&redis).await.llen("result-list").await.unwrap();
+    assert_eq!(results, 0, "no request was made");
+    for series in [
+        r#"inferq_batch_batches{status="completed"} 0"#,
+        r#"llm_d_async_async_failed_requests_total{pool_name="default",queue_id="request-sortedset",queue_name="request-sortedset"} 0"#,
+        r#"llm_d_async_async_gate_decisions_total{pool_name="default",queue_id="request-sortedset",queue_name="request-sortedset",reason="gate_closed"} 0"#,
+        r#"inferq_dead_letters_total{outcome="deliveries",pool_name="default",queue_id="request-sortedset",queue_name="request-sortedset"} 0"#,
+    ] {
+        assert!(
+            page.contains(series) || batch_page.contains(series),
+            "{series} missing"
+        );
+    }
 }

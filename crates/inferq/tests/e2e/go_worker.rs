@@ -56,7 +56,7 @@ async fn a_503_retry_after_in_seconds_or_as_a_date_is_honoured() {
     let metrics = p.metrics().await;
     assert!(metrics.contains(r#"llm_d_async_async_request_retries_total{pool_name="default",queue_id="request-sortedset",queue_name="request-sortedset"} 2"#), "{metrics}");
     assert!(
-        !metrics.contains("llm_d_async_async_shedded_requests_total{"),
+        metrics.contains(r#"llm_d_async_async_shedded_requests_total{pool_name="default",queue_id="request-sortedset",queue_name="request-sortedset"} 0"#),
         "{metrics}"
     );
 }

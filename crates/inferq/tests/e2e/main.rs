@@ -18,6 +18,7 @@ mod gates;
 mod go_command_line;
 mod go_payloads;
 mod go_results;
+mod go_v011;
 mod go_worker;
 mod limits;
 mod mixed_fleet;

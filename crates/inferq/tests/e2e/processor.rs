@@ -1045,7 +1045,12 @@ async fn tier_priority_sends_the_interactive_queue_first_and_stamps_its_bucket()
         }
     }
     let policy = tempfile::NamedTempFile::new().unwrap();
-    std::fs::write(policy.path(), r#"{"type":"tier-priority"}"#).unwrap();
+    // Go's default is now no priority header (#443); a config that names it still works.
+    std::fs::write(
+        policy.path(),
+        r#"{"type":"tier-priority","parameters":{"priority_header":"x-gateway-priority"}}"#,
+    )
+    .unwrap();
     let config = format!(
         r#"{{"url":"{}","poll_interval_ms":50,"batch_size":10,"queues":[
             {{"queue_name":"batch-q","igw_base_url":"{gw}","labels":{{"tier":"batch"}}}},
@@ -1140,6 +1145,13 @@ async fn a_gcs_uri_multipart_transform_rewrites_only_its_providers_requests() {
         let mut r = request(id, 60, &payload);
         r.metadata
             .insert("provider".to_owned(), provider.to_owned());
+        if provider == "openai" {
+            // #494: the caller's own content type, in lower case and in another casing.
+            r.headers
+                .insert("content-type".to_owned(), "application/json".to_owned());
+            r.headers
+                .insert("CONTENT-TYPE".to_owned(), "text/plain".to_owned());
+        }
         r
     };
     let producer = producer(&redis, &opts.queue).await;
@@ -1156,6 +1168,8 @@ async fn a_gcs_uri_multipart_transform_rewrites_only_its_providers_requests() {
 
     assert_eq!(result("mp").status_code, 200);
     let seen = gateway.seen("mp");
+    let types = seen[0].headers.get_all("content-type").iter().count();
+    assert_eq!(types, 1, "the transform's replaces the caller's: {seen:?}");
     let content_type = seen[0].headers["content-type"].to_str().unwrap().to_owned();
     let boundary = content_type
         .strip_prefix("multipart/form-data; boundary=")

@@ -42,7 +42,9 @@ struct Measured {
 /// backlog, or alone when `batch` is false.
 async fn measure(batch: bool, gate: Option<fn(&str) -> serde_json::Value>) -> Measured {
     let redis = RedisServer::start().unwrap();
-    let sim = Sim::start(pool(), "127.0.0.1:0".parse().unwrap()).await.unwrap();
+    let sim = Sim::start(pool(), "127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap();
     let dummy = Gateway::start().await;
     let mut con = con(&redis).await;
     let results = "slack-results";
@@ -102,18 +104,35 @@ async fn measure(batch: bool, gate: Option<fn(&str) -> serde_json::Value>) -> Me
         seed: 11,
         ..InteractiveSettings::default()
     };
-    let before: u64 = redis::cmd("LLEN").arg(results).query_async(&mut con).await.unwrap();
-    let report = interactive::run(&sim.base_url(), &profile, &settings, CancellationToken::new())
+    let before: u64 = redis::cmd("LLEN")
+        .arg(results)
+        .query_async(&mut con)
         .await
         .unwrap();
-    let after: u64 = redis::cmd("LLEN").arg(results).query_async(&mut con).await.unwrap();
+    let report = interactive::run(
+        &sim.base_url(),
+        &profile,
+        &settings,
+        CancellationToken::new(),
+    )
+    .await
+    .unwrap();
+    let after: u64 = redis::cmd("LLEN")
+        .arg(results)
+        .query_async(&mut con)
+        .await
+        .unwrap();
     let mut ttft: Vec<f64> = report
         .samples
         .iter()
         .filter(|s| s.phase.starts_with("load") && s.outcome == Outcome::Ok)
         .filter_map(|s| s.ttft_ms)
         .collect();
-    assert!(ttft.len() >= 30, "too few interactive answers: {}", ttft.len());
+    assert!(
+        ttft.len() >= 30,
+        "too few interactive answers: {}",
+        ttft.len()
+    );
     ttft.sort_by(f64::total_cmp);
     let rank = ((0.99 * ttft.len() as f64).ceil() as usize).clamp(1, ttft.len());
     sim.stop().await;

@@ -231,6 +231,23 @@ async fn request_spans_reach_the_collector_and_the_trace_reaches_the_gateway() {
     assert_eq!(process.attr("error.category"), None);
     assert_ne!(process.status, StatusCode::Error as i32);
     assert_eq!(process.attr("gen_ai.request.model"), Some("m-data"));
+    // go-v011 §5: the semantic-convention names, with the old ones beside them.
+    assert_eq!(process.attr("gen_ai.request.id"), Some("traced"));
+    assert_eq!(process.attr("request.id"), Some("traced"));
+    assert_eq!(process.attr("llm_d.async.retry_count"), Some("0"));
+    assert_eq!(
+        process.attr("llm_d.async.queue.name"),
+        Some(opts.queue.as_str())
+    );
+    assert_eq!(
+        process.attr("llm_d.async.queue.id"),
+        process.attr("queue.id")
+    );
+    assert!(
+        process.attr("llm_d.async.queue.id").is_some(),
+        "{process:?}"
+    );
+    assert_eq!(process.attr("llm_d.async.error.category"), None);
 
     let http = spans
         .iter()
@@ -259,6 +276,10 @@ async fn request_spans_reach_the_collector_and_the_trace_reaches_the_gateway() {
     // Without data.model, the body's model.
     assert_eq!(refused.attr("gen_ai.request.model"), Some("m-body"));
     assert!(refused.attr("error.category").is_some(), "{refused:?}");
+    assert_eq!(
+        refused.attr("llm_d.async.error.category"),
+        refused.attr("error.category")
+    );
     assert_eq!(refused.status, StatusCode::Error as i32, "{refused:?}");
 }
 
@@ -308,6 +329,7 @@ async fn the_drain_timeout_sends_a_request_back_with_a_linked_reenqueue_span() {
     let process = named("process-request");
     let reenqueue = named("re-enqueue");
     assert_eq!(reenqueue.parent_span_id, "", "a new trace");
+    assert_eq!(reenqueue.attr("gen_ai.request.id"), Some("slow"));
     assert_ne!(reenqueue.trace_id, process.trace_id);
     assert_eq!(
         reenqueue.links,

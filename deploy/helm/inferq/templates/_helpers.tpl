@@ -66,9 +66,25 @@ app.kubernetes.io/component: {{ .component }}
 {{- printf "%s:%s" .Values.image.repository (include "inferq.tag" .) }}
 {{- end }}
 
-{{/* The Secret and key REDIS_URL is read from; empty when neither redis.url nor redis.existingSecret is set. */}}
+{{/* The Go chart's urlSecret ({name, key}): transportConfig.urlSecret, or else the one inside
+transportConfig.config; an empty dict when neither names a Secret. */}}
+{{- define "inferq.urlSecret" -}}
+{{- $t := .Values.transportConfig -}}
+{{- $s := $t.urlSecret | default dict -}}
+{{- if not $s.name }}{{ $s = (($t.config | default dict).urlSecret | default dict) }}{{ end -}}
+{{- if $s.name }}
+{{- if not $s.key }}{{ fail "transportConfig.urlSecret.key: name the key of the Secret that holds the Redis URL" }}{{ end -}}
+{{- toJson $s -}}
+{{- end }}
+{{- end }}
+
+{{/* The Secret and key REDIS_URL is read from: the urlSecret, redis.existingSecret, or the Secret
+made from redis.url; empty when none is set. */}}
 {{- define "inferq.redisSecretName" -}}
-{{- if .Values.redis.existingSecret }}
+{{- $urlSecret := include "inferq.urlSecret" . -}}
+{{- if $urlSecret }}
+{{- (fromJson $urlSecret).name }}
+{{- else if .Values.redis.existingSecret }}
 {{- .Values.redis.existingSecret }}
 {{- else if .Values.redis.url }}
 {{- include "inferq.componentName" (dict "root" . "suffix" "redis") }}
@@ -76,7 +92,9 @@ app.kubernetes.io/component: {{ .component }}
 {{- end }}
 
 {{- define "inferq.redisSecretKey" -}}
-{{- if .Values.redis.existingSecret }}{{ .Values.redis.existingSecretKey }}{{ else }}redis-url{{ end }}
+{{- $urlSecret := include "inferq.urlSecret" . -}}
+{{- if $urlSecret }}{{ (fromJson $urlSecret).key }}
+{{- else if .Values.redis.existingSecret }}{{ .Values.redis.existingSecretKey }}{{ else }}redis-url{{ end }}
 {{- end }}
 
 {{/* Whether the chart writes a ConfigMap: an inline transport config, or any optional file. */}}
@@ -198,7 +216,7 @@ drainTimeout, or drainTimeout + 10 s.
 {{- fail (printf "processor.transport: %q is not redis-sortedset or redis-pubsub" $v.processor.transport) }}
 {{- end }}
 {{- if and (not $v.transportConfig.existingSecret) (not (include "inferq.redisSecretName" .)) (not $v.transportConfig.config.url) }}
-{{- fail "no Redis URL: set redis.url, redis.existingSecret, or url in transportConfig.config" }}
+{{- fail "no Redis URL: set redis.url, redis.existingSecret, transportConfig.urlSecret, or url in transportConfig.config" }}
 {{- end }}
 {{- if and (not $v.transportConfig.existingSecret) (not $v.transportConfig.config.queues) }}
 {{- fail "transportConfig.config.queues: at least one queue is needed (docs/src/configuration.md#the-transport-config)" }}

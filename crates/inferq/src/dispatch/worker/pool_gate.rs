@@ -12,6 +12,7 @@ use tokio_util::sync::CancellationToken;
 use super::aborted;
 use crate::dispatch::consumer::dropped_result;
 use crate::dispatch::context::Job;
+use crate::dispatch::gate_wait::{self, GateWait};
 use crate::dispatch::gates::{Decision, Gate, GateError, GateInput, Verdict};
 use crate::dispatch::holdings::{Abort, Ticket};
 use crate::queue::producer::unix_ms;
@@ -34,6 +35,8 @@ enum LeftGate {
     /// The processor stops claiming: the request has not started; give it back.
     Stopped,
     OutOfTime,
+    /// Waited `--gate-wait-timeout`: put it back in its queue.
+    WaitedTooLong,
     Failed(GateError),
 }
 
@@ -48,9 +51,13 @@ enum AfterVerdict {
 }
 
 /// Passes the request through its pool's gate, when the pool has one (see [`pass_pool_gate`]).
-pub(super) async fn through_pool_gate(job: Job, stop: &CancellationToken) -> Option<Job> {
+pub(super) async fn through_pool_gate(
+    job: Job,
+    stop: &CancellationToken,
+    wait_timeout: Option<Duration>,
+) -> Option<Job> {
     match job.ctx.pool_gate.clone() {
-        Some(gate) => pass_pool_gate(job, gate, stop).await,
+        Some(gate) => pass_pool_gate(job, gate, stop, GateWait::start(wait_timeout)).await,
         None => Some(job),
     }
 }
@@ -60,15 +67,17 @@ pub(super) async fn through_pool_gate(job: Job, stop: &CancellationToken) -> Opt
 /// by it, refused (put back to the queue, as Go re-enqueues it), out of time, cancelled, lost,
 /// or shut down (a request still at the gate when claiming stops has not started: it is
 /// released to pending at once). Unlike Go, the wait is bounded by the
-/// request's deadline, not by `--request-timeout`.
+/// request's deadline, not by `--request-timeout`; and, as newer Go, by `--gate-wait-timeout`,
+/// after which the request is put back in its queue ([`gate_wait`]).
 async fn pass_pool_gate(
     mut job: Job,
     gate: Arc<dyn Gate>,
     stop: &CancellationToken,
+    wait: GateWait,
 ) -> Option<Job> {
     let mut counted = false;
     loop {
-        let decision = match ask(&job.held, &job.ticket, &*gate, stop).await {
+        let decision = match ask(&job.held, &job.ticket, &*gate, stop, wait).await {
             Ok(decision) => decision,
             Err(left) => {
                 leave(job, left);
@@ -78,6 +87,10 @@ async fn pass_pool_gate(
         stamp_classification(&mut job, &decision);
         job = match follow_verdict(job, decision, &mut counted, stop).await {
             AfterVerdict::Through(job) => return Some(job),
+            AfterVerdict::AskAgain(job) if wait.over() => {
+                gate_wait::requeue(job);
+                return None;
+            }
             AfterVerdict::AskAgain(job) => job,
             AfterVerdict::Ended => return None,
         };
@@ -93,6 +106,7 @@ async fn ask(
     ticket: &Ticket,
     gate: &dyn Gate,
     stop: &CancellationToken,
+    wait: GateWait,
 ) -> Result<Decision, LeftGate> {
     let left_ms = held.envelope.request.deadline.saturating_mul(1000) - unix_ms();
     if left_ms <= 0 {
@@ -103,12 +117,14 @@ async fn ask(
         labels: &held.envelope.internal.labels,
     };
     let left = Duration::from_millis(u64::try_from(left_ms).unwrap_or(0));
+    let (left, wait_ends) = wait.bound(left);
     tokio::select! {
         biased;
         reason = ticket.aborted() => Err(LeftGate::Aborted(reason)),
         _ = stop.cancelled() => Err(LeftGate::Stopped),
         decided = tokio::time::timeout(left, gate.apply(input)) => match decided {
             Ok(decided) => decided.map_err(LeftGate::Failed),
+            Err(_) if wait_ends => Err(LeftGate::WaitedTooLong),
             Err(_) => Err(LeftGate::OutOfTime),
         },
     }
@@ -120,6 +136,7 @@ fn leave(job: Job, left: LeftGate) {
     match left {
         LeftGate::Aborted(reason) => aborted(job, reason, None),
         LeftGate::Stopped => job.release(),
+        LeftGate::WaitedTooLong => gate_wait::requeue(job),
         LeftGate::OutOfTime => {
             job.ctx.series.exceeded.get().inc();
             let id = job.held.envelope.request.id.clone();

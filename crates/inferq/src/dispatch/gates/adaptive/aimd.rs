@@ -76,7 +76,7 @@ impl AimdParams {
         let max_window = max_window(p, env, Some(256.0))?;
         let min_window = min_window(p, max_window)?;
         let increase = p.float_or("increase", 1.0)?;
-        if !(increase > 0.0) {
+        if increase.is_nan() || increase <= 0.0 {
             return Err(param(
                 GATE,
                 "increase",

@@ -108,7 +108,7 @@ fn max_window(p: &Params<'_>, env: &GateEnv, default: Option<f64>) -> Result<f64
         .or(default)
         .or(workers)
         .unwrap_or(256.0);
-    if !(asked >= 1.0) {
+    if asked.is_nan() || asked < 1.0 {
         return Err(param(
             p.gate,
             "max_window",

@@ -100,7 +100,7 @@ fn settings(p: &Params<'_>, env: &GateEnv) -> Result<Settings, GateError> {
             format!("must be ≥ 10ms, got {interval:?}"),
         ));
     }
-    let memory = p.duration_or("memory", Duration::from_secs(10))?;
+    let memory = p.duration_or("memory", Duration::from_secs(5))?;
     if memory < interval {
         return Err(param(
             GATE,
@@ -109,7 +109,7 @@ fn settings(p: &Params<'_>, env: &GateEnv) -> Result<Settings, GateError> {
         ));
     }
     let tolerance = p.float_or("latency_tolerance", 1.8)?;
-    if !(tolerance > 1.0) {
+    if tolerance.is_nan() || tolerance <= 1.0 {
         return Err(param(
             GATE,
             "latency_tolerance",

@@ -67,6 +67,11 @@ pub fn build(p: Params<'_>) -> Result<Arc<dyn Gate>, GateError> {
             ))
         }
     };
+    // Newest Go refuses a zero window in rate-limit mode at start-up (go-v011 §1): it admitted
+    // every request before.
+    if mode == Mode::RateLimit && window.is_zero() {
+        return Err(param_error("window", "must be > 0 in rate-limit mode"));
+    }
     let gating_mode = p.string_or("gating_mode", "blocking");
     if gating_mode != "blocking" && gating_mode != "classifying" {
         return Err(param_error(
@@ -619,6 +624,14 @@ mod tests {
         assert!(with(json!({"limit": "many"})).starts_with("gate redis-quota: parameter limit: "));
         assert!(with(json!({"limit": 1, "window": "soon"}))
             .starts_with("gate redis-quota: parameter window: "));
+        assert_eq!(
+            with(json!({"limit": 1, "window": "0s"})),
+            "gate redis-quota: parameter window: must be > 0 in rate-limit mode"
+        );
+        assert_eq!(
+            with(json!({"limit": 1, "window": "0s", "mode": "concurrency"})),
+            "(built)"
+        );
         // Before: a misspelt mode let every request through (as in Go), with a log line.
         assert_eq!(
             with(json!({"limit": 1, "mode": "ratelimit"})),

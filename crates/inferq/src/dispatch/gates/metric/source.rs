@@ -429,6 +429,30 @@ impl Cached {
     }
 }
 
+/// Scrapes a `/metrics` page once and sums, per family asked, the values of its series whose
+/// labels match `labels` (`None` for a family with no matching series): what the `slack` gate's
+/// signal reads, parsed as `endpoint-scrape` parses a page.
+pub(in crate::dispatch::gates) async fn scrape_sums(
+    url: &reqwest::Url,
+    families: &[&str],
+    labels: &[(String, String)],
+    timeout: Duration,
+) -> Result<Vec<Option<f64>>, String> {
+    let client = client()?;
+    let body = get(&client, url.clone(), timeout).await?;
+    let shown = || crate::config::redact_url(url.as_str());
+    let text =
+        std::str::from_utf8(&body).map_err(|_| format!("{}: the page is not UTF-8", shown()))?;
+    let page = text::parse(text).map_err(|e| format!("{}: {e}", shown()))?;
+    Ok(families
+        .iter()
+        .map(|family| {
+            let values = page.values(family, labels);
+            (!values.is_empty()).then(|| values.iter().sum())
+        })
+        .collect())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -458,28 +482,4 @@ mod tests {
             assert!(err.contains(why), "{err}");
         }
     }
-}
-
-/// Scrapes a `/metrics` page once and sums, per family asked, the values of its series whose
-/// labels match `labels` (`None` for a family with no matching series): what the `slack` gate's
-/// signal reads, parsed as `endpoint-scrape` parses a page.
-pub(in crate::dispatch::gates) async fn scrape_sums(
-    url: &reqwest::Url,
-    families: &[&str],
-    labels: &[(String, String)],
-    timeout: Duration,
-) -> Result<Vec<Option<f64>>, String> {
-    let client = client()?;
-    let body = get(&client, url.clone(), timeout).await?;
-    let shown = || crate::config::redact_url(url.as_str());
-    let text =
-        std::str::from_utf8(&body).map_err(|_| format!("{}: the page is not UTF-8", shown()))?;
-    let page = text::parse(text).map_err(|e| format!("{}: {e}", shown()))?;
-    Ok(families
-        .iter()
-        .map(|family| {
-            let values = page.values(family, labels);
-            (!values.is_empty()).then(|| values.iter().sum())
-        })
-        .collect())
 }

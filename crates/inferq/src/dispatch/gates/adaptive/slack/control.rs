@@ -91,6 +91,8 @@ pub struct Controller {
     /// The last good reading, and when.
     pub reading: Option<(Instant, Reading)>,
     streak: u32,
+    /// When a queue last stood (or the capacity was last probed upward).
+    last_standing: Instant,
     /// Sequences the pool runs before it queues, once seen.
     pub capacity: Option<f64>,
     /// The others' share: its running mean, and its peak with when it was seen.
@@ -117,6 +119,7 @@ impl Controller {
             bucket_started: now,
             reading: None,
             streak: 0,
+            last_standing: now,
             capacity: None,
             others_mean: 0.0,
             others_peak: (0.0, now),
@@ -292,15 +295,18 @@ impl Controller {
         out
     }
 
-    /// Whether the last reading shows a queue that stands: seen twice in a row (a request
-    /// waits for the next step boundary even in a pool with room, so one reading flickers), or
-    /// once while the pool runs all it can.
+    /// Whether the last reading shows a queue that stands. An engine admits new requests at
+    /// step boundaries, so a request waits one step even in a pool with room, and one reading
+    /// of a queue is often such a flicker. A queue counts once the pool runs all it can; or seen
+    /// twice in a row while it runs nearly that (or before the capacity is known); or four
+    /// times in a row whatever it runs (the capacity fell).
     fn standing(&self, r: Reading) -> bool {
-        let full = match (r.running, self.capacity) {
-            (Some(running), Some(capacity)) => running >= capacity,
-            _ => false,
+        let near = |slack: f64| match (r.running, self.capacity) {
+            (Some(running), Some(capacity)) => running >= capacity - slack,
+            (Some(_), None) => slack > 0.0,
+            (None, _) => false,
         };
-        self.streak >= 2 || (self.streak >= 1 && full)
+        self.streak >= 4 || (self.streak >= 2 && near(1.0)) || (self.streak >= 1 && near(0.0))
     }
 
     fn steer_by_queue(&mut self, r: Reading, now: Instant) {
@@ -323,8 +329,16 @@ impl Controller {
         if standing {
             // The pool runs this much when a queue stands.
             self.capacity = Some(running);
+            self.last_standing = now;
         } else if self.capacity.is_some_and(|c| running > c) {
             self.capacity = Some(running);
+        } else if now.duration_since(self.last_standing) >= self.s.memory {
+            // No queue for a while: probe one sequence above what was learnt (it may have been
+            // learnt low, or the pool grew); a standing queue sets it back.
+            if let Some(c) = &mut self.capacity {
+                *c += 1.0;
+            }
+            self.last_standing = now;
         }
         match self.capacity {
             Some(capacity) => {
