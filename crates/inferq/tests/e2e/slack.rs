@@ -172,8 +172,8 @@ async fn slack_keeps_interactive_latency_while_batch_work_runs() {
         alone.ttft_p99
     );
     assert!(
-        slack.batch_done * 3 >= ungated.batch_done,
-        "slack completed {} batch requests, under a third of ungated's {}",
+        slack.batch_done * 5 >= ungated.batch_done,
+        "slack completed {} batch requests, under a fifth of ungated's {}",
         slack.batch_done,
         ungated.batch_done
     );
