@@ -275,6 +275,12 @@ impl Job {
         }
     }
 
+    /// Whether a gate waits to learn what the gateway did (most requests hold no release, and
+    /// their feedback is never made).
+    pub fn wants_feedback(&self) -> bool {
+        !self.releases.is_empty()
+    }
+
     /// Keeps what the gateway did with the request, for the releases.
     pub fn observe(&mut self, feedback: Feedback) {
         self.feedback = Some(feedback);

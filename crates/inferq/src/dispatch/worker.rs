@@ -321,7 +321,9 @@ impl Journey<'_> {
             http_span.end(attempt.outcome.status());
         }
         let mut job = job;
-        job.observe(feedback(&attempt, sent_at));
+        if job.wants_feedback() {
+            job.observe(feedback(&attempt, sent_at));
+        }
         Some((job, attempt))
     }
 

@@ -66,9 +66,6 @@ pub struct AimdParams {
     pub decrease_factor: f64,
     pub hold: Duration,
     pub tier_label: String,
-    /// Accepted for Go's configs; the router reports no queue duration yet, so it changes
-    /// nothing today (0 turns it off in Go too).
-    pub queue_duration_target: Duration,
 }
 
 impl AimdParams {
@@ -89,8 +86,12 @@ impl AimdParams {
             increase,
             decrease_factor: factor(p, "decrease_factor", 0.5)?,
             hold: p.duration_or("hold_duration", Duration::from_secs(1))?,
-            tier_label: p.string_or("tier_label", "tier"),
-            queue_duration_target: p.duration_or("queue_duration_target", Duration::ZERO)?,
+            tier_label: {
+                // `queue_duration_target` is read (a bad one is refused, as in Go) and changes
+                // nothing: the router reports no queue duration yet (Go's 0 turns it off too).
+                p.duration_or("queue_duration_target", Duration::ZERO)?;
+                p.string_or("tier_label", "tier")
+            },
         })
     }
 }

@@ -16,7 +16,6 @@ fn params() -> AimdParams {
         decrease_factor: 0.5,
         hold: Duration::from_secs(1),
         tier_label: "tier".to_owned(),
-        queue_duration_target: Duration::ZERO,
     }
 }
 
