@@ -46,9 +46,19 @@ pub struct SlackBenchArgs {
     /// Also run these static pool sizes (the trade-off curve).
     #[arg(long, value_delimiter = ',')]
     pub sweep_sizes: Vec<u32>,
+    /// Also run a static occupancy threshold at these counts of running sequences
+    /// (`endpoint-scrape`, counted admission on vllm:num_requests_running).
+    #[arg(long, value_delimiter = ',')]
+    pub sweep_occupancy: Vec<u32>,
     /// Also run `slack` with signal_url at these headrooms (the trade-off curve).
     #[arg(long, value_delimiter = ',')]
     pub sweep_headroom: Vec<f64>,
+    /// Also run `slack` with signal_url at these signal targets (a queue it tolerates).
+    #[arg(long, value_delimiter = ',')]
+    pub sweep_target: Vec<f64>,
+    /// Also run `slack` with signal_url at these control periods (milliseconds).
+    #[arg(long, value_delimiter = ',', value_parser = clap::value_parser!(u64).range(1..))]
+    pub sweep_interval_ms: Vec<u64>,
     /// Of the six scenarios run only the references (interactive alone, ungated), then the
     /// sweep.
     #[arg(long)]
@@ -87,14 +97,28 @@ pub async fn bench_slack(args: SlackBenchArgs) -> Result<(), Failure> {
         Some(_) => vec![true],
         None => vec![false, true],
     };
+    let tune = |headroom: Option<f64>, target: Option<f64>, interval_ms: Option<u64>| {
+        Gate::SlackSignal(slack::Tune {
+            headroom,
+            target,
+            interval_ms,
+        })
+    };
     let sweep = args
         .sweep_sizes
         .iter()
         .map(|n| Gate::Size(*n))
+        .chain(args.sweep_occupancy.iter().map(|n| Gate::Occupancy(*n)))
         .chain(
             args.sweep_headroom
                 .iter()
-                .map(|h| Gate::SlackSignal(Some(*h))),
+                .map(|h| tune(Some(*h), None, None)),
+        )
+        .chain(args.sweep_target.iter().map(|q| tune(None, Some(*q), None)))
+        .chain(
+            args.sweep_interval_ms
+                .iter()
+                .map(|ms| tune(None, None, Some(*ms))),
         )
         .collect();
     let opts = SlackOptions {

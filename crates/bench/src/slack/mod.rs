@@ -11,8 +11,9 @@
 //! 6. `slack` alone (its own latencies and rejections).
 //!
 //! The set runs with the pool's flow control off (the engines never refuse) and on (sheddable
-//! batch requests are refused while the pool is saturated). `--sweep` adds static pool sizes and
-//! `slack` headrooms, for the trade-off curve.
+//! batch requests are refused while the pool is saturated). The sweep flags add static pool sizes,
+//! static occupancy thresholds, and `slack` headrooms and signal targets, for the trade-off
+//! curve.
 //!
 //! In: [`SlackOptions`]. Out: a table per setting and phase (batch completions and tokens per
 //! second, harvest against the ungated run, interactive TTFT and ITL p50/p99 and their ratio to
@@ -22,11 +23,13 @@
 //! # Layout
 //! - `scenario`: one scenario's run (Redis, pool, processor, generator, sampler).
 //! - `report`: per-phase figures, the table, the targets.
-//! - `plot`: the PNG.
+//! - `plot`: the PNG over time (the six scenarios).
+//! - `tradeoff`: harvest against latency, a point per scenario and a curve per sweep.
 
 mod plot;
 pub mod report;
 mod scenario;
+pub mod tradeoff;
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -73,6 +76,23 @@ pub fn default_profile(phase: Duration, idle_rate: f64, burst_rate: f64) -> Prof
     }
 }
 
+/// `slack`'s tuning in a scenario: each `None` keeps the gate's default.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Tune {
+    pub headroom: Option<f64>,
+    pub target: Option<f64>,
+    /// The control period, in milliseconds.
+    pub interval_ms: Option<u64>,
+}
+
+impl Tune {
+    pub const DEFAULT: Tune = Tune {
+        headroom: None,
+        target: None,
+        interval_ms: None,
+    };
+}
+
 /// A scenario's gate.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Gate {
@@ -85,10 +105,13 @@ pub enum Gate {
     Static,
     /// A fixed pool size (`local-max-concurrency` with this limit, waiting for a permit).
     Size(u32),
+    /// A static occupancy threshold: `endpoint-scrape` counting the pool's running sequences
+    /// against this many, read every control period (`admission: counted`).
+    Occupancy(u32),
     /// Go's proposed `aimd`.
     Aimd,
-    /// `slack` reading the engines' page, with this headroom (None: the default).
-    SlackSignal(Option<f64>),
+    /// `slack` reading the engines' page, tuned (the defaults when nothing is set).
+    SlackSignal(Tune),
     /// `slack` on its own latencies and rejections.
     SlackAlone,
 }
@@ -100,7 +123,7 @@ impl Gate {
         Gate::Ungated,
         Gate::Static,
         Gate::Aimd,
-        Gate::SlackSignal(None),
+        Gate::SlackSignal(Tune::DEFAULT),
         Gate::SlackAlone,
     ];
 
@@ -110,9 +133,21 @@ impl Gate {
             Gate::Ungated => "ungated".into(),
             Gate::Static => "static (endpoint-scrape)".into(),
             Gate::Size(n) => format!("static size {n}"),
+            Gate::Occupancy(n) => format!("static occupancy {n}"),
             Gate::Aimd => "aimd".into(),
-            Gate::SlackSignal(None) => "slack + signal_url".into(),
-            Gate::SlackSignal(Some(h)) => format!("slack + signal_url, headroom {h}"),
+            Gate::SlackSignal(t) => {
+                let mut name = String::from("slack + signal_url");
+                if let Some(h) = t.headroom {
+                    name += &format!(", headroom {h}");
+                }
+                if let Some(q) = t.target {
+                    name += &format!(", target {q}");
+                }
+                if let Some(ms) = t.interval_ms {
+                    name += &format!(", interval {ms}ms");
+                }
+                name
+            }
             Gate::SlackAlone => "slack alone".into(),
         }
     }
@@ -127,6 +162,15 @@ impl Gate {
                     "metric": "llm_d_epp_flow_control_pool_saturation",
                 }),
             )),
+            Gate::Occupancy(n) => Some((
+                "endpoint-scrape",
+                serde_json::json!({
+                    "url": pool_metrics,
+                    "metric": "vllm:num_requests_running",
+                    "max_count_per_pod": n,
+                    "admission": "counted",
+                }),
+            )),
             _ => None,
         }
     }
@@ -139,16 +183,37 @@ impl Gate {
                 serde_json::json!({"limit": n, "gating_mode": "blocking"}),
             )),
             Gate::Aimd => Some(("aimd", serde_json::json!({}))),
-            Gate::SlackSignal(headroom) => {
+            Gate::SlackSignal(t) => {
                 let mut p = serde_json::json!({"signal_url": pool_metrics});
-                if let Some(h) = headroom {
-                    p["headroom"] = (*h).into();
+                if let Some(h) = t.headroom {
+                    p["headroom"] = h.into();
+                }
+                if let Some(q) = t.target {
+                    p["signal_target"] = q.into();
+                }
+                if let Some(ms) = t.interval_ms {
+                    p["interval"] = format!("{ms}ms").into();
                 }
                 Some(("slack", p))
             }
             Gate::SlackAlone => Some(("slack", serde_json::json!({}))),
             _ => None,
         }
+    }
+
+    /// Flags the processor needs for this gate: a counted scrape reads the page every control
+    /// period, not every 5 s.
+    fn processor_args(&self) -> Vec<String> {
+        match self {
+            Gate::Occupancy(_) => vec!["--prometheus-cache-ttl".into(), "250ms".into()],
+            _ => Vec::new(),
+        }
+    }
+
+    /// Whether the scenario is one of the six of every run (the sweep's are drawn on the
+    /// trade-off picture only).
+    pub fn in_set(name: &str) -> bool {
+        Gate::SET.iter().any(|g| g.name() == name)
     }
 
     /// The processor's series for the window, and a label filter.
@@ -184,16 +249,19 @@ pub async fn run(opts: &SlackOptions) -> Result<report::SlackReport, BenchError>
         }
     }
     let report = report::SlackReport::new(opts, runs);
-    println!("{}", report.table());
+    let points = tradeoff::points(&report.rows);
+    println!("{}{}", report.table(), tradeoff::table(&points));
     let json = serde_json::to_string_pretty(&report)
         .map_err(|e| BenchError::Phase(format!("cannot encode slack.json: {e}")))?;
     std::fs::write(opts.out.join("slack.json"), json)
         .map_err(|e| BenchError::setup("slack.json", e))?;
     plot::draw(&report, &opts.out.join("slack.png"))?;
+    tradeoff::draw(&points, &opts.out.join("slack-tradeoff.png"))?;
     println!(
-        "wrote {} and {}",
+        "wrote {}, {} and {}",
         opts.out.join("slack.json").display(),
-        opts.out.join("slack.png").display()
+        opts.out.join("slack.png").display(),
+        opts.out.join("slack-tradeoff.png").display()
     );
     Ok(report)
 }

@@ -1,5 +1,5 @@
 //! The slack benchmark's picture: for each flow-control setting a row of three panels over the
-//! run's time — interactive p99 TTFT (log scale, per 5 s of sends), batch throughput (results
+//! run's time (the six scenarios; a sweep's points are on the trade-off picture) — interactive p99 TTFT (log scale, per 5 s of sends), batch throughput (results
 //! per second, per 5 s), and the gate's window — one line per scenario, the phases shaded.
 //! In: a [`SlackReport`]; out: a PNG.
 
@@ -96,7 +96,7 @@ pub fn draw(report: &SlackReport, path: &Path) -> Result<(), BenchError> {
         let runs: Vec<&Run> = report
             .runs
             .iter()
-            .filter(|r| r.flow_control == *fc)
+            .filter(|r| r.flow_control == *fc && super::Gate::in_set(&r.scenario))
             .collect();
         let fc_name = if *fc {
             "flow control on"

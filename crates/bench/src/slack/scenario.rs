@@ -171,6 +171,7 @@ async fn start_processor(
         pool["gate_type"] = kind.into();
         pool["gate_params"] = params;
     }
+    let mut extra_args = gate.processor_args();
     let pools = dir.join(format!(
         "pools-{}.json",
         gate.name().replace([' ', '(', ')', ','], "_")
@@ -187,7 +188,10 @@ async fn start_processor(
         batch_size: 32,
         lease_s: None,
         reclaim_interval_ms: None,
-        extra_args: vec!["--pool-config-file".to_owned(), pools.display().to_string()],
+        extra_args: {
+            extra_args.extend(["--pool-config-file".to_owned(), pools.display().to_string()]);
+            extra_args
+        },
         cpus: None,
         transport_json: Some(transport),
     };

@@ -34,7 +34,7 @@ use std::sync::{Arc, Mutex};
 
 use futures::future::BoxFuture;
 
-pub(super) use self::source::scrape_sums;
+pub(super) use self::source::scrape_series;
 use self::source::{Cached, Prometheus, Scrape, Source, Target};
 use super::params::Params;
 use super::{Decision, Gate, GateEnv, GateError, GateInput, GateOwner, Verdict};

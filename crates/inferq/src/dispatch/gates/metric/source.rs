@@ -429,15 +429,15 @@ impl Cached {
     }
 }
 
-/// Scrapes a `/metrics` page once and sums, per family asked, the values of its series whose
-/// labels match `labels` (`None` for a family with no matching series): what the `slack` gate's
+/// Scrapes a `/metrics` page once and gives, per family asked, the values of its series whose
+/// labels match `labels` (empty for a family with no matching series): what the `slack` gate's
 /// signal reads, parsed as `endpoint-scrape` parses a page.
-pub(in crate::dispatch::gates) async fn scrape_sums(
+pub(in crate::dispatch::gates) async fn scrape_series(
     url: &reqwest::Url,
     families: &[&str],
     labels: &[(String, String)],
     timeout: Duration,
-) -> Result<Vec<Option<f64>>, String> {
+) -> Result<Vec<Vec<f64>>, String> {
     let client = client()?;
     let body = get(&client, url.clone(), timeout).await?;
     let shown = || crate::config::redact_url(url.as_str());
@@ -446,10 +446,7 @@ pub(in crate::dispatch::gates) async fn scrape_sums(
     let page = text::parse(text).map_err(|e| format!("{}: {e}", shown()))?;
     Ok(families
         .iter()
-        .map(|family| {
-            let values = page.values(family, labels);
-            (!values.is_empty()).then(|| values.iter().sum())
-        })
+        .map(|family| page.values(family, labels))
         .collect())
 }
 

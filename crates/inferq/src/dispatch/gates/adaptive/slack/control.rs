@@ -34,6 +34,12 @@ const SAMPLES: usize = 8;
 const BASELINE_BUCKET: Duration = Duration::from_secs(300);
 /// Growth stops while the latency is above this share of the tolerance.
 const GROW_BELOW: f64 = 0.9;
+/// Readings in a row of a queue that mean the pool's capacity fell (a pod left, or the KV
+/// cache holds fewer sequences): the capacity is then what it runs, even below the peak.
+pub const FELL_STREAK: u32 = 8;
+/// How long the peak of what the pool ran is remembered (the capacity never falls below it on
+/// a short queue: a queue seen while a slot is being refilled is no news of the capacity).
+const PEAK_MEMORY: Duration = Duration::from_secs(30);
 
 /// The controller's settings (the gate's parameters, read and checked).
 #[derive(Debug, Clone)]
@@ -95,9 +101,10 @@ pub struct Controller {
     last_standing: Instant,
     /// Sequences the pool runs before it queues, once seen.
     pub capacity: Option<f64>,
-    /// The others' share: its running mean, and its peak with when it was seen.
+    /// The most the pool ran lately, and when.
+    peak_running: (f64, Instant),
+    /// The others' share now, and its running mean over `memory`.
     others_mean: f64,
-    others_peak: (f64, Instant),
     pub others: f64,
     pub steer: Steer,
 }
@@ -121,8 +128,8 @@ impl Controller {
             streak: 0,
             last_standing: now,
             capacity: None,
+            peak_running: (0.0, now),
             others_mean: 0.0,
-            others_peak: (0.0, now),
             others: 0.0,
             steer: Steer::Delay,
         }
@@ -266,8 +273,7 @@ impl Controller {
                         .count();
                     let active = self.flights.len() - leaving;
                     let over = active.saturating_sub(self.window.floor() as usize);
-                    let hurting = (r.waiting - self.s.signal_target).ceil().max(0.0) as usize;
-                    preempt = self.take_back(over.min(hurting.saturating_sub(leaving)));
+                    preempt = self.take_back(over.min(self.hurting(r).saturating_sub(leaving)));
                 }
             }
             None => {
@@ -278,6 +284,19 @@ impl Controller {
         self.window = self.window.clamp(self.s.min_window, self.s.max_window);
         self.bound = false;
         preempt
+    }
+
+    /// How many to take back for a queue: as many as wait past the target, times the engines
+    /// over those that queue (its requests are spread over every engine, and only a slot freed
+    /// where the queue stands serves it).
+    fn hurting(&self, r: Reading) -> usize {
+        let waiting = (r.waiting - self.s.signal_target).max(0.0);
+        let spread = if r.queued_series > 0 && r.series > r.queued_series {
+            r.series as f64 / r.queued_series as f64
+        } else {
+            1.0
+        };
+        (waiting * spread).ceil() as usize
     }
 
     /// The youngest `n` requests' tokens (they have done the least work), removed from the
@@ -297,16 +316,15 @@ impl Controller {
 
     /// Whether the last reading shows a queue that stands. An engine admits new requests at
     /// step boundaries, so a request waits one step even in a pool with room, and one reading
-    /// of a queue is often such a flicker. A queue counts once the pool runs all it can; or seen
-    /// twice in a row while it runs nearly that (or before the capacity is known); or four
-    /// times in a row whatever it runs (the capacity fell).
+    /// of a queue is often such a flicker. A queue counts once the pool runs all it can, or when
+    /// seen twice in a row (a flicker seen twice teaches nothing wrong: the capacity it sets
+    /// is never below the recent peak).
     fn standing(&self, r: Reading) -> bool {
-        let near = |slack: f64| match (r.running, self.capacity) {
-            (Some(running), Some(capacity)) => running >= capacity - slack,
-            (Some(_), None) => slack > 0.0,
-            (None, _) => false,
+        let full = match (r.running, self.capacity) {
+            (Some(running), Some(capacity)) => running >= capacity,
+            _ => false,
         };
-        self.streak >= 4 || (self.streak >= 2 && near(1.0)) || (self.streak >= 1 && near(0.0))
+        self.streak >= 2 || (self.streak >= 1 && full)
     }
 
     fn steer_by_queue(&mut self, r: Reading, now: Instant) {
@@ -325,24 +343,11 @@ impl Controller {
         };
         let mine = self.flights.len() as f64;
         self.others = (running + r.waiting - mine).max(0.0);
-        self.remember_others(now);
-        if standing {
-            // The pool runs this much when a queue stands.
-            self.capacity = Some(running);
-            self.last_standing = now;
-        } else if self.capacity.is_some_and(|c| running > c) {
-            self.capacity = Some(running);
-        } else if now.duration_since(self.last_standing) >= self.s.memory {
-            // No queue for a while: probe one sequence above what was learnt (it may have been
-            // learnt low, or the pool grew); a standing queue sets it back.
-            if let Some(c) = &mut self.capacity {
-                *c += 1.0;
-            }
-            self.last_standing = now;
-        }
+        self.remember_others();
+        self.learn_capacity(running, standing, now);
         match self.capacity {
             Some(capacity) => {
-                let expect = self.others.max(self.others_mean).max(self.others_peak.0);
+                let expect = self.others.max(self.others_mean);
                 let room = capacity - expect - self.s.headroom * expect.sqrt() - 1.0;
                 if room < self.window {
                     self.window = room;
@@ -357,13 +362,38 @@ impl Controller {
         }
     }
 
-    /// The others' mean over `memory`, and their peak, kept for `memory`.
-    fn remember_others(&mut self, now: Instant) {
+    /// The others' mean over `memory` (an exponential mean with that time constant).
+    fn remember_others(&mut self) {
         let alpha = (self.s.interval.as_secs_f64() / self.s.memory.as_secs_f64()).min(1.0);
         self.others_mean += alpha * (self.others - self.others_mean);
-        let (peak, at) = self.others_peak;
-        if self.others >= peak || now.duration_since(at) > self.s.memory {
-            self.others_peak = (self.others, now);
+    }
+
+    /// Learns the pool's capacity from what it runs. The pool never runs more than it can, so
+    /// the peak of the last [`PEAK_MEMORY`] is a floor, and a queue that stands while the pool
+    /// runs that much makes it the capacity. A queue that stands for [`FELL_STREAK`] readings
+    /// whatever the pool runs means the capacity fell. With no queue for `memory`, it probes
+    /// one sequence higher while the window is used (the pool may have grown); the next
+    /// standing queue sets it back to the peak.
+    fn learn_capacity(&mut self, running: f64, standing: bool, now: Instant) {
+        let (peak, at) = self.peak_running;
+        if running >= peak || now.duration_since(at) > PEAK_MEMORY {
+            self.peak_running = (running, now);
+        }
+        let peak = self.peak_running.0;
+        if self.streak >= FELL_STREAK {
+            self.capacity = Some(running);
+            self.peak_running = (running, now);
+            self.last_standing = now;
+        } else if standing {
+            self.capacity = Some(running.max(peak));
+            self.last_standing = now;
+        } else if self.capacity.is_some_and(|c| running > c) {
+            self.capacity = Some(running);
+        } else if now.duration_since(self.last_standing) >= self.s.memory && self.window_binds() {
+            if let Some(c) = &mut self.capacity {
+                *c += 1.0;
+            }
+            self.last_standing = now;
         }
     }
 

@@ -36,10 +36,7 @@ fn fill(c: &mut Controller, now: Instant) -> Vec<u64> {
 }
 
 fn reading(waiting: f64, running: f64) -> Option<Reading> {
-    Some(Reading {
-        waiting,
-        running: Some(running),
-    })
+    Some(Reading::pooled(waiting, Some(running)))
 }
 
 /// With a signal: the window probes up while no queue stands, learns the pool's capacity from
@@ -102,6 +99,18 @@ fn a_standing_queue_shrinks_at_once_and_preempts_the_youngest() {
         "the youngest two"
     );
     assert!(!tokens[25].is_cancelled());
+    // Two engines, the queue on one of them: twice as many are taken back (ours are spread
+    // over both, and only a slot freed on the queued one serves it).
+    let mut c2 = Controller::new(settings(), t);
+    c2.window = 28.0;
+    fill(&mut c2, t);
+    let split = Some(Reading {
+        series: 2,
+        queued_series: 1,
+        ..Reading::pooled(2.0, Some(32.0))
+    });
+    c2.tick(split, t + P);
+    assert_eq!(c2.tick(split, t + 2 * P).len(), 4);
     // With preemption off, none is taken back.
     let mut c3 = Controller::new(
         Settings {
@@ -116,18 +125,69 @@ fn a_standing_queue_shrinks_at_once_and_preempts_the_youngest() {
     assert!(c3.tick(reading(2.0, 32.0), t + 2 * P).is_empty());
 }
 
+/// The learnt capacity does not ratchet down: a queue seen twice while a slot is being refilled
+/// (the pool runs one less than its peak) leaves it where it is; a queue that stands for
+/// `FELL_STREAK` readings below it means the pool shrank, and then it follows.
+#[test]
+fn a_short_queue_below_the_peak_keeps_the_capacity_and_a_long_one_lowers_it() {
+    let t = Instant::now();
+    let mut c = Controller::new(settings(), t);
+    c.window = 20.0;
+    fill(&mut c, t);
+    let mut now = t;
+    // The pool of 32 runs full with a queue: the capacity is 32.
+    for _ in 0..2 {
+        now += P;
+        c.tick(reading(2.0, 32.0), now);
+    }
+    assert_eq!(c.capacity, Some(32.0));
+    // Flickers at 31 running (a slot being refilled), many times over: still 32.
+    for _ in 0..20 {
+        for waiting in [1.0, 1.0, 0.0] {
+            now += P;
+            c.tick(reading(waiting, 31.0), now);
+        }
+    }
+    assert_eq!(
+        c.capacity,
+        Some(32.0),
+        "a flicker is no news of the capacity"
+    );
+    // A pod leaves: 16 run and a queue stands. After FELL_STREAK readings the capacity is 16.
+    for i in 1..=FELL_STREAK {
+        now += P;
+        c.tick(reading(4.0, 16.0), now);
+        if i < FELL_STREAK {
+            assert_eq!(c.capacity, Some(32.0), "reading {i}");
+        }
+    }
+    assert_eq!(c.capacity, Some(16.0));
+    // A long quiet spell with the window in use probes upward; a queue seen twice sets the
+    // capacity back to the peak, where the queue formed.
+    for _ in 0..200 {
+        fill(&mut c, now);
+        now += P;
+        c.tick(reading(0.0, 16.0), now);
+    }
+    assert!(c.capacity.is_some_and(|cap| cap > 17.0), "{:?}", c.capacity);
+    for _ in 0..2 {
+        now += P;
+        c.tick(reading(1.0, 16.0), now);
+    }
+    assert_eq!(c.capacity, Some(16.0), "back to the peak");
+    // More than it was ever seen to run raises it at once.
+    now += P;
+    c.tick(reading(0.0, 18.0), now);
+    assert_eq!(c.capacity, Some(18.0));
+}
+
 /// Without a running count on the page: Vegas on the queue alone — growth while none stands,
 /// a cut once it has stood for two periods.
 #[test]
 fn a_queue_alone_steers_like_vegas() {
     let t = Instant::now();
     let mut c = Controller::new(settings(), t);
-    let only_waiting = |w| {
-        Some(Reading {
-            waiting: w,
-            running: None,
-        })
-    };
+    let only_waiting = |w| Some(Reading::pooled(w, None));
     fill(&mut c, t);
     c.tick(only_waiting(0.0), t + P);
     assert_eq!(c.window, 2.0);
