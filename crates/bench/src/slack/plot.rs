@@ -26,7 +26,7 @@ const COLORS: [RGBColor; 8] = [
     RGBColor(127, 127, 127),
 ];
 
-fn err(e: impl std::fmt::Display) -> BenchError {
+pub(super) fn err(e: impl std::fmt::Display) -> BenchError {
     BenchError::Plot(e.to_string())
 }
 

@@ -179,6 +179,7 @@ impl SlackReport {
         let mut out = String::from(
             "\ntargets (harvest over every phase; worst p99 TTFT ratio of idle and burst):\n",
         );
+        let points = super::tradeoff::points(&self.rows);
         for fc in [false, true] {
             for (scenario, harvest, ratio) in [
                 ("slack + signal_url", 0.9, 2.0),
@@ -186,20 +187,13 @@ impl SlackReport {
                 ("static (endpoint-scrape)", f64::NAN, f64::NAN),
                 ("aimd", f64::NAN, f64::NAN),
             ] {
-                let rows: Vec<&Row> = self
-                    .rows
+                let Some(point) = points
                     .iter()
-                    .filter(|r| r.scenario == scenario && r.flow_control == fc)
-                    .collect();
-                let Some(all) = rows.iter().find(|r| r.phase == "all") else {
+                    .find(|p| p.scenario == scenario && p.flow_control == fc)
+                else {
                     continue;
                 };
-                let worst = rows
-                    .iter()
-                    .filter(|r| r.phase != "all")
-                    .filter_map(|r| r.ttft_p99_ratio)
-                    .fold(0.0, f64::max);
-                let h = all.harvest.unwrap_or(0.0);
+                let (h, worst) = (point.harvest, point.worst_ttft_p99_ratio);
                 let verdict = if harvest.is_nan() {
                     String::new()
                 } else if h >= harvest && worst <= ratio {

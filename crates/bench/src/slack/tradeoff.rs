@@ -10,6 +10,7 @@ use std::path::Path;
 use plotters::prelude::*;
 use serde::Serialize;
 
+use super::plot::err;
 use super::report::Row;
 use crate::BenchError;
 
@@ -123,10 +124,6 @@ const FAMILIES: [(&str, RGBColor); 7] = [
     ("slack alone", RGBColor(44, 160, 44)),
     ("ungated", RGBColor(214, 39, 40)),
 ];
-
-fn err(e: impl std::fmt::Display) -> BenchError {
-    BenchError::Plot(e.to_string())
-}
 
 /// Draws harvest against the worst p99 TTFT ratio (log), a curve per family, the targets'
 /// corners marked.
