@@ -25,7 +25,7 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
 use tokio::sync::Notify;
 
-pub use control::{Controller, Settings, Steer, FELL_STREAK};
+pub use control::{Controller, Settings, Steer};
 
 use super::signal::{Reading, Signal};
 use super::slots::wait_for_slot;

@@ -36,10 +36,16 @@ const BASELINE_BUCKET: Duration = Duration::from_secs(300);
 const GROW_BELOW: f64 = 0.9;
 /// Readings in a row of a queue that mean the pool's capacity fell (a pod left, or the KV
 /// cache holds fewer sequences): the capacity is then what it runs, even below the peak.
-pub const FELL_STREAK: u32 = 8;
+pub(super) const FELL_STREAK: u32 = 8;
 /// How long the peak of what the pool ran is remembered (the capacity never falls below it on
 /// a short queue: a queue seen while a slot is being refilled is no news of the capacity).
 const PEAK_MEMORY: Duration = Duration::from_secs(30);
+/// Readings in a row of a queue that stands while the pool runs less than its capacity. An
+/// engine admits at step boundaries, so with requests arriving every step a queue is seen in a
+/// third of the readings or more; two in a row happen every few seconds, three rarely.
+pub(super) const STANDING_STREAK: u32 = 3;
+/// The longest wait between probes, in `memory`s.
+const PROBE_BACKOFF: u32 = 4;
 
 /// The controller's settings (the gate's parameters, read and checked).
 #[derive(Debug, Clone)]
@@ -101,6 +107,11 @@ pub struct Controller {
     last_standing: Instant,
     /// Sequences the pool runs before it queues, once seen.
     pub capacity: Option<f64>,
+    /// The capacity last seen with evidence (a queue while the pool ran that much): a queue
+    /// below the capacity sets back only what probing added above it.
+    confirmed: f64,
+    /// How long without a standing queue before the capacity is probed one higher.
+    probe_after: Duration,
     /// The most the pool ran lately, and when.
     peak_running: (f64, Instant),
     /// The others' share now, and its running mean over `memory`.
@@ -111,6 +122,7 @@ pub struct Controller {
 
 impl Controller {
     pub fn new(s: Settings, now: Instant) -> Controller {
+        let memory = s.memory;
         Controller {
             window: s.min_window,
             s,
@@ -128,6 +140,8 @@ impl Controller {
             streak: 0,
             last_standing: now,
             capacity: None,
+            confirmed: 0.0,
+            probe_after: memory,
             peak_running: (0.0, now),
             others_mean: 0.0,
             others: 0.0,
@@ -316,21 +330,23 @@ impl Controller {
 
     /// Whether the last reading shows a queue that stands. An engine admits new requests at
     /// step boundaries, so a request waits one step even in a pool with room, and one reading
-    /// of a queue is often such a flicker. A queue counts once the pool runs all it can, or when
-    /// seen twice in a row (a flicker seen twice teaches nothing wrong: the capacity it sets
-    /// is never below the recent peak).
+    /// of a queue is often such a flicker. A queue counts at once while the pool runs all it
+    /// can, else after [`STANDING_STREAK`] readings in a row.
     fn standing(&self, r: Reading) -> bool {
-        let full = match (r.running, self.capacity) {
+        self.streak >= STANDING_STREAK || (self.streak >= 1 && self.full(r))
+    }
+
+    /// Whether the pool runs at least its learnt capacity.
+    fn full(&self, r: Reading) -> bool {
+        match (r.running, self.capacity) {
             (Some(running), Some(capacity)) => running >= capacity,
             _ => false,
-        };
-        self.streak >= 2 || (self.streak >= 1 && full)
+        }
     }
 
     fn steer_by_queue(&mut self, r: Reading, now: Instant) {
         let queued = r.waiting > self.s.signal_target;
         self.streak = if queued { self.streak + 1 } else { 0 };
-        let standing = self.standing(r);
         let Some(running) = r.running else {
             // Vegas on the queue alone: a standing queue cuts the window, none lets it grow.
             if self.streak >= 2 {
@@ -344,7 +360,7 @@ impl Controller {
         let mine = self.flights.len() as f64;
         self.others = (running + r.waiting - mine).max(0.0);
         self.remember_others();
-        self.learn_capacity(running, standing, now);
+        self.learn_capacity(r, running, now);
         match self.capacity {
             Some(capacity) => {
                 let expect = self.others.max(self.others_mean);
@@ -355,8 +371,8 @@ impl Controller {
                     self.window = (self.window + self.s.increase).min(room);
                 }
             }
-            // Not learnt yet: probe upward until a standing queue shows the capacity.
-            None if standing => self.cut(self.s.decrease_factor, now),
+            // Not learnt yet: probe upward until a queue that stands shows the capacity, and
+            // hold while one is seen.
             None if !queued => self.grow(),
             None => {}
         }
@@ -369,32 +385,66 @@ impl Controller {
     }
 
     /// Learns the pool's capacity from what it runs. The pool never runs more than it can, so
-    /// the peak of the last [`PEAK_MEMORY`] is a floor, and a queue that stands while the pool
-    /// runs that much makes it the capacity. A queue that stands for [`FELL_STREAK`] readings
-    /// whatever the pool runs means the capacity fell. With no queue for `memory`, it probes
-    /// one sequence higher while the window is used (the pool may have grown); the next
-    /// standing queue sets it back to the peak.
-    fn learn_capacity(&mut self, running: f64, standing: bool, now: Instant) {
+    /// what it runs while a queue stands is evidence (*confirmed*), and the peak of the last
+    /// [`PEAK_MEMORY`] is a floor. A queue that stands below the capacity sets back only what
+    /// probing added (to the confirmed capacity or the peak, whichever is more): a flicker
+    /// seen three times cannot ratchet it down. A queue that stands for [`FELL_STREAK`]
+    /// readings whatever the pool runs means the capacity fell. Probing adds one sequence
+    /// after `memory` without a standing queue while the window is used; the pool may have
+    /// grown. The window's headroom keeps the pool below its capacity, so a probe usually
+    /// brings no evidence, and a capacity probed up without it eats the headroom: unless the
+    /// pool ran the full capacity since, each probe waits twice as long as the last (at most
+    /// [`PROBE_BACKOFF`] × `memory`), and a standing queue sets the wait back to `memory`.
+    /// The first capacity is learnt from a queue that stands [`FELL_STREAK`] readings: while
+    /// the window opens, the requests just sent wait for a step, and a queue seen three times
+    /// then is no capacity.
+    fn learn_capacity(&mut self, r: Reading, running: f64, now: Instant) {
         let (peak, at) = self.peak_running;
         if running >= peak || now.duration_since(at) > PEAK_MEMORY {
             self.peak_running = (running, now);
         }
         let peak = self.peak_running.0;
-        if self.streak >= FELL_STREAK {
+        let standing = self.standing(r);
+        // Every FELL_STREAK readings of one queue (not each reading past the first eight: a
+        // queue that goes on after the capacity was learnt from it is read afresh).
+        if self.streak % FELL_STREAK == 0 && self.streak > 0 {
             self.capacity = Some(running);
+            self.confirmed = running;
             self.peak_running = (running, now);
-            self.last_standing = now;
-        } else if standing {
-            self.capacity = Some(running.max(peak));
-            self.last_standing = now;
+            self.stood(now);
+        } else if standing && self.full(r) {
+            let capacity = running.max(peak);
+            self.capacity = Some(capacity);
+            self.confirmed = capacity;
+            self.stood(now);
+        } else if standing && self.capacity.is_some() {
+            let floor = running.max(peak).max(self.confirmed);
+            if let Some(c) = self.capacity.as_mut().filter(|c| **c > floor) {
+                *c = floor;
+                self.stood(now);
+            }
         } else if self.capacity.is_some_and(|c| running > c) {
             self.capacity = Some(running);
-        } else if now.duration_since(self.last_standing) >= self.s.memory && self.window_binds() {
+        } else if now.duration_since(self.last_standing) >= self.probe_after && self.window_binds()
+        {
             if let Some(c) = &mut self.capacity {
+                // The pool ran all the capacity allowed with no queue: probe again soon.
+                // Without that evidence, each probe waits twice as long as the last.
+                self.probe_after = if peak >= *c {
+                    self.s.memory
+                } else {
+                    (self.probe_after * 2).min(self.s.memory * PROBE_BACKOFF)
+                };
                 *c += 1.0;
             }
             self.last_standing = now;
         }
+    }
+
+    /// A queue stood (or taught the capacity): the next probe waits `memory` from now.
+    fn stood(&mut self, now: Instant) {
+        self.last_standing = now;
+        self.probe_after = self.s.memory;
     }
 
     /// Steers on delay. It grows only in a period that brought answers (the first one gives
