@@ -15,6 +15,9 @@
 //! Every piece of state is in Redis (keys in [`keys`]) or the file store ([`store`]); a replica
 //! holds none, so any number of replicas serve one deployment, and any answers for any batch.
 //! [`serve`] runs a replica: the HTTP server, one collector and the stewards.
+//!
+//! The same replica serves the front door ([`front`]): single OpenAI requests, answered when
+//! they end or at once with an id, over the same queue, keys and tenants.
 
 pub mod auth;
 pub mod batches_api;
@@ -23,6 +26,7 @@ pub mod collect;
 pub mod error;
 pub mod files_api;
 pub mod finalize;
+pub mod front;
 pub mod ids;
 pub mod ingest;
 pub mod keys;
@@ -56,8 +60,6 @@ pub enum ServeError {
     Redis(String),
     #[error("cannot listen on {addr}: {reason}")]
     Listen { addr: String, reason: String },
-    #[error("server: {0}")]
-    Server(String),
 }
 
 /// Builds a replica's shared state: the keys, the store, the Redis link and the producer.
@@ -80,13 +82,18 @@ pub async fn app(settings: Settings) -> Result<state::App, ServeError> {
         Producer::connect_target(&settings.target, &settings.request_queue, &keys::results())
             .await
             .map_err(|e| ServeError::Redis(e.to_string()))?;
+    let metrics = Arc::new(metrics::Metrics::new());
+    let front = front::Front::connect(&settings.target, settings.front.clone(), metrics.clone())
+        .await
+        .map_err(|e| ServeError::Redis(e.to_string()))?;
     Ok(state::App {
+        front: Arc::new(front),
         redis,
         producer: Arc::new(producer),
         store,
         keys,
         settings: Arc::new(settings),
-        metrics: Arc::new(metrics::Metrics::new()),
+        metrics,
         owner: inferq_client::keys::fresh_token(),
         working: Arc::new(Mutex::new(HashSet::new())),
     })
@@ -112,12 +119,25 @@ pub async fn serve(settings: Settings, stop: CancellationToken) -> Result<(), Se
     let background = CancellationToken::new();
     let collector = tokio::spawn(collect::run(app.clone(), background.clone()));
     let stewards = tokio::spawn(steward::run(app.clone(), background.clone()));
-    let served = axum::serve(listener, server::router(app))
-        .with_graceful_shutdown(stop.cancelled_owned())
-        .await
-        .map_err(|e| ServeError::Server(e.to_string()));
+    let front_collector = tokio::spawn(front::collect::run(app.clone(), background.clone()));
+    let front_listener = tokio::spawn(front::waiters::listen(
+        app.settings.target.clone(),
+        front::keys::done_channel(),
+        app.front.waiters.clone(),
+        background.clone(),
+    ));
+    {
+        let (front, stop) = (app.front.clone(), stop.clone());
+        tokio::spawn(async move {
+            stop.cancelled().await;
+            front.stop();
+        });
+    }
+    server::serve_http1(listener, server::router(app), stop).await;
     background.cancel();
     let _ = collector.await;
     let _ = stewards.await;
-    served
+    let _ = front_collector.await;
+    let _ = front_listener.await;
+    Ok(())
 }

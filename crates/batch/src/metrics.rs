@@ -18,6 +18,14 @@ pub struct StatusLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ModeLabel {
+    pub mode: String,
+}
+
+/// The front door's modes, each with its `inferq_front_requests_total` series from start-up.
+pub const FRONT_MODES: [&str; 3] = ["wait", "stream", "enqueue"];
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct FileLabel {
     pub file: String,
 }
@@ -44,6 +52,12 @@ pub struct Metrics {
     pub results_dropped: Counter<u64, AtomicU64>,
     pub lines_written: Family<FileLabel, Counter<u64, AtomicU64>>,
     pub finalize_seconds: Histogram,
+    pub front_requests: Family<ModeLabel, Counter<u64, AtomicU64>>,
+    pub front_waiting: Gauge<i64, std::sync::atomic::AtomicI64>,
+    pub front_busy: Counter<u64, AtomicU64>,
+    pub front_results_filed: Counter<u64, AtomicU64>,
+    pub front_results_dropped: Counter<u64, AtomicU64>,
+    pub front_disconnect_cancels: Counter<u64, AtomicU64>,
 }
 
 impl Metrics {
@@ -86,6 +100,47 @@ impl Metrics {
             "Time to write a sealed batch's output and error files and record its ending",
             finalize_seconds.clone(),
         );
+        let front_requests = Family::<ModeLabel, Counter<u64, AtomicU64>>::default();
+        registry.register(
+            "inferq_front_requests",
+            "Requests taken by this replica's front door, by mode (wait, stream, enqueue)",
+            front_requests.clone(),
+        );
+        let front_waiting = Gauge::<i64, std::sync::atomic::AtomicI64>::default();
+        registry.register(
+            "inferq_front_waiting_clients",
+            "Clients this replica holds waiting (wait mode, streams, long polls)",
+            front_waiting.clone(),
+        );
+        let front_busy = Counter::default();
+        registry.register(
+            "inferq_front_busy",
+            "Waits refused with 429 because --max-waiting-clients were waiting",
+            front_busy.clone(),
+        );
+        let front_results_filed = Counter::default();
+        registry.register(
+            "inferq_front_results_filed",
+            "Front-door results filed under their request by this replica",
+            front_results_filed.clone(),
+        );
+        let front_results_dropped = Counter::default();
+        registry.register(
+            "inferq_front_results_dropped",
+            "Front-door results taken and dropped (a request's second result, a cancelled, expired or unknown request, an unreadable entry)",
+            front_results_dropped.clone(),
+        );
+        let front_disconnect_cancels = Counter::default();
+        registry.register(
+            "inferq_front_disconnect_cancels",
+            "Requests cancelled because the client waiting for them went away",
+            front_disconnect_cancels.clone(),
+        );
+        for mode in FRONT_MODES {
+            let _ = front_requests.get_or_create(&ModeLabel {
+                mode: mode.to_owned(),
+            });
+        }
         // Every series whose labels are known exists at 0 from start-up (go-v011 §4).
         for status in BATCH_STATUSES {
             let _ = batches.get_or_create(&StatusLabel {
@@ -105,7 +160,22 @@ impl Metrics {
             results_dropped,
             lines_written,
             finalize_seconds,
+            front_requests,
+            front_waiting,
+            front_busy,
+            front_results_filed,
+            front_results_dropped,
+            front_disconnect_cancels,
         }
+    }
+
+    /// Counts a front-door request of `mode`.
+    pub fn front_request(&self, mode: &str) {
+        self.front_requests
+            .get_or_create(&ModeLabel {
+                mode: mode.to_owned(),
+            })
+            .inc();
     }
 
     /// The exposition text.
@@ -139,5 +209,16 @@ mod tests {
             page.contains("inferq_batch_lines_written_total{file=\"error\"} 0"),
             "{page}"
         );
+        for series in [
+            "inferq_front_requests_total{mode=\"wait\"} 0",
+            "inferq_front_requests_total{mode=\"enqueue\"} 0",
+            "inferq_front_waiting_clients 0",
+            "inferq_front_busy_total 0",
+            "inferq_front_results_filed_total 0",
+            "inferq_front_results_dropped_total 0",
+            "inferq_front_disconnect_cancels_total 0",
+        ] {
+            assert!(page.contains(series), "{series} missing from {page}");
+        }
     }
 }

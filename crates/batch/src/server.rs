@@ -1,4 +1,4 @@
-//! The HTTP side: the OpenAI routes under `/v1`, plus `/healthz`, `/readyz` (Redis and the file
+//! The HTTP side: the OpenAI routes under `/v1` (the Batch API's and the front door's), plus `/healthz`, `/readyz` (Redis and the file
 //! store answer) and `/metrics`. Unknown routes and wrong methods answer in OpenAI's error
 //! shape. Request bodies of the batch routes are small (a JSON object); the upload route has no
 //! body limit of its own, since the upload enforces the file limit while it streams.
@@ -11,7 +11,7 @@ use axum::Router;
 
 use crate::error::ApiError;
 use crate::state::App;
-use crate::{batches_api, files_api};
+use crate::{batches_api, files_api, front};
 
 /// The router of a replica.
 pub fn router(app: App) -> Router {
@@ -33,6 +33,7 @@ pub fn router(app: App) -> Router {
         )
         .route("/v1/batches/{batch_id}", get(batches_api::retrieve))
         .route("/v1/batches/{batch_id}/cancel", post(batches_api::cancel))
+        .merge(front_routes(&app))
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(ready))
         .route("/metrics", get(metrics))
@@ -46,6 +47,22 @@ pub fn router(app: App) -> Router {
                 .with_status(StatusCode::METHOD_NOT_ALLOWED)
         })
         .with_state(app)
+}
+
+/// The front door's routes: the three OpenAI endpoints (bodies up to `--max-line-bytes`) and
+/// `/v1/requests`.
+fn front_routes(app: &App) -> Router<App> {
+    let body = DefaultBodyLimit::max(app.settings.limits.max_line_bytes);
+    Router::new()
+        .route("/v1/chat/completions", post(front::http::chat))
+        .route("/v1/completions", post(front::http::completions))
+        .route("/v1/embeddings", post(front::http::embeddings))
+        .route("/v1/requests/cancel", post(front::http::cancel_many))
+        .route(
+            "/v1/requests/{request_id}",
+            get(front::http::retrieve).delete(front::http::delete),
+        )
+        .layer(body)
 }
 
 async fn ready(State(app): State<App>) -> impl IntoResponse {
@@ -67,4 +84,54 @@ async fn metrics(State(app): State<App>) -> impl IntoResponse {
         )],
         app.metrics.encode(),
     )
+}
+
+/// How long a stopping replica lets open calls finish (waits included) before it drops them:
+/// a client whose wait is dropped retries with its `Idempotency-Key` through another replica.
+const DRAIN: std::time::Duration = std::time::Duration::from_secs(20);
+
+/// Serves `router` on `listener` until `stop`, one HTTP/1.1 connection per task, then lets open
+/// calls finish for up to [`DRAIN`].
+///
+/// HTTP/1 only, rather than axum's `serve` (which builds every connection able to speak HTTP/2
+/// as well): a connection held by a waiting client costs about half the memory, which is what
+/// bounds how many clients one replica holds waiting.
+pub async fn serve_http1(
+    listener: tokio::net::TcpListener,
+    router: Router,
+    stop: tokio_util::sync::CancellationToken,
+) {
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    let builder = hyper::server::conn::http1::Builder::new();
+    loop {
+        let accepted = tokio::select! {
+            _ = stop.cancelled() => break,
+            a = listener.accept() => a,
+        };
+        let stream = match accepted {
+            Ok((stream, _)) => stream,
+            Err(e) => {
+                // Out of file descriptors, say: give the ones in use a moment to close.
+                tracing::warn!(error = %e, "cannot accept a connection");
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let _ = stream.set_nodelay(true);
+        let service = hyper_util::service::TowerToHyperService::new(router.clone());
+        let conn = builder.serve_connection(hyper_util::rt::TokioIo::new(stream), service);
+        let conn = graceful.watch(conn);
+        tokio::spawn(async move {
+            if let Err(e) = conn.await {
+                tracing::debug!(error = %e, "connection ended with an error");
+            }
+        });
+    }
+    drop(listener);
+    if tokio::time::timeout(DRAIN, graceful.shutdown())
+        .await
+        .is_err()
+    {
+        tracing::info!("calls still open after the drain: dropped");
+    }
 }

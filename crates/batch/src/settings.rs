@@ -54,6 +54,8 @@ pub struct Settings {
     pub lease: Duration,
     /// How long a cancel waits for the results of requests in flight before ending the batch.
     pub cancel_grace: Duration,
+    /// The front door's settings (single requests).
+    pub front: crate::front::FrontSettings,
 }
 
 /// A completion window as a duration: `24h`, or one of `extra` (humantime, e.g. `30s`).

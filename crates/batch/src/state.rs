@@ -22,6 +22,8 @@ pub struct App {
     pub keys: Keys,
     pub settings: Arc<Settings>,
     pub metrics: Arc<Metrics>,
+    /// The front door's producers, waits and settings.
+    pub front: Arc<crate::front::Front>,
     /// This replica's steward token (lease owner).
     pub owner: String,
     /// Batches this replica's stewards are working now.

@@ -20,6 +20,13 @@ use inferq_testkit::{free_port, RedisServer};
 use rand::{Rng, SeedableRng};
 use serde_json::Value;
 
+/// The faults: replicas killed 45 %, processors 43 %, Redis restarted at most twice.
+const ODDS: Odds = Odds {
+    replica: 45,
+    processor: 88,
+    restarts: 2,
+};
+
 pub type Fallible<T = ()> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
 
 /// What a batch chaos run does.
@@ -41,15 +48,31 @@ pub struct BatchReport {
     pub seed: u64,
     pub batches: usize,
     pub lines: usize,
-    pub replica_kills: u32,
-    pub processor_kills: u32,
-    pub redis_restarts: u32,
+    #[serde(flatten)]
+    pub struck: Struck,
     pub lines_missing: usize,
     pub lines_doubled: usize,
     pub statuses: BTreeMap<String, usize>,
     pub stuck: Vec<String>,
     pub seconds: f64,
     pub passed: bool,
+}
+
+/// The faults a run struck (flattened into its report's JSON).
+#[derive(Debug, Clone, Default, serde::Serialize)]
+pub struct Struck {
+    pub replica_kills: u32,
+    pub processor_kills: u32,
+    pub redis_restarts: u32,
+}
+
+/// How often each fault is struck: a roll in 0..100 below `replica` kills a replica, below
+/// `processor` a processor, else restarts Redis (at most `restarts` times a run).
+#[derive(Debug, Clone, Copy)]
+pub struct Odds {
+    pub replica: u32,
+    pub processor: u32,
+    pub restarts: u32,
 }
 
 /// A deployment of the Batch API from real parts.
@@ -172,6 +195,35 @@ impl BatchDeployment {
         let _ = self.replicas[i].0.wait();
         let port = self.replicas[i].1;
         self.replicas[i].0 = self.spawn_replica(i, port)?;
+        Ok(())
+    }
+
+    /// Strikes one fault by `odds`; when `restart_due` and Redis was not restarted yet, the
+    /// fault is a Redis restart (so one always falls in the second half of the faults).
+    pub fn strike(
+        &mut self,
+        rng: &mut impl Rng,
+        odds: Odds,
+        restart_due: bool,
+        struck: &mut Struck,
+    ) -> Fallible {
+        let roll = if restart_due && struck.redis_restarts == 0 {
+            100
+        } else {
+            rng.random_range(0..100)
+        };
+        if roll < odds.replica {
+            let i = rng.random_range(0..self.replicas.len());
+            self.kill_replica(i)?;
+            struck.replica_kills += 1;
+        } else if roll < odds.processor {
+            let i = rng.random_range(0..self.processors.len());
+            self.kill_processor(i)?;
+            struck.processor_kills += 1;
+        } else if struck.redis_restarts < odds.restarts {
+            self.redis.restart()?;
+            struck.redis_restarts += 1;
+        }
         Ok(())
     }
 
@@ -319,7 +371,6 @@ pub async fn run(s: &BatchChaosSettings) -> Fallible<BatchReport> {
     let mut next_batch = 0;
     let mut cancelled: Option<String> = None;
     let until = Instant::now() + s.faults_for;
-    let mut restarts_left = 2;
     while Instant::now() < until || next_batch < s.batches {
         if next_batch < s.batches {
             let base = d.base(rng.random_range(0..d.replicas.len()));
@@ -351,29 +402,7 @@ pub async fn run(s: &BatchChaosSettings) -> Fallible<BatchReport> {
         let half = until
             .checked_sub(s.faults_for / 2)
             .is_some_and(|h| Instant::now() >= h);
-        let roll = if half && report.redis_restarts == 0 {
-            99
-        } else {
-            rng.random_range(0..100)
-        };
-        match roll {
-            0..45 => {
-                let i = rng.random_range(0..d.replicas.len());
-                d.kill_replica(i)?;
-                report.replica_kills += 1;
-            }
-            45..88 => {
-                let i = rng.random_range(0..d.processors.len());
-                d.kill_processor(i)?;
-                report.processor_kills += 1;
-            }
-            _ if restarts_left > 0 => {
-                d.redis.restart()?;
-                restarts_left -= 1;
-                report.redis_restarts += 1;
-            }
-            _ => {}
-        }
+        d.strike(&mut rng, ODDS, half, &mut report.struck)?;
     }
     check(&d, &ids, cancelled.as_deref(), s, &mut report).await?;
     report.seconds = started.elapsed().as_secs_f64();

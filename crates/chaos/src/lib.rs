@@ -32,6 +32,7 @@
 
 pub mod batch;
 pub mod deployed;
+pub mod front;
 pub mod harness;
 pub mod history;
 pub mod inject;

@@ -69,6 +69,21 @@ pub enum ChaosOnly {
         #[arg(long, default_value_t = 20)]
         seconds: u64,
     },
+    /// The front-door profile: single requests over HTTP, each with its own Idempotency-Key,
+    /// in wait mode or enqueue mode, while replicas and processors are SIGKILLed and Redis
+    /// restarts; clients retry with their keys. Then every key must have been answered by
+    /// exactly one request holding exactly one result.
+    Front {
+        /// Clients sending at once.
+        #[arg(long, default_value_t = 16)]
+        clients: usize,
+        /// Requests each client sends, one after another.
+        #[arg(long, default_value_t = 40)]
+        per_client: usize,
+        /// Seconds of faults.
+        #[arg(long, default_value_t = 20)]
+        seconds: u64,
+    },
 }
 
 pub async fn chaos(args: ChaosArgs) -> Result<(), Failure> {
@@ -100,6 +115,22 @@ pub async fn chaos(args: ChaosArgs) -> Result<(), Failure> {
         };
         return batch(settings, dir, &args.report).await;
     }
+    if let Some(ChaosOnly::Front {
+        clients,
+        per_client,
+        seconds,
+    }) = args.only
+    {
+        let settings = inferq_chaos::front::FrontChaosSettings {
+            clients,
+            per_client,
+            faults_for: std::time::Duration::from_secs(seconds),
+            seed,
+            dir: dir.path().to_owned(),
+            exe,
+        };
+        return front(settings, dir, &args.report).await;
+    }
     let mut settings =
         ChaosSettings::deployed(args.profile, args.redis, seed, exe, dir.path().to_owned());
     if let Some(n) = args.requests {
@@ -123,7 +154,9 @@ pub async fn chaos(args: ChaosArgs) -> Result<(), Failure> {
                 settings.races = count;
                 harness::races_only(settings).await
             }
-            Some(ChaosOnly::Batch { .. }) | None => harness::run(settings).await,
+            Some(ChaosOnly::Batch { .. } | ChaosOnly::Front { .. }) | None => {
+                harness::run(settings).await
+            }
         }
     };
     // On a signal the run is dropped, and with it everything it started: processors
@@ -154,8 +187,7 @@ pub async fn chaos(args: ChaosArgs) -> Result<(), Failure> {
 }
 
 fn finish(report: &Report, path: &PathBuf) -> Result<(), Failure> {
-    let json = serde_json::to_vec_pretty(report).context("cannot encode the report")?;
-    std::fs::write(path, json).with_context(|| format!("cannot write {}", path.display()))?;
+    write_report(report, path)?;
     print!("{}", report.table());
     say!("report written to {}", path.display());
     Ok(())
@@ -175,21 +207,13 @@ async fn batch(
         settings.seed,
         settings.seed
     );
-    let report = tokio::select! {
-        biased;
-        signal = interrupted() => {
-            return Err(Failure { code: EXIT_INTERRUPTED, error: anyhow!("interrupted by {signal}") });
-        }
-        report = inferq_chaos::batch::run(&settings) => report.map_err(|e| anyhow!("{e}"))?,
-    };
-    let json = serde_json::to_vec_pretty(&report).context("cannot encode the report")?;
-    std::fs::write(report_path, json)
-        .with_context(|| format!("cannot write {}", report_path.display()))?;
+    let report = until_interrupted(inferq_chaos::batch::run(&settings)).await?;
+    write_report(&report, report_path)?;
     say!("batches            {}", report.batches);
     say!("lines              {}", report.lines);
-    say!("replica kills      {}", report.replica_kills);
-    say!("processor kills    {}", report.processor_kills);
-    say!("redis restarts     {}", report.redis_restarts);
+    say!("replica kills      {}", report.struck.replica_kills);
+    say!("processor kills    {}", report.struck.processor_kills);
+    say!("redis restarts     {}", report.struck.redis_restarts);
     say!("statuses           {:?}", report.statuses);
     say!("lines missing      {}", report.lines_missing);
     say!("lines doubled      {}", report.lines_doubled);
@@ -205,4 +229,68 @@ async fn batch(
         kept.display(),
         report.stuck
     )))
+}
+
+/// `inferq-dev chaos front`: runs the front-door profile and prints its figures.
+async fn front(
+    settings: inferq_chaos::front::FrontChaosSettings,
+    dir: tempfile::TempDir,
+    report_path: &PathBuf,
+) -> Result<(), Failure> {
+    say!(
+        "inferq-dev chaos front: {} clients x {} keys, {} s of faults, seed {} (replay with --seed {})",
+        settings.clients,
+        settings.per_client,
+        settings.faults_for.as_secs(),
+        settings.seed,
+        settings.seed
+    );
+    let report = until_interrupted(inferq_chaos::front::run(&settings)).await?;
+    write_report(&report, report_path)?;
+    say!("keys               {}", report.keys);
+    say!("answered           {}", report.answered);
+    say!("lost               {}", report.lost.len());
+    say!("split (2+ ids)     {}", report.split.len());
+    say!("mismatched         {}", report.mismatched.len());
+    say!("client retries     {}", report.retries);
+    say!("gateway re-runs    {}", report.re_executed);
+    say!("replica kills      {}", report.struck.replica_kills);
+    say!("processor kills    {}", report.struck.processor_kills);
+    say!("redis restarts     {}", report.struck.redis_restarts);
+    say!("seconds            {:.1}", report.seconds);
+    say!("report written to {}", report_path.display());
+    if report.passed {
+        return Ok(());
+    }
+    let kept = dir.keep();
+    Err(Failure::from(anyhow!(
+        "front chaos checks failed (seed {}; data kept in {}): lost {:?}, split {:?}, mismatched {:?}",
+        report.seed,
+        kept.display(),
+        report.lost,
+        report.split,
+        report.mismatched
+    )))
+}
+
+/// Runs a profile until it ends or a signal comes (the run is dropped, and with it everything
+/// it started).
+async fn until_interrupted<R, E: std::fmt::Display>(
+    run: impl std::future::Future<Output = Result<R, E>>,
+) -> Result<R, Failure> {
+    tokio::select! {
+        biased;
+        signal = interrupted() => Err(Failure {
+            code: EXIT_INTERRUPTED,
+            error: anyhow!("interrupted by {signal}"),
+        }),
+        report = run => report.map_err(|e| Failure::from(anyhow!("{e}"))),
+    }
+}
+
+/// Writes a profile's report as JSON.
+fn write_report(report: &impl serde::Serialize, path: &PathBuf) -> Result<(), Failure> {
+    let json = serde_json::to_vec_pretty(report).context("cannot encode the report")?;
+    std::fs::write(path, json).with_context(|| format!("cannot write {}", path.display()))?;
+    Ok(())
 }

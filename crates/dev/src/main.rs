@@ -26,6 +26,7 @@ mod batch_bench;
 mod bench;
 mod chaos;
 mod demo;
+mod front_bench;
 mod slack_bench;
 
 use std::process::ExitCode;
@@ -61,6 +62,10 @@ enum Command {
     /// Benchmark the Batch API: a batch's upload, ingestion, drain and output against the
     /// same lines through `inferq submit`, and the replica's peak memory.
     BenchBatch(batch_bench::BatchBenchArgs),
+    /// Benchmark the front door (single requests over HTTP): wait-mode latency against the
+    /// simulator called directly, clients held waiting per replica and its memory, and the
+    /// enqueue rate.
+    BenchFront(front_bench::FrontBenchArgs),
     /// Benchmark filling the slack: batch work beside interactive traffic on a pool that queues
     /// like vLLM, ungated and behind each gate (static, aimd, slack), with the picture.
     BenchSlack(slack_bench::SlackBenchArgs),
@@ -118,6 +123,7 @@ fn main() -> ExitCode {
             Command::Chaos(args) => chaos::chaos(args).await,
             Command::Bench(args) => bench::bench(args).await,
             Command::BenchBatch(args) => batch_bench::bench_batch(args).await,
+            Command::BenchFront(args) => front_bench::bench_front(args).await,
             Command::BenchSlack(args) => slack_bench::bench_slack(args).await,
         }
     });

@@ -194,3 +194,37 @@ fn the_batch_profile_loses_no_line_doubles_none_and_strands_no_batch() {
     assert!(r["processor_kills"].as_u64() >= Some(3), "{context}");
     assert!(r["redis_restarts"].as_u64() >= Some(1), "{context}");
 }
+
+/// The front-door profile (`inferq-dev chaos front`): clients send single requests with their
+/// own Idempotency-Keys (wait mode, and enqueue plus long polls) through two replicas and two
+/// processors while replicas and processors are SIGKILLed and Redis restarts, retrying with
+/// their keys; every key must be answered, by one request holding one result.
+#[test]
+fn the_front_profile_answers_every_key_with_one_request_and_one_result() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("report.json");
+    let seed =
+        std::env::var("INFERQ_CHAOS_SEED").unwrap_or_else(|_| rand::random::<u32>().to_string());
+    let out = Command::new(env!("CARGO_BIN_EXE_inferq-dev"))
+        .args(["chaos", "front", "--clients", "8", "--per-client", "20"])
+        .args(["--seconds", "15", "--seed", &seed, "--report"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    println!("{stdout}");
+    let context = format!(
+        "seed {seed} (replay: inferq-dev chaos front --seed {seed})\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "{context}");
+    let r: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    assert_eq!(r["keys"], 160, "{context}");
+    assert_eq!(r["answered"], 160, "{context}");
+    for list in ["lost", "split", "mismatched"] {
+        assert_eq!(r[list], serde_json::json!([]), "{list}: {context}");
+    }
+    assert!(r["replica_kills"].as_u64() >= Some(3), "{context}");
+    assert!(r["processor_kills"].as_u64() >= Some(3), "{context}");
+    assert!(r["redis_restarts"].as_u64() >= Some(1), "{context}");
+}

@@ -77,6 +77,45 @@ impl Deployment {
         Ok(())
     }
 
+    /// Writes an API keys file (`{"<key>": "<tenant>", …}`) and passes it to the replicas
+    /// started after, in place of any extra flags.
+    pub fn keys(&mut self, keys: &str) -> Fallible {
+        let path = self.dir.path().join("keys.json");
+        std::fs::write(&path, keys)?;
+        self.extra_flags = vec!["--api-keys-file".into(), path.display().to_string()];
+        Ok(())
+    }
+
+    /// Runs an `openai` SDK script of `tests/api` against the first two replicas, with `env`
+    /// (the tenants' keys), and checks it passed. The SDK comes from the venv
+    /// `scripts/ensure-openai.sh` makes; `$INFERQ_PYTHON` names its python.
+    pub async fn run_sdk(&self, script: &str, env: &[(&str, &str)]) -> Fallible {
+        let python = std::env::var("INFERQ_PYTHON").map_err(|_| {
+            "INFERQ_PYTHON is not set: run scripts/test.sh, or `export INFERQ_PYTHON=$(scripts/ensure-openai.sh)`"
+        })?;
+        let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/api")
+            .join(script);
+        let out = tokio::process::Command::new(python)
+            .arg(script)
+            .env(
+                "INFERQ_BATCH_URLS",
+                format!("{},{}", self.url(0), self.url(1)),
+            )
+            .envs(env.iter().copied())
+            .output()
+            .await?;
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            out.status.success(),
+            "the SDK checks failed:\n{stdout}\n{stderr}\n{}",
+            self.logs()
+        );
+        assert!(stdout.contains("all SDK checks passed"), "{stdout}");
+        Ok(())
+    }
+
     pub fn files_dir(&self) -> PathBuf {
         self.dir.path().join("files")
     }

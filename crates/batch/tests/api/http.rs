@@ -283,5 +283,18 @@ fn bad_settings_exit_2_naming_the_field() -> Fallible {
     std::fs::write(&keys, r#"{"short":"t"}"#)?;
     let (code, err) = run(&["--api-keys-file", &keys.display().to_string()])?;
     assert_eq!((code, err.contains("--api-keys-file")), (2, true), "{err}");
+    // The front door's flags.
+    for (flag, value) in [
+        ("--request-timeout", "0s"),
+        ("--result-retention", "0s"),
+        ("--max-waiting-clients", "0"),
+    ] {
+        let (code, err) = run(&[flag, value])?;
+        assert_eq!(
+            (code, err.contains(flag)),
+            (2, true),
+            "{flag} {value}: {err}"
+        );
+    }
     Ok(())
 }

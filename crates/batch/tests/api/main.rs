@@ -5,6 +5,9 @@
 mod cluster;
 mod common;
 mod durability;
+mod front;
+mod front_sdk;
+mod front_topologies;
 mod http;
 mod model;
 mod s3;

@@ -1,5 +1,6 @@
 //! `inferq batch-api`: serves the OpenAI Files and Batches API (the `inferq-batch` crate) over
-//! the queue a processors' transport config names. It reads the same `--transport-config-file`
+//! the queue a processors' transport config names, and the front door for single requests
+//! (`/v1/chat/completions`, `/v1/completions`, `/v1/embeddings`, `/v1/requests`). It reads the same `--transport-config-file`
 //! as `inferq run`, so Redis, its topology and TLS are configured once; a bad flag or config
 //! exits 2 naming it. Without `--api-keys-file` it listens only on loopback unless
 //! `--insecure-no-auth` is given.
@@ -64,6 +65,18 @@ pub struct BatchApiArgs {
     /// How long a cancel waits for the results of requests in flight.
     #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
     pub cancel_grace: Duration,
+    /// Front door: the deadline of a request that gives none (no `x-llm-d-async-timeout`
+    /// header, no `timeout` in its body).
+    #[arg(long, default_value = "10m", value_parser = humantime::parse_duration)]
+    pub request_timeout: Duration,
+    /// Front door: how long a request's result is kept once it has arrived (then the request
+    /// reads `expired`).
+    #[arg(long, default_value = "24h", value_parser = humantime::parse_duration)]
+    pub result_retention: Duration,
+    /// Front door: most clients one replica holds waiting (wait mode, streams, long polls);
+    /// past it a wait is answered 429 with Retry-After.
+    #[arg(long, default_value_t = 10_000)]
+    pub max_waiting_clients: usize,
 }
 
 #[derive(Debug, Parser)]
@@ -131,6 +144,37 @@ pub fn settings(args: &BatchApiArgs) -> Result<inferq_batch::Settings, Failure> 
     if args.lease < Duration::from_secs(1) {
         return Err(bad("--lease", "must be at least 1s"));
     }
+    if args.request_timeout.is_zero() {
+        return Err(bad("--request-timeout", "must be above 0"));
+    }
+    if args.result_retention < Duration::from_secs(1) {
+        return Err(bad("--result-retention", "must be at least 1s"));
+    }
+    if args.max_waiting_clients == 0 {
+        return Err(bad("--max-waiting-clients", "must be at least 1"));
+    }
+    let front_queues = transport
+        .queues
+        .iter()
+        .map(|q| inferq_batch::front::FrontQueue {
+            id: q.id.clone(),
+            queue_name: q.queue_name.clone(),
+            refused: q.result_queue_name.as_ref().map(|list| {
+                format!(
+                    "queue {:?} sends every result to its own list {list:?} (result_queue_name), which the front door does not read: name a queue without one",
+                    q.id
+                )
+            }),
+        })
+        .collect();
+    let front = inferq_batch::front::FrontSettings {
+        queues: front_queues,
+        default_queue: queue.queue_name.clone(),
+        request_timeout: args.request_timeout,
+        result_retention: args.result_retention,
+        max_waiting_clients: args.max_waiting_clients,
+        replica_wait: config.claim.replica_wait,
+    };
     let target = crate::queue::target::Target::new(
         transport.url.expose(),
         &config.redis_tls,
@@ -156,6 +200,7 @@ pub fn settings(args: &BatchApiArgs) -> Result<inferq_batch::Settings, Failure> 
         extra_windows: args.allow_completion_window.clone(),
         lease: args.lease,
         cancel_grace: args.cancel_grace,
+        front,
     })
 }
 

@@ -1,0 +1,21 @@
+//! The front door driven by the official `openai` Python SDK (`tests/api/front_sdk.py`):
+//! wait, `stream: true`, and enqueue + GET, against a real deployment with API keys (two
+//! replicas, one processor, Redis and the simulator). The SDK comes from the venv
+//! `scripts/ensure-openai.sh` makes; `$INFERQ_PYTHON` names its python (scripts/test.sh sets
+//! it). Without it the test fails, saying how to get it.
+
+use crate::common::{Deployment, Fallible};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_openai_sdk_waits_streams_and_enqueues_single_requests() -> Fallible {
+    let mut d = Deployment::start(300).await?;
+    d.keys(r#"{"sk-tenant-a-0123456789":"a"}"#)?;
+    d.add_processor()?;
+    d.add_replica().await?;
+    d.add_replica().await?;
+    d.run_sdk(
+        "front_sdk.py",
+        &[("INFERQ_KEY_A", "sk-tenant-a-0123456789")],
+    )
+    .await
+}

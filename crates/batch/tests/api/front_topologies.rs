@@ -1,0 +1,201 @@
+//! The front door on a Redis Cluster and behind Sentinel, and through a killed replica: its
+//! keys share the `{inferq-batch}` slot (every Lua move stays in one slot), its announcements
+//! reach every replica's subscription, and results are read by any replica. Behind Sentinel
+//! with `replica_wait`, a fail-over in the middle of waiting clients loses no request.
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use serde_json::{json, Value};
+
+use crate::common::{until, Deployment, Fallible};
+use inferq_testkit::{RedisCluster, SentinelSet};
+
+fn chat(content: &str) -> Value {
+    json!({"model": "m", "messages": [{"role": "user", "content": content}], "max_tokens": 4})
+}
+
+async fn call(
+    url: &str,
+    headers: &[(&str, &str)],
+    body: &Value,
+) -> Result<(u16, Value, Option<String>), String> {
+    let mut r = reqwest::Client::new().post(url).json(body);
+    for (k, v) in headers {
+        r = r.header(*k, *v);
+    }
+    let r = r.send().await.map_err(|e| e.to_string())?;
+    let status = r.status().as_u16();
+    let id = r
+        .headers()
+        .get("x-inferq-request-id")
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    let v = r.json().await.map_err(|e| e.to_string())?;
+    Ok((status, v, id))
+}
+
+/// Waits, enqueues and long-polls, reuses a key and cancels, through both replicas.
+async fn exercise(d: &Deployment) -> Fallible {
+    let (s, body, id) = call(&format!("{}/chat/completions", d.url(0)), &[], &chat("w")).await?;
+    assert_eq!(s, 200, "{body}\n{}", d.logs());
+    let (s, got, _) = call(
+        &format!("{}/chat/completions", d.url(1)),
+        &[("X-AP-Mode", "enqueue"), ("Idempotency-Key", "k")],
+        &chat("e"),
+    )
+    .await?;
+    assert_eq!(s, 202, "{got}");
+    let rid = got["id"].as_str().unwrap_or_default().to_owned();
+    let polled: Value = reqwest::get(format!("{}/requests/{rid}?wait=20", d.url(0)))
+        .await?
+        .json()
+        .await?;
+    assert_eq!(polled["status"], "completed", "{polled}\n{}", d.logs());
+    let (s, same, again) = call(
+        &format!("{}/chat/completions", d.url(0)),
+        &[("Idempotency-Key", "k")],
+        &chat("e"),
+    )
+    .await?;
+    assert_eq!((s, again.as_deref()), (200, Some(rid.as_str())), "{same}");
+    let (s, _, _) = call(
+        &format!("{}/chat/completions", d.url(1)),
+        &[("Idempotency-Key", "k")],
+        &chat("another body"),
+    )
+    .await?;
+    assert_eq!(s, 409);
+    let first: Value = reqwest::get(format!("{}/requests/{}", d.url(1), id.unwrap_or_default()))
+        .await?
+        .json()
+        .await?;
+    assert_eq!(first["response"]["body"], body, "{first}");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn single_requests_run_on_a_redis_cluster() -> Fallible {
+    let cluster = RedisCluster::start()?;
+    let mut d = Deployment::start(5).await?;
+    let addrs: Vec<String> = cluster.addrs()[1..].to_vec();
+    d.point_at(json!({"url": cluster.seed_urls()[0], "mode": "cluster", "addrs": addrs}))?;
+    d.add_processor()?;
+    d.add_replica().await?;
+    d.add_replica().await?;
+    exercise(&d).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failover_behind_sentinel_loses_no_single_request() -> Fallible {
+    let n = 40;
+    let set = SentinelSet::start("inferq-front")?;
+    let mut d = Deployment::start(300).await?;
+    d.point_at(json!({
+        "url": set.sentinel_urls()[0],
+        "mode": "sentinel",
+        "master_name": "inferq-front",
+        "addrs": set.sentinel_addrs()[1..].to_vec(),
+        "replica_wait": 1,
+    }))?;
+    d.processor_flags = vec!["--concurrency".into(), "8".into()];
+    d.add_processor()?;
+    d.add_replica().await?;
+    d.add_replica().await?;
+    exercise(&d).await?;
+    // n enqueued requests, each with its key; then a fail-over while they run.
+    let mut ids = BTreeSet::new();
+    for i in 0..n {
+        let key = format!("job-{i}");
+        let (s, v, _) = call(
+            &format!("{}/chat/completions", d.url(i % 2)),
+            &[("X-AP-Mode", "enqueue"), ("Idempotency-Key", &key)],
+            &chat(&key),
+        )
+        .await?;
+        assert_eq!(s, 202, "{v}");
+        ids.insert(v["id"].as_str().unwrap_or_default().to_owned());
+    }
+    let first = set.master_port()?;
+    let second = tokio::task::block_in_place(|| set.failover())?;
+    assert_ne!(first, second, "the sentinels kept the old master");
+    // Every request ends completed, read through either replica; a retry with its key names
+    // the same request.
+    for (i, id) in ids.iter().enumerate() {
+        let base = d.url(i % 2);
+        let what = format!("request {id} completed");
+        until(
+            &what,
+            Duration::from_secs(60),
+            Duration::from_millis(200),
+            async || {
+                let v: Value = match reqwest::get(format!("{base}/requests/{id}?wait=5")).await {
+                    Ok(r) => r.json().await.unwrap_or(Value::Null),
+                    Err(_) => Value::Null,
+                };
+                assert!(
+                    !matches!(
+                        v["status"].as_str(),
+                        Some("failed" | "cancelled" | "expired")
+                    ),
+                    "{v}"
+                );
+                Ok((v["status"] == "completed").then_some(()))
+            },
+        )
+        .await
+        .map_err(|e| format!("{e}\n{}", d.logs()))?;
+    }
+    let mut again = BTreeSet::new();
+    for i in 0..n {
+        let key = format!("job-{i}");
+        let (_, v, _) = call(
+            &format!("{}/chat/completions", d.url(1 - i % 2)),
+            &[("X-AP-Mode", "enqueue"), ("Idempotency-Key", &key)],
+            &chat(&key),
+        )
+        .await?;
+        again.insert(v["id"].as_str().unwrap_or_default().to_owned());
+    }
+    assert_eq!(again, ids, "a retry with its key named another request");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_whose_replica_died_retries_with_its_key_through_another() -> Fallible {
+    let mut d = Deployment::start(2500).await?;
+    d.add_processor()?;
+    d.add_replica().await?;
+    d.add_replica().await?;
+    let url0 = format!("{}/chat/completions", d.url(0));
+    let waiting = tokio::spawn(async move {
+        call(&url0, &[("Idempotency-Key", "survivor")], &chat("keep me")).await
+    });
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    d.kill_replica(0);
+    assert!(waiting.await?.is_err(), "the killed replica answered");
+    // The retry, on the other replica: the same request (no second run), answered when done.
+    let (s, body, id) = call(
+        &format!("{}/chat/completions", d.url(1)),
+        &[("Idempotency-Key", "survivor")],
+        &chat("keep me"),
+    )
+    .await?;
+    assert_eq!(s, 200, "{body}\n{}", d.logs());
+    let id = id.unwrap_or_default();
+    let counts: Value = reqwest::get(format!("{}/executions", d.sim.base_url()))
+        .await?
+        .json()
+        .await?;
+    let runs: u64 = counts
+        .as_object()
+        .map(|m| m.values().filter_map(Value::as_u64).sum())
+        .unwrap_or(0);
+    assert_eq!(runs, 1, "the gateway ran it {runs} times: {counts}");
+    let got: Value = reqwest::get(format!("{}/requests/{id}", d.url(1)))
+        .await?
+        .json()
+        .await?;
+    assert_eq!(got["status"], "completed", "{got}");
+    Ok(())
+}
