@@ -4,6 +4,9 @@
 //! and calls into its tool crate. It finds `inferq` (for `inferq run` and `inferq submit`) next
 //! to itself, as cargo builds both into one directory. Exit codes: 0 success, 2 bad input, 1
 //! anything else, 130 interrupted.
+//!
+//! The benchmarks and the chaos harness sit behind the default features `bench` and `chaos`;
+//! `scripts/demo.sh` builds without them, and that binary has only `demo` and `sim`.
 
 /// `println!` that does not panic when standard output is closed (a reader such as `head` went
 /// away): the line is dropped, as the reader no longer wants it.
@@ -22,11 +25,16 @@ macro_rules! tell {
     }};
 }
 
+#[cfg(feature = "bench")]
 mod batch_bench;
+#[cfg(feature = "bench")]
 mod bench;
+#[cfg(feature = "chaos")]
 mod chaos;
 mod demo;
+#[cfg(feature = "bench")]
 mod front_bench;
+#[cfg(feature = "bench")]
 mod slack_bench;
 
 use std::process::ExitCode;
@@ -40,6 +48,13 @@ use inferq::cli::{Failure, EXIT_BAD_INPUT};
     name = "inferq-dev",
     version,
     about = "inferq's tools: the demo, the simulator gateway, the chaos harness and the benchmark"
+)]
+#[cfg_attr(
+    not(all(feature = "bench", feature = "chaos")),
+    command(
+        after_help = "Built without the benchmarks or the chaos harness (as scripts/demo.sh \
+        builds it); `cargo build --release -p inferq-dev` builds them all."
+    )
 )]
 struct Cli {
     #[command(subcommand)]
@@ -55,19 +70,24 @@ enum Command {
     Sim(SimArgs),
     /// Break things on purpose (kill and freeze processors, restart Redis, cut connections,
     /// fail the gateway) under load, then check every request has exactly one result.
+    #[cfg(feature = "chaos")]
     Chaos(chaos::ChaosArgs),
     /// Benchmark: drains, open-loop latency, Redis commands per request, CPU and
     /// memory, redelivery after kill -9, and BullMQ on the same Redis when installed.
+    #[cfg(feature = "bench")]
     Bench(bench::BenchArgs),
     /// Benchmark the Batch API: a batch's upload, ingestion, drain and output against the
     /// same lines through `inferq submit`, and the replica's peak memory.
+    #[cfg(feature = "bench")]
     BenchBatch(batch_bench::BatchBenchArgs),
     /// Benchmark the front door (single requests over HTTP): wait-mode latency against the
     /// simulator called directly, clients held waiting per replica and its memory, and the
     /// enqueue rate.
+    #[cfg(feature = "bench")]
     BenchFront(front_bench::FrontBenchArgs),
     /// Benchmark filling the slack: batch work beside interactive traffic on a pool that queues
     /// like vLLM, ungated and behind each gate (static, aimd, slack), with the picture.
+    #[cfg(feature = "bench")]
     BenchSlack(slack_bench::SlackBenchArgs),
 }
 
@@ -120,10 +140,15 @@ fn main() -> ExitCode {
         match cli.command {
             Command::Demo(args) => demo::demo(args).await,
             Command::Sim(args) => sim(args).await,
+            #[cfg(feature = "chaos")]
             Command::Chaos(args) => chaos::chaos(args).await,
+            #[cfg(feature = "bench")]
             Command::Bench(args) => bench::bench(args).await,
+            #[cfg(feature = "bench")]
             Command::BenchBatch(args) => batch_bench::bench_batch(args).await,
+            #[cfg(feature = "bench")]
             Command::BenchFront(args) => front_bench::bench_front(args).await,
+            #[cfg(feature = "bench")]
             Command::BenchSlack(args) => slack_bench::bench_slack(args).await,
         }
     });
