@@ -67,7 +67,7 @@ enum Command {
     /// through and print throughput, latency, outcomes, retries and the no-loss check.
     Demo(demo::DemoArgs),
     /// Run the OpenAI-compatible simulator gateway.
-    Sim(SimArgs),
+    Sim(Box<SimArgs>),
     /// Break things on purpose (kill and freeze processors, restart Redis, cut connections,
     /// fail the gateway) under load, then check every request has exactly one result.
     #[cfg(feature = "chaos")]
@@ -139,7 +139,7 @@ fn main() -> ExitCode {
     let outcome = runtime.block_on(async move {
         match cli.command {
             Command::Demo(args) => demo::demo(args).await,
-            Command::Sim(args) => sim(args).await,
+            Command::Sim(args) => sim(*args).await,
             #[cfg(feature = "chaos")]
             Command::Chaos(args) => chaos::chaos(args).await,
             #[cfg(feature = "bench")]
