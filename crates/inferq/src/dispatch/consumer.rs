@@ -121,7 +121,7 @@ impl Consumer {
     async fn round(&mut self) -> Option<()> {
         // While the outbox cannot write results, claiming more would only pile up finished work
         // (and, when Redis refuses the results, send it all to the gateway for nothing).
-        if self.ctx.outbox_stalled.load(Ordering::SeqCst) {
+        if self.ctx.state.is_outbox_stalled() {
             return self.sleep(STALLED_PAUSE.min(self.polling.interval)).await;
         }
         let room = self.room_in_pool().await?;

@@ -10,6 +10,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::gates::{Decision, Feedback, Gate, Release};
 use super::holdings::{Holdings, Ticket};
+use super::lane_state::LaneState;
 use super::last_chance::{LastChance, Slot};
 use super::load::{Charge, Load};
 use super::outbox::Outgoing;
@@ -61,18 +62,9 @@ pub struct QueueCtx {
     /// The processor's readiness: the consumer and the outbox report there whether Redis
     /// refuses the queue's polls or its results.
     pub readiness: crate::ops::Readiness,
-    /// Set while the outbox holds outcomes it could not write (Redis unreachable, or refusing
-    /// this queue's results): this instance's reclaimer waits for them to land before
-    /// reclaiming, so that after an outage it does not hand back to pending the work whose
-    /// results are about to be written, and the consumer claims no more work meanwhile.
-    pub outbox_stalled: std::sync::atomic::AtomicBool,
-    /// Set when a call of this queue's upkeep, consumer or outbox could not reach Redis (or was
-    /// refused); the reclaimer clears it once Redis answers and a lease has passed (see
-    /// [`super::upkeep::reclaimer`]).
-    pub redis_lost: std::sync::atomic::AtomicBool,
-    /// Set when a queues config reload removed (or replaced) this queue: its requests still
-    /// waiting for a worker are released back to pending instead of started.
-    pub retired: std::sync::atomic::AtomicBool,
+    /// Whether the outbox is stalled, Redis was lost, or the lane was retired: what the
+    /// consumer, the reclaimer and the pool act on (see [`super::lane_state`]).
+    pub state: LaneState,
 }
 
 impl QueueCtx {
@@ -123,11 +115,10 @@ impl QueueCtx {
     }
 
     /// Takes note of a failed Redis call of this queue's loops: one that could not reach Redis
-    /// sets `redis_lost` (a refusal of this caller alone does not).
+    /// is an outage for the reclaimer (a refusal of this caller alone is not).
     pub fn note_failure(&self, e: &crate::queue::QueueError) {
         if e.lost_redis() {
-            self.redis_lost
-                .store(true, std::sync::atomic::Ordering::SeqCst);
+            self.state.lost_redis();
         }
     }
 

@@ -260,9 +260,7 @@ impl Lanes {
             pool_labels,
             last_chance: Default::default(),
             readiness: w.readiness.clone(),
-            outbox_stalled: Default::default(),
-            redis_lost: Default::default(),
-            retired: AtomicBool::new(false),
+            state: Default::default(),
         });
         // Room for two batches: one being worked off while the next is claimed.
         let (jobs, intake) = mpsc::channel(w.polling.batch.saturating_mul(2));
@@ -380,7 +378,7 @@ fn same(a: &QueueConfig, b: &QueueConfig) -> bool {
 /// time, then are aborted and released; once every outcome is written, its upkeep stops.
 async fn retire(lane: Lane, drain: Duration) {
     let ctx = &lane.ctx;
-    ctx.retired.store(true, Ordering::SeqCst);
+    ctx.state.retire();
     lane.claiming.cancel();
     lane.consumer.close();
     lane.consumer.wait().await;

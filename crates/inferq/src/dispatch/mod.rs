@@ -12,6 +12,25 @@
 //!  heartbeat (renew), cancel watch, reclaimer, promoter: per queue, in the background
 //! ```
 //!
+//! ## A claim's life
+//!
+//! What a claimed request holds, who takes each part and who frees it on every path. A
+//! [`context::Job`] carries the parts from the claim to its outcome; dropping a job without an
+//! outcome releases the claim, so no path leaks one.
+//!
+//! | held | taken by | freed by: outcome written | lease lost | turned away / never started | shutdown |
+//! |---|---|---|---|---|---|
+//! | the Redis claim (lease, fence) | the consumer's claim ([`consumer`]), or reclaim taking over a finish ([`upkeep`]) | the outbox's ack, park or release ([`outbox`]) | nothing: another instance reclaims it after the lease | the job's drop: a release through the outbox | release through the outbox; unwritten, the lease returns it to pending |
+//! | its entry in [`holdings`] (local lease clock, abort) | the consumer, at the claim | the outbox, once the outcome is written | [`context::Job::abandon`], a renewal that says "not yours", or the local lease running out ([`upkeep`]) | the outbox, after the release | the outbox, after the release |
+//! | gate reservations ([`gates::Release`]) | the queue gate between peek and claim, the pool gate before the send ([`worker`]) | the job's settle, with the gateway's [`gates::Feedback`] | the job's settle, without feedback | [`context::QueueCtx::turn_away`] (refused before a job existed) or the job's settle | the job's settle |
+//! | its bytes waiting for a worker ([`load::Charge`] of `intake_load`) | the consumer, when it hands the job to the pool | the worker, when it takes the job up | the job's drop | the job's drop | the job's drop |
+//! | its outcome's bytes ([`load::Charge`] of `outbox_load`) | handing the outcome to the outbox | the outbox, once written or given up | the outbox, dropping an outcome whose lease is gone | the outbox, after the release | the outbox, when it stops |
+//! | the last-chance slot ([`last_chance::Slot`]), only on its last delivery | the consumer's triage | the outbox, once the outcome is written or given up | the job's drop after its abandon, or the outbox dropping the outcome | the outbox, after the release | the outbox, when it stops |
+//!
+//! The lane's own conditions (outbox stalled, Redis lost, retired) are in [`lane_state`].
+//!
+//! ## Modules
+//!
 //! - [`holdings`]: what this instance holds, with local lease validity and abort handles.
 //! - [`context`]: what one queue's tasks share.
 //! - [`consumer`]: peek → triage (queue gate, last chance) → claim → hand to the pool.
@@ -30,6 +49,7 @@
 //! - [`upkeep`]: renewals, cancel checks, reclaim, promotion, backlog.
 //! - [`processor`]: the lifecycle and graceful shutdown.
 //! - [`lanes`]: one queue's tasks, started, and retired without losing what they hold.
+//! - [`lane_state`]: a lane's conditions (outbox stalled, Redis lost, retired) and who moves them.
 //! - [`reload`]: the queues config reload (a watch interval, SIGHUP).
 //! - [`last_chance`]: at most one last-chance request per queue and instance, so a poison
 //!   request does not take its neighbours to the dead list.
@@ -46,6 +66,7 @@ pub mod gates;
 pub mod holdings;
 pub mod ingress;
 pub mod lane_stamp;
+pub mod lane_state;
 pub mod lanes;
 pub mod last_chance;
 pub mod load;

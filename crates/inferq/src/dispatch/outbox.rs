@@ -31,7 +31,7 @@
 //! An outcome Redis refuses for itself, not for an outage (a result list outside this user's
 //! rights), is handled by whose list it is. For a list this queue is configured with, the fix is
 //! the operator's and every request would meet the same refusal: the outcomes are kept and
-//! retried as in an outage, the consumer claims no more work meanwhile (see `outbox_stalled`),
+//! retried as in an outage, the consumer claims no more work meanwhile (see `LaneState`),
 //! and `/readyz` names the list until the results land. (Since the consumer stops polling
 //! whenever the outbox is stalled, the outbox also reports a refusal that stalls it, such as
 //! `READONLY` from a replica.) For a list one message chose, the others
@@ -39,7 +39,6 @@
 //! sent again.
 
 use std::collections::VecDeque;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -432,11 +431,14 @@ fn configured_list<'f>(ctx: &QueueCtx, f: &'f Finish) -> Option<&'f str> {
 }
 
 /// Says whether this queue's results are written (`None`) or what keeps Redis from taking
-/// them: the consumer claims no more work meanwhile (`outbox_stalled`), and `/readyz` names the
+/// them: the consumer claims no more work meanwhile (`LaneState::outbox_blocked`), and `/readyz` names the
 /// trouble until it is over (`reported` remembers it was told).
 fn report(ctx: &QueueCtx, reported: &mut bool, trouble: Option<Trouble>) {
-    ctx.outbox_stalled
-        .store(trouble.is_some(), Ordering::SeqCst);
+    if trouble.is_some() {
+        ctx.state.outbox_blocked();
+    } else {
+        ctx.state.outbox_flowing();
+    }
     match trouble {
         Some(trouble) => {
             ctx.readiness.note(&results_of(ctx), Some(trouble));

@@ -6,7 +6,6 @@
 
 use std::collections::HashMap;
 use std::net::{Ipv6Addr, SocketAddr};
-use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -690,7 +689,7 @@ async fn run_pool(
                 }
             }
         };
-        if job.ctx.retired.load(Ordering::SeqCst) {
+        if job.ctx.state.is_retired() {
             // Dropped, it releases its claim back to pending.
             job.ctx.series.queue_depth.get().dec();
             drop(job);

@@ -105,7 +105,7 @@ pub async fn cancel_watch(ctx: Arc<QueueCtx>, every: Duration, stop: Cancellatio
 /// pending moments after its lease ends, not up to an interval later.
 ///
 /// After Redis was out of reach (this instance's renewals, polls, reclaims or outcome writes
-/// failed: `redis_lost`), it waits until Redis answers and then one more lease before it
+/// failed: `LaneState::lost_redis`), it waits until Redis answers and then one more lease before it
 /// reclaims. The outage let every lease run out, the live owners' included; they renew every
 /// third of a lease and write the outcomes they kept, so waiting a lease hands back only work
 /// whose owner is really gone, instead of having work that was done, or is nearly done, done
@@ -122,13 +122,13 @@ pub async fn reclaimer(ctx: Arc<QueueCtx>, stop: CancellationToken) {
     let mut adopting = true;
     while tick(&stop, sleep).await {
         sleep = every;
-        if ctx.outbox_stalled.load(Ordering::SeqCst) {
+        if ctx.state.is_outbox_stalled() {
             // This instance's finished outcomes are waiting for Redis: let them land first (the
             // outbox retries within 2 s), or this reclaim would have their work done again.
             sleep = MIN_RECLAIM_SLEEP;
             continue;
         }
-        if ctx.redis_lost.load(Ordering::SeqCst) {
+        if ctx.state.is_redis_lost() {
             match grace_after_outage(&ctx, &stop).await {
                 Grace::RedisStillOut => {
                     sleep = PROBE_SLEEP;
@@ -172,7 +172,7 @@ async fn grace_after_outage(ctx: &QueueCtx, stop: &CancellationToken) -> Grace {
     }
     // Failures during the grace count as the same outage: reclaim now rather than wait
     // again, so a flaky Redis postpones reclaiming by a lease at a time, never for good.
-    ctx.redis_lost.store(false, Ordering::SeqCst);
+    ctx.state.outage_over();
     Grace::Over
 }
 
