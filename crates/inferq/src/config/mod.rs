@@ -28,6 +28,7 @@ pub mod cluster;
 pub mod duration;
 pub mod error;
 pub mod gate;
+pub mod gate_params;
 mod json;
 mod legacy;
 pub mod merge;

@@ -9,7 +9,7 @@ use super::gate::{parse_gate, GateSpec, GateType};
 use super::json::decode;
 use super::transport::DEFAULT_POOL_ID;
 use super::ConfigError;
-use crate::dispatch::gates::params::Params;
+use crate::config::gate_params::Params;
 
 /// One worker pool.
 #[derive(Debug, Clone, PartialEq)]

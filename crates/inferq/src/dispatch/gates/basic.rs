@@ -25,8 +25,8 @@ use std::sync::Arc;
 
 use futures::future::BoxFuture;
 
-use super::params::Params;
 use super::{Decision, Gate, GateEnv, GateError, GateInput};
+use crate::config::gate_params::Params;
 use crate::config::{GateSpec, GateType};
 
 /// The label a quota gate's classification is written to (and later gates read it from).

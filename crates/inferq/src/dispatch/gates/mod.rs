@@ -19,7 +19,6 @@
 pub mod adaptive;
 pub mod basic;
 pub mod metric;
-pub mod params;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -204,6 +203,16 @@ pub enum GateError {
     },
     #[error("gate {gate}: {reason}")]
     Failed { gate: &'static str, reason: String },
+}
+
+impl From<crate::config::gate_params::ParamError> for GateError {
+    fn from(e: crate::config::gate_params::ParamError) -> GateError {
+        GateError::Param {
+            gate: e.gate,
+            param: e.param,
+            reason: e.reason,
+        }
+    }
 }
 
 /// What building a gate may need besides its own parameters.

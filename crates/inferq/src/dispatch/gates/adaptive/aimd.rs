@@ -18,8 +18,8 @@ use tokio::sync::Notify;
 
 use super::slots::wait_for_slot;
 use super::{classify, factor, max_window, min_window, param, Answer};
+use crate::config::gate_params::Params;
 use crate::dispatch::gates::basic::{CLASSIFICATION, RESERVED};
-use crate::dispatch::gates::params::Params;
 use crate::dispatch::gates::{
     Decision, Feedback, Gate, GateEnv, GateError, GateInput, Release, Verdict,
 };

@@ -24,8 +24,8 @@ mod slots;
 use std::sync::Arc;
 
 use super::{Feedback, Gate, GateEnv, GateError};
+use crate::config::gate_params::Params;
 use crate::config::{GateSpec, GateType};
-use crate::dispatch::gates::params::Params;
 
 /// How an answer bears on a window (go-aimd §2), read from its status and the router's
 /// `x-llm-d-request-dropped-reason`.

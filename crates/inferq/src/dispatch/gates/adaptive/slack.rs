@@ -30,7 +30,7 @@ pub use control::{Controller, Settings, Steer};
 use super::signal::{Reading, Signal};
 use super::slots::wait_for_slot;
 use super::{classify, factor, max_window, min_window, param};
-use crate::dispatch::gates::params::Params;
+use crate::config::gate_params::Params;
 use crate::dispatch::gates::{
     Decision, Feedback, Gate, GateEnv, GateError, GateInput, Release, Verdict,
 };

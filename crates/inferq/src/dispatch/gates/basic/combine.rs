@@ -19,8 +19,8 @@ use futures::future::BoxFuture;
 use serde_json::{Map, Value};
 
 use super::{CLASSIFICATION, OVERFLOW, RESERVED};
+use crate::config::gate_params::{ParamError, Params};
 use crate::config::{GateSpec, GateType};
-use crate::dispatch::gates::params::Params;
 use crate::dispatch::gates::{Decision, Gate, GateEnv, GateError, GateInput, Verdict};
 use crate::wire::ResultMessage;
 
@@ -117,12 +117,7 @@ fn inner(
     // The entry's own fields, read with the same coercion as top-level parameters; errors are
     // renamed to their place in the outer gate's parameters.
     let fields = Params::new(gate, &entry);
-    let rename = |e: GateError| match e {
-        GateError::Param { param, reason, .. } => {
-            param_error(gate, &format!("{at}.{param}"), reason)
-        }
-        other => other,
-    };
+    let rename = |e: ParamError| param_error(gate, &format!("{at}.{}", e.param), e.reason);
     let kind = fields.string("gate_type").unwrap_or_default();
     let kind = gate_type(gate, &format!("{at}.gate_type"), &kind)?;
     let params = fields

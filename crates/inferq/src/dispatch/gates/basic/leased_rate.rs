@@ -26,7 +26,7 @@ use futures::future::BoxFuture;
 use redis::{Script, Value};
 
 use super::link::{self, Link};
-use crate::dispatch::gates::params::Params;
+use crate::config::gate_params::Params;
 use crate::dispatch::gates::{Decision, Gate, GateEnv, GateError, GateInput, Verdict};
 use crate::ops::Metrics;
 

@@ -17,7 +17,7 @@ use redis::aio::ConnectionManager;
 use redis::{Client, RedisResult};
 use tokio::sync::OnceCell;
 
-use crate::dispatch::gates::params::Params;
+use crate::config::gate_params::Params;
 use crate::dispatch::gates::GateError;
 use crate::queue::connect;
 

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use futures::future::BoxFuture;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, TryAcquireError};
 
-use crate::dispatch::gates::params::Params;
+use crate::config::gate_params::Params;
 use crate::dispatch::gates::{Decision, Gate, GateError, GateInput, Release, Verdict};
 
 const GATE: &str = "local-max-concurrency";

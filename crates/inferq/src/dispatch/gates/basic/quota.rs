@@ -27,7 +27,7 @@ use redis::Script;
 
 use super::link::{self, Link};
 use super::{OVERFLOW, RESERVED};
-use crate::dispatch::gates::params::Params;
+use crate::config::gate_params::Params;
 use crate::dispatch::gates::{Decision, Gate, GateError, GateInput, Release, Verdict};
 
 static ACQUIRE: LazyLock<Script> =

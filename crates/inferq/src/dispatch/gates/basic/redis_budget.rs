@@ -11,7 +11,7 @@ use std::sync::Arc;
 use futures::future::BoxFuture;
 
 use super::link::{self, Link};
-use crate::dispatch::gates::params::Params;
+use crate::config::gate_params::Params;
 use crate::dispatch::gates::{Decision, Gate, GateError, GateInput, Verdict};
 
 /// Builds a `redis` gate.

@@ -36,8 +36,8 @@ use futures::future::BoxFuture;
 
 pub(super) use self::source::scrape_series;
 use self::source::{Cached, Prometheus, Scrape, Source, Target};
-use super::params::Params;
 use super::{Decision, Gate, GateEnv, GateError, GateInput, GateOwner, Verdict};
+use crate::config::gate_params::Params;
 use crate::config::{GateSpec, GateType};
 
 /// What a metric gate saw last time it computed its budget.

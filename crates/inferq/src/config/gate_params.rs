@@ -2,12 +2,23 @@
 //! for string parameters (empty string = default); numbers accept a number or a numeric string;
 //! integers an integral number or string; durations Go syntax (`1m`, `10s`); map and gate
 //! parameters a JSON string or an object. Every error names the gate and the parameter.
+//!
+//! It lives in `config` because both sides read gate parameters: the pools config (a
+//! `local-max-concurrency` gate's limit) and the gate factories downstream in
+//! `dispatch::gates`, whose error type takes a [`ParamError`] in.
 
 use std::time::Duration;
 
 use serde_json::{Map, Value};
 
-use super::GateError;
+/// A gate parameter that cannot be read.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("gate {gate}: parameter {param}: {reason}")]
+pub struct ParamError {
+    pub gate: &'static str,
+    pub param: String,
+    pub reason: String,
+}
 
 /// The parameters of one gate, with the gate's name for error messages.
 #[derive(Debug, Clone, Copy)]
@@ -21,8 +32,8 @@ impl<'a> Params<'a> {
         Params { gate, map }
     }
 
-    fn err(&self, param: &str, reason: impl Into<String>) -> GateError {
-        GateError::Param {
+    fn err(&self, param: &str, reason: impl Into<String>) -> ParamError {
+        ParamError {
             gate: self.gate,
             param: param.to_owned(),
             reason: reason.into(),
@@ -49,11 +60,11 @@ impl<'a> Params<'a> {
         self.string(name).unwrap_or_else(|| default.to_owned())
     }
 
-    pub fn required_string(&self, name: &str) -> Result<String, GateError> {
+    pub fn required_string(&self, name: &str) -> Result<String, ParamError> {
         self.string(name).ok_or_else(|| self.err(name, "required"))
     }
 
-    pub fn float(&self, name: &str) -> Result<Option<f64>, GateError> {
+    pub fn float(&self, name: &str) -> Result<Option<f64>, ParamError> {
         match self.get(name) {
             None => Ok(None),
             Some(Value::Number(n)) => Ok(n.as_f64()),
@@ -66,11 +77,11 @@ impl<'a> Params<'a> {
         }
     }
 
-    pub fn float_or(&self, name: &str, default: f64) -> Result<f64, GateError> {
+    pub fn float_or(&self, name: &str, default: f64) -> Result<f64, ParamError> {
         Ok(self.float(name)?.unwrap_or(default))
     }
 
-    pub fn int(&self, name: &str) -> Result<Option<i64>, GateError> {
+    pub fn int(&self, name: &str) -> Result<Option<i64>, ParamError> {
         match self.get(name) {
             None => Ok(None),
             Some(Value::Number(n)) => match (n.as_i64(), n.as_f64()) {
@@ -87,7 +98,7 @@ impl<'a> Params<'a> {
         }
     }
 
-    pub fn duration_or(&self, name: &str, default: Duration) -> Result<Duration, GateError> {
+    pub fn duration_or(&self, name: &str, default: Duration) -> Result<Duration, ParamError> {
         match self.get(name) {
             None => Ok(default),
             Some(Value::String(s)) => crate::config::parse_duration(s)
@@ -97,7 +108,7 @@ impl<'a> Params<'a> {
     }
 
     /// An object parameter given as an object or as a JSON string.
-    pub fn object(&self, name: &str) -> Result<Option<Map<String, Value>>, GateError> {
+    pub fn object(&self, name: &str) -> Result<Option<Map<String, Value>>, ParamError> {
         match self.get(name) {
             None => Ok(None),
             Some(Value::Object(m)) => Ok(Some(m.clone())),
@@ -110,7 +121,7 @@ impl<'a> Params<'a> {
     }
 
     /// An array parameter given as an array or as a JSON string.
-    pub fn array(&self, name: &str) -> Result<Option<Vec<Value>>, GateError> {
+    pub fn array(&self, name: &str) -> Result<Option<Vec<Value>>, ParamError> {
         match self.get(name) {
             None => Ok(None),
             Some(Value::Array(a)) => Ok(Some(a.clone())),
@@ -123,7 +134,7 @@ impl<'a> Params<'a> {
     }
 
     /// A map of strings given as an object or as a JSON string.
-    pub fn string_map(&self, name: &str) -> Result<Vec<(String, String)>, GateError> {
+    pub fn string_map(&self, name: &str) -> Result<Vec<(String, String)>, ParamError> {
         Ok(self
             .object(name)?
             .unwrap_or_default()
