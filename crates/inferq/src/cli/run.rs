@@ -19,10 +19,12 @@ pub async fn run(args: RunArgs) -> Result<(), Failure> {
     let hangups = watch_hangups(config.reload.is_some());
     crate::dispatch::run_with(config, shutdown, hangups)
         .await
-        .map_err(|e| match e {
-            crate::dispatch::DispatchError::Config(_)
-            | crate::dispatch::DispatchError::Gateway(_) => Failure::bad_input(e),
-            other => Failure::from(other),
+        .map_err(|e| {
+            if e.is_bad_input() {
+                Failure::bad_input(e)
+            } else {
+                Failure::from(e)
+            }
         })
 }
 

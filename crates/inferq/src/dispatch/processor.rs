@@ -40,12 +40,40 @@ pub enum DispatchError {
         addr: SocketAddr,
         source: std::io::Error,
     },
+    /// The Redis server runs in cluster mode but the transport says otherwise.
+    #[error(
+        "invalid config: mode: this Redis runs in cluster mode; set \"mode\": \"cluster\" in the \
+         transport config (and seed nodes in \"addrs\")"
+    )]
+    ClusterMode,
+    /// A queue's or pool's gate cannot be built; `field` names it as the user wrote it
+    /// (`queues[0].gate_params`, `pools[1].gate_params`, or the legacy flag it came from).
+    #[error("invalid config: {field}: {source}")]
+    Gate {
+        field: String,
+        #[source]
+        source: gates::GateError,
+    },
+    /// The Redis target (URL, TLS files, topology) cannot be used.
     #[error("invalid config: {0}")]
-    Config(String),
+    Target(#[source] inferq_client::connect::ConnectError),
     #[error("gateway client: {0}")]
     Gateway(#[from] gateway::GatewayError),
     #[error(transparent)]
     Otel(#[from] crate::ops::otel::OtelError),
+}
+
+impl DispatchError {
+    /// Whether the user's input is at fault (exit code 2), not the world.
+    pub fn is_bad_input(&self) -> bool {
+        matches!(
+            self,
+            DispatchError::ClusterMode
+                | DispatchError::Gate { .. }
+                | DispatchError::Target(_)
+                | DispatchError::Gateway(_)
+        )
+    }
 }
 
 fn gateway_tls(tls: &Option<TlsFiles>) -> GatewayTls {
@@ -115,11 +143,7 @@ async fn refuse_cluster(con: &mut Link) -> Result<(), DispatchError> {
         }
     };
     if info.contains("cluster_enabled:1") {
-        return Err(DispatchError::Config(
-            "mode: this Redis runs in cluster mode; set \"mode\": \"cluster\" in the transport \
-             config (and seed nodes in \"addrs\")"
-                .to_owned(),
-        ));
+        return Err(DispatchError::ClusterMode);
     }
     Ok(())
 }
@@ -127,7 +151,10 @@ async fn refuse_cluster(con: &mut Link) -> Result<(), DispatchError> {
 /// A queue gate that cannot be built, named as the user wrote it (`queues[0].gate_params`, or
 /// the legacy flag it came from).
 fn queue_gate_error(q: &crate::config::QueueConfig, e: gates::GateError) -> DispatchError {
-    DispatchError::Config(format!("{}: {e}", q.gate_params_field))
+    DispatchError::Gate {
+        field: q.gate_params_field.clone(),
+        source: e,
+    }
 }
 
 /// Runs the processor until `shutdown` is cancelled, then shuts down gracefully.
@@ -163,7 +190,7 @@ pub async fn run_with(
         &config.redis_tls,
         transport.topology.clone(),
     )
-    .map_err(|e| DispatchError::Config(e.to_string()))?;
+    .map_err(DispatchError::Target)?;
     let gateway_client = GatewayClient::new(
         &gateway_tls(&config.tls),
         usize::try_from(config.total_workers()).unwrap_or(64),
@@ -263,8 +290,10 @@ impl Gates {
                     pool_workers: Some(pool.workers),
                     ..owned(&labels)
                 };
-                let gate = gates::build(spec, &env)
-                    .map_err(|e| DispatchError::Config(format!("pools[{i}].gate_params: {e}")))?;
+                let gate = gates::build(spec, &env).map_err(|source| DispatchError::Gate {
+                    field: format!("pools[{i}].gate_params"),
+                    source,
+                })?;
                 metrics.precreate_gate_series(&labels);
                 pools.insert(pool.id.clone(), gate);
             }

@@ -17,6 +17,7 @@
 mod combine;
 mod leased_rate;
 mod link;
+pub use link::CallError;
 mod local;
 mod quota;
 mod redis_budget;

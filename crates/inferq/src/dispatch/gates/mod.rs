@@ -203,6 +203,20 @@ pub enum GateError {
     },
     #[error("gate {gate}: {reason}")]
     Failed { gate: &'static str, reason: String },
+    /// A metric gate's HTTP client or Prometheus URL cannot be set up.
+    #[error("gate {gate}: {source}")]
+    Setup {
+        gate: &'static str,
+        #[source]
+        source: Arc<metric::SetupError>,
+    },
+    /// A Redis-backed gate's call failed.
+    #[error("gate {gate}: {source}")]
+    Redis {
+        gate: &'static str,
+        #[source]
+        source: Arc<basic::CallError>,
+    },
 }
 
 impl From<crate::config::gate_params::ParamError> for GateError {

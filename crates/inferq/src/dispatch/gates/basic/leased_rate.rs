@@ -124,6 +124,7 @@ impl LeasedRate {
         };
         let answer = link::within(&self.link, call)
             .await
+            .map_err(|e| crate::gateway::error_chain(&e))
             .and_then(|v| answer_of(&v).ok_or_else(|| format!("unexpected script answer {v:?}")));
         let answer = match answer {
             Ok(answer) => {

@@ -79,16 +79,33 @@ pub fn link(p: &Params<'_>) -> Result<Arc<Link>, GateError> {
 pub async fn within<T>(
     link: &Link,
     call: impl Future<Output = RedisResult<T>>,
-) -> Result<T, String> {
+) -> Result<T, CallError> {
     match tokio::time::timeout(CALL_TIMEOUT, call).await {
         Ok(Ok(value)) => Ok(value),
-        Ok(Err(e)) => Err(format!("redis {}: {e}", link.shown)),
-        Err(_) => Err(format!(
-            "redis {}: no answer within {} ms",
-            link.shown,
-            CALL_TIMEOUT.as_millis()
-        )),
+        Ok(Err(source)) => Err(CallError::Failed {
+            shown: link.shown.clone(),
+            source,
+        }),
+        Err(_) => Err(CallError::TimedOut {
+            shown: link.shown.clone(),
+            ms: CALL_TIMEOUT.as_millis(),
+        }),
     }
+}
+
+/// Why a gate's Redis call gave no answer. Its text holds its cause too, for the logs and the
+/// error results that show only the text.
+#[derive(Debug, thiserror::Error)]
+pub enum CallError {
+    #[error("redis {shown}: {source}")]
+    Failed {
+        /// The gate's Redis, without its password.
+        shown: String,
+        #[source]
+        source: redis::RedisError,
+    },
+    #[error("redis {shown}: no answer within {ms} ms")]
+    TimedOut { shown: String, ms: u128 },
 }
 
 #[cfg(test)]

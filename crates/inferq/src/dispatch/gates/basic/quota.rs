@@ -134,7 +134,7 @@ impl Quota {
     }
 
     /// Tries to take a unit of the quota under `key`; an error is a Redis failure.
-    async fn take(&self, key: &str) -> Result<Taken, String> {
+    async fn take(&self, key: &str) -> Result<Taken, link::CallError> {
         match self.mode {
             Mode::Concurrency => {
                 let ttl = self.slot_ttl_secs();
@@ -207,7 +207,12 @@ impl Gate for Quota {
             let (classification, releases) = match self.take(&key).await {
                 Ok(Taken::Reserved(release)) => (RESERVED, release.into_iter().collect()),
                 Ok(Taken::Overflow) => (OVERFLOW, Vec::new()),
-                Err(reason) => return Err(GateError::Failed { gate: GATE, reason }),
+                Err(source) => {
+                    return Err(GateError::Redis {
+                        gate: GATE,
+                        source: Arc::new(source),
+                    })
+                }
             };
             let verdict = if classification == OVERFLOW && self.blocking {
                 Verdict::Refuse

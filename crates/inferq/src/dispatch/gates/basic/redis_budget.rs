@@ -47,8 +47,9 @@ impl RedisBudget {
                 }
                 budget_of(raw.as_deref())
             }
-            Err(reason) => {
+            Err(e) => {
                 if !self.failing.swap(true, Ordering::Relaxed) {
+                    let reason = crate::gateway::error_chain(&e);
                     tracing::warn!(key = %self.key, %reason, "redis gate: budget unreadable, gate closed");
                 }
                 0.0

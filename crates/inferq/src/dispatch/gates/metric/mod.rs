@@ -26,6 +26,7 @@
 mod counted;
 mod promql;
 mod source;
+pub use source::SetupError;
 #[cfg(test)]
 mod tests;
 mod text;
@@ -170,11 +171,11 @@ impl Gate for MetricGate {
 pub fn build(spec: &GateSpec, env: &GateEnv) -> Result<Arc<dyn Gate>, GateError> {
     if spec.kind == GateType::EndpointScrape {
         let p = Params::new(spec.kind.as_str(), &spec.params);
-        let failed = |reason: String| GateError::Failed {
+        let setup = |source| GateError::Setup {
             gate: p.gate,
-            reason,
+            source: Arc::new(source),
         };
-        let parsed = scrape_params(&p, source::client().map_err(failed)?)?;
+        let parsed = scrape_params(&p, source::client().map_err(setup)?)?;
         if parsed.counted {
             log_scrape(&p, &parsed.scrape, "counted");
             let gate = counted::CountedGate::new(
@@ -196,20 +197,24 @@ pub fn build_metric(spec: &GateSpec, env: &GateEnv) -> Result<Arc<MetricGate>, G
     let gate = spec.kind.as_str();
     let p = Params::new(gate, &spec.params);
     let failed = |reason: String| GateError::Failed { gate, reason };
+    let setup = |source| GateError::Setup {
+        gate,
+        source: Arc::new(source),
+    };
     let prometheus = || match env.prometheus_url.as_deref().filter(|u| !u.is_empty()) {
         None => Err(failed(format!(
             "{gate:?} requires --prometheus-url flag to be set"
         ))),
         Some(url) => {
-            let client = source::client().map_err(failed)?;
-            Prometheus::new(client, url).map_err(failed)
+            let client = source::client().map_err(setup)?;
+            Prometheus::new(client, url).map_err(setup)
         }
     };
     let parts = match spec.kind {
         GateType::PrometheusSaturation => saturation(&p, prometheus()?)?,
         GateType::PrometheusBudget => budget(&p, prometheus()?)?,
         GateType::PrometheusQuery => query(&p, prometheus()?)?,
-        GateType::EndpointScrape => scrape(&p, source::client().map_err(failed)?)?,
+        GateType::EndpointScrape => scrape(&p, source::client().map_err(setup)?)?,
         other => return Err(failed(format!("{:?} is not a metric gate", other.as_str()))),
     };
     Ok(metric_gate(spec.kind, parts, env))

@@ -24,8 +24,25 @@ pub(super) const READ_BOUND: Duration = Duration::from_secs(10);
 /// What a read yields: the samples' values, or why there are none.
 pub(super) type Values = Result<Vec<f64>, String>;
 
+/// Why a metric gate's HTTP side cannot be set up (at start-up: the processor does not start).
+/// Its text holds its cause too, as the gate's other errors do.
+#[derive(Debug, thiserror::Error)]
+pub enum SetupError {
+    #[error("cannot build the HTTP client: a trusted root: {0}")]
+    Root(#[source] reqwest::Error),
+    #[error("cannot build the HTTP client: {0}")]
+    Client(#[source] reqwest::Error),
+    #[error("bad --prometheus-url {shown:?}: {source}")]
+    PrometheusUrl {
+        /// The URL without its password.
+        shown: String,
+        #[source]
+        source: url::ParseError,
+    },
+}
+
 /// The one HTTP client every metric gate shares (connection pools are per client).
-pub(super) fn client() -> Result<reqwest::Client, String> {
+pub(super) fn client() -> Result<reqwest::Client, SetupError> {
     static CLIENT: OnceLock<reqwest::Client> = OnceLock::new();
     if let Some(c) = CLIENT.get() {
         return Ok(c.clone());
@@ -35,13 +52,10 @@ pub(super) fn client() -> Result<reqwest::Client, String> {
         .connect_timeout(PROMETHEUS_TIMEOUT)
         .tls_built_in_root_certs(false);
     for cert in crate::roots::Roots::system().certs() {
-        let cert = reqwest::Certificate::from_der(cert.as_ref())
-            .map_err(|e| format!("cannot build the HTTP client: a trusted root: {e}"))?;
+        let cert = reqwest::Certificate::from_der(cert.as_ref()).map_err(SetupError::Root)?;
         builder = builder.add_root_certificate(cert);
     }
-    let built = builder
-        .build()
-        .map_err(|e| format!("cannot build the HTTP client: {e}"))?;
+    let built = builder.build().map_err(SetupError::Client)?;
     Ok(CLIENT.get_or_init(|| built).clone())
 }
 
@@ -81,12 +95,13 @@ pub(super) struct Prometheus {
 }
 
 impl Prometheus {
-    pub fn new(client: reqwest::Client, base: &str) -> Result<Prometheus, String> {
+    pub fn new(client: reqwest::Client, base: &str) -> Result<Prometheus, SetupError> {
         let joined = format!("{}/api/v1/query", base.trim_end_matches('/'));
-        let endpoint = reqwest::Url::parse(&joined).map_err(|e| {
-            let shown = crate::config::redact_url(base);
-            format!("bad --prometheus-url {shown:?}: {e}")
-        })?;
+        let endpoint =
+            reqwest::Url::parse(&joined).map_err(|source| SetupError::PrometheusUrl {
+                shown: crate::config::redact_url(base),
+                source,
+            })?;
         Ok(Prometheus { client, endpoint })
     }
 
@@ -438,7 +453,7 @@ pub(in crate::dispatch::gates) async fn scrape_series(
     labels: &[(String, String)],
     timeout: Duration,
 ) -> Result<Vec<Vec<f64>>, String> {
-    let client = client()?;
+    let client = client().map_err(|e| crate::gateway::error_chain(&e))?;
     let body = get(&client, url.clone(), timeout).await?;
     let shown = || crate::config::redact_url(url.as_str());
     let text =
