@@ -82,137 +82,274 @@ macro_rules! lua {
     };
 }
 
-const NOW_MS: &str = lua!("includes/nowMs");
-const DROP_CLAIM: &str = lua!("includes/dropClaim");
-const DEADLINE_OF: &str = lua!("includes/deadlineOf");
-const WRITABLE: &str = lua!("includes/writable");
-const DELIVER: &str = lua!("includes/deliver");
-const STAMP_SEQ: &str = lua!("includes/stampSeq");
+/// The shared fragments a script names with `--- @include <name>` lines (`lua/includes/`).
+const INCLUDES: &[(&str, &str)] = &[
+    ("nowMs", lua!("includes/nowMs")),
+    ("dropClaim", lua!("includes/dropClaim")),
+    ("deadlineOf", lua!("includes/deadlineOf")),
+    ("writable", lua!("includes/writable")),
+    ("deliver", lua!("includes/deliver")),
+    ("stampSeq", lua!("includes/stampSeq")),
+];
 
-/// Every script inferq runs.
-pub struct Scripts {
-    pub take: Script,
-    pub renew: Script,
-    pub finish: Script,
-    pub promote: Script,
-    pub release: Script,
-    pub reclaim: Script,
-    pub dead_letter: Script,
-    pub cancel: Script,
-    pub hand_back: Script,
-    pub requeue: Script,
-    pub purge_dead: Script,
-    pub hold_name: Script,
-    pub drop_name: Script,
-    pub admit: Script,
-    pub census: Script,
-    pub adopt_counts: Script,
-    pub deliver_once: Script,
-    pub unstage: Script,
-    pub forget: Script,
-    pub stale_staged: Script,
-    pub submit: Script,
-    pub enqueue: Script,
-    pub result_receive: Script,
-    pub result_renew: Script,
-    pub result_ack: Script,
+/// The fragments a script's text names, in its order: its `--- @include <name>` lines.
+pub fn includes_named(text: &str) -> impl Iterator<Item = &str> {
+    text.lines()
+        .filter_map(|line| line.strip_prefix("--- @include "))
+        .map(str::trim)
 }
 
-/// The scripts, built once.
-pub static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
-    take: Script::new("take", &[NOW_MS, WRITABLE], lua!("take-5")),
-    renew: Script::new("renew", &[NOW_MS], lua!("renew-2")),
-    finish: Script::new(
-        "finish",
-        &[NOW_MS, DEADLINE_OF, WRITABLE, DELIVER],
-        lua!("finish-11"),
-    ),
-    promote: Script::new(
-        "promote",
-        &[NOW_MS, DEADLINE_OF, WRITABLE],
-        lua!("promote-3"),
-    ),
-    release: Script::new(
-        "release",
-        &[DROP_CLAIM, DEADLINE_OF, WRITABLE],
-        lua!("release-5"),
-    ),
-    reclaim: Script::new(
-        "reclaim",
-        &[NOW_MS, DROP_CLAIM, DEADLINE_OF, WRITABLE],
-        lua!("reclaim-7"),
-    ),
-    dead_letter: Script::new(
-        "deadLetter",
-        &[NOW_MS, WRITABLE, DELIVER],
-        lua!("deadLetter-5"),
-    ),
-    cancel: Script::new("cancel", &[], lua!("cancel-2")),
-    hand_back: Script::new("handBack", &[], lua!("handBack-2")),
-    requeue: Script::new("requeue", &[WRITABLE], lua!("requeue-4")),
-    purge_dead: Script::new("purgeDead", &[], lua!("purgeDead-1")),
-    hold_name: Script::new("holdName", &[], lua!("holdName-1")),
-    drop_name: Script::new("dropName", &[], lua!("dropName-1")),
-    admit: Script::new("admit", &[NOW_MS, DEADLINE_OF, WRITABLE], lua!("admit-1")),
-    // No includes: its first line must be its `#!lua` flags.
-    census: Script::new("census", &[], lua!("census-7")),
-    adopt_counts: Script::new(
-        "adoptCounts",
-        &[NOW_MS, DEADLINE_OF, WRITABLE],
-        lua!("adoptCounts-3"),
-    ),
-    deliver_once: Script::new("deliverOnce", &[NOW_MS, WRITABLE], lua!("deliverOnce-2")),
-    unstage: Script::new("unstage", &[], lua!("unstage-3")),
-    forget: Script::new("forget", &[], lua!("forget-1")),
-    stale_staged: Script::new("staleStaged", &[NOW_MS], lua!("staleStaged-2")),
-    submit: Script::new(
-        "submit",
-        &[DEADLINE_OF, WRITABLE, STAMP_SEQ],
-        lua!("submit-5"),
-    ),
-    enqueue: Script::new(
-        "enqueue",
-        &[DEADLINE_OF, WRITABLE, STAMP_SEQ],
-        lua!("enqueue-2"),
-    ),
-    // Durable result consumers (`crate::durable_results`); loaded at their first call.
-    result_receive: Script::new("resultReceive", &[NOW_MS], lua!("resultReceive-5")),
-    result_renew: Script::new("resultRenew", &[NOW_MS], lua!("resultRenew-2")),
-    result_ack: Script::new("resultAck", &[NOW_MS], lua!("resultAck-4")),
-});
+impl Script {
+    /// A script from its file's text, `name-<KEYS>` (the name, for errors and metrics, is the
+    /// part before the dash): the fragments its `--- @include` lines name go before its body,
+    /// after its `#!lua` flags line when it has one, which Redis needs first.
+    pub fn from_file(file: &'static str, text: &str) -> Script {
+        let name = file.split('-').next().unwrap_or(file);
+        let (flags, body) = match text.split_once('\n') {
+            Some((first, rest)) if first.starts_with("#!lua") => (first, rest),
+            _ => ("", text),
+        };
+        let fragments: Vec<&str> = includes_named(text)
+            .filter_map(|wanted| {
+                INCLUDES
+                    .iter()
+                    .find(|(name, _)| *name == wanted)
+                    .map(|(_, fragment)| *fragment)
+            })
+            .collect();
+        let mut script = Script::new(name, &fragments, body);
+        if !flags.is_empty() {
+            script = Script::new(name, &[flags], &script.source);
+        }
+        script
+    }
+}
+
+/// Declares every script once: its field, its file (`lua/<file>.lua`, named `name-<KEYS>`),
+/// and whether the processor loads it at its start. The struct, the table and the list of
+/// files the contract test reads all come from this one list.
+macro_rules! scripts {
+    (
+        loaded_at_start { $($field:ident => $file:literal,)* }
+        on_demand { $($late:ident => $late_file:literal,)* }
+    ) => {
+        /// Every script inferq runs.
+        pub struct Scripts {
+            $(pub $field: Script,)*
+            $(pub $late: Script,)*
+        }
+
+        /// The scripts, built once.
+        pub static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
+            $($field: Script::from_file($file, lua!($file)),)*
+            $($late: Script::from_file($late_file, lua!($late_file)),)*
+        });
+
+        /// Every script's file and text, for the contract test.
+        pub const FILES: &[(&str, &str)] = &[
+            $(($file, lua!($file)),)*
+            $(($late_file, lua!($late_file)),)*
+        ];
+
+        impl Scripts {
+            /// The processor's scripts (loaded at its start).
+            pub fn all(&self) -> Vec<&Script> {
+                vec![$(&self.$field,)*]
+            }
+        }
+    };
+}
+
+scripts! {
+    loaded_at_start {
+        take => "take-5",
+        renew => "renew-2",
+        finish => "finish-11",
+        promote => "promote-3",
+        release => "release-5",
+        reclaim => "reclaim-7",
+        dead_letter => "deadLetter-5",
+        cancel => "cancel-2",
+        hand_back => "handBack-2",
+        requeue => "requeue-5",
+        purge_dead => "purgeDead-1",
+        hold_name => "holdName-1",
+        drop_name => "dropName-1",
+        admit => "admit-1",
+        adopt_counts => "adoptCounts-3",
+        deliver_once => "deliverOnce-2",
+        unstage => "unstage-3",
+        forget => "forget-1",
+        stale_staged => "staleStaged-2",
+    }
+    // The census only `inferq status` runs (its `#!lua` flags line needs Redis 7); the durable
+    // result consumers' scripts (`crate::durable_results`) at their first call.
+    on_demand {
+        census => "census-7",
+        submit => "submit-5",
+        enqueue => "enqueue-2",
+        result_receive => "resultReceive-5",
+        result_renew => "resultRenew-2",
+        result_ack => "resultAck-4",
+    }
+}
 
 impl Scripts {
-    /// The processor's scripts (loaded at its start). The census is left out: only
-    /// `inferq status` runs it, and its `#!lua` flags line needs Redis 7.
-    pub fn all(&self) -> [&Script; 19] {
-        [
-            &self.take,
-            &self.renew,
-            &self.finish,
-            &self.promote,
-            &self.release,
-            &self.reclaim,
-            &self.dead_letter,
-            &self.cancel,
-            &self.hand_back,
-            &self.requeue,
-            &self.purge_dead,
-            &self.hold_name,
-            &self.drop_name,
-            &self.admit,
-            &self.adopt_counts,
-            &self.deliver_once,
-            &self.unstage,
-            &self.forget,
-            &self.stale_staged,
-        ]
-    }
-
     /// Loads every script (at start-up, so the first real call does not pay for it).
     pub async fn load_all<C: ConnectionLike>(&self, con: &mut C) -> RedisResult<()> {
         for script in self.all() {
             script.load(con).await?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::{Path, PathBuf};
+
+    use super::*;
+
+    /// The KEYS a script's header declares: the highest `KEYS[n]` that opens a header line
+    /// (optional ones too: the name counts every key a call may pass).
+    fn required_keys(text: &str) -> usize {
+        let header = text.split("]]").next().unwrap_or("");
+        header
+            .lines()
+            .filter_map(|line| line.trim_start().strip_prefix("KEYS["))
+            .filter_map(|rest| rest.split(']').next()?.parse::<usize>().ok())
+            .max()
+            .unwrap_or(0)
+    }
+
+    fn workspace() -> PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+    }
+
+    /// Every file under `dir` (recursively) whose name ends with `suffix`.
+    fn files(dir: &Path, suffix: &str, out: &mut Vec<PathBuf>) {
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            return;
+        };
+        for entry in entries.flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                if path
+                    .file_name()
+                    .is_some_and(|n| n != "target" && n != ".git")
+                {
+                    files(&path, suffix, out);
+                }
+            } else if path.to_string_lossy().ends_with(suffix) {
+                out.push(path);
+            }
+        }
+    }
+
+    /// Each script's name says how many KEYS it takes (`finish-11`), its header declares as many,
+    /// and every fragment it includes exists.
+    #[test]
+    fn every_script_takes_the_keys_its_name_says_and_includes_what_exists() {
+        for (file, text) in FILES {
+            let suffix: usize = file
+                .rsplit('-')
+                .next()
+                .and_then(|n| n.parse().ok())
+                .unwrap_or_else(|| panic!("{file}.lua: no `-<KEYS>` suffix"));
+            assert_eq!(
+                required_keys(text),
+                suffix,
+                "{file}.lua: its header declares another number of KEYS"
+            );
+            for wanted in includes_named(text) {
+                assert!(
+                    INCLUDES.iter().any(|(name, _)| *name == wanted),
+                    "{file}.lua includes {wanted:?}, which lua/includes/ does not hold"
+                );
+            }
+        }
+    }
+
+    /// The one list is the whole truth: every script file is in it, and every fragment file is
+    /// in the table of includes.
+    #[test]
+    fn every_file_is_listed() {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/lua");
+        let mut found = Vec::new();
+        files(&dir, ".lua", &mut found);
+        for path in found {
+            let stem = path.file_stem().and_then(|s| s.to_str()).unwrap_or("");
+            if path.parent().is_some_and(|p| p.ends_with("includes")) {
+                assert!(
+                    INCLUDES.iter().any(|(name, _)| *name == stem),
+                    "lua/includes/{stem}.lua is not in INCLUDES"
+                );
+            } else {
+                assert!(
+                    FILES.iter().any(|(file, _)| *file == stem),
+                    "lua/{stem}.lua is not in the scripts! list"
+                );
+            }
+        }
+    }
+
+    /// Every `name-<n>.lua` the workspace's code and docs mention is a file that exists, and
+    /// every such file anywhere in the workspace's crates declares the KEYS its name says.
+    #[test]
+    fn scripts_named_in_code_and_docs_exist_and_keep_their_contract() {
+        let root = workspace();
+        let mut scripts = Vec::new();
+        files(&root.join("crates"), ".lua", &mut scripts);
+        let names: Vec<String> = scripts
+            .iter()
+            .filter_map(|p| Some(p.file_name()?.to_str()?.to_owned()))
+            .collect();
+        for path in &scripts {
+            let name = path.file_stem().and_then(|s| s.to_str()).unwrap_or("");
+            let Some(suffix) = name
+                .rsplit_once('-')
+                .and_then(|(_, n)| n.parse::<usize>().ok())
+            else {
+                continue;
+            };
+            let text = std::fs::read_to_string(path).unwrap_or_default();
+            assert_eq!(
+                required_keys(&text),
+                suffix,
+                "{}: its header declares another number of KEYS",
+                path.display()
+            );
+        }
+        let mut texts = Vec::new();
+        files(&root.join("crates"), ".rs", &mut texts);
+        files(&root.join("docs/src"), ".md", &mut texts);
+        texts.push(root.join("README.md"));
+        let mut mentions = 0;
+        for path in texts {
+            let text = std::fs::read_to_string(&path).unwrap_or_default();
+            for (at, _) in text.match_indices(".lua") {
+                let before = &text[..at];
+                let start = before
+                    .char_indices()
+                    .rev()
+                    .find(|(_, c)| !(c.is_ascii_alphanumeric() || *c == '-'))
+                    .map_or(0, |(i, c)| i + c.len_utf8());
+                let mentioned = &text[start..at];
+                let numbered = mentioned
+                    .rsplit_once('-')
+                    .is_some_and(|(head, n)| !head.is_empty() && n.parse::<usize>().is_ok());
+                if !numbered {
+                    continue;
+                }
+                mentions += 1;
+                let file = format!("{mentioned}.lua");
+                assert!(
+                    names.contains(&file),
+                    "{} mentions {file}, which no crate holds",
+                    path.display()
+                );
+            }
+        }
+        assert!(mentions > 20, "the scan found only {mentions} mentions");
     }
 }

@@ -21,6 +21,9 @@
   Output: number of messages admitted (not seen before). A pending key of the wrong type is an
     error before anything is written.
 ]]
+--- @include nowMs
+--- @include deadlineOf
+--- @include writable
 if not writable(KEYS[1], 'zset') then
   return wrongType(KEYS[1], 'zset')
 end

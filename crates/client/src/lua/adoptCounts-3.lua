@@ -25,6 +25,9 @@
   Output: { cursor of the next page ("0": this page ended the scan), counts indexed }, or a
   WRONGTYPE error (nothing written) when deliveries-idx holds another type than a sorted set.
 ]]
+--- @include nowMs
+--- @include deadlineOf
+--- @include writable
 local page = redis.call('HSCAN', KEYS[1], ARGV[1], 'COUNT', tonumber(ARGV[2]))
 local fields = {}
 for i = 1, #page[2], 2 do

@@ -23,6 +23,9 @@
     moved: the result list holds another type than a list (the caller sets the member aside
     without the result). A dead list of the wrong type is an error before anything is written.
 ]]
+--- @include nowMs
+--- @include writable
+--- @include deliver
 if not writable(KEYS[2], 'list') then
   return wrongType(KEYS[2], 'list')
 end

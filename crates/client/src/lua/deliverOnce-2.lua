@@ -24,6 +24,8 @@
     or the string "stale" when the caller's read is too old (nothing written);
     or the error WRONGTYPE when the list (or the markers) hold another type: nothing written.
 ]]
+--- @include nowMs
+--- @include writable
 if not writable(KEYS[1], 'list') then
   return wrongType(KEYS[1], 'list')
 end

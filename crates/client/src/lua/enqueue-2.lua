@@ -12,6 +12,9 @@
   Output: the sequence number the member got; a WRONGTYPE error, before anything is written,
     when pending holds another type than a sorted set.
 ]]
+--- @include deadlineOf
+--- @include writable
+--- @include stampSeq
 if not writable(KEYS[2], 'zset') then
   return wrongType(KEYS[2], 'zset')
 end

@@ -57,6 +57,10 @@
     something, each of an item that moves, so a refusal leaves its item where it was.
     A queue key of the wrong type is an error before anything is written.
 ]]
+--- @include nowMs
+--- @include deadlineOf
+--- @include writable
+--- @include deliver
 local W = 10
 local n = #ARGV / W
 local out = {}

@@ -25,6 +25,9 @@
   or a WRONGTYPE error (nothing moved) when pending holds another type than a sorted set.
   The third lets an idle promoter sleep until there is something to move.
 ]]
+--- @include nowMs
+--- @include deadlineOf
+--- @include writable
 local nowAt = nowMs()
 local now = nowAt / 1000
 local limit = tonumber(ARGV[1])

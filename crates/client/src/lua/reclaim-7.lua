@@ -36,6 +36,10 @@
             taken-over claim 5 fields:
             claim key, member, owner token, reason ("deadline" | "deliveries"), deliveries }
 ]]
+--- @include nowMs
+--- @include dropClaim
+--- @include deadlineOf
+--- @include writable
 local now = nowMs()
 local nowS = now / 1000
 local maxDeliveries = tonumber(ARGV[2])

@@ -14,6 +14,9 @@
 
   Output: { status per claim }: 1 released; 0 not yours
 ]]
+--- @include dropClaim
+--- @include deadlineOf
+--- @include writable
 local out = {}
 -- Before the first write, every key written must take its write (see writable).
 local refused = wrongTypeOf({ 'hash', 'hash', 'zset', 'hash', 'zset' }, 5)

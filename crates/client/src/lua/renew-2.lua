@@ -20,6 +20,7 @@
   work then, or every lease runs out under its live owner and its work is aborted: the renewed
   entries are removed (ZREM, never refused) and added back with their new expiry, in one step.
 ]]
+--- @include nowMs
 local now = nowMs()
 local expiry = (now + tonumber(ARGV[1])) / 1000
 local out = { now }

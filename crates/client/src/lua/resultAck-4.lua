@@ -18,6 +18,7 @@
   Output: 1 acked now; 2 acked before (a live tombstone); 0 ownership lost (another owner, no
     claim, or its lease ran out)
 ]]
+--- @include nowMs
 local now = nowMs()
 local stale = redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', now, 'LIMIT', 0, tonumber(ARGV[4]))
 if #stale > 0 then

@@ -34,6 +34,7 @@
     {1, result, claim ID}     a result, claimed
     {-1, entry, claim ID}     an entry that is no result, claimed under the unparsable claim ID
 ]]
+--- @include nowMs
 local now = nowMs()
 local owner = ARGV[1]
 local lease = tonumber(ARGV[2])

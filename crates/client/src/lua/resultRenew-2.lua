@@ -12,6 +12,7 @@
     ARGV[3] lease, ms
   Output: 1 renewed until now + lease; 0 ownership lost (another owner, no claim, or expired)
 ]]
+--- @include nowMs
 local now = nowMs()
 local owner = redis.call('HGET', KEYS[1], ARGV[1])
 local expiry = redis.call('ZSCORE', KEYS[2], ARGV[1])

@@ -13,6 +13,7 @@
 
   Output: { now (Unix ms), oldest staged (Unix ms) or "", claim key, staged result, ... }
 ]]
+--- @include nowMs
 local now = nowMs()
 local first = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')
 local out = { tostring(now), first[2] or '' }

@@ -23,6 +23,9 @@
   Output: the sequence number the member got; a WRONGTYPE error, before anything is written,
     when pending holds another type than a sorted set.
 ]]
+--- @include deadlineOf
+--- @include writable
+--- @include stampSeq
 if not writable(KEYS[4], 'zset') then
   return wrongType(KEYS[4], 'zset')
 end

@@ -27,6 +27,8 @@
     -1  duplicate: this generation is already claimed; the stray pending copy is removed so the
         generation can reach done only once
 ]]
+--- @include nowMs
+--- @include writable
 local W = 5
 local n = (#ARGV - 1) / W
 local out = { nowMs() }

@@ -16,7 +16,7 @@ use crate::queue::keys::{active_key, cancel_key};
 use crate::queue::scripts::SCRIPTS;
 
 /// The keys every `finish` call passes before its result lists and producer keys (see
-/// `finish-9.lua`).
+/// `finish-11.lua`).
 const FINISH_FIXED_KEYS: usize = 11;
 
 impl Queue {
@@ -75,7 +75,7 @@ impl Queue {
         Ok(finished)
     }
 
-    /// The keys every `finish` call passes first, in the order `finish-9.lua` reads them.
+    /// The keys every `finish` call passes first, in the order `finish-11.lua` reads them.
     fn finish_fixed_keys(&self) -> Vec<String> {
         let k = &self.keys;
         vec![
@@ -253,7 +253,7 @@ fn finish_args<'a, F: Borrow<Finish>>(
 }
 
 /// One item's ten arguments: its verb, its fence, then what that verb carries (see
-/// `finish-9.lua`). A staged item carries its staging instead of its result.
+/// `finish-11.lua`). A staged item carries its staging instead of its result.
 fn item_args<'a>(f: &'a Finish, n: &'a ItemNumbers, staged: Option<&'a str>) -> [&'a [u8]; 10] {
     match f {
         Finish::Ack {

@@ -36,6 +36,7 @@
     -3  the body stored apart is gone (its key expired or was deleted); nothing changed
   or a WRONGTYPE error (nothing changed) when pending holds another type than a sorted set.
 ]]
+--- @include writable
 -- Before the first write, pending must take its write (see writable): a ZADD refused after the
 -- LREM would leave the request nowhere.
 if not writable(KEYS[2], 'zset') then
