@@ -7,7 +7,7 @@
 
 use inferq::queue::dead::DeadRecord;
 use inferq::queue::dead_letters::{DeadLetters, Listed};
-use inferq::wire::Envelope;
+use inferq_client::wire::Envelope;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {

@@ -14,7 +14,7 @@ use tokio::net::TcpStream;
 use super::load::{preload, wait_for_results};
 use super::procs::{Gateway, Processor};
 use super::{BenchError, Ctx};
-use inferq::queue::producer::Producer;
+use inferq_client::producer::Producer;
 
 /// Commands per request, split by who ran them.
 #[derive(Debug, Clone, Serialize)]

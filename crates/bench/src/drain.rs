@@ -17,7 +17,7 @@ use super::load::{preload, settle_aof, wait_for_results};
 use super::measure::{commandstats, delta, proc_usage, script_calls, spent, CommandCounts};
 use super::procs::{connections_between, Gateway, GatewayKind, Processor};
 use super::{BenchError, Ctx};
-use inferq::queue::producer::Producer;
+use inferq_client::producer::Producer;
 
 /// Redis commands over a phase.
 #[derive(Debug, Clone, Serialize)]

@@ -71,7 +71,7 @@ pub enum BenchError {
     #[error("redis: {0}")]
     Redis(#[from] redis::RedisError),
     #[error("producer: {0}")]
-    Producer(#[from] inferq::queue::producer::ProducerError),
+    Producer(#[from] inferq_client::producer::ProducerError),
     #[error("http: {0}")]
     Http(#[from] reqwest::Error),
     #[error("{0}")]

@@ -11,9 +11,9 @@ use std::time::{Duration, Instant};
 use redis::aio::MultiplexedConnection;
 
 use super::BenchError;
-use inferq::queue::producer::Producer;
-use inferq::queue::producer::{unix_ms, Popper, ProducerError};
-use inferq::wire::NewRequest;
+use inferq_client::producer::Producer;
+use inferq_client::producer::{unix_ms, Popper, ProducerError};
+use inferq_client::wire::NewRequest;
 use inferq_sim::unix_us;
 
 /// Requests per pipelined pre-load round trip.

@@ -13,7 +13,7 @@ use super::load::{request_id, submit_range, Collector};
 use super::procs::{Gateway, Processor};
 use super::stats::Latency;
 use super::{BenchError, Ctx};
-use inferq::queue::producer::Producer;
+use inferq_client::producer::Producer;
 use inferq_sim::unix_us;
 
 /// Most requests sent in one round trip when the submitter is behind schedule.

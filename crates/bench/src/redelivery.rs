@@ -12,7 +12,7 @@ use super::load::preload;
 use super::procs::{Gateway, Processor};
 use super::stats::percentile;
 use super::{BenchError, Ctx};
-use inferq::queue::producer::Producer;
+use inferq_client::producer::Producer;
 use inferq_sim::unix_us;
 
 /// How long the slow simulator takes to answer: longer than the phase.

@@ -31,9 +31,10 @@ use super::schedule::{Fault, SlotOf};
 use super::workload::{Fate, Ledger, Workload};
 use super::{ChaosError, ChaosRedis, ChaosSettings};
 use inferq::config::hash_slot;
-use inferq::queue::producer::Producer;
-use inferq::queue::target::{Link, Target};
-use inferq::queue::{QueueKeys, ReplicaWait};
+use inferq_client::keys::QueueKeys;
+use inferq_client::producer::Producer;
+use inferq_client::settings::ReplicaWait;
+use inferq_client::target::{Link, Target};
 use inferq_sim::Sim;
 use inferq_testkit::{RedisCluster, SentinelSet, TestkitError};
 

@@ -24,9 +24,10 @@ use super::report::{ProcessorSummary, Report};
 use super::schedule::{self, PlanShape};
 use super::workload::{admitted, Ledger, Workload};
 use super::{races, ChaosError, ChaosRedis, ChaosSettings, ChaosTransport};
-use inferq::queue::producer::Producer;
-use inferq::queue::{connect, QueueKeys};
-use inferq::wire::ResultMessage;
+use inferq_client::connect;
+use inferq_client::keys::QueueKeys;
+use inferq_client::producer::Producer;
+use inferq_client::wire::ResultMessage;
 use inferq_sim::{Sim, SimConfig};
 use inferq_testkit::{Fsync, RedisServer};
 

@@ -15,7 +15,7 @@ use serde::Serialize;
 
 use super::workload::{Fate, Ledger};
 use inferq::queue::dead::DeadRecord;
-use inferq::wire::ResultMessage;
+use inferq_client::wire::ResultMessage;
 
 /// Requests a processor held when it was killed or frozen.
 #[derive(Debug, Clone, Serialize)]

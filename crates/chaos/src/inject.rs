@@ -20,8 +20,8 @@ use super::history::Orphans;
 use super::processes::{Life, Processor};
 use super::proxy::Proxy;
 use super::schedule::Fault;
-use inferq::queue::producer::unix_ms;
-use inferq::queue::QueueKeys;
+use inferq_client::keys::QueueKeys;
+use inferq_client::producer::unix_ms;
 use inferq_sim::{FaultRates, Sim};
 use inferq_testkit::RedisServer;
 

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 
 use redis::aio::ConnectionLike;
 
-use inferq::queue::QueueKeys;
+use inferq_client::keys::QueueKeys;
 
 /// Every entry of a list, newest first.
 pub async fn lrange<C: ConnectionLike>(

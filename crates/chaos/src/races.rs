@@ -17,11 +17,11 @@ use rand::{Rng, SeedableRng};
 use serde::Serialize;
 
 use super::ChaosError;
-use inferq::queue::connect;
 use inferq::queue::moves::{Claimed, Finish, Finished, Held, Queue};
-use inferq::queue::producer::{unix_ms, Producer};
-use inferq::queue::ClaimSettings;
-use inferq::wire::{Envelope, NewRequest, ResultMessage};
+use inferq_client::connect;
+use inferq_client::producer::{unix_ms, Producer};
+use inferq_client::settings::ClaimSettings;
+use inferq_client::wire::{Envelope, NewRequest, ResultMessage};
 
 /// The stale owner's result body; never allowed on the result list.
 const STALE_BODY: &[u8] = br#"{"by":"stale-owner"}"#;

@@ -21,8 +21,8 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use inferq::queue::producer::{unix_ms, Producer, ProducerError};
-use inferq::wire::NewRequest;
+use inferq_client::producer::{unix_ms, Producer, ProducerError};
+use inferq_client::wire::NewRequest;
 use inferq_sim::config::DEFAULT_MODEL_NAME;
 
 /// How a submit went.
@@ -338,7 +338,7 @@ mod tests {
     async fn a_request_seen_admitted_during_the_run_stays_accepted_after_its_marker_expires() {
         let redis = RedisServer::start().expect("redis-server");
         let client = redis::Client::open(redis.url()).expect("client");
-        let mut con = inferq::queue::connect::manager(&client).await.expect("con");
+        let mut con = inferq_client::connect::manager(&client).await.expect("con");
         let mut ledger = published(&["a", "b", "c"]);
         ledger
             .ids

@@ -27,8 +27,8 @@ use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget};
 
 use inferq::cli::submit::progress;
 use inferq::cli::Failure;
-use inferq::queue::producer::{unix_ms, Popper, Producer, ProducerError};
-use inferq::wire::{NewRequest, ResultMessage};
+use inferq_client::producer::{unix_ms, Popper, Producer, ProducerError};
+use inferq_client::wire::{NewRequest, ResultMessage};
 use inferq_sim::config::DEFAULT_MODEL_NAME;
 use inferq_sim::{Sim, SimConfig, SimStats};
 use inferq_testkit::{free_port, Fsync, RedisServer};
@@ -919,7 +919,11 @@ mod tests {
     fn outcome_kinds_name_status_or_error_code() {
         let ok = ResultMessage::http("a", 200, b"{}");
         assert_eq!(kind(&ok), "HTTP 200");
-        let late = ResultMessage::error("b", inferq::wire::ErrorCode::DeadlineExceeded, "late");
+        let late = ResultMessage::error(
+            "b",
+            inferq_client::wire::ErrorCode::DeadlineExceeded,
+            "late",
+        );
         assert_eq!(kind(&late), "DEADLINE_EXCEEDED");
     }
 }

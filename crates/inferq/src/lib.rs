@@ -35,5 +35,3 @@ pub mod dispatch;
 pub mod gateway;
 pub mod ops;
 pub mod queue;
-
-pub use inferq_client::{roots, wire};

@@ -15,9 +15,9 @@ use crate::measure::{commandstats, delta, CommandCounts};
 use crate::procs::{Gateway, Processor};
 use crate::{BenchError, Ctx, FLUSH_LIMIT};
 use inferq::config::hash_slot;
-use inferq::queue::connect::RedisTls;
-use inferq::queue::producer::Producer;
-use inferq::queue::target::{Target, Topology};
+use inferq_client::connect::RedisTls;
+use inferq_client::producer::Producer;
+use inferq_client::target::{Target, Topology};
 
 /// One master (or the standalone server) and the bench's connection to it.
 pub struct Node {

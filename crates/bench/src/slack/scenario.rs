@@ -7,8 +7,8 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use inferq::queue::producer::{unix_ms, Producer};
-use inferq::wire::NewRequest;
+use inferq_client::producer::{unix_ms, Producer};
+use inferq_client::wire::NewRequest;
 use inferq_sim::interactive::{self, InteractiveSettings, Profile, Sample};
 use inferq_sim::{Sim, SimConfig};
 use inferq_testkit::{Fsync, RedisServer};

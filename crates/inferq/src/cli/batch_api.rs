@@ -175,7 +175,7 @@ pub fn settings(args: &BatchApiArgs) -> Result<inferq_batch::Settings, Failure> 
         max_waiting_clients: args.max_waiting_clients,
         replica_wait: config.claim.replica_wait,
     };
-    let target = crate::queue::target::Target::new(
+    let target = inferq_client::target::Target::new(
         transport.url.expose(),
         &config.redis_tls,
         transport.topology.clone(),

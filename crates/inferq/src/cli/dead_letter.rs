@@ -19,7 +19,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::Failure;
 use crate::queue::dead_letters::{DeadLetters, Listed};
-use crate::queue::producer::unix_ms;
+use inferq_client::producer::unix_ms;
 
 #[derive(Debug, clap::Args)]
 pub struct DeadLetterArgs {
@@ -394,7 +394,7 @@ fn row(e: &Listed, members: bool) -> serde_json::Value {
             // A body stored apart (payload keys): where it is, for as long as it lives.
             let payload_ref = r
                 .exact_member()
-                .and_then(|m| crate::wire::Envelope::decode(m).ok())
+                .and_then(|m| inferq_client::wire::Envelope::decode(m).ok())
                 .map(|env| env.internal.payload_ref)
                 .filter(|key| !key.is_empty());
             if let Some(key) = payload_ref {

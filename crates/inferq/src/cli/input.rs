@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
-use crate::wire::NewRequest;
+use inferq_client::wire::NewRequest;
 
 /// The longest `timeout_s` taken: 100 years (a larger one is a mistake, and past the range of
 /// Unix seconds the producer can store).

@@ -133,9 +133,9 @@ pub struct RedisConn {
 
 impl RedisConn {
     /// The URL as `inferq run` reads it, and the TLS files for a `rediss://` one.
-    pub fn url_and_tls(&self) -> Result<(String, crate::queue::connect::RedisTls), Failure> {
+    pub fn url_and_tls(&self) -> Result<(String, inferq_client::connect::RedisTls), Failure> {
         let url = checked_redis_url(&self.redis_url)?;
-        let tls = crate::queue::connect::RedisTls {
+        let tls = inferq_client::connect::RedisTls {
             ca_cert: self.redis_tls_ca_cert.clone(),
             client: self.redis_tls_cert.clone().zip(self.redis_tls_key.clone()),
         };
@@ -144,7 +144,7 @@ impl RedisConn {
 
     /// Where these flags say Redis is; a bad URL, TLS file or mode combination is bad input
     /// that names the flag.
-    pub fn target(&self) -> Result<crate::queue::target::Target, Failure> {
+    pub fn target(&self) -> Result<inferq_client::target::Target, Failure> {
         let (url, tls) = self.url_and_tls()?;
         let topology =
             crate::config::topology::resolve_topology(&crate::config::topology::TopologyFields {
@@ -156,12 +156,12 @@ impl RedisConn {
             })
             .map_err(Failure::bad_input)?;
         // The error names the URL or the TLS flag at fault.
-        crate::queue::target::Target::new(&url, &tls, topology).map_err(Failure::bad_input)
+        inferq_client::target::Target::new(&url, &tls, topology).map_err(Failure::bad_input)
     }
 
     /// A connection to this Redis for the operator's commands (`dead-letter`, `status`); a bad
     /// URL, TLS file or mode is bad input.
-    pub async fn connect(&self) -> Result<crate::queue::target::Link, Failure> {
+    pub async fn connect(&self) -> Result<inferq_client::target::Link, Failure> {
         use anyhow::Context;
         let target = self.target()?;
         Ok(target.connect().await.context("cannot connect to Redis")?)
@@ -183,10 +183,10 @@ pub struct RedisArgs {
 
 impl RedisArgs {
     /// A producer on these queues.
-    pub async fn producer(&self) -> Result<crate::queue::producer::Producer, Failure> {
+    pub async fn producer(&self) -> Result<inferq_client::producer::Producer, Failure> {
         use anyhow::Context;
         let target = self.conn.target()?;
-        Ok(crate::queue::producer::Producer::connect_target(
+        Ok(inferq_client::producer::Producer::connect_target(
             &target,
             &self.queue,
             &self.result_queue,

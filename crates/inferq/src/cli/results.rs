@@ -17,10 +17,10 @@ use anyhow::Context;
 use tokio_util::sync::CancellationToken;
 
 use super::{Failure, RedisArgs};
-use crate::queue::durable_results::{
+use inferq_client::durable_results::{
     Delivery, DurableResultError, DurableResults, DurableSettings, Received,
 };
-use crate::queue::producer::{Popper, Producer};
+use inferq_client::producer::{Popper, Producer};
 
 #[derive(Debug, clap::Args)]
 // Results are read from the result list alone: the request queue is not asked for.
@@ -218,9 +218,9 @@ async fn durable(
         }
         let polled = durable.receive_once().await.context("receive failed")?;
         let d = match polled {
-            crate::queue::durable_results::Poll::Got(d) => d,
-            crate::queue::durable_results::Poll::Skipped => continue,
-            crate::queue::durable_results::Poll::Empty => {
+            inferq_client::durable_results::Poll::Got(d) => d,
+            inferq_client::durable_results::Poll::Skipped => continue,
+            inferq_client::durable_results::Poll::Empty => {
                 let pause = left.min(durable.settings().reclaim_interval);
                 tokio::select! {
                     biased;
@@ -307,7 +307,7 @@ async fn write_renewing(
 /// Hands back what the older inferq-only `--consumer NAME` scheme left under `name`; a
 /// failure is only a warning (the durable protocol does not need it).
 async fn hand_back_older(producer: &Producer, name: &str) {
-    use crate::queue::reliable::Older;
+    use inferq_client::reliable::Older;
     match producer.hand_back_older(name).await {
         Ok(Older::Nothing) => {}
         Ok(Older::HandedBack(n)) => tracing::info!(

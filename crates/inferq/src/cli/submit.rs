@@ -16,8 +16,8 @@ use tokio_util::sync::CancellationToken;
 
 use super::input::{parse_line, LineError};
 use super::{Failure, RedisArgs};
-use crate::queue::producer::{PayloadKeys, ProducerError};
-use crate::wire::NewRequest;
+use inferq_client::producer::{PayloadKeys, ProducerError};
+use inferq_client::wire::NewRequest;
 
 #[derive(Debug, clap::Args)]
 pub struct SubmitArgs {
@@ -237,7 +237,7 @@ fn read_input(args: &SubmitArgs) -> Result<Input, Failure> {
         Some(p) if p.as_os_str() != "-" => Source::Path(p.clone()),
         _ => Source::spool_stdin()?,
     };
-    let now_s = crate::queue::producer::unix_ms() / 1000;
+    let now_s = inferq_client::producer::unix_ms() / 1000;
     let mut bad = Vec::new();
     let mut good = 0;
     let mut lines = source.open()?;
@@ -319,7 +319,7 @@ fn refuse_bad_lines(bad: &[LineError], skip_invalid: bool) -> Result<(), Failure
 }
 
 /// The producer the flags ask for: its Redis, replica wait and payload keys.
-async fn producer_for(args: &SubmitArgs) -> Result<crate::queue::producer::Producer, Failure> {
+async fn producer_for(args: &SubmitArgs) -> Result<inferq_client::producer::Producer, Failure> {
     let wait = crate::config::claim::resolve_replica_wait(
         Some(args.replica_wait),
         args.replica_wait_timeout_ms,
@@ -400,7 +400,7 @@ impl Run {
     /// Counts a batch's answers, one per line.
     fn count(
         &mut self,
-        outcomes: Vec<Result<crate::queue::producer::Submitted, ProducerError>>,
+        outcomes: Vec<Result<inferq_client::producer::Submitted, ProducerError>>,
         lines: Vec<usize>,
     ) {
         for (outcome, line) in outcomes.into_iter().zip(lines) {

@@ -6,8 +6,8 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use crate::queue::connect::RedisTls;
-use crate::queue::ClaimSettings;
+use inferq_client::connect::RedisTls;
+use inferq_client::settings::ClaimSettings;
 
 use super::args::RunArgs;
 use super::claim::{resolve_claim, ClaimFields, ClaimFlags};

@@ -4,7 +4,7 @@
 //! same combinations with the same words, naming the field (or flag) at fault.
 
 use super::ConfigError;
-use crate::queue::target::Topology;
+use inferq_client::target::Topology;
 
 /// What the user wrote, and how to name each field in an error.
 pub struct TopologyFields<'a> {

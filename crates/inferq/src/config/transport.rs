@@ -16,7 +16,7 @@ use super::gate::GateSpec;
 use super::redis_url::check_redis_url;
 use super::topology::{resolve_topology, TopologyFields, CONFIG_FIELDS};
 use super::{redact_url, ConfigError};
-use crate::queue::target::Topology;
+use inferq_client::target::Topology;
 
 mod queues;
 mod raw;

@@ -9,7 +9,7 @@
 use serde_json::value::RawValue;
 
 use crate::queue::Queue;
-use crate::wire::Envelope;
+use inferq_client::wire::Envelope;
 
 /// What became of one envelope's stored body.
 #[derive(Debug, Clone, PartialEq, Eq)]

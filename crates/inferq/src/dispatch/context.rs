@@ -19,7 +19,7 @@ use crate::ops::metrics::QueueSeries;
 use crate::ops::{Metrics, QueueLabels};
 use crate::queue::dead::DeadRecord;
 use crate::queue::{Fence, Finish, Held, Queue, ResultRoute};
-use crate::wire::{Envelope, ErrorCode, ResultMessage, Routing};
+use inferq_client::wire::{Envelope, ErrorCode, ResultMessage, Routing};
 
 /// One queue's shared state.
 pub struct QueueCtx {

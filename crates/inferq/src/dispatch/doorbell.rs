@@ -14,7 +14,7 @@
 //! Polling stays the fallback: when pub/sub is unavailable (an ACL denying it, a lost connection)
 //! the listener says so once and consumers keep polling on their own.
 //!
-//! [`Producer`]: crate::queue::producer::Producer
+//! [`Producer`]: inferq_client::producer::Producer
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
@@ -25,7 +25,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::context::QueueCtx;
 use super::subscription::{self, Next};
-use crate::queue::keys::doorbell_channel;
+use inferq_client::keys::doorbell_channel;
 
 /// The wait before subscribing again after a failure; it doubles with each failure in a row, up
 /// to [`MAX_PAUSE`].
@@ -34,7 +34,7 @@ const MAX_PAUSE: Duration = Duration::from_secs(30);
 
 /// Listens until `stop` is cancelled, reconnecting when the connection drops.
 pub async fn listen(
-    client: crate::queue::target::Target,
+    client: inferq_client::target::Target,
     queues: Vec<Arc<QueueCtx>>,
     stop: CancellationToken,
 ) {

@@ -45,7 +45,7 @@ const WAITING: usize = 4 * ADMIT_BATCH;
 /// is made, so a producer waiting for readiness publishes to a listening instance.
 pub fn start(
     tracker: &TaskTracker,
-    client: crate::queue::target::Target,
+    client: inferq_client::target::Target,
     queues: Vec<Arc<QueueCtx>>,
     stop: CancellationToken,
 ) {
@@ -60,7 +60,7 @@ pub fn start(
 }
 
 async fn listen(
-    client: crate::queue::target::Target,
+    client: inferq_client::target::Target,
     queues: Vec<Arc<QueueCtx>>,
     stop: CancellationToken,
 ) {
@@ -90,7 +90,7 @@ fn subscription_name(queues: &[Arc<QueueCtx>]) -> String {
 }
 
 async fn subscribe_loop(
-    client: &crate::queue::target::Target,
+    client: &inferq_client::target::Target,
     queues: &[Arc<QueueCtx>],
     routes: &HashMap<Vec<u8>, mpsc::Sender<Vec<u8>>>,
     stop: &CancellationToken,

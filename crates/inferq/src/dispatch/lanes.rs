@@ -34,8 +34,9 @@ use super::upkeep;
 use crate::config::{QueueConfig, TransportKind};
 use crate::gateway;
 use crate::ops::{Metrics, QueueLabels, Readiness};
-use crate::queue::target::Target;
-use crate::queue::{traced::Con, ClaimSettings, Queue};
+use crate::queue::{traced::Con, Queue};
+use inferq_client::settings::ClaimSettings;
+use inferq_client::target::Target;
 
 /// How often in-flight requests' cancel markers are checked.
 const CANCEL_CHECK_EVERY: Duration = Duration::from_millis(500);

@@ -219,7 +219,7 @@ mod tests {
         let server = RedisServer::start().expect("redis-server");
         let client = server.client().expect("client");
         let con = Con::plain(
-            crate::queue::connect::manager(&client)
+            inferq_client::connect::manager(&client)
                 .await
                 .expect("connect"),
         );

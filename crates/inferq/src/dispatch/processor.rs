@@ -28,8 +28,10 @@ use crate::gateway::{self, GatewayClient, GatewayTls};
 use crate::ops::{
     metrics::PoolLabels, otel::Otel, serve_health, serve_metrics, Metrics, QueueLabels, Readiness,
 };
-use crate::queue::target::{Link, Target};
-use crate::queue::{connect, scripts::SCRIPTS, traced::Con};
+use crate::queue::traced::Con;
+use inferq_client::connect;
+use inferq_client::scripts::SCRIPTS;
+use inferq_client::target::{Link, Target};
 
 /// Why the processor could not run.
 #[derive(Debug, thiserror::Error)]

@@ -19,14 +19,14 @@ pub struct Failed {
 /// cancelled. The node is asked of `target` at every subscription: the primary Sentinel names
 /// now, or a cluster node that answers.
 pub async fn subscribe<'a>(
-    target: &crate::queue::target::Target,
+    target: &inferq_client::target::Target,
     channels: impl IntoIterator<Item = &'a [u8]>,
     stop: &CancellationToken,
 ) -> Option<Result<redis::aio::PubSub, Failed>> {
     let not_cut = |error| Failed { error, cut: false };
     let subscribing = async {
         let client = target.node_client().await.map_err(|e| match e {
-            crate::queue::target::LinkError::Redis(e) => not_cut(e),
+            inferq_client::target::LinkError::Redis(e) => not_cut(e),
             other => not_cut(redis::RedisError::from((
                 redis::ErrorKind::Io,
                 "no node to subscribe on",

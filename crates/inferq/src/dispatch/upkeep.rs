@@ -12,7 +12,7 @@ use tokio_util::sync::CancellationToken;
 use super::context::QueueCtx;
 use super::holdings::Abort;
 use crate::queue::{TakenOver, Takeover};
-use crate::wire::ResultMessage;
+use inferq_client::wire::ResultMessage;
 
 /// Most claims renewed per script call.
 const RENEW_CHUNK: usize = 2000;
@@ -82,7 +82,7 @@ pub async fn cancel_watch(ctx: Arc<QueueCtx>, every: Duration, stop: Cancellatio
         for chunk in working.chunks(500) {
             let keys: Vec<String> = chunk
                 .iter()
-                .map(|(_, id, _)| crate::queue::keys::cancel_key(id))
+                .map(|(_, id, _)| inferq_client::keys::cancel_key(id))
                 .collect();
             let markers = match ctx.queue.read_markers(&keys).await {
                 Ok(m) => m,
@@ -371,7 +371,7 @@ pub async fn backlog(ctx: Arc<QueueCtx>, every: Duration, stop: CancellationToke
         .get_or_create(&ctx.labels)
         .clone();
     loop {
-        let now_ms = crate::queue::producer::unix_ms();
+        let now_ms = inferq_client::producer::unix_ms();
         let reading =
             super::proximity::read(&mut ctx.queue.connection(), ctx.queue.name(), now_ms).await;
         available.set(i64::from(reading.is_ok()));

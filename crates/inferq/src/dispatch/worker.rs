@@ -28,8 +28,8 @@ use crate::gateway::transform::{Transformed, Transforms};
 use crate::gateway::{
     self, Attempt, ClientError, ErrorCategory, GatewayClient, Outcome, RetryDecision, Target,
 };
-use crate::queue::producer::unix_ms;
-use crate::wire::{ErrorCode, RequestView, ResultMessage};
+use inferq_client::producer::unix_ms;
+use inferq_client::wire::{ErrorCode, RequestView, ResultMessage};
 
 mod pool_gate;
 

@@ -4,7 +4,7 @@
 //! Paths enter; one `rustls::ClientConfig` leaves (every HTTPS connection to the gateway uses it),
 //! or a [`GatewayError`] naming the flag and file at fault. As in Go: the CA file is *added* to
 //! the default roots (the system certificate store plus the bundled Mozilla roots, see
-//! [`crate::roots`]) and must hold at least one certificate, and a certificate it or the system
+//! [`inferq_client::roots`]) and must hold at least one certificate, and a certificate it or the system
 //! store lists is trusted when a gateway serves it as it is ([`super::trust`]); the client
 //! certificate and key come together or not at all. rustls speaks TLS 1.2 and 1.3 only, which
 //! matches Go's `MinVersion: TLS1.2`. HTTP/2 and HTTP/1.1 are offered by ALPN.
@@ -22,7 +22,7 @@ use rustls::{ClientConfig, RootCertStore};
 
 use super::trust::GatewayVerifier;
 use super::GatewayError;
-use crate::roots::Roots;
+use inferq_client::roots::Roots;
 
 /// TLS settings for the connection to the gateway.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

@@ -2,7 +2,7 @@
 //!
 //! The certificate a gateway presents enters [`GatewayVerifier`] during the handshake; a verdict
 //! leaves. By Go's rules it has webpki check the chain to the trusted roots (the system store,
-//! the bundled Mozilla roots and the `--tls-ca-cert` certificates, see [`crate::roots`]), and
+//! the bundled Mozilla roots and the `--tls-ca-cert` certificates, see [`inferq_client::roots`]), and
 //! adds Go's one short cut: a presented certificate that is itself one of the `--tls-ca-cert` or
 //! system-store certificates (Go's root pool) is trusted as it stands (Go's `Verify` answers with
 //! a chain of that one certificate when the root pool holds it), once its validity dates, its

@@ -60,11 +60,11 @@ impl Readiness {
     }
 
     /// `e`, a failed Redis call's error, followed by why Redis refuses new connections when it
-    /// says so (`maxclients` reached: see [`crate::queue::connect::refusal`]); a reconnecting
+    /// says so (`maxclients` reached: see [`inferq_client::connect::refusal`]); a reconnecting
     /// client sees only a reset or a broken pipe.
     pub async fn explain(&self, e: &redis::RedisError) -> String {
         match self.client.get() {
-            Some(client) => crate::queue::connect::explained(client, e).await,
+            Some(client) => inferq_client::connect::explained(client, e).await,
             None => e.to_string(),
         }
     }
@@ -242,7 +242,7 @@ mod tests {
     async fn refusals_and_stalls_keep_readyz_honest_while_ping_answers() {
         let server = RedisServer::start().expect("redis-server");
         let client = redis::Client::open(server.url()).expect("client");
-        let con = crate::queue::connect::manager(&client)
+        let con = inferq_client::connect::manager(&client)
             .await
             .expect("connect");
         let ready = Readiness::new();

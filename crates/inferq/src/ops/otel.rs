@@ -3,7 +3,7 @@
 //! variables with `service.name` as [`OtelSettings`] names it, the sampler from
 //! `OTEL_TRACES_SAMPLER`/`_ARG` (the SDK's default: parent-based, always on). An `https://`
 //! collector is trusted by the CA of `OTEL_EXPORTER_OTLP_CERTIFICATE` alone when it is set (as Go
-//! reads it), otherwise by the system store plus the bundled Mozilla roots ([`crate::roots`]);
+//! reads it), otherwise by the system store plus the bundled Mozilla roots ([`inferq_client::roots`]);
 //! it is shown the client certificate of `OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE` and `_KEY`.
 //!
 //! In: the settings the config resolved. Out: an [`Otel`] handle whose tracer the workers use for
@@ -19,7 +19,7 @@ use opentelemetry_sdk::trace::{SdkTracer, SdkTracerProvider};
 use opentelemetry_sdk::Resource;
 
 use crate::config::otel::OtelSettings;
-use crate::roots::Roots;
+use inferq_client::roots::Roots;
 
 /// The instrumentation scope of every span, Go's tracer name.
 pub const TRACER_NAME: &str = "llm-d-async";

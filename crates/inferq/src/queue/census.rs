@@ -8,10 +8,10 @@
 use redis::aio::ConnectionLike;
 use redis::Value;
 
-use super::keys::QueueKeys;
 use super::moves::QueueError;
-use super::scripts::SCRIPTS;
-use super::target::Link;
+use inferq_client::keys::QueueKeys;
+use inferq_client::scripts::SCRIPTS;
+use inferq_client::target::Link;
 
 /// Where a queue's requests are, at one instant of Redis's clock.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]

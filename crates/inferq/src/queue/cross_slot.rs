@@ -35,11 +35,11 @@ use redis::Value;
 use serde::{Deserialize, Serialize};
 
 use super::dead::DeadRecord;
-use super::keys::{active_key, cancel_key, delivered_key};
 use super::moves::{Finish, Finished, Queue, QueueError};
-use super::scripts::SCRIPTS;
 use crate::config::hash_slot;
-use crate::wire::Envelope;
+use inferq_client::keys::{active_key, cancel_key, delivered_key};
+use inferq_client::scripts::SCRIPTS;
+use inferq_client::wire::Envelope;
 
 /// What a staged result holds: where it goes, and what.
 #[derive(Debug, Serialize, Deserialize)]
@@ -459,7 +459,7 @@ impl Queue {
         default_queue: bool,
     ) -> Result<u64, QueueError> {
         let mut con = self.con.clone();
-        let now = super::producer::unix_ms() as f64 / 1000.0;
+        let now = inferq_client::producer::unix_ms() as f64 / 1000.0;
         let due: Vec<Vec<u8>> = redis::cmd("ZRANGE")
             .arg(set)
             .arg("-inf")

@@ -3,7 +3,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::wire::{Envelope, Routing, MAX_MEMBER_BYTES};
+use inferq_client::wire::{Envelope, Routing, MAX_MEMBER_BYTES};
 
 /// One dead-letter record (JSON, newest first in the list).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -5,7 +5,7 @@
 //! [`Listed`] entries that keep the exact stored text, because that text is how a record is
 //! found again in the list (`LREM` by value) — records have no other key.
 //!
-//! Requeue is one script ([`super::scripts::Scripts::requeue`]): the record leaves the dead list
+//! Requeue is one script ([`inferq_client::scripts::Scripts::requeue`]): the record leaves the dead list
 //! in the same step the request enters pending, and only if it does. It makes a **new
 //! generation** (fresh request token, `retry_count` 0, the producer's `data` bytes untouched):
 //! the dead generation already has its one terminal record, so it may never reach done again.
@@ -13,14 +13,14 @@
 //! `DEAD_LETTERED` / `INVALID_REQUEST` result, then the new generation's result — exactly as
 //! when a producer re-submits an id.
 
-use super::target::Link;
+use inferq_client::target::Link;
 use redis::Value;
 
 use super::dead::DeadRecord;
-use super::keys::{active_key, cancel_key, fresh_token, QueueKeys};
 use super::moves::QueueError;
-use super::scripts::SCRIPTS;
-use crate::wire::{score_of, Envelope};
+use inferq_client::keys::{active_key, cancel_key, fresh_token, QueueKeys};
+use inferq_client::scripts::SCRIPTS;
+use inferq_client::wire::{score_of, Envelope};
 
 /// Records read per `LRANGE` at most.
 const PAGE: usize = 1000;
@@ -471,7 +471,7 @@ mod tests {
     use redis::AsyncCommands;
 
     use super::*;
-    use crate::queue::producer::unix_ms;
+    use inferq_client::producer::unix_ms;
     use inferq_testkit::RedisServer;
 
     /// A fresh Redis, a connection to it and the dead list of queue `q`.
@@ -479,7 +479,7 @@ mod tests {
         let server = RedisServer::start().expect("redis-server");
         let client = redis::Client::open(server.url()).unwrap();
         // As the CLI connects (seconds per command, not redis-rs's default 500 ms).
-        let con = crate::queue::connect::manager(&client).await.unwrap();
+        let con = inferq_client::connect::manager(&client).await.unwrap();
         let dead = DeadLetters::new(con.clone(), "q");
         (server, con, dead)
     }
@@ -706,7 +706,7 @@ mod tests {
                 .query_async(&mut con)
                 .await
                 .unwrap();
-            let user = crate::queue::connect::manager(&redis::Client::open(url).unwrap())
+            let user = inferq_client::connect::manager(&redis::Client::open(url).unwrap())
                 .await
                 .unwrap();
             let got = DeadLetters::new(user, "q").purge_all().await;

@@ -26,16 +26,10 @@ pub mod payload_census;
 pub mod payloads;
 pub mod traced;
 
-pub use inferq_client::{
-    connect, durable_results, keys, producer, reliable, scripts, sentinel, settings, submit, target,
-};
-
 #[cfg(test)]
 mod tests;
 
-pub use keys::QueueKeys;
 pub use moves::{
     Claimed, Fence, Finish, Finished, Held, Peeked, Promoted, Queue, QueueError, Reclaimed,
     ResultRoute, SetAside, TakenOver, Takeover,
 };
-pub use settings::{ClaimSettings, ReplicaWait};

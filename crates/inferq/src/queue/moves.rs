@@ -2,7 +2,7 @@
 //! `finish` (ack, bury, park and release, many in one call), `park`, `promote`, `release`,
 //! `reclaim` and `dead_letter`.
 //!
-//! Each move is one Lua script (see [`super::scripts`]); this module builds its keys and
+//! Each move is one Lua script (see [`inferq_client::scripts`]); this module builds its keys and
 //! arguments and decodes its reply. Callers hand in envelopes and results; they get back who
 //! holds what. A [`Fence`] (claim key + owner token) travels with every held request and is the
 //! only thing that lets a caller move it again.
@@ -16,9 +16,9 @@
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
-use super::keys::QueueKeys;
-use super::settings::ClaimSettings;
 use super::traced::Con;
+use inferq_client::keys::QueueKeys;
+use inferq_client::settings::ClaimSettings;
 
 mod admit;
 mod claim;

@@ -12,9 +12,9 @@ use futures::future::join_all;
 use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
 use redis::Cmd;
 
-use super::keys::active_key;
-use super::target::Link;
 use super::QueueError;
+use inferq_client::keys::active_key;
+use inferq_client::target::Link;
 
 /// The payload keys in Redis.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]

@@ -18,8 +18,8 @@ use opentelemetry_sdk::trace::{SdkTracer, Span};
 use redis::aio::{ConnectionLike, ConnectionManager};
 use redis::{Arg, Cmd, ConnectionAddr, ConnectionInfo, Pipeline, RedisError, RedisFuture, Value};
 
-use super::scripts::SCRIPTS;
-use super::target::Link;
+use inferq_client::scripts::SCRIPTS;
+use inferq_client::target::Link;
 
 /// A connection to Redis that may trace the commands it sends; cheap to clone (clones share
 /// the connection).
@@ -47,7 +47,7 @@ impl Con {
     pub async fn wait_replicas(
         &mut self,
         key: &str,
-        wait: super::settings::ReplicaWait,
+        wait: inferq_client::settings::ReplicaWait,
     ) -> redis::RedisResult<u32> {
         self.inner.wait_replicas(key, wait).await
     }

@@ -5,7 +5,7 @@ use crate::common;
 
 use std::process::Output;
 
-use inferq::wire::{Envelope, ResultMessage};
+use inferq_client::wire::{Envelope, ResultMessage};
 use inferq_testkit::RedisServer;
 use redis::AsyncCommands;
 
@@ -785,7 +785,7 @@ async fn a_go_redis_unix_url_with_credentials_is_used_as_written() {
             .unwrap();
     }
     let admin_url = format!("redis://admin:adm@127.0.0.1:{}/", redis.port());
-    let mut admin = inferq::queue::connect::manager(&redis::Client::open(admin_url).unwrap())
+    let mut admin = inferq_client::connect::manager(&redis::Client::open(admin_url).unwrap())
         .await
         .unwrap();
     let _: () = redis::cmd("ACL")

@@ -13,9 +13,9 @@ use std::time::{Duration, Instant};
 
 use common::{cli, request, Gateway, Processor, ProcessorOpts};
 use inferq::config::hash_slot;
-use inferq::queue::producer::Producer;
-use inferq::queue::target::{Link, Target, Topology};
-use inferq::wire::ResultMessage;
+use inferq_client::producer::Producer;
+use inferq_client::target::{Link, Target, Topology};
+use inferq_client::wire::ResultMessage;
 use inferq_testkit::cluster::RedisCluster;
 use inferq_testkit::sentinel::SentinelSet;
 
@@ -795,7 +795,7 @@ async fn acl_users_and_tls_work_through_sentinel() {
     let url = format!("rediss://{}:{}@{}/", login.user, login.pass, addrs[0]);
     let target = Target::new(
         &url,
-        &inferq::queue::connect::RedisTls {
+        &inferq_client::connect::RedisTls {
             ca_cert: Some(certs.ca_cert()),
             client: Some((certs.client_cert(), certs.client_key())),
         },
@@ -846,8 +846,8 @@ async fn acl_users_and_tls_work_through_sentinel() {
 /// fewer in time says it is queued but may be lost.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replica_wait_reports_what_the_replicas_hold() {
-    use inferq::queue::producer::ProducerError;
-    use inferq::queue::ReplicaWait;
+    use inferq_client::producer::ProducerError;
+    use inferq_client::settings::ReplicaWait;
     let set = SentinelSet::start("inferq-wait").unwrap();
     let (_, _, target) = sentinel_target(&set);
     let wait = |replicas| {

@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use common::{Gateway, Processor, ProcessorOpts};
 use inferq::queue::dead::{DeadRecord, KEPT_PREFIX_BYTES};
-use inferq::queue::producer::unix_ms;
-use inferq::wire::{Envelope, ErrorCode, Routing, MAX_MEMBER_BYTES};
+use inferq_client::producer::unix_ms;
+use inferq_client::wire::{Envelope, ErrorCode, Routing, MAX_MEMBER_BYTES};
 use inferq_testkit::RedisServer;
 use redis::AsyncCommands;
 

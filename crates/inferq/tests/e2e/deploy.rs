@@ -274,7 +274,7 @@ async fn gated_work(redis: &RedisServer, gw: &Gateway) -> String {
     for id in ["ok", "retry", "shed", "fail", "renew", "held"] {
         producer.submit(request(id, 120, "{}")).await.unwrap();
     }
-    let past = inferq::queue::producer::unix_ms() / 1000 - 5;
+    let past = inferq_client::producer::unix_ms() / 1000 - 5;
     let late = format!(
         r#"{{"internal":{{}},"request_kind":"redis","data":{{"id":"late","deadline":{past},"payload":{{}}}}}}"#
     );
@@ -354,7 +354,7 @@ async fn pubsub(redis: &RedisServer, gw: &Gateway) -> String {
         ..ProcessorOpts::default()
     };
     let p = Processor::start(redis, gw, &opts).await;
-    let now = inferq::queue::producer::unix_ms() / 1000;
+    let now = inferq_client::producer::unix_ms() / 1000;
     let envelope = format!(
         r#"{{"internal":{{}},"request_kind":"redis","data":{{"id":"ps-0","created":{now},"deadline":{},"payload":{{}}}}}}"#,
         now + 60

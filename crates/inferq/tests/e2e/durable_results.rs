@@ -9,11 +9,11 @@ use std::collections::{HashMap, HashSet};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use inferq::queue::durable_results::{
+use inferq_client::durable_results::{
     Acked, Delivery, DurableResultError, DurableResults, DurableSettings, Poll, Received,
 };
-use inferq::queue::target::Link;
-use inferq::wire::ResultMessage;
+use inferq_client::target::Link;
+use inferq_client::wire::ResultMessage;
 use inferq_testkit::cluster::RedisCluster;
 use inferq_testkit::{Fsync, RedisServer};
 use redis::AsyncCommands;

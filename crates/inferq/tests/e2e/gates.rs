@@ -192,7 +192,7 @@ async fn a_deep_refused_head_does_not_hide_the_requests_behind_it() {
 }
 
 /// A request of `user` (its `userid` metadata), due in `secs`.
-fn of_user(id: &str, secs: i64, user: &str) -> inferq::wire::NewRequest {
+fn of_user(id: &str, secs: i64, user: &str) -> inferq_client::wire::NewRequest {
     let mut r = request(id, secs, "{}");
     r.metadata.insert("userid".into(), user.into());
     r
@@ -206,7 +206,7 @@ async fn one_per_user(
     gw: &Gateway,
     held: (&str, u64),
     poll_ms: u64,
-) -> (Processor, inferq::queue::producer::Producer) {
+) -> (Processor, inferq_client::producer::Producer) {
     gw.script(
         held.0,
         vec![Reply::ok("{}").after(Duration::from_secs(held.1))],

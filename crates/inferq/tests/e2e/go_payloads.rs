@@ -20,7 +20,7 @@ fn body_of(id: &str) -> String {
 }
 
 fn now_s() -> i64 {
-    inferq::queue::producer::unix_ms() / 1000
+    inferq_client::producer::unix_ms() / 1000
 }
 
 async fn exists(con: &mut redis::aio::ConnectionManager, key: &str) -> bool {
@@ -102,7 +102,7 @@ async fn go_payload_key_members_are_sent_their_stored_bodies() {
 
     let raw = wait_results_in(&mut con, RESULTS, 33, Duration::from_secs(30)).await;
     assert_eq!(raw.len(), 33, "{raw:?}");
-    let results: Vec<inferq::wire::ResultMessage> = raw
+    let results: Vec<inferq_client::wire::ResultMessage> = raw
         .iter()
         .map(|r| serde_json::from_str(r).unwrap())
         .collect();
@@ -168,7 +168,7 @@ async fn cancelled_and_late_requests_never_read_their_payload() {
         reqs.push(late);
     }
     tokio::time::sleep(Duration::from_millis(
-        u64::try_from((soon + 1) * 1000 - inferq::queue::producer::unix_ms()).unwrap_or(0),
+        u64::try_from((soon + 1) * 1000 - inferq_client::producer::unix_ms()).unwrap_or(0),
     ))
     .await;
     let reads = ClientCommands::start(redis.port()).await;
@@ -268,7 +268,7 @@ async fn inferq_submit_numbers_requests_and_stores_bodies_apart() {
             let stored: String = con.get(&key).await.unwrap();
             assert_eq!(stored, large);
             let ttl: i64 = con.pttl(&key).await.unwrap();
-            let want = (deadline * 1000 - inferq::queue::producer::unix_ms()) + 600_000;
+            let want = (deadline * 1000 - inferq_client::producer::unix_ms()) + 600_000;
             assert!(
                 (want - 5_000..=want + 1_000).contains(&ttl),
                 "payload TTL {ttl}, want ~{want}"
@@ -352,7 +352,7 @@ async fn claim_all(queue: &inferq::queue::Queue) -> Vec<inferq::queue::Held> {
     let members = peeked
         .into_iter()
         .map(|p| {
-            let env = inferq::wire::Envelope::decode(&p.member).unwrap();
+            let env = inferq_client::wire::Envelope::decode(&p.member).unwrap();
             (p.member, env)
         })
         .collect();
@@ -376,7 +376,8 @@ async fn claim_all(queue: &inferq::queue::Queue) -> Vec<inferq::queue::Held> {
 async fn every_reentry_restores_the_fifo_score() {
     use inferq::queue::dead::DeadRecord;
     use inferq::queue::dead_letters::{DeadLetters, Unrequeueable};
-    use inferq::queue::{ClaimSettings, Queue};
+    use inferq::queue::Queue;
+    use inferq_client::settings::ClaimSettings;
 
     let redis = RedisServer::start().unwrap();
     let mut con = con(&redis).await;
@@ -433,7 +434,7 @@ async fn every_reentry_restores_the_fifo_score() {
     let _: () = con.lpush(&k.dead, record.to_json()).await.unwrap();
     let dead = DeadLetters::new(con.clone(), Q);
     let listed = dead.list().await.unwrap();
-    let now_ms = inferq::queue::producer::unix_ms();
+    let now_ms = inferq_client::producer::unix_ms();
     // Its body is gone: refused, and the record stays.
     let _: () = con.del(go.payload_key()).await.unwrap();
     let refused = dead.requeue(&listed[0], now_ms).await.unwrap();
@@ -457,7 +458,7 @@ async fn every_reentry_restores_the_fifo_score() {
 /// order, sends each its body, and deletes the keys after its acks.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn payload_keys_and_fifo_on_a_cluster() {
-    use inferq::queue::producer::{PayloadKeys, Producer};
+    use inferq_client::producer::{PayloadKeys, Producer};
     use inferq_testkit::cluster::RedisCluster;
 
     let cluster = RedisCluster::start().unwrap();

@@ -76,7 +76,7 @@ async fn results_carry_their_token_and_the_list_its_ttl() {
     let raw = wait_results_in(&mut con, "result-list", 2, Duration::from_secs(20)).await;
     assert_eq!(raw.len(), 2, "{raw:?}");
     for r in &raw {
-        let msg: inferq::wire::ResultMessage = serde_json::from_str(r).unwrap();
+        let msg: inferq_client::wire::ResultMessage = serde_json::from_str(r).unwrap();
         assert_eq!(msg.status_code, 200, "{r}");
         assert_eq!(msg.request_token, tokens[&msg.id], "{r}");
         assert!(
@@ -99,7 +99,7 @@ async fn a_stamped_route_wins_over_the_queue_config() {
     let redis = RedisServer::start().unwrap();
     let gw = Gateway::start().await;
     let mut con = con(&redis).await;
-    let deadline = inferq::queue::producer::unix_ms() / 1000 + 120;
+    let deadline = inferq_client::producer::unix_ms() / 1000 + 120;
     let member = |id: &str, internal: &str| {
         format!(
             r#"{{"internal":{{{internal}}},"request_kind":"plain","data":{{"id":"{id}","created":1,"deadline":{deadline},"payload":{{}}}}}}"#

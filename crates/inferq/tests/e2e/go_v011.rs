@@ -263,7 +263,7 @@ async fn the_deadline_proximity_snapshot_counts_pending_requests_by_time_left() 
     }
     // A producer refuses a passed deadline; a member whose deadline passed while it waited
     // scores as this one (the queue gate is shut: nothing is claimed).
-    let past = inferq::queue::producer::unix_ms() / 1000 - 5;
+    let past = inferq_client::producer::unix_ms() / 1000 - 5;
     let _: () = con.zadd(Q, "past", past).await.unwrap();
     let bucket = |le: &str| {
         format!(r#"llm_d_async_async_deadline_proximity_millis_bucket{{{LABELS},le="{le}"}}"#)
@@ -367,7 +367,7 @@ async fn redis_pubsub_is_announced_deprecated_at_start_up() {
 async fn deadline_proximity_costs_one_round_trip_on_a_million_members() {
     let redis = RedisServer::start().unwrap();
     let mut con = con(&redis).await;
-    let now_ms = inferq::queue::producer::unix_ms();
+    let now_ms = inferq_client::producer::unix_ms();
     // Deadlines spread over the next two days, 10,000 members a script call.
     let fill = redis::Script::new(
         r"for i = tonumber(ARGV[1]), tonumber(ARGV[1]) + 9999 do

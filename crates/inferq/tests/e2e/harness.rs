@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use inferq::wire::ResultMessage;
+use inferq_client::wire::ResultMessage;
 use inferq_testkit::{free_port, port_taken, RedisServer};
 use redis::aio::ConnectionManager;
 use redis::AsyncCommands;
@@ -50,7 +50,7 @@ pub fn url(user: &str, pw: &str, port: u16) -> String {
 
 pub async fn manager(url: &str) -> ConnectionManager {
     let client = redis::Client::open(url).unwrap();
-    inferq::queue::connect::manager(&client).await.unwrap()
+    inferq_client::connect::manager(&client).await.unwrap()
 }
 
 /// A Redis with README's two users, an `admin` user for the test, and `default` switched off.

@@ -238,7 +238,7 @@ async fn a_wake_up_subscription_cut_by_the_output_buffer_limit_is_reported() {
     let _: () = redis::cmd("EVAL")
         .arg("for i = 1, 2000 do redis.call('PUBLISH', KEYS[1], 'ring') end")
         .arg(1)
-        .arg(inferq::queue::keys::doorbell_channel(&opts.queue))
+        .arg(inferq_client::keys::doorbell_channel(&opts.queue))
         .query_async(&mut admin)
         .await
         .unwrap();

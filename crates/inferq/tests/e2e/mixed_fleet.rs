@@ -32,7 +32,7 @@ async fn go_format_producer_two_processors_one_killed() {
     let redis = RedisServer::start().unwrap();
     let gw = Gateway::start().await;
     let mut con = con(&redis).await;
-    let now = inferq::queue::producer::unix_ms() / 1000;
+    let now = inferq_client::producer::unix_ms() / 1000;
     // 150 requests over three deadlines, so many share one; every third inline.
     let mut reqs = Vec::new();
     let mut seq: HashMap<i64, i64> = HashMap::new();
@@ -78,7 +78,7 @@ async fn go_format_producer_two_processors_one_killed() {
     );
     let mut per_generation: HashMap<(String, String), usize> = HashMap::new();
     for r in &raw_after {
-        let msg: inferq::wire::ResultMessage = serde_json::from_str(r).unwrap();
+        let msg: inferq_client::wire::ResultMessage = serde_json::from_str(r).unwrap();
         assert_eq!(msg.status_code, 200, "{r}");
         *per_generation
             .entry((msg.id, msg.request_token))

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::Gateway;
-use inferq::wire::ErrorCode;
+use inferq_client::wire::ErrorCode;
 use inferq_testkit::{free_port, port_taken, RedisServer};
 use redis::AsyncCommands;
 

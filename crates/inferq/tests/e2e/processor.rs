@@ -68,7 +68,7 @@ async fn go_producer_member_written_by_hand() {
     let gw = Gateway::start().await;
     let _p = Processor::start(&redis, &gw, &ProcessorOpts::default()).await;
     let mut con = con(&redis).await;
-    let deadline = inferq::queue::producer::unix_ms() / 1000 + 60;
+    let deadline = inferq_client::producer::unix_ms() / 1000 + 60;
     let member = format!(
         r#"{{"internal":{{"request_token":"9f0c1e0000000000000000000000abcd","request_queue_name":"{Q}","result_queue_name":"go-results"}},"request_kind":"plain","data":{{"id":"go-1","created":1764044000,"deadline":{deadline},"payload":{{"model":"m","prompt":"hi"}},"metadata":{{"userid":"u1"}}}}}}"#
     );
@@ -257,7 +257,7 @@ async fn passed_deadlines_end_with_deadline_exceeded() {
     let redis = RedisServer::start().unwrap();
     let gw = Gateway::start().await;
     let mut con = con(&redis).await;
-    let past = inferq::queue::producer::unix_ms() / 1000 - 5;
+    let past = inferq_client::producer::unix_ms() / 1000 - 5;
     let member = format!(
         r#"{{"internal":{{}},"request_kind":"redis","data":{{"id":"late","deadline":{past},"payload":{{}}}}}}"#
     );
@@ -385,14 +385,14 @@ async fn sigterm_drains_and_releases_unstarted_work() {
     );
     assert_eq!(pending.len(), 6);
     for (member, score) in &pending {
-        let env = inferq::wire::Envelope::decode(member.as_bytes()).unwrap();
+        let env = inferq_client::wire::Envelope::decode(member.as_bytes()).unwrap();
         let want = deadlines
             .iter()
             .find(|(id, _)| *id == env.request.id)
             .unwrap()
             .1;
         // The original score: the deadline plus the request's FIFO fraction (newer Go).
-        let original: f64 = inferq::wire::score_of(want, env.internal.enqueue_seq)
+        let original: f64 = inferq_client::wire::score_of(want, env.internal.enqueue_seq)
             .parse()
             .unwrap();
         assert!(env.internal.enqueue_seq > 0, "{member}");
@@ -858,7 +858,7 @@ async fn wake_ups_bring_new_work_without_waiting_the_poll_interval() {
     assert_eq!(got.len(), 1, "the doorbell woke the consumer");
     assert!(wakeups(&p.metrics().await, "doorbell") >= 1.0);
     // A Go producer's ZADD (no doorbell): the keyspace notification wakes the consumer.
-    let deadline = inferq::queue::producer::unix_ms() / 1000 + 60;
+    let deadline = inferq_client::producer::unix_ms() / 1000 + 60;
     let member = format!(
         r#"{{"internal":{{"request_token":"9f0c1e0000000000000000000000beef"}},"request_kind":"plain","data":{{"id":"ks-1","deadline":{deadline},"payload":{{}}}}}}"#
     );
@@ -1139,7 +1139,7 @@ async fn a_gcs_uri_multipart_transform_rewrites_only_its_providers_requests() {
     let (_transforms, opts) = with_gcs_transform(ProcessorOpts::default());
     let _p = Processor::start(&redis, &gateway, &opts).await;
     let signed = |expires: i64| format!("https://storage.googleapis.com/b/a.wav?Expires={expires}");
-    let far = inferq::queue::producer::unix_ms() / 1000 + 3600;
+    let far = inferq_client::producer::unix_ms() / 1000 + 3600;
     let with = |id: &str, provider: &str, uri: &str| {
         let payload = serde_json::json!({"model": "whisper", "gcs_uri": uri}).to_string();
         let mut r = request(id, 60, &payload);
@@ -1219,7 +1219,7 @@ async fn a_deadline_that_passed_in_the_pool_wins_over_a_failing_transform() {
     producer.submit(request("busy", 60, "{}")).await.unwrap();
     gateway.wait_seen("busy", Duration::from_secs(10)).await;
     // Due in 1–2 s, with a signed URL that expires before that: the transform refuses it.
-    let now = inferq::queue::producer::unix_ms() / 1000;
+    let now = inferq_client::producer::unix_ms() / 1000;
     let payload = serde_json::json!({
         "model": "whisper",
         "gcs_uri": format!("https://storage.googleapis.com/b/a.wav?Expires={now}"),
@@ -1313,7 +1313,7 @@ async fn a_head_of_last_chance_requests_neither_hides_work_nor_spins() {
     }
     let members: Vec<String> = con.zrange("request-sortedset", 0, -1).await.unwrap();
     for member in &members {
-        let env = inferq::wire::Envelope::decode(member.as_bytes()).unwrap();
+        let env = inferq_client::wire::Envelope::decode(member.as_bytes()).unwrap();
         let key = format!("{}\0{}", env.request.id, env.internal.request_token);
         let _: () = con
             .hset("request-sortedset:deliveries", key, 1)

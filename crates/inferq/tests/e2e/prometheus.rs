@@ -453,7 +453,7 @@ async fn alert_rules_fire_on_a_live_processor() {
     );
 
     // A dead letter.
-    let now = inferq::queue::producer::unix_ms() / 1000;
+    let now = inferq_client::producer::unix_ms() / 1000;
     let _: () = con.zadd(Q, "this is not a request", now).await.unwrap();
     let alert = prom
         .wait_for_alert(

@@ -34,7 +34,7 @@ fn opts(redis: &RedisServer, gw: &Gateway, lease_s: f64) -> ProcessorOpts {
 
 /// An envelope as Go's redis-pubsub producer publishes it.
 fn envelope(id: &str, secs: i64, kind: &str) -> String {
-    let now = inferq::queue::producer::unix_ms() / 1000;
+    let now = inferq_client::producer::unix_ms() / 1000;
     format!(
         r#"{{"internal":{{"request_queue_name":"{CHANNEL}","result_queue_name":"somewhere-else"}},"request_kind":"{kind}","data":{{"id":"{id}","created":{now},"deadline":{},"payload":{{"model":"m","prompt":"p","seed":12345678901234567890}},"metadata":{{"userid":"u"}}}}}}"#,
         now + secs

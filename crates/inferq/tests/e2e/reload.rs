@@ -148,7 +148,7 @@ async fn an_added_queue_drains_its_backlog_and_the_kept_one_is_untouched() {
         })
         .and_then(|v| v.parse::<f64>().ok())
         .unwrap_or(0.0);
-    let now = inferq::queue::producer::unix_ms() as f64 / 1000.0;
+    let now = inferq_client::producer::unix_ms() as f64 / 1000.0;
     assert!((now - 60.0..=now).contains(&stamp), "{stamp} vs {now}");
 }
 

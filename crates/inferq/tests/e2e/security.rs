@@ -16,8 +16,8 @@ use std::time::{Duration, Instant};
 
 use common::{cli, Gateway, Reply};
 use harness::*;
-use inferq::queue::producer::Producer;
-use inferq::wire::ResultMessage;
+use inferq_client::producer::Producer;
+use inferq_client::wire::ResultMessage;
 use inferq_sim::{Sim, SimConfig, SimTls};
 use inferq_testkit::{free_port, RedisServer};
 use redis::AsyncCommands;
@@ -183,7 +183,7 @@ async fn acl_rule_of_the_pubsub_processor_covers_admit_serve_and_publish() {
         .await
         .unwrap();
     sub.subscribe("result-queue").await.unwrap();
-    let now = inferq::queue::producer::unix_ms() / 1000;
+    let now = inferq_client::producer::unix_ms() / 1000;
     let envelope = |id: &str| {
         format!(
             r#"{{"internal":{{}},"request_kind":"redis","data":{{"id":"{id}","created":{now},"deadline":{},"payload":{{}}}}}}"#,
@@ -512,7 +512,7 @@ async fn a_refused_result_channel_stops_claiming_and_loses_nothing() {
     );
     let p = Proc::spawn_as("redis-pubsub", &config, &[]);
     p.wait_ready().await;
-    let now = inferq::queue::producer::unix_ms() / 1000;
+    let now = inferq_client::producer::unix_ms() / 1000;
     let ids: Vec<String> = (0..3).map(|i| format!("ch-{i}")).collect();
     for id in &ids {
         let message = format!(

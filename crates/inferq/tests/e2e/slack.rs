@@ -49,7 +49,7 @@ async fn measure(batch: bool, gate: Option<fn(&str) -> serde_json::Value>) -> Me
     let mut con = con(&redis).await;
     let results = "slack-results";
     let _processor = if batch {
-        let producer = inferq::queue::producer::Producer::connect(&redis.url(), Q, results)
+        let producer = inferq_client::producer::Producer::connect(&redis.url(), Q, results)
             .await
             .unwrap();
         let mut backlog = Vec::new();

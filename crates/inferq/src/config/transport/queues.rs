@@ -7,7 +7,7 @@
 
 use std::collections::HashMap;
 
-use crate::queue::QueueKeys;
+use inferq_client::keys::QueueKeys;
 
 use super::super::gate::parse_gate;
 use super::super::ConfigError;

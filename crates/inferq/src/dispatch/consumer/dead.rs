@@ -6,7 +6,7 @@ use crate::dispatch::context::QueueCtx;
 use crate::ops::Trouble;
 use crate::queue::dead::DeadRecord;
 use crate::queue::{QueueError, SetAside};
-use crate::wire::{ErrorCode, ResultMessage};
+use inferq_client::wire::{ErrorCode, ResultMessage};
 
 /// What `/readyz` names while Redis refuses to set this queue's bad members aside.
 pub(super) fn dead_letters_of(ctx: &QueueCtx) -> String {

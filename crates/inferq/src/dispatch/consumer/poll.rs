@@ -20,9 +20,9 @@ use crate::dispatch::bodies::{self, Attached};
 use crate::dispatch::context::{Job, QueueCtx};
 use crate::dispatch::gates::Decision;
 use crate::dispatch::last_chance::Slot;
-use crate::queue::keys::claim_key;
 use crate::queue::{Claimed, Held, Peeked, QueueError};
-use crate::wire::{Envelope, ErrorCode, ResultMessage};
+use inferq_client::keys::claim_key;
+use inferq_client::wire::{Envelope, ErrorCode, ResultMessage};
 
 /// What one poll is asked to do.
 pub(super) struct Poll<'a> {
@@ -296,7 +296,7 @@ async fn claim(
         .filter(|claim| matches!(claim, Claimed::Gone))
         .count();
     ctx.series.claims_lost.get().inc_by(lost as u64);
-    let now_ms = crate::queue::producer::unix_ms();
+    let now_ms = inferq_client::producer::unix_ms();
     let mut taken = Vec::with_capacity(claimed.len());
     for (((claim, admission), slot), size) in
         claimed.into_iter().zip(admissions).zip(slots).zip(sizes)

@@ -6,9 +6,9 @@
 use crate::dispatch::context::QueueCtx;
 use crate::dispatch::gates::{Decision, GateInput, Release, Verdict};
 use crate::dispatch::last_chance::{LastChance, Slot};
-use crate::queue::keys::claim_key;
 use crate::queue::QueueError;
-use crate::wire::{Envelope, ErrorCode, ResultMessage};
+use inferq_client::keys::claim_key;
+use inferq_client::wire::{Envelope, ErrorCode, ResultMessage};
 
 /// The queue gate's word on one request, when it may be claimed.
 pub(super) struct Admission {

@@ -30,7 +30,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::{GateSpec, GateType};
 use crate::ops::{Metrics, QueueLabels};
-use crate::wire::ResultMessage;
+use inferq_client::wire::ResultMessage;
 
 /// What a gate says about one request.
 #[derive(Debug, Clone, PartialEq)]

@@ -15,9 +15,9 @@ use crate::dispatch::context::Job;
 use crate::dispatch::gate_wait::{self, GateWait};
 use crate::dispatch::gates::{Decision, Gate, GateError, GateInput, Verdict};
 use crate::dispatch::holdings::{Abort, Ticket};
-use crate::queue::producer::unix_ms;
 use crate::queue::Held;
-use crate::wire::{ErrorCode, ResultMessage};
+use inferq_client::producer::unix_ms;
+use inferq_client::wire::{ErrorCode, ResultMessage};
 
 /// How often a request waiting at its pool gate asks again.
 const POOL_GATE_RETRY: Duration = Duration::from_millis(50);

@@ -5,7 +5,7 @@ use redis::Value;
 
 use super::reply::bad_reply;
 use super::{Queue, QueueError};
-use crate::queue::scripts::SCRIPTS;
+use inferq_client::scripts::SCRIPTS;
 
 /// Seconds an admitted message's marker outlives its deadline (see `admit-1.lua`): far longer
 /// than pub/sub takes to hand one message to every subscriber.

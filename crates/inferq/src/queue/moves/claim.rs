@@ -7,9 +7,9 @@
 
 use super::reply::{bad_reply, int_array};
 use super::{ms, Fence, Queue, QueueError};
-use crate::queue::keys::{cancel_key, claim_key, fresh_token};
-use crate::queue::scripts::SCRIPTS;
-use crate::wire::Envelope;
+use inferq_client::keys::{cancel_key, claim_key, fresh_token};
+use inferq_client::scripts::SCRIPTS;
+use inferq_client::wire::Envelope;
 
 /// Most members claimed per script call (Lua's `unpack` takes a few thousand values at most).
 pub const TAKE_CHUNK: usize = 500;

@@ -5,9 +5,9 @@ use redis::Value;
 
 use super::reply::bad_reply;
 use super::{is_refusal, Fence, Finish, Queue, QueueError, ResultRoute, SetAside};
-use crate::queue::keys::claim_key;
-use crate::queue::scripts::SCRIPTS;
-use crate::wire::ResultMessage;
+use inferq_client::keys::claim_key;
+use inferq_client::scripts::SCRIPTS;
+use inferq_client::wire::ResultMessage;
 
 impl Queue {
     /// pending -> dead for a member that cannot be a request; with a result when an id could

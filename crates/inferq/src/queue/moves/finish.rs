@@ -12,8 +12,8 @@ use redis::Value;
 
 use super::reply::bad_reply;
 use super::{is_refusal, Finish, Finished, Queue, QueueError};
-use crate::queue::keys::{active_key, cancel_key};
-use crate::queue::scripts::SCRIPTS;
+use inferq_client::keys::{active_key, cancel_key};
+use inferq_client::scripts::SCRIPTS;
 
 /// The keys every `finish` call passes before its result lists and producer keys (see
 /// `finish-11.lua`).
@@ -208,7 +208,7 @@ impl Queue {
     pub(in crate::queue) async fn wait_for_replicas(
         &self,
         key: &str,
-        wait: crate::queue::ReplicaWait,
+        wait: inferq_client::settings::ReplicaWait,
     ) -> bool {
         match self.con.clone().wait_replicas(key, wait).await {
             Ok(acked) if acked >= wait.replicas => true,

@@ -8,7 +8,7 @@
 
 use super::Fence;
 use crate::queue::dead::DeadRecord;
-use crate::wire::{ErrorCode, ResultMessage};
+use inferq_client::wire::{ErrorCode, ResultMessage};
 
 /// Where a queue's result goes: the list, and the TTL (seconds, 0 for none) its every push
 /// sets on it (Go's per-queue `result_ttl_seconds`).

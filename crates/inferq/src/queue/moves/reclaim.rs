@@ -9,9 +9,9 @@ use redis::Value;
 
 use super::reply::{bad_reply, bytes, int_array};
 use super::{ms, Fence, Queue, QueueError};
-use crate::queue::keys::fresh_token;
-use crate::queue::scripts::SCRIPTS;
-use crate::wire::Envelope;
+use inferq_client::keys::fresh_token;
+use inferq_client::scripts::SCRIPTS;
+use inferq_client::wire::Envelope;
 
 /// How long a delivery count without a deadline entry is kept once [`Queue::adopt_counts`]
 /// indexes it, when its generation is not claimed (its deadline is in its member, which is not

@@ -5,8 +5,8 @@ use std::sync::atomic::Ordering;
 
 use super::reply::{bad_reply, int_array};
 use super::{Fence, Finish, Finished, Queue, QueueError};
-use crate::queue::scripts::SCRIPTS;
-use crate::wire::Envelope;
+use inferq_client::scripts::SCRIPTS;
+use inferq_client::wire::Envelope;
 
 /// What one promote pass did.
 #[derive(Debug, Default, PartialEq, Eq)]

@@ -181,9 +181,9 @@ async fn a_batch_costs_a_constant_number_of_commands() {
 /// the retention is refused, writing nothing.
 #[tokio::test]
 async fn a_delivered_marker_outlives_its_staged_result_and_stale_readers() {
-    use super::scripts::SCRIPTS;
+    use inferq_client::scripts::SCRIPTS;
     let mut r = rig(1_000, 5).await;
-    let markers = super::keys::delivered_key(RESULTS, Q);
+    let markers = inferq_client::keys::delivered_key(RESULTS, Q);
     let now_ms = |con: &mut redis::aio::ConnectionManager| {
         let mut con = con.clone();
         async move {

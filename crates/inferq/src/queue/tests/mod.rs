@@ -12,9 +12,11 @@ use redis::AsyncCommands;
 use serde_json::value::RawValue;
 
 use super::dead::DeadRecord;
-use super::producer::{unix_ms, Producer, ProducerError};
 use super::*;
-use crate::wire::{Envelope, NewRequest, ResultMessage};
+use inferq_client::connect;
+use inferq_client::producer::{unix_ms, Producer, ProducerError};
+use inferq_client::settings::ClaimSettings;
+use inferq_client::wire::{Envelope, NewRequest, ResultMessage};
 use inferq_testkit::{config_set, RedisServer};
 
 const Q: &str = "q";
@@ -70,7 +72,7 @@ fn request(id: &str, deadline_in_s: i64) -> NewRequest {
 
 /// The score newer Go gives a member: its deadline plus its `enqueue_seq` fraction.
 fn fifo_score(env: &Envelope) -> f64 {
-    crate::wire::score_of(env.request.deadline, env.internal.enqueue_seq)
+    inferq_client::wire::score_of(env.request.deadline, env.internal.enqueue_seq)
         .parse()
         .unwrap()
 }

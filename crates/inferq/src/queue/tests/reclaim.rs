@@ -84,9 +84,9 @@ async fn delivery_limit_dead_letters_with_a_terminal_record() {
     let mut record = DeadRecord::new(Q, "delivery limit reached", &taken.member);
     record.id = env.request.id.clone();
     record.deliveries = taken.deliveries;
-    let result = crate::wire::ResultMessage::error(
+    let result = inferq_client::wire::ResultMessage::error(
         "poison",
-        crate::wire::ErrorCode::DeadLettered,
+        inferq_client::wire::ErrorCode::DeadLettered,
         "dead-lettered after 2 deliveries",
     );
     let bury = Finish::Bury {
@@ -175,7 +175,7 @@ async fn malformed_members_are_dead_lettered_with_a_reason() {
         let result = salvaged.as_ref().map(|(id, _)| {
             ResultMessage::error(
                 id,
-                crate::wire::ErrorCode::InvalidRequest,
+                inferq_client::wire::ErrorCode::InvalidRequest,
                 &format!("Failed: {err}"),
             )
         });
@@ -231,7 +231,11 @@ async fn dead_letter_to_a_result_list_of_another_type_moves_nothing() {
     let member = r#"{"request_kind":"plain","data":{"id":"x","payload":{}}}"#;
     let _: () = r.con.zadd(Q, member, 1).await.unwrap();
     let _: () = r.con.set("a-string", "x").await.unwrap();
-    let msg = ResultMessage::error("x", crate::wire::ErrorCode::InvalidRequest, "Failed: x.");
+    let msg = ResultMessage::error(
+        "x",
+        inferq_client::wire::ErrorCode::InvalidRequest,
+        "Failed: x.",
+    );
     let outcome = r
         .queue
         .dead_letter(member.as_bytes(), "{}", Some((&route("a-string"), &msg)))

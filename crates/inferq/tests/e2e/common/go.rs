@@ -25,7 +25,7 @@ impl GoRequest {
     pub fn new(id: &str, deadline: i64, seq: i64, body: &str) -> GoRequest {
         GoRequest {
             id: id.to_owned(),
-            token: inferq::queue::keys::fresh_token(),
+            token: inferq_client::keys::fresh_token(),
             deadline,
             seq,
             body: body.to_owned(),
@@ -67,7 +67,7 @@ impl GoRequest {
     /// Enqueues as Go's submit script does, in its order: the counter, the cancel marker, the
     /// active marker, the member, then the body.
     pub async fn enqueue(&self, con: &mut redis::aio::ConnectionManager) {
-        let ttl_ms = self.deadline * 1000 - inferq::queue::producer::unix_ms();
+        let ttl_ms = self.deadline * 1000 - inferq_client::producer::unix_ms();
         let mut pipe = redis::pipe();
         pipe.atomic()
             .cmd("INCR")

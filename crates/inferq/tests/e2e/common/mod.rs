@@ -17,8 +17,8 @@ use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
-use inferq::queue::producer::Producer;
-use inferq::wire::{NewRequest, ResultMessage};
+use inferq_client::producer::Producer;
+use inferq_client::wire::{NewRequest, ResultMessage};
 use inferq_testkit::{free_port, port_taken, RedisServer};
 use redis::AsyncCommands;
 use serde_json::value::RawValue;
@@ -532,7 +532,7 @@ impl Drop for Processor {
 
 /// A request with a deadline `secs` from now.
 pub fn request(id: &str, secs: i64, payload: &str) -> NewRequest {
-    let now = inferq::queue::producer::unix_ms() / 1000;
+    let now = inferq_client::producer::unix_ms() / 1000;
     NewRequest {
         id: id.to_owned(),
         created: now,
@@ -553,7 +553,7 @@ pub async fn producer(redis: &RedisServer, queue: &str) -> Producer {
 
 pub async fn con(redis: &RedisServer) -> redis::aio::ConnectionManager {
     let client = redis::Client::open(redis.url()).unwrap();
-    inferq::queue::connect::manager(&client).await.unwrap()
+    inferq_client::connect::manager(&client).await.unwrap()
 }
 
 /// Raw result JSON strings on `list`, oldest first.

@@ -22,7 +22,7 @@ use super::{CLASSIFICATION, OVERFLOW, RESERVED};
 use crate::config::gate_params::{ParamError, Params};
 use crate::config::{GateSpec, GateType};
 use crate::dispatch::gates::{Decision, Gate, GateEnv, GateError, GateInput, Verdict};
-use crate::wire::ResultMessage;
+use inferq_client::wire::ResultMessage;
 
 /// The payload of `tier-priority-admission`'s drop result, byte for byte as Go writes it.
 pub const TOO_MANY_REQUESTS: &str = r#"{"error": "Too Many Requests", "code": 429}"#;

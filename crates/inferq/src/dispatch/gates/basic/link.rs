@@ -19,7 +19,7 @@ use tokio::sync::OnceCell;
 
 use crate::config::gate_params::Params;
 use crate::dispatch::gates::GateError;
-use crate::queue::connect;
+use inferq_client::connect;
 
 /// How long one gate call to Redis (connecting included) may take before it counts as failed.
 pub const CALL_TIMEOUT: Duration = Duration::from_secs(1);
