@@ -261,16 +261,10 @@ fn request(
 ) -> NewRequest {
     let mut metadata = BTreeMap::new();
     metadata.insert("batch_id".to_owned(), batch.to_owned());
-    NewRequest {
-        id: ids::request_id(batch, line),
-        created,
-        deadline,
-        payload: l.body.to_owned(),
-        metadata,
-        headers: BTreeMap::new(),
-        endpoint: l.url.clone(),
-        model: String::new(),
-    }
+    NewRequest::new(ids::request_id(batch, line), deadline, l.body.to_owned())
+        .with_created(created)
+        .with_metadata(metadata)
+        .with_endpoint(l.url.clone())
 }
 
 /// Lines per `ingest.lua` call (several calls go in one round trip): small enough that one call

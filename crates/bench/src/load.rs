@@ -4,7 +4,7 @@
 //! (drains, which must not add a consumer's commands per result) and a `BRPOP` loop that stamps
 //! each result's arrival (open-loop phases).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -32,16 +32,7 @@ pub fn request(tag: &str, i: u64) -> Result<NewRequest, BenchError> {
         "messages": [{"role": "user", "content": "x".repeat(200)}],
     }))
     .map_err(|e| BenchError::Phase(format!("cannot encode a payload: {e}")))?;
-    Ok(NewRequest {
-        id: request_id(tag, i),
-        created: now_s,
-        deadline: now_s + 3600,
-        payload,
-        metadata: BTreeMap::new(),
-        headers: BTreeMap::new(),
-        endpoint: String::new(),
-        model: String::new(),
-    })
+    Ok(NewRequest::new(request_id(tag, i), now_s + 3600, payload).with_created(now_s))
 }
 
 /// Submits requests `from..to` of `tag` in one pipelined round trip; fails if any is refused.

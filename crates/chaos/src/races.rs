@@ -256,16 +256,9 @@ pub async fn run(url: &str, queue: &str, count: u64, seed: u64) -> Result<RaceRe
     for i in 0..count {
         let payload = serde_json::value::to_raw_value(&serde_json::json!({"prompt": i}))
             .map_err(|e| ChaosError::Process(e.to_string()))?;
-        requests.push(NewRequest {
-            id: format!("race-{i:05}"),
-            created: now_s,
-            deadline: now_s + 3600,
-            payload,
-            metadata: Default::default(),
-            headers: Default::default(),
-            endpoint: String::new(),
-            model: String::new(),
-        });
+        requests.push(
+            NewRequest::new(format!("race-{i:05}"), now_s + 3600, payload).with_created(now_s),
+        );
     }
     for chunk in requests.chunks(500) {
         producer

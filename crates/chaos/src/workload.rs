@@ -179,16 +179,10 @@ impl Workload {
             self.deadline
         };
         let deadline_s = i64::try_from(deadline.as_secs()).unwrap_or(i64::MAX);
-        Ok(NewRequest {
-            id: self.id(i),
-            created: now_s,
-            deadline: now_s.saturating_add(deadline_s.max(1)),
-            payload,
-            metadata: BTreeMap::new(),
-            headers: BTreeMap::new(),
-            endpoint: String::new(),
-            model: String::new(),
-        })
+        Ok(
+            NewRequest::new(self.id(i), now_s.saturating_add(deadline_s.max(1)), payload)
+                .with_created(now_s),
+        )
     }
 
     /// Submits every request at the configured rate, batches taking turns among `producers`

@@ -18,16 +18,14 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let now = inferq_client::producer::unix_ms() / 1000;
     let body = r#"{"model":"m","messages":[{"role":"user","content":"Say hello."}]}"#;
     let submitted = producer
-        .submit(NewRequest {
-            id: format!("hello-{now}"),
-            created: now,
-            deadline: now + 3600,
-            payload: RawValue::from_string(body.to_owned())?,
-            metadata: Default::default(),
-            headers: Default::default(),
-            endpoint: String::new(),
-            model: String::new(),
-        })
+        .submit(
+            NewRequest::new(
+                format!("hello-{now}"),
+                now + 3600,
+                RawValue::from_string(body.to_owned())?,
+            )
+            .with_created(now),
+        )
         .await?;
     println!(
         "submitted {} (generation {})",

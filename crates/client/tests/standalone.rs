@@ -12,16 +12,12 @@ use redis::AsyncCommands;
 use serde_json::value::RawValue;
 
 fn request(id: &str, deadline: i64, body: &str) -> NewRequest {
-    NewRequest {
-        id: id.to_owned(),
-        created: deadline - 60,
+    NewRequest::new(
+        id.to_owned(),
         deadline,
-        payload: RawValue::from_string(body.to_owned()).unwrap(),
-        metadata: Default::default(),
-        headers: Default::default(),
-        endpoint: String::new(),
-        model: String::new(),
-    }
+        RawValue::from_string(body.to_owned()).unwrap(),
+    )
+    .with_created(deadline - 60)
 }
 
 #[tokio::test]

@@ -566,16 +566,7 @@ async fn submit_all(
                 "prompt": format!("Demo request {i}: write a haiku about durable queues."),
                 "max_tokens": args.max_tokens,
             }))?;
-            batch.push(NewRequest {
-                id: request_id(tag, i),
-                created: now_s,
-                deadline,
-                payload,
-                metadata: BTreeMap::new(),
-                headers: BTreeMap::new(),
-                endpoint: String::new(),
-                model: String::new(),
-            });
+            batch.push(NewRequest::new(request_id(tag, i), deadline, payload).with_created(now_s));
         }
         // Stamped before the round trip, so no result can arrive before its stamp.
         let at = Instant::now();

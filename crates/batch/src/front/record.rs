@@ -272,16 +272,11 @@ async fn submit(
     };
     let mut metadata = BTreeMap::new();
     metadata.insert("front_door".to_owned(), "1".to_owned());
-    let req = NewRequest {
-        id: id.to_owned(),
-        created,
-        deadline,
-        payload: inbound.payload.clone(),
-        metadata,
-        headers: BTreeMap::new(),
-        endpoint: inbound.endpoint.path().to_owned(),
-        model: inbound.model.clone(),
-    };
+    let req = NewRequest::new(id.to_owned(), deadline, inbound.payload.clone())
+        .with_created(created)
+        .with_metadata(metadata)
+        .with_endpoint(inbound.endpoint.path().to_owned())
+        .with_model(inbound.model.clone());
     let submitted = producer.submit(req).await?;
     // The mark is not waited for: the request is queued whatever becomes of it. Without it
     // (a replica that dies first, Redis failing) a retry with the key after RESUBMIT_AFTER_MS

@@ -121,15 +121,9 @@ async fn preload(producer: &Producer, opts: &SlackOptions) -> Result<(), BenchEr
     while next < opts.backlog {
         let end = (next + 1000).min(opts.backlog);
         let batch: Vec<NewRequest> = (next..end)
-            .map(|i| NewRequest {
-                id: format!("b-{i:07}"),
-                created: now_s,
-                deadline: now_s + 3600,
-                payload: payload.clone(),
-                metadata: Default::default(),
-                headers: Default::default(),
-                endpoint: String::new(),
-                model: String::new(),
+            .map(|i| {
+                NewRequest::new(format!("b-{i:07}"), now_s + 3600, payload.clone())
+                    .with_created(now_s)
             })
             .collect();
         for outcome in producer.submit_many(batch).await? {

@@ -380,16 +380,7 @@ mod tests {
                 token in "[0-9a-f]{32}",
                 meta in prop::collection::btree_map("[a-z]{1,5}", "\\PC{0,8}", 0..3),
             ) {
-                let req = NewRequest {
-                    id,
-                    created: 1,
-                    deadline,
-                    payload: RawValue::from_string(body.clone()).unwrap(),
-                    metadata: meta,
-                    headers: Default::default(),
-                    endpoint: String::new(),
-                    model: String::new(),
-                };
+                let req = NewRequest::new(id, deadline, RawValue::from_string(body.clone()).unwrap()).with_created(1).with_metadata(meta);
                 let routing = Routing { request_token: token, ..Routing::default() };
                 let env = req.into_envelope(routing).unwrap();
                 let back = Envelope::decode(&env.encode()).unwrap();

@@ -96,8 +96,21 @@ impl RequestView {
     }
 }
 
-/// A request a producer is about to submit.
+/// A request a producer is about to submit: made with [`NewRequest::new`] and the `with_*`
+/// setters, so that a field added later (as `model` was) breaks no producer.
+///
+/// ```
+/// use inferq_client::wire::NewRequest;
+/// use serde_json::value::RawValue;
+///
+/// let body = RawValue::from_string(r#"{"model":"m","prompt":"hi"}"#.to_owned()).unwrap();
+/// let request = NewRequest::new("summary-0001", 1_900_000_000, body)
+///     .with_endpoint("/v1/completions")
+///     .with_metadata([("tenant".to_owned(), "a".to_owned())].into());
+/// assert_eq!(request.deadline, 1_900_000_000);
+/// ```
 #[derive(Debug, Clone, Serialize)]
+#[non_exhaustive]
 pub struct NewRequest {
     pub id: String,
     pub created: i64,
@@ -116,6 +129,55 @@ pub struct NewRequest {
 }
 
 impl NewRequest {
+    /// A request `id`, due by `deadline` (Unix seconds, also its score in the queue), whose
+    /// body is `payload` (the OpenAI request), created now; no metadata, headers, endpoint or
+    /// model until a `with_*` setter gives them.
+    pub fn new(id: impl Into<String>, deadline: i64, payload: Box<RawValue>) -> NewRequest {
+        let created = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX));
+        NewRequest {
+            id: id.into(),
+            created,
+            deadline,
+            payload,
+            metadata: BTreeMap::new(),
+            headers: BTreeMap::new(),
+            endpoint: String::new(),
+            model: String::new(),
+        }
+    }
+
+    /// When it was created (Unix seconds), in place of now.
+    pub fn with_created(mut self, created: i64) -> NewRequest {
+        self.created = created;
+        self
+    }
+
+    /// Its metadata (what gates read, e.g. a tenant or a tier label).
+    pub fn with_metadata(mut self, metadata: BTreeMap<String, String>) -> NewRequest {
+        self.metadata = metadata;
+        self
+    }
+
+    /// The headers the processor sends to the gateway with it.
+    pub fn with_headers(mut self, headers: BTreeMap<String, String>) -> NewRequest {
+        self.headers = headers;
+        self
+    }
+
+    /// The gateway path it goes to (`/v1/completions`), in place of its queue's.
+    pub fn with_endpoint(mut self, endpoint: impl Into<String>) -> NewRequest {
+        self.endpoint = endpoint.into();
+        self
+    }
+
+    /// The model, named beside the body (newer Go's `data.model`).
+    pub fn with_model(mut self, model: impl Into<String>) -> NewRequest {
+        self.model = model.into();
+        self
+    }
+
     /// Wraps the request in a Go `plain` envelope with the given routing.
     pub fn into_envelope(self, internal: Routing) -> Result<Envelope, MemberError> {
         let data = serde_json::value::to_raw_value(&self)
@@ -145,16 +207,13 @@ mod tests {
 
     #[test]
     fn new_request_encodes_like_the_go_producer() {
-        let req = NewRequest {
-            id: "req-1".into(),
-            created: 1764044000,
-            deadline: 1764045130,
-            payload: RawValue::from_string(r#"{"model":"m","prompt":"hi"}"#.into()).unwrap(),
-            metadata: [("userid".to_string(), "u1".to_string())].into(),
-            headers: BTreeMap::new(),
-            endpoint: String::new(),
-            model: String::new(),
-        };
+        let req = NewRequest::new(
+            "req-1",
+            1764045130,
+            RawValue::from_string(r#"{"model":"m","prompt":"hi"}"#.into()).unwrap(),
+        )
+        .with_created(1764044000)
+        .with_metadata([("userid".to_string(), "u1".to_string())].into());
         let routing = Routing {
             request_token: "9f0c1e00000000000000000000000000".into(),
             request_queue_name: "request-sortedset".into(),
@@ -170,16 +229,10 @@ mod tests {
 
     #[test]
     fn endpoint_and_headers_round_trip_and_are_omitted_when_empty() {
-        let req = NewRequest {
-            id: "a".into(),
-            created: 0,
-            deadline: 10,
-            payload: RawValue::from_string("{}".into()).unwrap(),
-            metadata: BTreeMap::new(),
-            headers: [("x-a".to_string(), "1".to_string())].into(),
-            endpoint: "/v1/chat/completions".into(),
-            model: String::new(),
-        };
+        let req = NewRequest::new("a", 10, RawValue::from_string("{}".into()).unwrap())
+            .with_created(0)
+            .with_headers([("x-a".to_string(), "1".to_string())].into())
+            .with_endpoint("/v1/chat/completions");
         let env = req.into_envelope(Routing::default()).unwrap();
         let bytes = env.encode();
         let text = String::from_utf8(bytes.clone()).unwrap();

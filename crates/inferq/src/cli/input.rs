@@ -109,16 +109,12 @@ pub fn parse_line(
     // Such a request would only end in an INFERENCE_ERROR naming the header: say so now.
     crate::gateway::check_message_headers(headers.iter().map(|(k, v)| (k.as_str(), v.as_str())))
         .map_err(|e| err(format!("headers: {e}")))?;
-    Ok(NewRequest {
-        id,
-        created: now_s,
-        deadline,
-        payload,
-        metadata: line.metadata.unwrap_or_default(),
-        headers,
-        endpoint,
-        model: line.model.unwrap_or_default(),
-    })
+    Ok(NewRequest::new(id, deadline, payload)
+        .with_created(now_s)
+        .with_metadata(line.metadata.unwrap_or_default())
+        .with_headers(headers)
+        .with_endpoint(endpoint)
+        .with_model(line.model.unwrap_or_default()))
 }
 
 /// The deadline a line asks for: its `deadline` (Unix seconds, in the future, within 100

@@ -58,16 +58,12 @@ async fn rig(lease_ms: u64, max_deliveries: u32) -> Rig {
 }
 
 fn request(id: &str, deadline_in_s: i64) -> NewRequest {
-    NewRequest {
-        id: id.to_owned(),
-        created: unix_ms() / 1000,
-        deadline: unix_ms() / 1000 + deadline_in_s,
-        payload: RawValue::from_string(r#"{"model":"m","prompt":"hi"}"#.to_owned()).unwrap(),
-        metadata: Default::default(),
-        headers: Default::default(),
-        endpoint: String::new(),
-        model: String::new(),
-    }
+    NewRequest::new(
+        id.to_owned(),
+        unix_ms() / 1000 + deadline_in_s,
+        RawValue::from_string(r#"{"model":"m","prompt":"hi"}"#.to_owned()).unwrap(),
+    )
+    .with_created(unix_ms() / 1000)
 }
 
 /// The score newer Go gives a member: its deadline plus its `enqueue_seq` fraction.

@@ -533,16 +533,12 @@ impl Drop for Processor {
 /// A request with a deadline `secs` from now.
 pub fn request(id: &str, secs: i64, payload: &str) -> NewRequest {
     let now = inferq_client::producer::unix_ms() / 1000;
-    NewRequest {
-        id: id.to_owned(),
-        created: now,
-        deadline: now + secs,
-        payload: RawValue::from_string(payload.to_owned()).unwrap(),
-        metadata: Default::default(),
-        headers: Default::default(),
-        endpoint: String::new(),
-        model: String::new(),
-    }
+    NewRequest::new(
+        id.to_owned(),
+        now + secs,
+        RawValue::from_string(payload.to_owned()).unwrap(),
+    )
+    .with_created(now)
 }
 
 pub async fn producer(redis: &RedisServer, queue: &str) -> Producer {
