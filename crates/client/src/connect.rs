@@ -120,6 +120,7 @@ impl RedisTls {
 
 /// Why a Redis client could not be built. No variant ever holds a password: URLs are redacted.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum ConnectError {
     /// The URL does not parse as a Redis URL.
     #[error("url {shown}: {reason}")]

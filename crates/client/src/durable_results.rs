@@ -40,6 +40,7 @@ const BATCH: u32 = 100;
 
 /// Errors of durable result delivery.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum DurableResultError {
     #[error("redis: {0}")]
     Redis(#[from] RedisError),
@@ -148,6 +149,7 @@ fn ms(d: Duration) -> u64 {
 
 /// What a claimed entry holds.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub enum Received {
     /// A result, parsed.
     Result(ResultMessage),
@@ -161,6 +163,7 @@ pub enum Received {
 
 /// One claimed entry: store it, then [`DurableResults::ack`] it.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct Delivery {
     /// The entry exactly as it was stored.
     pub raw: Vec<u8>,
@@ -173,6 +176,7 @@ pub struct Delivery {
 
 /// One receive call's outcome.
 #[derive(Debug)]
+#[non_exhaustive]
 pub enum Poll {
     /// The route is empty.
     Empty,
@@ -183,6 +187,7 @@ pub enum Poll {
 
 /// How an ack went.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Acked {
     /// The claim was dropped and its tombstone written.
     Now,

@@ -27,6 +27,7 @@ pub const CANCEL_MARKER_TTL_SECS: u64 = 604_800;
 
 /// Producer errors, with the Go producer's texts where it has them.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum ProducerError {
     #[error("redis: {0}")]
     Redis(#[from] RedisError),
@@ -110,6 +111,7 @@ pub struct Producer {
 
 /// What `submit` wrote.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct Submitted {
     pub id: String,
     /// The generation's token (also the value of `request-active:<id>`).
@@ -121,6 +123,7 @@ pub struct Submitted {
 
 /// What `publish_many` sent on the channel (Go's redis-pubsub producer).
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct Published {
     pub id: String,
     /// How many subscribers received it (`PUBLISH`'s answer); 0 means no instance will ever see
@@ -133,6 +136,7 @@ pub struct Published {
 
 /// A result taken by a reliable consumer: acknowledge it once stored, or it is handed back.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct TakenResult {
     pub raw: Vec<u8>,
     /// The parsed result, or why it does not parse (it was still taken, so it cannot wedge

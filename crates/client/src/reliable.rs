@@ -169,6 +169,7 @@ impl Drop for ReliableConsumer {
 
 /// What a durable consumer's start found of this scheme under its name.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Older {
     /// Nothing was left under the name.
     Nothing,

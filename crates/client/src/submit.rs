@@ -26,6 +26,7 @@ use crate::wire::{NewRequest, Routing};
 /// deadline. Only for processors that read payload keys (inferq, newer Go): an older one sends
 /// a `null` body.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub enum PayloadKeys {
     /// Every body inline (Go's default).
     #[default]

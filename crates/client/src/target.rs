@@ -23,6 +23,7 @@ use crate::sentinel::Primary;
 
 /// How the Redis behind a URL is deployed (Go's `mode`).
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub enum Topology {
     /// One server (or a primary with replicas that nobody fails over automatically).
     #[default]
@@ -261,6 +262,7 @@ fn split_addr(addr: &str) -> (&str, Option<u16>) {
 
 /// Why a connection could not be opened.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum LinkError {
     #[error(transparent)]
     Connect(#[from] ConnectError),
@@ -284,6 +286,7 @@ impl LinkError {
 
 /// One connection to a [`Target`], whatever its topology; cheap to clone (clones share it).
 #[derive(Clone)]
+#[non_exhaustive]
 pub enum Link {
     /// A standalone server's self-healing multiplexed connection.
     Single(ConnectionManager),

@@ -14,6 +14,7 @@ pub const MAX_MEMBER_BYTES: usize = 16 * 1024 * 1024;
 
 /// Why a member could not be accepted. The text is the dead-letter reason.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
 pub enum MemberError {
     #[error("member is {0} bytes, over the {MAX_MEMBER_BYTES}-byte (16 MiB) limit; send a smaller request")]
     TooLarge(usize),

@@ -14,6 +14,7 @@ use serde_json::ser::Formatter;
 
 /// Go's error codes, plus `DEAD_LETTERED` for requests inferq set aside.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum ErrorCode {
     DeadlineExceeded,
     Cancelled,

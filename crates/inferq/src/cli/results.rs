@@ -219,7 +219,6 @@ async fn durable(
         let polled = durable.receive_once().await.context("receive failed")?;
         let d = match polled {
             inferq_client::durable_results::Poll::Got(d) => d,
-            inferq_client::durable_results::Poll::Skipped => continue,
             inferq_client::durable_results::Poll::Empty => {
                 let pause = left.min(durable.settings().reclaim_interval);
                 tokio::select! {
@@ -231,6 +230,8 @@ async fn durable(
                     () = tokio::time::sleep(pause) => continue,
                 }
             }
+            // Skipped, or a kind of poll a newer client knows: nothing to write this round.
+            _ => continue,
         };
         let is_result = match &d.received {
             Received::Result(_) => true,
@@ -247,6 +248,8 @@ async fn durable(
                 );
                 false
             }
+            // A kind of entry a newer client knows: written as it is, as an unreadable result is.
+            _ => true,
         };
         if is_result {
             out = write_renewing(out, line(&d.raw), &mut durable, &d).await?;
@@ -319,6 +322,7 @@ async fn hand_back_older(producer: &Producer, name: &str) {
             consumer = name,
             "an older inferq runs `results --consumer` under this name: what it took stays with it"
         ),
+        Ok(_) => {}
         Err(e) => tracing::warn!(error = %e, "could not hand back an older consumer's results"),
     }
 }

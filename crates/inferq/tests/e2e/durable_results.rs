@@ -293,10 +293,8 @@ async fn a_go_consumers_claims_and_tombstones_are_honoured() {
     assert_eq!(taken.raw, held.as_bytes());
     assert_eq!(taken.claim_id, b"g\0tg");
     // Go's renew (same script, Go's owner) is refused: its ownership is lost.
-    let go_delivery = Delivery {
-        owner: go_owner.to_owned(),
-        ..taken.clone()
-    };
+    let mut go_delivery = taken.clone();
+    go_delivery.owner = go_owner.to_owned();
     assert!(matches!(
         c.renew(&go_delivery).await,
         Err(DurableResultError::OwnershipLost)
