@@ -33,8 +33,8 @@ use super::{ChaosError, ChaosRedis, ChaosSettings};
 use inferq::config::hash_slot;
 use inferq_client::keys::QueueKeys;
 use inferq_client::producer::Producer;
-use inferq_client::settings::ReplicaWait;
 use inferq_client::target::{Link, Target};
+use inferq_client::ReplicaWait;
 use inferq_sim::Sim;
 use inferq_testkit::{RedisCluster, SentinelSet, TestkitError};
 

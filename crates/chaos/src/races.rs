@@ -20,8 +20,8 @@ use super::ChaosError;
 use inferq::queue::moves::{Claimed, Finish, Finished, Held, Queue};
 use inferq_client::connect;
 use inferq_client::producer::{unix_ms, Producer};
-use inferq_client::settings::ClaimSettings;
 use inferq_client::wire::{Envelope, NewRequest, ResultMessage};
+use inferq_client::ClaimSettings;
 
 /// The stale owner's result body; never allowed on the result list.
 const STALE_BODY: &[u8] = br#"{"by":"stale-owner"}"#;

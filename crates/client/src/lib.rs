@@ -9,37 +9,69 @@
 //! ([`producer::Producer::pop_result`]), under a named consumer lease ([`reliable`]), or by
 //! Go's durable consumer protocol ([`durable_results`]).
 //!
+//! # A producer
+//!
+//! ```no_run
+//! use std::time::Duration;
+//!
+//! use inferq_client::{NewRequest, Producer};
+//! use serde_json::value::RawValue;
+//!
+//! # async fn produce() -> Result<(), Box<dyn std::error::Error>> {
+//! // The queues a default `inferq run` (or the Go processor) serves.
+//! let producer =
+//!     Producer::connect("redis://127.0.0.1:6379/", "request-sortedset", "result-list").await?;
+//! let deadline = inferq_client::producer::unix_ms() / 1000 + 3600;
+//! let body = RawValue::from_string(r#"{"model":"m","prompt":"Say hello."}"#.to_owned())?;
+//! let request = NewRequest::new("hello-1", deadline, body).with_endpoint("/v1/completions");
+//! let submitted = producer.submit(request).await?;
+//! println!("submitted {}", submitted.id);
+//! if let Some(result) = producer.pop_result(Duration::from_secs(60)).await? {
+//!     println!("{}", result.to_json());
+//! }
+//! # Ok(())
+//! # }
+//! ```
+//!
 //! # Layout
 //!
 //! - [`wire`]: the Go-compatible JSON formats (envelope, public request, result message).
 //! - [`keys`]: every Redis key name derived from a queue, as Go names them.
 //! - [`scripts`]: the Lua scripts (in `src/lua/`, one per move) and how they are called.
-//! - [`target`], [`connect`], [`cluster`], [`sentinel`]: where Redis is (standalone, Cluster,
-//!   Sentinel, TLS) and the connections to it; [`roots`]: the certificate authorities trusted for `rediss://`.
-//! - [`producer`], [`submit`]: submit, cancel and take results.
+//! - [`target`], [`connect`] (with [`Cluster`] and [`Primary`]): where Redis is (standalone,
+//!   Cluster, Sentinel, TLS) and the connections to it; [`Roots`]: the certificate authorities
+//!   trusted for `rediss://`.
+//! - [`producer`]: submit, cancel and take results ([`PayloadKeys`]: where large bodies go).
 //! - [`reliable`], [`durable_results`]: result consumers that lose nothing when they die.
-//! - [`settings`]: the lease settings the scripts take; [`slot`]: Redis Cluster key slots;
-//!   [`redact`]: passwords out of every message.
+//! - [`ClaimSettings`], [`ReplicaWait`]: the lease settings the scripts take; [`hash_slot`]: Redis
+//!   Cluster key slots; [`redact_url`], [`redact_in_text`]: passwords out of every message.
 //!
 //! Its dependencies are redis, serde, serde_json, tokio and thiserror, plus what TLS to Redis
 //! needs (rustls and the root stores) and a few small ones (tracing, url, rand, sha1_smol,
 //! futures, base64).
 
-pub mod cluster;
+mod cluster;
 pub mod connect;
 pub mod durable_results;
 pub mod keys;
 pub mod producer;
-pub mod redact;
+mod redact;
 pub mod reliable;
-pub mod roots;
+mod roots;
 pub mod scripts;
-pub mod sentinel;
-pub mod settings;
-pub mod slot;
-pub mod submit;
+mod sentinel;
+mod settings;
+mod slot;
+mod submit;
 pub mod target;
 pub mod wire;
 
+pub use cluster::{Cluster, STUCK_AFTER};
 pub use producer::{Producer, ProducerError};
+pub use redact::{redact_in_text, redact_url};
+pub use roots::{Roots, StorePaths};
+pub use sentinel::Primary;
+pub use settings::{ClaimSettings, ReplicaWait};
+pub use slot::{crc16_xmodem, hash_slot, SLOTS};
+pub use submit::PayloadKeys;
 pub use wire::{NewRequest, ResultMessage};

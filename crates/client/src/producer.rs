@@ -1,4 +1,4 @@
-//! The producer side, as the Go producer does it: `submit` (in [`crate::submit`]: one script
+//! The producer side, as the Go producer does it: `submit` (one script
 //! call per request that numbers it, clears its cancel marker, sets its active token and queues
 //! it, then a PUBLISH on the queue's doorbell channel per batch so idle processors wake at once),
 //! `cancel` (copy the active token to the cancel marker), and results — Go's destructive

@@ -7,7 +7,7 @@
 //! hands out `redis-rs` connection managers as before; a cluster target hands out `redis-rs`
 //! cluster connections, which follow `MOVED` and `ASK` and refresh their slot map by themselves;
 //! a Sentinel target asks the sentinels for the primary and asks again whenever the primary it
-//! had stops serving (see [`crate::sentinel`]).
+//! had stops serving (see [`crate::Primary`]).
 
 use std::time::Duration;
 
@@ -293,7 +293,7 @@ pub enum Link {
     /// A standalone server's connection without a response timeout (blocking pops).
     Blocking(MultiplexedConnection),
     /// A cluster: commands go to the node serving their key's slot (a connection made afresh
-    /// when it answers only with timeouts: [`crate::cluster`]).
+    /// when it answers only with timeouts: [`crate::Cluster`]).
     Cluster(Cluster),
     /// The primary Sentinel names now.
     Sentinel(Primary),

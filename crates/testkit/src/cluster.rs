@@ -63,7 +63,7 @@ use super::{
     cmd, info_field, log_tail, poll, redis_binary, redis_cli_binary, Conns, RedisServer,
     TestkitError,
 };
-use inferq_client::slot::{hash_slot, SLOTS};
+use inferq_client::{hash_slot, SLOTS};
 
 /// How to start a [`RedisCluster`].
 #[derive(Debug, Clone)]

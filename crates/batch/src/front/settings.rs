@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use inferq_client::settings::ReplicaWait;
+use inferq_client::ReplicaWait;
 
 /// One queue of the transport config, as a request may name it.
 #[derive(Debug, Clone)]

@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use inferq_client::settings::ClaimSettings;
+use inferq_client::ClaimSettings;
 
 use super::ConfigError;
 
@@ -31,7 +31,7 @@ pub(crate) fn resolve_replica_wait(
     replicas: Option<i64>,
     timeout_ms: Option<i64>,
     fields: (&str, &str),
-) -> Result<Option<inferq_client::settings::ReplicaWait>, ConfigError> {
+) -> Result<Option<inferq_client::ReplicaWait>, ConfigError> {
     let replicas = match replicas.unwrap_or(0) {
         0 => None,
         n if n < 0 => {
@@ -60,7 +60,7 @@ pub(crate) fn resolve_replica_wait(
             format!("only with {} set above 0", fields.0),
         ));
     }
-    Ok(replicas.map(|replicas| inferq_client::settings::ReplicaWait { replicas, timeout }))
+    Ok(replicas.map(|replicas| inferq_client::ReplicaWait { replicas, timeout }))
 }
 
 /// The claim flags, already parsed as durations.
@@ -222,7 +222,7 @@ mod tests {
         assert_eq!(resolve_replica_wait(Some(0), None, f).unwrap(), None);
         assert_eq!(
             resolve_replica_wait(Some(1), None, f).unwrap(),
-            Some(inferq_client::settings::ReplicaWait {
+            Some(inferq_client::ReplicaWait {
                 replicas: 1,
                 timeout: DEFAULT_REPLICA_WAIT_TIMEOUT
             })

@@ -5,7 +5,7 @@
 
 use super::ConfigError;
 
-pub use inferq_client::slot::{hash_slot, SLOTS};
+pub use inferq_client::{hash_slot, SLOTS};
 
 /// The slot all `keys` share, or `None` when they do not share one (or there are none).
 pub fn shared_slot<S: AsRef<str>>(keys: &[S]) -> Option<u16> {

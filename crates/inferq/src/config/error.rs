@@ -93,7 +93,7 @@ impl ConfigError {
     }
 }
 
-pub use inferq_client::redact::{redact_in_text, redact_url};
+pub use inferq_client::{redact_in_text, redact_url};
 
 #[cfg(test)]
 mod tests {

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use inferq_client::connect::RedisTls;
-use inferq_client::settings::ClaimSettings;
+use inferq_client::ClaimSettings;
 
 use super::args::RunArgs;
 use super::claim::{resolve_claim, ClaimFields, ClaimFlags};

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use super::args::tests::parse;
 use super::*;
-use inferq_client::settings::ClaimSettings;
+use inferq_client::ClaimSettings;
 
 /// go-compat §3.2's example, verbatim.
 const GO_EXAMPLE: &str = r#"{"url":"redis://...","retry_queue_name":"retry-sortedset","result_queue_name":"result-list",

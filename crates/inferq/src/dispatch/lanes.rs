@@ -35,8 +35,8 @@ use crate::config::{QueueConfig, TransportKind};
 use crate::gateway;
 use crate::ops::{Metrics, QueueLabels, Readiness};
 use crate::queue::{traced::Con, Queue};
-use inferq_client::settings::ClaimSettings;
 use inferq_client::target::Target;
+use inferq_client::ClaimSettings;
 
 /// How often in-flight requests' cancel markers are checked.
 const CANCEL_CHECK_EVERY: Duration = Duration::from_millis(500);

@@ -98,14 +98,14 @@ impl GatewayClient {
     /// Builds the client. `pool_size` is the total number of workers across all pools; twice as
     /// many idle connections are kept (see the module comment on connection reuse).
     pub fn new(tls: &GatewayTls, pool_size: usize) -> Result<Self, GatewayError> {
-        Self::on_roots(tls, pool_size, inferq_client::roots::Roots::system())
+        Self::on_roots(tls, pool_size, inferq_client::Roots::system())
     }
 
     /// [`GatewayClient::new`] with `roots` as the default roots instead of the process's.
     pub(crate) fn on_roots(
         tls: &GatewayTls,
         pool_size: usize,
-        roots: &inferq_client::roots::Roots,
+        roots: &inferq_client::Roots,
     ) -> Result<Self, GatewayError> {
         let tls_config = tls.client_config_on(roots)?;
         let build = |redirects: usize| {

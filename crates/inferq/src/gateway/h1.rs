@@ -468,7 +468,7 @@ mod tests {
         });
 
         let tls = match crate::gateway::GatewayTls::default()
-            .client_config_on(inferq_client::roots::Roots::system())
+            .client_config_on(inferq_client::Roots::system())
         {
             Ok(config) => Arc::new(config),
             Err(e) => panic!("tls: {e}"),

@@ -22,7 +22,7 @@ use rustls::{ClientConfig, RootCertStore};
 
 use super::trust::GatewayVerifier;
 use super::GatewayError;
-use inferq_client::roots::Roots;
+use inferq_client::Roots;
 
 /// TLS settings for the connection to the gateway.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

@@ -19,7 +19,7 @@ use opentelemetry_sdk::trace::{SdkTracer, SdkTracerProvider};
 use opentelemetry_sdk::Resource;
 
 use crate::config::otel::OtelSettings;
-use inferq_client::roots::Roots;
+use inferq_client::Roots;
 
 /// The instrumentation scope of every span, Go's tracer name.
 pub const TRACER_NAME: &str = "llm-d-async";

@@ -18,7 +18,7 @@ use std::sync::Arc;
 
 use super::traced::Con;
 use inferq_client::keys::QueueKeys;
-use inferq_client::settings::ClaimSettings;
+use inferq_client::ClaimSettings;
 
 mod admit;
 mod claim;

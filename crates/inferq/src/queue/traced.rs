@@ -47,7 +47,7 @@ impl Con {
     pub async fn wait_replicas(
         &mut self,
         key: &str,
-        wait: inferq_client::settings::ReplicaWait,
+        wait: inferq_client::ReplicaWait,
     ) -> redis::RedisResult<u32> {
         self.inner.wait_replicas(key, wait).await
     }

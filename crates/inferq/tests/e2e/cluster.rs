@@ -315,7 +315,7 @@ async fn a_master_killed_and_a_manual_failover_lose_nothing_and_double_nothing()
 /// way out inferq takes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cluster_connection_answering_only_timeouts_is_made_again() {
-    use inferq_client::cluster::Cluster;
+    use inferq_client::Cluster;
     let cluster = RedisCluster::start().unwrap();
     let client = redis::cluster::ClusterClientBuilder::new(cluster.seed_urls())
         .connection_timeout(Duration::from_millis(300))
@@ -847,7 +847,7 @@ async fn acl_users_and_tls_work_through_sentinel() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replica_wait_reports_what_the_replicas_hold() {
     use inferq_client::producer::ProducerError;
-    use inferq_client::settings::ReplicaWait;
+    use inferq_client::ReplicaWait;
     let set = SentinelSet::start("inferq-wait").unwrap();
     let (_, _, target) = sentinel_target(&set);
     let wait = |replicas| {

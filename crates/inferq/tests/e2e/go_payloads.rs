@@ -377,7 +377,7 @@ async fn every_reentry_restores_the_fifo_score() {
     use inferq::queue::dead::DeadRecord;
     use inferq::queue::dead_letters::{DeadLetters, Unrequeueable};
     use inferq::queue::Queue;
-    use inferq_client::settings::ClaimSettings;
+    use inferq_client::ClaimSettings;
 
     let redis = RedisServer::start().unwrap();
     let mut con = con(&redis).await;

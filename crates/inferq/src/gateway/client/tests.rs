@@ -956,7 +956,7 @@ async fn an_http2_gateway_is_served_over_http2() {
 /// With a store that lacks it the handshake is refused, once: a certificate problem is fatal.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_gateway_certificate_in_the_system_store_is_trusted() {
-    use inferq_client::roots::Roots;
+    use inferq_client::Roots;
     let (addr, accepted, answered) = http2_server();
     let dir = match tempfile::tempdir() {
         Ok(dir) => dir,
@@ -1014,7 +1014,7 @@ async fn the_http2_memory_lapses() {
     use super::super::h1::Connections;
     let (addr, accepted, _answered) = http2_server();
     let (_dir, trust) = self_signed_trust();
-    let config = match trust.client_config_on(inferq_client::roots::Roots::system()) {
+    let config = match trust.client_config_on(inferq_client::Roots::system()) {
         Ok(config) => Arc::new(config),
         Err(e) => panic!("tls: {e}"),
     };

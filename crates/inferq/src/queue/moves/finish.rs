@@ -208,7 +208,7 @@ impl Queue {
     pub(in crate::queue) async fn wait_for_replicas(
         &self,
         key: &str,
-        wait: inferq_client::settings::ReplicaWait,
+        wait: inferq_client::ReplicaWait,
     ) -> bool {
         match self.con.clone().wait_replicas(key, wait).await {
             Ok(acked) if acked >= wait.replicas => true,

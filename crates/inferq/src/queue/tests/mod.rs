@@ -15,8 +15,8 @@ use super::dead::DeadRecord;
 use super::*;
 use inferq_client::connect;
 use inferq_client::producer::{unix_ms, Producer, ProducerError};
-use inferq_client::settings::ClaimSettings;
 use inferq_client::wire::{Envelope, NewRequest, ResultMessage};
+use inferq_client::ClaimSettings;
 use inferq_testkit::{config_set, RedisServer};
 
 const Q: &str = "q";

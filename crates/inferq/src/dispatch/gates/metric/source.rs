@@ -51,7 +51,7 @@ pub(super) fn client() -> Result<reqwest::Client, SetupError> {
     let mut builder = reqwest::Client::builder()
         .connect_timeout(PROMETHEUS_TIMEOUT)
         .tls_built_in_root_certs(false);
-    for cert in inferq_client::roots::Roots::system().certs() {
+    for cert in inferq_client::Roots::system().certs() {
         let cert = reqwest::Certificate::from_der(cert.as_ref()).map_err(SetupError::Root)?;
         builder = builder.add_root_certificate(cert);
     }
