@@ -1,7 +1,10 @@
 //! The Batches API: create, retrieve, list and cancel. Create checks the request as OpenAI
 //! does and records the batch (status `validating`) in one Lua move; the stewards do the rest.
-//! Retrieve reads the batch's hash, so its `request_counts` are live while it runs, from
-//! whichever replica answers.
+//! Retrieve reads the batch's hash, so its `request_counts` and `usage` are live while it runs,
+//! from whichever replica answers. A create that would take its tenant past its bound on lines
+//! not yet finished (`--max-enqueued-lines`, or the key's `max_enqueued_lines`) is refused 429 by
+//! the same move, with nothing written. With `replica_wait` a create is answered only once the
+//! replicas hold it, so a fail-over right after cannot lose an answered batch.
 
 use axum::body::Bytes;
 use axum::extract::{Path, Query, State};
@@ -33,31 +36,6 @@ fn required<'a>(body: &'a Map<String, Value>, name: &str) -> Result<&'a str, Api
             format!("Invalid type for '{name}': expected a string."),
             Some(name),
         )),
-    }
-}
-
-/// Checks `metadata`: at most 16 string pairs, keys up to 64 characters, values up to 512.
-fn metadata(body: &Map<String, Value>) -> Result<Option<String>, ApiError> {
-    let bad = |why: &str| ApiError::invalid(format!("Invalid 'metadata': {why}"), Some("metadata"));
-    match body.get("metadata") {
-        None | Some(Value::Null) => Ok(None),
-        Some(Value::Object(m)) => {
-            if m.len() > 16 {
-                return Err(bad("at most 16 key-value pairs."));
-            }
-            for (k, v) in m {
-                if k.chars().count() > 64 {
-                    return Err(bad("keys are at most 64 characters."));
-                }
-                match v {
-                    Value::String(s) if s.chars().count() <= 512 => {}
-                    Value::String(_) => return Err(bad("values are at most 512 characters.")),
-                    _ => return Err(bad("values must be strings.")),
-                }
-            }
-            Ok(Some(Value::Object(m.clone()).to_string()))
-        }
-        Some(_) => Err(bad("expected an object of strings.")),
     }
 }
 
@@ -106,7 +84,12 @@ pub async fn create(
     let input = required(&body, "input_file_id")?;
     let endpoint = endpoint_of(&body)?;
     let (window_text, window) = window_of(&app, &body)?;
-    let metadata = metadata(&body)?;
+    let metadata = crate::metadata::check(body.get("metadata"))?;
+    let output_life = crate::retention::expires_after_json(
+        "output_expires_after",
+        body.get("output_expires_after"),
+        &app.settings.retention,
+    )?;
     let file = owned_file(&app, &tenant, input).await.map_err(|mut e| {
         e.param = Some("input_file_id".into());
         e
@@ -138,7 +121,21 @@ pub async fn create(
     if let Some(m) = metadata {
         fields.push(("metadata", m));
     }
-    let mut args: Vec<String> = vec![id.clone(), inferq_client::producer::unix_ms().to_string()];
+    if let Some(life) = output_life {
+        fields.push(("output_expires_after", life.to_string()));
+    }
+    let bound = app
+        .keys
+        .settings(&tenant)
+        .max_enqueued_lines
+        .or(app.settings.limits.max_enqueued_lines)
+        .unwrap_or(0);
+    let mut args: Vec<String> = vec![
+        id.clone(),
+        inferq_client::producer::unix_ms().to_string(),
+        tenant.clone(),
+        bound.to_string(),
+    ];
     for (k, v) in &fields {
         args.push((*k).to_owned());
         args.push(v.clone());
@@ -151,20 +148,63 @@ pub async fn create(
             keys::live(),
             keys::counts(),
             keys::file(input),
+            keys::enqueued(),
         ],
         &args,
     );
     let mut con = app.redis.clone();
-    let made: i64 = redis::from_redis_value(script.run(&mut con, &cmd).await?)?;
-    if made != 1 {
-        return Err(ApiError::not_found("File", input));
+    let made: Vec<i64> = redis::from_redis_value(script.run(&mut con, &cmd).await?)?;
+    match made.as_slice() {
+        [1, ..] => {}
+        [-1, enqueued, lines] => {
+            app.metrics.limit_refused(&tenant);
+            return Err(limit_reached(&tenant, bound, *enqueued, *lines));
+        }
+        _ => return Err(ApiError::not_found("File", input)),
     }
+    replicated(&app, &id).await?;
     // The batch is recorded: answer it from what was written, so a failed read cannot make a
     // caller retry (and create a second batch).
     let mut f: Fields = fields.into_iter().map(|(k, v)| (k.to_owned(), v)).collect();
     f.insert("status".into(), "validating".into());
     tracing::info!(batch = %id, tenant = %tenant, endpoint = %endpoint, "batch created");
     Ok(Json(batch_object(&f)))
+}
+
+/// OpenAI's 429 for a tenant at its bound.
+fn limit_reached(tenant: &str, bound: u64, enqueued: i64, lines: i64) -> ApiError {
+    ApiError {
+        status: axum::http::StatusCode::TOO_MANY_REQUESTS,
+        message: format!(
+            "Enqueued line limit reached for tenant {tenant}. Limit: {bound} enqueued lines. \
+             Enqueued: {enqueued} lines; this batch has {lines}. Please try again once some \
+             in_progress batches have been completed."
+        ),
+        kind: "rate_limit_error",
+        param: None,
+        code: Some("rate_limit_exceeded".to_owned()),
+    }
+}
+
+/// With `replica_wait`, waits until the replicas hold the new batch; a 503 when too few do in
+/// time (the batch is recorded on the primary but a fail-over could lose it).
+async fn replicated(app: &App, id: &str) -> Result<(), ApiError> {
+    let crate::durable::Replicated::Short { acked, wanted } =
+        crate::durable::wait(app, &keys::batch(id)).await?
+    else {
+        return Ok(());
+    };
+    tracing::warn!(batch = %id, acked, wanted, "a created batch is not on enough replicas");
+    Err(ApiError {
+        status: axum::http::StatusCode::SERVICE_UNAVAILABLE,
+        message: format!(
+            "Batch {id} was recorded, but only {acked} of {wanted} replicas confirmed it in \
+             time: a fail-over could lose it. Retrieve it before creating it again."
+        ),
+        kind: "server_error",
+        param: None,
+        code: Some("not_replicated".to_owned()),
+    })
 }
 
 /// A batch of `tenant`, or 404.

@@ -30,7 +30,12 @@ pub struct Collected {
 pub async fn collect_once(app: &App) -> Result<Collected, redis::RedisError> {
     let script = &SCRIPTS.collect;
     let cmd = script.cmd(
-        &[keys::results(), keys::counts(), keys::live()],
+        &[
+            keys::results(),
+            keys::counts(),
+            keys::live(),
+            keys::enqueued(),
+        ],
         &[PER_CALL.to_string(), keys::PREFIX.to_owned()],
     );
     let mut con = app.redis.clone();

@@ -30,6 +30,8 @@ pub enum BatchError {
     InputGone(String),
     #[error("lost the steward lease of {0} (another replica took the batch over)")]
     LeaseLost(String),
+    #[error("only {acked} of {wanted} replicas hold the writes (replica_wait): waiting to go on")]
+    NotReplicated { acked: u32, wanted: u32 },
 }
 
 /// An OpenAI-shaped error answer.

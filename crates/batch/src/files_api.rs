@@ -1,8 +1,12 @@
 //! The Files API: upload (`multipart/form-data` with `file` and `purpose=batch`), list,
 //! retrieve, content and delete. An upload streams into the file store while each line is
 //! checked to be a JSON object, so a file that is not JSONL, or that grows past the size limit,
-//! is refused while it arrives and nothing of it is kept. A tenant sees only its own files;
-//! another tenant's id answers 404, as an unknown one does.
+//! is refused while it arrives and nothing of it is kept. An upload may give
+//! `expires_after[anchor]=created_at` and `expires_after[seconds]`; without it a file lives
+//! `--file-retention`. Either way its `expires_at` is set and the sweeper removes it then. Its
+//! count of lines is kept, for the tenant's bound on lines not yet finished that a batch of it
+//! holds. A tenant sees only its own files; another tenant's id answers 404, as an unknown one
+//! does.
 
 use axum::body::Body;
 use axum::extract::multipart::{Field, MultipartRejection};
@@ -21,6 +25,17 @@ use crate::keys;
 use crate::lines::{is_blank, LineSplitter, SplitError};
 use crate::model::{file_object, list_object, Fields};
 use crate::state::{now_secs, App, Owned};
+
+/// A stored upload: its id, bytes, file name and requests (non-blank lines).
+type Stored = (String, u64, String, u64);
+
+/// The form's small fields.
+#[derive(Default)]
+struct Form {
+    purpose: Option<String>,
+    anchor: Option<String>,
+    seconds: Option<String>,
+}
 
 /// Why an upload stopped.
 enum Refusal {
@@ -49,15 +64,15 @@ pub async fn upload(
 ) -> Result<Json<Value>, ApiError> {
     let tenant = app.keys.tenant(&headers)?;
     let mut multipart = multipart.map_err(bad_multipart)?;
-    let mut purpose: Option<String> = None;
-    let mut stored: Option<(String, u64, String)> = None;
-    let mut outcome = read_form(&app, &mut multipart, &mut purpose, &mut stored).await;
+    let mut form = Form::default();
+    let mut stored: Option<Stored> = None;
+    let mut outcome = read_form(&app, &mut multipart, &mut form, &mut stored).await;
     if outcome.is_err() {
         let cap = app.settings.limits.max_file_bytes.max(DRAIN_AT_LEAST);
         drain(&mut multipart, cap).await;
     }
     if outcome.is_ok() {
-        outcome = match purpose.as_deref() {
+        outcome = match form.purpose.as_deref() {
             Some("batch") => Ok(()),
             None => Err(ApiError::invalid("Missing required parameter: 'purpose'.", Some("purpose"))),
             Some(other) => Err(ApiError::invalid(
@@ -66,7 +81,23 @@ pub async fn upload(
             )),
         };
     }
-    let Some((id, bytes, filename)) = stored else {
+    let life = match outcome {
+        Ok(()) => crate::retention::expires_after(
+            "expires_after",
+            form.anchor.as_deref(),
+            form.seconds.as_deref(),
+            &app.settings.retention,
+        ),
+        Err(e) => Err(e),
+    };
+    let (life, outcome) = match life {
+        Ok(l) => (
+            l.unwrap_or_else(|| crate::retention::secs(app.settings.retention.files)),
+            Ok(()),
+        ),
+        Err(e) => (0, Err(e)),
+    };
+    let Some((id, bytes, filename, lines)) = stored else {
         return Err(outcome.err().unwrap_or_else(|| {
             ApiError::invalid("Missing required parameter: 'file'.", Some("file"))
         }));
@@ -75,34 +106,44 @@ pub async fn upload(
         forget(&app, &id).await;
         return Err(e);
     }
+    let created = now_secs();
+    let expires = created + i64::try_from(life).unwrap_or(i64::MAX / 4);
     let fields: Fields = [
         ("id", id.clone()),
         ("bytes", bytes.to_string()),
-        ("created_at", now_secs().to_string()),
+        ("created_at", created.to_string()),
+        ("expires_at", expires.to_string()),
         ("filename", filename),
         ("purpose", "batch".to_owned()),
         ("tenant", tenant.clone()),
+        ("lines", lines.to_string()),
     ]
     .into_iter()
     .map(|(k, v)| (k.to_owned(), v))
     .collect();
-    if let Err(e) = record(&app, &tenant, &id, &fields).await {
+    if let Err(e) = record(&app, &tenant, &id, &fields, expires).await {
         forget(&app, &id).await;
         return Err(ApiError::from(e));
     }
     Ok(Json(file_object(&fields)))
 }
 
-/// Reads the form's fields: `purpose`, and `file` streamed into the store.
+/// Reads the form's fields: `purpose`, `expires_after[…]`, and `file` streamed into the store.
 async fn read_form(
     app: &App,
     multipart: &mut Multipart,
-    purpose: &mut Option<String>,
-    stored: &mut Option<(String, u64, String)>,
+    form: &mut Form,
+    stored: &mut Option<Stored>,
 ) -> Result<(), ApiError> {
     while let Some(field) = multipart.next_field().await.map_err(bad_multipart)? {
         match field.name() {
-            Some("purpose") => *purpose = Some(small_text(field).await?),
+            Some("purpose") => form.purpose = Some(small_text(field, "purpose").await?),
+            Some("expires_after[anchor]") => {
+                form.anchor = Some(small_text(field, "expires_after.anchor").await?)
+            }
+            Some("expires_after[seconds]") => {
+                form.seconds = Some(small_text(field, "expires_after.seconds").await?)
+            }
             Some("file") if stored.is_some() => {
                 return Err(ApiError::invalid(
                     "Only one 'file' may be uploaded.",
@@ -146,8 +187,15 @@ async fn forget(app: &App, id: &str) {
     }
 }
 
-/// Records a stored file: its hash and its place in the tenant's list, in one transaction.
-async fn record(app: &App, tenant: &str, id: &str, fields: &Fields) -> redis::RedisResult<()> {
+/// Records a stored file: its hash, its place in the tenant's list and its expiry, in one
+/// transaction.
+async fn record(
+    app: &App,
+    tenant: &str,
+    id: &str,
+    fields: &Fields,
+    expires: i64,
+) -> redis::RedisResult<()> {
     let mut con = app.redis.clone();
     let pairs: Vec<(&String, &String)> = fields.iter().collect();
     redis::pipe()
@@ -156,24 +204,29 @@ async fn record(app: &App, tenant: &str, id: &str, fields: &Fields) -> redis::Re
         .ignore()
         .zadd(keys::files(tenant), id, inferq_client::producer::unix_ms())
         .ignore()
+        .zadd(keys::expiries(), id, expires)
+        .ignore()
         .query_async(&mut con)
         .await
 }
 
-async fn small_text(mut field: Field<'_>) -> Result<String, ApiError> {
+async fn small_text(mut field: Field<'_>, name: &str) -> Result<String, ApiError> {
     let mut text = Vec::new();
     while let Some(chunk) = field.chunk().await.map_err(bad_multipart)? {
         text.extend_from_slice(&chunk);
         if text.len() > 256 {
-            return Err(ApiError::invalid("'purpose' is too long.", Some("purpose")));
+            return Err(ApiError::invalid(
+                format!("'{name}' is too long."),
+                Some(name),
+            ));
         }
     }
     String::from_utf8(text)
-        .map_err(|_| ApiError::invalid("'purpose' is not UTF-8.", Some("purpose")))
+        .map_err(|_| ApiError::invalid(format!("'{name}' is not UTF-8."), Some(name)))
 }
 
 /// Streams the `file` field into the store, checking it is JSONL within the limits.
-async fn receive(app: &App, mut field: Field<'_>) -> Result<(String, u64, String), ApiError> {
+async fn receive(app: &App, mut field: Field<'_>) -> Result<Stored, ApiError> {
     let filename: String = field
         .file_name()
         .unwrap_or("upload.jsonl")
@@ -230,7 +283,7 @@ async fn receive(app: &App, mut field: Field<'_>) -> Result<(String, u64, String
         .with_code("empty_file"));
     }
     let bytes = writer.finish().await.map_err(ApiError::from)?;
-    Ok((id, bytes, filename))
+    Ok((id, bytes, filename, lines))
 }
 
 fn not_jsonl(line: u64, why: &str) -> ApiError {

@@ -4,12 +4,15 @@
 //! response) and any failure without one (with `error{code, message}`) to the error file, and a
 //! line with no result gets `batch_expired` or `batch_cancelled`. So every `custom_id` gets
 //! exactly one line. Both files stream to the store under fresh ids; `finish.lua` records the
-//! first steward's files and ending, and a later steward deletes what it wrote.
+//! first steward's files (each expiring after the batch's `output_expires_after`, else
+//! `--file-retention`) and ending, and a later steward deletes what it wrote. With
+//! `replica_wait` the steward waits for the replicas to hold the ending before it moves on.
 
 use inferq_client::wire::ResultMessage;
 use serde::Serialize;
 use serde_json::value::RawValue;
 
+use crate::durable::Replicated;
 use crate::error::BatchError;
 use crate::ids;
 use crate::keys;
@@ -167,6 +170,12 @@ pub async fn finalize(app: &App, batch: &Fields, ending: &str) -> Result<(), Bat
     let output = keep(outs.output, completed > 0).await?;
     let errors = keep(outs.errors, failed > 0).await?;
     let tenant = batch.get("tenant").cloned().unwrap_or_default();
+    let input = batch.get("input_file_id").cloned().unwrap_or_default();
+    let retention = &app.settings.retention;
+    let files_life = batch
+        .get("output_expires_after")
+        .and_then(|s| s.parse::<u64>().ok())
+        .unwrap_or_else(|| crate::retention::secs(retention.files));
     let script = &SCRIPTS.finish;
     let cmd = script.cmd(
         &[
@@ -177,6 +186,9 @@ pub async fn finalize(app: &App, batch: &Fields, ending: &str) -> Result<(), Bat
             keys::file(&output.0),
             keys::file(&errors.0),
             keys::files(&tenant),
+            keys::enqueued(),
+            keys::expiries(),
+            keys::file(&input),
         ],
         &[
             id.clone(),
@@ -189,10 +201,20 @@ pub async fn finalize(app: &App, batch: &Fields, ending: &str) -> Result<(), Bat
             errors.1.to_string(),
             tenant,
             inferq_client::producer::unix_ms().to_string(),
+            crate::retention::secs(retention.batches).to_string(),
+            files_life.to_string(),
         ],
     );
     let mut con = app.redis.clone();
     let (status, won): (String, i64) = redis::from_redis_value(script.run(&mut con, &cmd).await?)?;
+    // The ending and its files' records reach the replicas before the steward moves on.
+    match crate::durable::wait(app, &keys::batch(&id)).await {
+        Ok(Replicated::Short { acked, wanted }) => {
+            tracing::warn!(batch = %id, acked, wanted, "a batch's ending is not on enough replicas");
+        }
+        Err(e) => tracing::warn!(batch = %id, error = %e, "cannot wait for the replicas"),
+        Ok(_) => {}
+    }
     if won != 1 {
         for name in [output.0, errors.0].into_iter().filter(|n| !n.is_empty()) {
             app.store.delete(&name).await?;

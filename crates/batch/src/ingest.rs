@@ -6,7 +6,8 @@
 //! round trip the batch's cursor moves (`advance.lua`), so a steward that dies is resumed by
 //! another from there; the requests of the round trip it was in may be submitted twice, and
 //! `collect.lua` files only the first result of a line. A cancel stops ingestion after the round
-//! trip in flight, whose lines the cursor still takes in, so the cancel marks them too.
+//! trip in flight, whose lines the cursor still takes in, so the cancel marks them too. With
+//! `replica_wait`, each round trip waits for the replicas ([`crate::durable`]) before the next.
 
 use std::collections::{BTreeMap, HashSet};
 
@@ -235,7 +236,13 @@ pub async fn ingest(
                 None => return Ok(Stopped::Moved),
             }
             app.metrics.lines_ingested.inc_by(at as u64);
-            if advance(app, &id, submitted, last).await? != "in_progress" {
+            let status = advance(app, &id, submitted, last).await?;
+            if let crate::durable::Replicated::Short { acked, wanted } =
+                crate::durable::wait(app, &keys::batch(&id)).await?
+            {
+                return Err(BatchError::NotReplicated { acked, wanted });
+            }
+            if status != "in_progress" {
                 return Ok(Stopped::Moved);
             }
         }

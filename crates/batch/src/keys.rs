@@ -12,6 +12,8 @@
 //!   {inferq-batch}:out:<batch id>        hash: line -> its result, until the files are written
 //!   {inferq-batch}:results               list: where processors push batch results
 //!   {inferq-batch}:counts                hash: status -> batches in it
+//!   {inferq-batch}:enqueued              hash: tenant -> its batch lines not yet finished
+//!   {inferq-batch}:expiries              zset: file or ended batch id -> when it is removed (s)
 //! ```
 
 /// The hash tag and prefix of every key.
@@ -28,6 +30,14 @@ pub fn live() -> String {
 
 pub fn counts() -> String {
     format!("{PREFIX}:counts")
+}
+
+pub fn enqueued() -> String {
+    format!("{PREFIX}:enqueued")
+}
+
+pub fn expiries() -> String {
+    format!("{PREFIX}:expiries")
 }
 
 pub fn file(id: &str) -> String {

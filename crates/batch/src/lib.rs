@@ -10,11 +10,13 @@
 //!  inferq run processors: claim, call the gateway, push the result     (unchanged)
 //!  collector: result list ──collect.lua──▶ the batch's filed results   (collect)
 //!  steward: seal ▶ write output + error files ▶ completed / expired / cancelled (finalize)
+//!  sweeper: expired files and ended batches ▶ removed, with their objects    (sweeper)
 //! ```
 //!
 //! Every piece of state is in Redis (keys in [`keys`]) or the file store ([`store`]); a replica
 //! holds none, so any number of replicas serve one deployment, and any answers for any batch.
-//! [`serve`] runs a replica: the HTTP server, one collector and the stewards.
+//! [`serve`] runs a replica: the HTTP server, one collector, the stewards and a sweeper that
+//! removes expired files, ended batches past their retention and orphaned objects.
 //!
 //! The same replica serves the front door ([`front`]): single OpenAI requests, answered when
 //! they end or at once with an id, over the same queue, keys and tenants.
@@ -23,6 +25,7 @@ pub mod auth;
 pub mod batches_api;
 pub mod census;
 pub mod collect;
+pub mod durable;
 pub mod error;
 pub mod files_api;
 pub mod finalize;
@@ -32,14 +35,17 @@ pub mod ingest;
 pub mod keys;
 pub mod lines;
 pub mod listing;
+pub mod metadata;
 pub mod metrics;
 pub mod model;
+pub mod retention;
 pub mod scripts;
 pub mod server;
 pub mod settings;
 pub mod state;
 pub mod steward;
 pub mod store;
+pub mod sweeper;
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
@@ -81,8 +87,10 @@ pub async fn app(settings: Settings) -> Result<state::App, ServeError> {
     let producer =
         Producer::connect_target(&settings.target, &settings.request_queue, &keys::results())
             .await
-            .map_err(|e| ServeError::Redis(e.to_string()))?;
+            .map_err(|e| ServeError::Redis(e.to_string()))?
+            .with_replica_wait(settings.front.replica_wait);
     let metrics = Arc::new(metrics::Metrics::new());
+    metrics.known_tenants(&keys.known_tenants());
     let front = front::Front::connect(&settings.target, settings.front.clone(), metrics.clone())
         .await
         .map_err(|e| ServeError::Redis(e.to_string()))?;
@@ -119,6 +127,7 @@ pub async fn serve(settings: Settings, stop: CancellationToken) -> Result<(), Se
     let background = CancellationToken::new();
     let collector = tokio::spawn(collect::run(app.clone(), background.clone()));
     let stewards = tokio::spawn(steward::run(app.clone(), background.clone()));
+    let sweeper = tokio::spawn(sweeper::run(app.clone(), background.clone()));
     let front_collector = tokio::spawn(front::collect::run(app.clone(), background.clone()));
     let front_listener = tokio::spawn(front::waiters::listen(
         app.settings.target.clone(),
@@ -137,6 +146,7 @@ pub async fn serve(settings: Settings, stop: CancellationToken) -> Result<(), Se
     background.cancel();
     let _ = collector.await;
     let _ = stewards.await;
+    let _ = sweeper.await;
     let _ = front_collector.await;
     let _ = front_listener.await;
     Ok(())

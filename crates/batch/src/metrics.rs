@@ -1,7 +1,8 @@
 //! The Batch API's metrics, on `/metrics` of its listener: batches by status (refreshed from
 //! Redis, so every replica reports the whole deployment), lines ingested, results filed and
-//! dropped, lines written to output and error files, and the time from a batch's sealing to
-//! its files being recorded.
+//! dropped, lines written to output and error files, the time from a batch's sealing to
+//! its files being recorded, creates refused per tenant by its bound on lines not yet finished,
+//! and what the sweeper removed.
 
 use std::sync::atomic::AtomicU64;
 
@@ -24,6 +25,19 @@ pub struct ModeLabel {
 
 /// The front door's modes, each with its `inferq_front_requests_total` series from start-up.
 pub const FRONT_MODES: [&str; 3] = ["wait", "stream", "enqueue"];
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TenantLabel {
+    pub tenant: String,
+}
+
+/// What the sweeper removes: expired files, ended batches' records, orphaned objects.
+pub const SWEPT_KINDS: [&str; 3] = ["file", "batch", "orphan"];
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KindLabel {
+    pub kind: String,
+}
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct FileLabel {
@@ -58,6 +72,8 @@ pub struct Metrics {
     pub front_results_filed: Counter<u64, AtomicU64>,
     pub front_results_dropped: Counter<u64, AtomicU64>,
     pub front_disconnect_cancels: Counter<u64, AtomicU64>,
+    pub limit_refusals: Family<TenantLabel, Counter<u64, AtomicU64>>,
+    pub swept: Family<KindLabel, Counter<u64, AtomicU64>>,
 }
 
 impl Metrics {
@@ -136,6 +152,23 @@ impl Metrics {
             "Requests cancelled because the client waiting for them went away",
             front_disconnect_cancels.clone(),
         );
+        let limit_refusals = Family::<TenantLabel, Counter<u64, AtomicU64>>::default();
+        registry.register(
+            "inferq_batch_limit_refusals",
+            "Batch creates refused with 429 because the tenant's lines not yet finished would pass its bound (--max-enqueued-lines or its key's max_enqueued_lines)",
+            limit_refusals.clone(),
+        );
+        let swept = Family::<KindLabel, Counter<u64, AtomicU64>>::default();
+        registry.register(
+            "inferq_batch_swept",
+            "What this replica's sweeper removed: expired files (kind=file), ended batches' records past --batch-retention (kind=batch), objects no key names (kind=orphan)",
+            swept.clone(),
+        );
+        for kind in SWEPT_KINDS {
+            let _ = swept.get_or_create(&KindLabel {
+                kind: kind.to_owned(),
+            });
+        }
         for mode in FRONT_MODES {
             let _ = front_requests.get_or_create(&ModeLabel {
                 mode: mode.to_owned(),
@@ -166,7 +199,36 @@ impl Metrics {
             front_results_filed,
             front_results_dropped,
             front_disconnect_cancels,
+            limit_refusals,
+            swept,
         }
+    }
+
+    /// Exports the per-tenant series of `tenants` at 0 (the keys' tenants are known at start).
+    pub fn known_tenants(&self, tenants: &[String]) {
+        for tenant in tenants {
+            let _ = self.limit_refusals.get_or_create(&TenantLabel {
+                tenant: tenant.clone(),
+            });
+        }
+    }
+
+    /// Counts a create refused by `tenant`'s bound.
+    pub fn limit_refused(&self, tenant: &str) {
+        self.limit_refusals
+            .get_or_create(&TenantLabel {
+                tenant: tenant.to_owned(),
+            })
+            .inc();
+    }
+
+    /// Counts `n` removals of `kind` (one of [`SWEPT_KINDS`]).
+    pub fn count_swept(&self, kind: &str, n: u64) {
+        self.swept
+            .get_or_create(&KindLabel {
+                kind: kind.to_owned(),
+            })
+            .inc_by(n);
     }
 
     /// Counts a front-door request of `mode`.
@@ -200,7 +262,13 @@ mod tests {
 
     #[test]
     fn every_status_and_file_is_there_at_zero_from_the_start() {
-        let page = Metrics::new().encode();
+        let metrics = Metrics::new();
+        metrics.known_tenants(&["a".to_owned(), "b".to_owned()]);
+        let page = metrics.encode();
+        for tenant in ["a", "b"] {
+            let series = format!("inferq_batch_limit_refusals_total{{tenant=\"{tenant}\"}} 0");
+            assert!(page.contains(&series), "{series} missing from {page}");
+        }
         for status in BATCH_STATUSES {
             let series = format!("inferq_batch_batches{{status=\"{status}\"}} 0");
             assert!(page.contains(&series), "{series} missing from {page}");
@@ -217,6 +285,7 @@ mod tests {
             "inferq_front_results_filed_total 0",
             "inferq_front_results_dropped_total 0",
             "inferq_front_disconnect_cancels_total 0",
+            "inferq_batch_swept_total{kind=\"orphan\"} 0",
         ] {
             assert!(page.contains(series), "{series} missing from {page}");
         }

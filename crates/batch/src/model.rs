@@ -81,8 +81,19 @@ pub fn batch_object(f: &Fields) -> Value {
     );
     o.insert("metadata".into(), raw_json(f, "metadata"));
     o.insert("model".into(), text(f, "model"));
-    o.insert("usage".into(), Value::Null);
+    o.insert("usage".into(), usage(f));
     Value::Object(o)
+}
+
+/// The Batch object's `usage`: the tokens of the results collected so far (live while it runs).
+fn usage(f: &Fields) -> Value {
+    json!({
+        "input_tokens": count(f, "usage_input"),
+        "input_tokens_details": {"cached_tokens": count(f, "usage_cached")},
+        "output_tokens": count(f, "usage_output"),
+        "output_tokens_details": {"reasoning_tokens": count(f, "usage_reasoning")},
+        "total_tokens": count(f, "usage_total"),
+    })
 }
 
 /// A list object of `data`, with OpenAI's cursor fields.
@@ -125,6 +136,8 @@ mod tests {
         assert!(b["completed_at"].is_null());
         assert!(b["errors"].is_null());
         assert_eq!(b["request_counts"]["total"], 0);
+        assert_eq!(b["usage"]["total_tokens"], 0);
+        assert_eq!(b["usage"]["input_tokens_details"]["cached_tokens"], 0);
         assert_eq!(b.as_object().map(|o| o.len()), Some(22));
     }
 }

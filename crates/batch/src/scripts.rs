@@ -13,6 +13,7 @@ macro_rules! lua {
 }
 
 const MOVE: &str = lua!("includes/move");
+const ENDED: &str = lua!("includes/ended");
 
 /// Every script of the Batch API.
 pub struct Scripts {
@@ -25,16 +26,18 @@ pub struct Scripts {
     pub finish: Script,
     pub lease: Script,
     pub ingest: Script,
+    pub sweep: Script,
 }
 
 pub static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
     create: Script::new("batchCreate", &[], lua!("create")),
-    begin: Script::new("batchBegin", &[MOVE], lua!("begin")),
+    begin: Script::new("batchBegin", &[MOVE, ENDED], lua!("begin")),
     advance: Script::new("batchAdvance", &[], lua!("advance")),
     collect: Script::new("batchCollect", &[MOVE], lua!("collect")),
     cancel: Script::new("batchCancel", &[MOVE], lua!("cancel")),
     seal: Script::new("batchSeal", &[], lua!("seal")),
-    finish: Script::new("batchFinish", &[MOVE], lua!("finish")),
+    finish: Script::new("batchFinish", &[MOVE, ENDED], lua!("finish")),
     lease: Script::new("batchLease", &[], lua!("lease")),
     ingest: Script::new("batchIngest", &[], lua!("ingest")),
+    sweep: Script::new("batchSweep", &[], lua!("sweep")),
 });

@@ -1,6 +1,7 @@
 //! What a batch-api replica is told at start: where Redis and the request queue are (from the
 //! processors' transport config, read by the `inferq batch-api` command), where files live,
-//! who may call it, and the limits OpenAI sets (configurable).
+//! who may call it, the limits OpenAI sets (configurable), a tenant's bound on lines not yet
+//! finished, and how long files and ended batches are kept.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -24,6 +25,9 @@ pub struct Limits {
     pub max_file_bytes: u64,
     /// Longest line in bytes.
     pub max_line_bytes: usize,
+    /// `--max-enqueued-lines`: a tenant's batch lines not yet finished (a key's
+    /// `max_enqueued_lines` overrides it); `None`: unbounded.
+    pub max_enqueued_lines: Option<u64>,
 }
 
 impl Default for Limits {
@@ -32,6 +36,40 @@ impl Default for Limits {
             max_lines: 50_000,
             max_file_bytes: 200 * 1000 * 1000,
             max_line_bytes: 16 * 1024 * 1024,
+            max_enqueued_lines: None,
+        }
+    }
+}
+
+/// How long things are kept, and how the sweeper that removes them runs.
+#[derive(Debug, Clone, Copy)]
+pub struct Retention {
+    /// `--file-retention`: the life of a file uploaded without `expires_after`, and of a
+    /// batch's output and error files when it gave no `output_expires_after`.
+    pub files: Duration,
+    /// `--batch-retention`: how long an ended batch's record is kept.
+    pub batches: Duration,
+    /// `--min-expires-after`: the shortest `expires_after[seconds]` and
+    /// `output_expires_after[seconds]` taken (OpenAI: 3600; tests make it short).
+    pub min_expires_after: Duration,
+    /// `--sweep-interval`: how often each replica's sweeper looks for what expired.
+    pub sweep_interval: Duration,
+    /// `--orphan-grace`: how old an object no key names must be before it is removed (longer
+    /// than any write between an object's completion and its record).
+    pub orphan_grace: Duration,
+}
+
+/// OpenAI's longest `expires_after[seconds]`: 30 days.
+pub const MAX_EXPIRES_AFTER: u64 = 2_592_000;
+
+impl Default for Retention {
+    fn default() -> Retention {
+        Retention {
+            files: Duration::from_secs(MAX_EXPIRES_AFTER),
+            batches: Duration::from_secs(MAX_EXPIRES_AFTER),
+            min_expires_after: Duration::from_secs(3600),
+            sweep_interval: Duration::from_secs(60),
+            orphan_grace: Duration::from_secs(3600),
         }
     }
 }
@@ -47,6 +85,8 @@ pub struct Settings {
     /// `--api-keys-file`: a JSON object of key -> tenant; `None` is one open tenant.
     pub api_keys_file: Option<PathBuf>,
     pub limits: Limits,
+    /// How long files and ended batches are kept.
+    pub retention: Retention,
     /// Completion windows accepted besides OpenAI's `24h`.
     pub extra_windows: Vec<String>,
     /// How long a steward's lease on a batch lasts unrenewed (how soon another replica takes

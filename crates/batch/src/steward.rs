@@ -206,9 +206,18 @@ async fn begin(app: &App, id: &str, f: &Fields) -> Result<(), BatchError> {
         Validated::Failed(errors) => ("failed", errors),
     };
     let script = &SCRIPTS.begin;
+    let input = f.get("input_file_id").map_or("", String::as_str);
+    let keep = crate::retention::secs(app.settings.retention.batches).to_string();
     let cmd = script.cmd(
-        &[keys::batch(id), keys::counts(), keys::live()],
-        &[outcome, detail.as_str(), id],
+        &[
+            keys::batch(id),
+            keys::counts(),
+            keys::live(),
+            keys::enqueued(),
+            keys::expiries(),
+            keys::file(input),
+        ],
+        &[outcome, detail.as_str(), id, keep.as_str()],
     );
     let mut con = app.redis.clone();
     let status: String = redis::from_redis_value(script.run(&mut con, &cmd).await?)?;

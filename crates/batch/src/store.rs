@@ -110,6 +110,25 @@ impl Store {
         }
     }
 
+    /// The files whose objects were last written before `before` (Unix seconds): the
+    /// candidates of the orphan sweep. Objects not named like a file are left out.
+    pub async fn written_before(&self, before: i64) -> Result<Vec<String>, BatchError> {
+        let mut listing = self.inner.list(Some(&Path::from("files")));
+        let mut old = Vec::new();
+        while let Some(meta) = listing.next().await {
+            let meta = meta?;
+            if meta.last_modified.timestamp() >= before {
+                continue;
+            }
+            if let Some(id) = meta.location.filename() {
+                if crate::ids::is_file_id(id) {
+                    old.push(id.to_owned());
+                }
+            }
+        }
+        Ok(old)
+    }
+
     /// Whether the store answers (for `/readyz`).
     pub async fn check(&self) -> Result<(), BatchError> {
         let mut listing = self.inner.list(Some(&Path::from("files")));

@@ -90,6 +90,11 @@ impl Deployment {
     /// (the tenants' keys), and checks it passed. The SDK comes from the venv
     /// `scripts/ensure-openai.sh` makes; `$INFERQ_PYTHON` names its python.
     pub async fn run_sdk(&self, script: &str, env: &[(&str, &str)]) -> Fallible {
+        self.sdk_output(script, env).await.map(|_| ())
+    }
+
+    /// [`Deployment::run_sdk`], giving the script's standard output.
+    pub async fn sdk_output(&self, script: &str, env: &[(&str, &str)]) -> Fallible<String> {
         let python = std::env::var("INFERQ_PYTHON").map_err(|_| {
             "INFERQ_PYTHON is not set: run scripts/test.sh, or `export INFERQ_PYTHON=$(scripts/ensure-openai.sh)`"
         })?;
@@ -113,7 +118,16 @@ impl Deployment {
             self.logs()
         );
         assert!(stdout.contains("all SDK checks passed"), "{stdout}");
-        Ok(())
+        Ok(stdout.into_owned())
+    }
+
+    /// The `/metrics` page of replica `i`.
+    pub async fn metrics(&self, i: usize) -> Fallible<String> {
+        let port = self.replicas[i].1;
+        Ok(reqwest::get(format!("http://127.0.0.1:{port}/metrics"))
+            .await?
+            .text()
+            .await?)
     }
 
     pub fn files_dir(&self) -> PathBuf {

@@ -77,6 +77,28 @@ pub struct BatchApiArgs {
     /// past it a wait is answered 429 with Retry-After.
     #[arg(long, default_value_t = 10_000)]
     pub max_waiting_clients: usize,
+    /// Most batch lines a tenant may have not yet finished (a key's `max_enqueued_lines`
+    /// overrides it); a create past it is answered 429. Unbounded when not given.
+    #[arg(long, value_name = "LINES")]
+    pub max_enqueued_lines: Option<u64>,
+    /// How long a file uploaded without `expires_after` lives, and a batch's output and error
+    /// files when it gave no `output_expires_after`.
+    #[arg(long, default_value = "30days", value_parser = humantime::parse_duration)]
+    pub file_retention: Duration,
+    /// How long an ended batch's record is kept.
+    #[arg(long, default_value = "30days", value_parser = humantime::parse_duration)]
+    pub batch_retention: Duration,
+    /// The shortest `expires_after[seconds]` / `output_expires_after[seconds]` taken (OpenAI's
+    /// is 1h; tests make it short).
+    #[arg(long, default_value = "1h", value_parser = humantime::parse_duration)]
+    pub min_expires_after: Duration,
+    /// How often each replica's sweeper removes expired files and ended batches' records.
+    #[arg(long, default_value = "60s", value_parser = humantime::parse_duration)]
+    pub sweep_interval: Duration,
+    /// How old an object no file key names must be before the sweeper removes it as orphaned
+    /// (also how often it looks for them).
+    #[arg(long, default_value = "1h", value_parser = humantime::parse_duration)]
+    pub orphan_grace: Duration,
 }
 
 #[derive(Debug, Parser)]
@@ -153,6 +175,7 @@ pub fn settings(args: &BatchApiArgs) -> Result<inferq_batch::Settings, Failure> 
     if args.max_waiting_clients == 0 {
         return Err(bad("--max-waiting-clients", "must be at least 1"));
     }
+    let retention = retention(args)?;
     let front_queues = transport
         .queues
         .iter()
@@ -196,11 +219,49 @@ pub fn settings(args: &BatchApiArgs) -> Result<inferq_batch::Settings, Failure> 
             max_lines: args.max_lines,
             max_file_bytes: args.max_file_bytes,
             max_line_bytes: args.max_line_bytes,
+            max_enqueued_lines: args.max_enqueued_lines,
         },
+        retention,
         extra_windows: args.allow_completion_window.clone(),
         lease: args.lease,
         cancel_grace: args.cancel_grace,
         front,
+    })
+}
+
+/// `--max-enqueued-lines` and the retention flags, checked.
+fn retention(args: &BatchApiArgs) -> Result<inferq_batch::settings::Retention, Failure> {
+    if args.max_enqueued_lines == Some(0) {
+        return Err(bad(
+            "--max-enqueued-lines",
+            "must be at least 1 (leave it out for no bound)",
+        ));
+    }
+    let second = Duration::from_secs(1);
+    let most = Duration::from_secs(inferq_batch::settings::MAX_EXPIRES_AFTER);
+    for (flag, d) in [
+        ("--file-retention", args.file_retention),
+        ("--batch-retention", args.batch_retention),
+        ("--min-expires-after", args.min_expires_after),
+        ("--sweep-interval", args.sweep_interval),
+        ("--orphan-grace", args.orphan_grace),
+    ] {
+        if d < second {
+            return Err(bad(flag, "must be at least 1s"));
+        }
+    }
+    if args.min_expires_after > most {
+        return Err(bad(
+            "--min-expires-after",
+            "must be at most 30 days (OpenAI's longest expires_after)",
+        ));
+    }
+    Ok(inferq_batch::settings::Retention {
+        files: args.file_retention,
+        batches: args.batch_retention,
+        min_expires_after: args.min_expires_after,
+        sweep_interval: args.sweep_interval,
+        orphan_grace: args.orphan_grace,
     })
 }
 
