@@ -29,3 +29,6 @@ if ! command -v openssl >/dev/null 2>&1; then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq openssl >/dev/null
 fi
 cargo test --release --all-targets "$@"
+# The client's documented examples (its crate root, NewRequest) compile and run: `--all-targets`
+# leaves doc tests out.
+cargo test --release --doc -p inferq-client "$@"
