@@ -239,82 +239,141 @@ struct ItemNumbers {
     payload: String,
 }
 
-/// The arguments of a `finish` call: ten per item, in the order of `batch`.
+/// The fields of one item of a `finish` call, by the names `finish-11.lua`'s header gives them,
+/// in the order the script reads them ([`ITEM_FIELDS`] per item, its `local W`). The one
+/// place that knows the layout: [`item_args`] fills it, [`ItemArgs::encode`] lays it out, and
+/// the tests read a call's arguments back with [`ItemArgs::decode`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct ItemArgs<'a> {
+    /// `ack`, `bury`, `park` or `release`.
+    kind: &'a [u8],
+    claim_key: &'a [u8],
+    owner_token: &'a [u8],
+    /// ack, bury: the index into KEYS of the result list (negated: publish on that channel; 0:
+    /// stage); park: the member to park; release: empty.
+    list_or_member: &'a [u8],
+    /// ack, bury: the result (or what to stage); park: the backoff in ms; release: empty.
+    result_or_backoff: &'a [u8],
+    /// bury: the dead-letter record; otherwise empty.
+    record: &'a [u8],
+    /// ack, bury: the index into KEYS of request-active:<id>, or 0.
+    forget: &'a [u8],
+    /// ack, bury: the generation's request token.
+    request_token: &'a [u8],
+    /// ack, bury: the result list's TTL in seconds, 0 for none.
+    ttl: &'a [u8],
+    /// ack: the index into KEYS of the payload key, or 0.
+    payload: &'a [u8],
+}
+
+/// Fields per item of a `finish` call (`local W` in `finish-11.lua`).
+const ITEM_FIELDS: usize = 10;
+
+impl<'a> ItemArgs<'a> {
+    /// An item that carries only its kind and fence (a release; a park fills in the rest).
+    fn fenced(kind: &'a [u8], fence: &'a crate::queue::Fence) -> ItemArgs<'a> {
+        ItemArgs {
+            kind,
+            claim_key: fence.key.as_bytes(),
+            owner_token: fence.token.as_bytes(),
+            list_or_member: b"",
+            result_or_backoff: b"",
+            record: b"",
+            forget: b"0",
+            request_token: b"",
+            ttl: b"0",
+            payload: b"0",
+        }
+    }
+
+    /// The fields in the script's order.
+    fn encode(self) -> [&'a [u8]; ITEM_FIELDS] {
+        [
+            self.kind,
+            self.claim_key,
+            self.owner_token,
+            self.list_or_member,
+            self.result_or_backoff,
+            self.record,
+            self.forget,
+            self.request_token,
+            self.ttl,
+            self.payload,
+        ]
+    }
+
+    /// One item read back from a call's arguments (the tests' side of [`ItemArgs::encode`]).
+    #[cfg(test)]
+    fn decode(fields: &[&'a [u8]]) -> Option<ItemArgs<'a>> {
+        let [kind, claim_key, owner_token, list_or_member, result_or_backoff, record, forget, request_token, ttl, payload] =
+            <[&[u8]; ITEM_FIELDS]>::try_from(fields).ok()?;
+        Some(ItemArgs {
+            kind,
+            claim_key,
+            owner_token,
+            list_or_member,
+            result_or_backoff,
+            record,
+            forget,
+            request_token,
+            ttl,
+            payload,
+        })
+    }
+}
+
+/// The arguments of a `finish` call: [`ITEM_FIELDS`] per item, in the order of `batch`.
 fn finish_args<'a, F: Borrow<Finish>>(
     batch: &'a [F],
     numbers: &'a [ItemNumbers],
     staged: &'a [Option<String>],
 ) -> Vec<&'a [u8]> {
-    let mut args: Vec<&[u8]> = Vec::with_capacity(batch.len() * 10);
+    let mut args: Vec<&[u8]> = Vec::with_capacity(batch.len() * ITEM_FIELDS);
     for ((f, n), staged) in batch.iter().map(Borrow::borrow).zip(numbers).zip(staged) {
-        args.extend(item_args(f, n, staged.as_deref()));
+        args.extend(item_args(f, n, staged.as_deref()).encode());
     }
     args
 }
 
-/// One item's ten arguments: its verb, its fence, then what that verb carries (see
-/// `finish-11.lua`). A staged item carries its staging instead of its result.
-fn item_args<'a>(f: &'a Finish, n: &'a ItemNumbers, staged: Option<&'a str>) -> [&'a [u8]; 10] {
+/// One item's fields: its kind, its fence, then what that kind carries (see `finish-11.lua`).
+/// A staged item carries its staging instead of its result.
+fn item_args<'a>(f: &'a Finish, n: &'a ItemNumbers, staged: Option<&'a str>) -> ItemArgs<'a> {
     match f {
         Finish::Ack {
             fence,
             request_token,
             result,
             ..
-        } => [
-            b"ack",
-            fence.key.as_bytes(),
-            fence.token.as_bytes(),
-            n.list.as_bytes(),
-            staged.unwrap_or(result).as_bytes(),
-            b"",
-            n.forget.as_bytes(),
-            request_token.as_bytes(),
-            n.ttl.as_bytes(),
-            n.payload.as_bytes(),
-        ],
+        } => ItemArgs {
+            list_or_member: n.list.as_bytes(),
+            result_or_backoff: staged.unwrap_or(result).as_bytes(),
+            forget: n.forget.as_bytes(),
+            request_token: request_token.as_bytes(),
+            ttl: n.ttl.as_bytes(),
+            payload: n.payload.as_bytes(),
+            ..ItemArgs::fenced(b"ack", fence)
+        },
         Finish::Bury {
             fence,
             request_token,
             result,
             record,
             ..
-        } => [
-            b"bury",
-            fence.key.as_bytes(),
-            fence.token.as_bytes(),
-            n.list.as_bytes(),
-            staged.unwrap_or(result).as_bytes(),
-            record.as_bytes(),
-            n.forget.as_bytes(),
-            request_token.as_bytes(),
-            n.ttl.as_bytes(),
-            b"0",
-        ],
-        Finish::Park { fence, member, .. } => [
-            b"park",
-            fence.key.as_bytes(),
-            fence.token.as_bytes(),
-            member,
-            n.backoff.as_bytes(),
-            b"",
-            b"0",
-            b"",
-            b"0",
-            b"0",
-        ],
-        Finish::Release { fence } => [
-            b"release",
-            fence.key.as_bytes(),
-            fence.token.as_bytes(),
-            b"",
-            b"",
-            b"",
-            b"0",
-            b"",
-            b"0",
-            b"0",
-        ],
+        } => ItemArgs {
+            list_or_member: n.list.as_bytes(),
+            result_or_backoff: staged.unwrap_or(result).as_bytes(),
+            record: record.as_bytes(),
+            forget: n.forget.as_bytes(),
+            request_token: request_token.as_bytes(),
+            ttl: n.ttl.as_bytes(),
+            ..ItemArgs::fenced(b"bury", fence)
+        },
+        Finish::Park { fence, member, .. } => ItemArgs {
+            list_or_member: member,
+            result_or_backoff: n.backoff.as_bytes(),
+            ..ItemArgs::fenced(b"park", fence)
+        },
+        Finish::Release { fence } => ItemArgs::fenced(b"release", fence),
     }
 }
 
@@ -350,5 +409,119 @@ fn finished_of(status: &Value, f: &Finish) -> Option<Finished> {
             f.result_list().unwrap_or_default()
         ))),
         _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::queue::Fence;
+
+    fn fence(n: u8) -> Fence {
+        Fence {
+            key: format!("claim-{n}"),
+            token: format!("owner-{n}"),
+        }
+    }
+
+    fn numbers(list: &str, forget: &str, backoff: &str, ttl: &str, payload: &str) -> ItemNumbers {
+        ItemNumbers {
+            list: list.to_owned(),
+            forget: forget.to_owned(),
+            backoff: backoff.to_owned(),
+            ttl: ttl.to_owned(),
+            payload: payload.to_owned(),
+        }
+    }
+
+    /// The layout the Rust side writes is the one the script reads: as many fields per item as
+    /// its `local W`.
+    #[test]
+    fn items_have_as_many_fields_as_the_script_reads() {
+        let (_, text) = inferq_client::scripts::FILES
+            .iter()
+            .find(|(file, _)| *file == "finish-11")
+            .expect("finish-11 is listed");
+        let w = text
+            .lines()
+            .find_map(|line| line.strip_prefix("local W = "))
+            .and_then(|n| n.trim().parse::<usize>().ok());
+        assert_eq!(w, Some(ITEM_FIELDS));
+    }
+
+    /// A batch of each kind, encoded as one call's arguments, reads back field by field: each
+    /// kind's values sit where the script's header says, the rest hold their neutral values.
+    #[test]
+    fn a_calls_arguments_decode_back_to_each_items_fields() {
+        let batch = vec![
+            Finish::Ack {
+                fence: fence(1),
+                id: "a".into(),
+                request_token: "tok-a".into(),
+                result_list: "results".into(),
+                result_ttl_s: 60,
+                result: r#"{"id":"a"}"#.into(),
+                payload_ref: "request-payload:a:tok-a".into(),
+            },
+            Finish::Bury {
+                fence: fence(2),
+                id: "b".into(),
+                request_token: "tok-b".into(),
+                result_list: "results".into(),
+                result_ttl_s: 0,
+                result: r#"{"id":"b"}"#.into(),
+                record: r#"{"reason":"x"}"#.into(),
+            },
+            Finish::Park {
+                fence: fence(3),
+                member: b"member-c".to_vec(),
+                backoff: Duration::from_millis(250),
+            },
+            Finish::Release { fence: fence(4) },
+        ];
+        let numbers = vec![
+            numbers("-5", "7", "0", "60", "9"),
+            numbers("5", "0", "0", "0", "0"),
+            numbers("0", "0", "250", "0", "0"),
+            numbers("0", "0", "0", "0", "0"),
+        ];
+        let staged = vec![None, Some("staged-b".to_owned()), None, None];
+        let args = finish_args(&batch, &numbers, &staged);
+        assert_eq!(args.len(), 4 * ITEM_FIELDS);
+        let items: Vec<ItemArgs<'_>> = args
+            .chunks(ITEM_FIELDS)
+            .map(|fields| ItemArgs::decode(fields).expect("ten fields"))
+            .collect();
+        let ack = items[0];
+        assert_eq!(
+            (ack.kind, ack.claim_key, ack.owner_token),
+            (&b"ack"[..], &b"claim-1"[..], &b"owner-1"[..])
+        );
+        assert_eq!(ack.list_or_member, b"-5", "a negated index publishes");
+        assert_eq!(ack.result_or_backoff, br#"{"id":"a"}"#);
+        assert_eq!(ack.record, b"");
+        assert_eq!((ack.forget, ack.request_token), (&b"7"[..], &b"tok-a"[..]));
+        assert_eq!((ack.ttl, ack.payload), (&b"60"[..], &b"9"[..]));
+        let bury = items[1];
+        assert_eq!(bury.kind, b"bury");
+        assert_eq!(
+            bury.result_or_backoff, b"staged-b",
+            "a staged item carries its staging"
+        );
+        assert_eq!(bury.record, br#"{"reason":"x"}"#);
+        assert_eq!(bury.payload, b"0", "a bury keeps the body for a requeue");
+        let park = items[2];
+        assert_eq!(park.kind, b"park");
+        assert_eq!(park.list_or_member, b"member-c");
+        assert_eq!(park.result_or_backoff, b"250");
+        assert_eq!(
+            (park.record, park.forget, park.request_token),
+            (&b""[..], &b"0"[..], &b""[..])
+        );
+        let release = items[3];
+        assert_eq!(release, ItemArgs::fenced(b"release", &fence(4)));
+        assert_eq!(release.claim_key, b"claim-4");
     }
 }
