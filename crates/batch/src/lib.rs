@@ -59,41 +59,57 @@ pub use settings::{Limits, Settings, StoreChoice};
 /// Why a replica could not start or stopped.
 #[derive(Debug, thiserror::Error)]
 pub enum ServeError {
-    /// A setting is wrong (exit code 2): the message names it.
-    #[error("{0}")]
-    Config(String),
+    /// `--api-keys-file` is wrong (exit code 2): the message names it.
+    #[error(transparent)]
+    Keys(#[from] auth::KeysError),
+    /// The file store cannot be used (exit code 2): the message names it.
+    #[error(transparent)]
+    Store(#[from] store::StoreError),
     #[error("cannot connect to Redis: {0}")]
-    Redis(String),
-    #[error("cannot listen on {addr}: {reason}")]
-    Listen { addr: String, reason: String },
+    Redis(#[source] Box<dyn std::error::Error + Send + Sync>),
+    #[error("cannot listen on {addr}: {source}")]
+    Listen {
+        addr: String,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl ServeError {
+    /// Whether the user's settings are at fault (exit code 2), not the world.
+    pub fn is_bad_input(&self) -> bool {
+        matches!(
+            self,
+            ServeError::Keys(_) | ServeError::Store(_) | ServeError::Listen { .. }
+        )
+    }
+
+    fn redis(e: impl std::error::Error + Send + Sync + 'static) -> ServeError {
+        ServeError::Redis(Box::new(e))
+    }
 }
 
 /// Builds a replica's shared state: the keys, the store, the Redis link and the producer.
 pub async fn app(settings: Settings) -> Result<state::App, ServeError> {
     let keys = match &settings.api_keys_file {
-        Some(path) => auth::Keys::load(path).map_err(|e| ServeError::Config(e.to_string()))?,
+        Some(path) => auth::Keys::load(path)?,
         None => auth::Keys::default(),
     };
     let store = match &settings.store {
         StoreChoice::Dir(dir) => store::Store::local(dir),
         StoreChoice::Url(url) => store::Store::s3(url),
-    }
-    .map_err(|e| ServeError::Config(e.to_string()))?;
-    let redis = settings
-        .target
-        .connect()
-        .await
-        .map_err(|e| ServeError::Redis(e.to_string()))?;
+    }?;
+    let redis = settings.target.connect().await.map_err(ServeError::redis)?;
     let producer =
         Producer::connect_target(&settings.target, &settings.request_queue, &keys::results())
             .await
-            .map_err(|e| ServeError::Redis(e.to_string()))?
+            .map_err(ServeError::redis)?
             .with_replica_wait(settings.front.replica_wait);
     let metrics = Arc::new(metrics::Metrics::new());
     metrics.known_tenants(&keys.known_tenants());
     let front = front::Front::connect(&settings.target, settings.front.clone(), metrics.clone())
         .await
-        .map_err(|e| ServeError::Redis(e.to_string()))?;
+        .map_err(ServeError::redis)?;
     Ok(state::App {
         front: Arc::new(front),
         redis,
@@ -113,9 +129,9 @@ pub async fn serve(settings: Settings, stop: CancellationToken) -> Result<(), Se
     let app = app(settings).await?;
     let listener = tokio::net::TcpListener::bind(listen)
         .await
-        .map_err(|e| ServeError::Listen {
+        .map_err(|source| ServeError::Listen {
             addr: listen.to_string(),
-            reason: e.to_string(),
+            source,
         })?;
     tracing::info!(
         listen = %listener.local_addr().map_or(listen.to_string(), |a| a.to_string()),

@@ -276,12 +276,11 @@ pub async fn batch_api(args: BatchApiArgs) -> Result<(), Failure> {
             stop.cancel();
         });
     }
-    inferq_batch::serve(settings, stop)
-        .await
-        .map_err(|e| match e {
-            inferq_batch::ServeError::Config(_) | inferq_batch::ServeError::Listen { .. } => {
-                Failure::bad_input(e)
-            }
-            other => Failure::from(other),
-        })
+    inferq_batch::serve(settings, stop).await.map_err(|e| {
+        if e.is_bad_input() {
+            Failure::bad_input(e)
+        } else {
+            Failure::from(e)
+        }
+    })
 }
