@@ -7,11 +7,11 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use redis::aio::{ConnectionManager, ConnectionManagerConfig, MultiplexedConnection};
-use redis::{
-    AsyncConnectionConfig, Client, ClientTlsConfig, ConnectionAddr, IntoConnectionInfo,
-    RedisResult, TlsCertificates,
-};
+use redis::{AsyncConnectionConfig, Client, ConnectionAddr, IntoConnectionInfo, RedisResult};
+#[cfg(feature = "tls")]
+use redis::{ClientTlsConfig, TlsCertificates};
 
+#[cfg(feature = "tls")]
 use crate::roots::Roots;
 
 /// How long one command may take before it counts as failed (the caller retries).
@@ -172,10 +172,16 @@ pub fn client(url: &str, tls: &RedisTls) -> Result<Client, ConnectError> {
             });
         }
     }
-    Client::build_with_tls(info, certificates(tls)?)
-        .map_err(|e| ConnectError::Tls(crate::redact::redact_in_text(&e.to_string())))
+    #[cfg(feature = "tls")]
+    return Client::build_with_tls(info, certificates(tls)?)
+        .map_err(|e| ConnectError::Tls(crate::redact::redact_in_text(&e.to_string())));
+    #[cfg(not(feature = "tls"))]
+    Err(ConnectError::Tls(
+        "this build of inferq-client has no TLS support (its `tls` feature is off)".to_owned(),
+    ))
 }
 
+#[cfg(feature = "tls")]
 /// The TLS material of [`client`] for a TLS client: `--redis-tls-ca-cert`'s CA alone when one
 /// is given, otherwise the default roots, and the client certificate when one is given.
 fn certificates(tls: &RedisTls) -> Result<TlsCertificates, ConnectError> {
@@ -205,6 +211,7 @@ fn certificates(tls: &RedisTls) -> Result<TlsCertificates, ConnectError> {
 
 /// The TLS material a cluster client needs beside its seed URLs: `None` unless `client` (built
 /// by [`client`]) speaks TLS.
+#[cfg(feature = "tls")]
 pub fn tls_certificates(
     client: &Client,
     tls: &RedisTls,

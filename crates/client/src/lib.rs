@@ -50,6 +50,7 @@
 //! needs (rustls and the root stores) and a few small ones (tracing, url, rand, sha1_smol,
 //! futures, base64).
 
+#[cfg(feature = "cluster")]
 mod cluster;
 pub mod connect;
 pub mod durable_results;
@@ -57,8 +58,10 @@ pub mod keys;
 pub mod producer;
 mod redact;
 pub mod reliable;
+#[cfg(feature = "tls")]
 mod roots;
 pub mod scripts;
+#[cfg(feature = "sentinel")]
 mod sentinel;
 mod settings;
 mod slot;
@@ -66,10 +69,13 @@ mod submit;
 pub mod target;
 pub mod wire;
 
+#[cfg(feature = "cluster")]
 pub use cluster::{Cluster, STUCK_AFTER};
 pub use producer::{Producer, ProducerError};
 pub use redact::{redact_in_text, redact_url};
+#[cfg(feature = "tls")]
 pub use roots::{Roots, StorePaths};
+#[cfg(feature = "sentinel")]
 pub use sentinel::Primary;
 pub use settings::{ClaimSettings, ReplicaWait};
 pub use slot::{crc16_xmodem, hash_slot, SLOTS};

@@ -12,13 +12,16 @@
 use std::time::Duration;
 
 use redis::aio::{ConnectionLike, ConnectionManager, MultiplexedConnection};
+#[cfg(feature = "cluster")]
 use redis::cluster::ClusterClient;
 use redis::{Client, Cmd, IntoConnectionInfo, Pipeline, RedisFuture, RedisResult, Value};
 
 use crate::settings::ReplicaWait;
 
+#[cfg(feature = "cluster")]
 use crate::cluster::Cluster;
 use crate::connect::{self, ConnectError, RedisTls, RESPONSE_TIMEOUT};
+#[cfg(feature = "sentinel")]
 use crate::sentinel::Primary;
 
 /// How the Redis behind a URL is deployed (Go's `mode`).
@@ -116,6 +119,7 @@ impl Target {
         crate::redact::redact_url(&self.url)
     }
 
+    #[cfg(feature = "sentinel")]
     pub(super) fn tls(&self) -> &RedisTls {
         &self.tls
     }
@@ -132,6 +136,7 @@ impl Target {
 
     /// The sentinels' URLs: the URL's host, then `addrs`, with the URL's scheme and
     /// credentials but no database (a sentinel has none to select).
+    #[cfg(feature = "sentinel")]
     pub(super) fn sentinel_urls(&self, addrs: &[String]) -> Vec<String> {
         let mut urls = vec![self.url.clone()];
         urls.extend(addrs.iter().map(|a| self.url_at(a)));
@@ -179,19 +184,26 @@ impl Target {
                 Some(_) => Link::Single(connect::manager(&self.client).await?),
                 None => Link::Blocking(connect::blocking(&self.client).await?),
             }),
+            #[cfg(feature = "cluster")]
             Topology::Cluster { addrs } => {
                 let client = self.cluster_client(addrs, response_timeout)?;
                 Ok(Link::Cluster(Cluster::connect(client).await?))
             }
+            #[cfg(not(feature = "cluster"))]
+            Topology::Cluster { .. } => Err(LinkError::NotBuilt("cluster")),
+            #[cfg(feature = "sentinel")]
             Topology::Sentinel { addrs, master_name } => {
                 let sentinels = self.sentinel_urls(addrs);
                 let primary =
                     Primary::find(self.clone(), sentinels, master_name, response_timeout).await?;
                 Ok(Link::Sentinel(primary))
             }
+            #[cfg(not(feature = "sentinel"))]
+            Topology::Sentinel { .. } => Err(LinkError::NotBuilt("sentinel")),
         }
     }
 
+    #[cfg(feature = "cluster")]
     fn cluster_client(
         &self,
         addrs: &[String],
@@ -215,6 +227,7 @@ impl Target {
             Some(t) => builder.response_timeout(t),
             None => builder.response_timeout(Duration::from_secs(24 * 3600)),
         };
+        #[cfg(feature = "tls")]
         if let Some(certs) = connect::tls_certificates(&self.client, &self.tls)? {
             builder = builder.certs(certs);
         }
@@ -238,10 +251,13 @@ impl Target {
                 }
                 Err(last.map_or(LinkError::NoNode, LinkError::Redis))
             }
+            #[cfg(feature = "sentinel")]
             Topology::Sentinel { addrs, master_name } => {
                 let sentinels = self.sentinel_urls(addrs);
                 crate::sentinel::primary_client(self, &sentinels, master_name).await
             }
+            #[cfg(not(feature = "sentinel"))]
+            Topology::Sentinel { .. } => Err(LinkError::NotBuilt("sentinel")),
         }
     }
 }
@@ -272,6 +288,9 @@ pub enum LinkError {
     NoPrimary { name: String, detail: String },
     #[error("no node of the cluster answers")]
     NoNode,
+    /// The target needs a part this build of inferq-client left out.
+    #[error("this build of inferq-client has no {0} support (its `{0}` feature is off)")]
+    NotBuilt(&'static str),
 }
 
 impl LinkError {
@@ -294,8 +313,10 @@ pub enum Link {
     Blocking(MultiplexedConnection),
     /// A cluster: commands go to the node serving their key's slot (a connection made afresh
     /// when it answers only with timeouts: [`crate::Cluster`]).
+    #[cfg(feature = "cluster")]
     Cluster(Cluster),
     /// The primary Sentinel names now.
+    #[cfg(feature = "sentinel")]
     Sentinel(Primary),
 }
 
@@ -317,6 +338,7 @@ impl Link {
                 .max(1),
         );
         let acked: i64 = match self {
+            #[cfg(feature = "cluster")]
             Link::Cluster(c) => {
                 use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
                 let route = Route::new(crate::slot::hash_slot(key), SlotAddr::Master);
@@ -340,7 +362,9 @@ impl ConnectionLike for Link {
         match self {
             Link::Single(c) => c.req_packed_command(cmd),
             Link::Blocking(c) => c.req_packed_command(cmd),
+            #[cfg(feature = "cluster")]
             Link::Cluster(c) => c.req_packed_command(cmd),
+            #[cfg(feature = "sentinel")]
             Link::Sentinel(c) => c.req_packed_command(cmd),
         }
     }
@@ -354,7 +378,9 @@ impl ConnectionLike for Link {
         match self {
             Link::Single(c) => c.req_packed_commands(pipeline, offset, count),
             Link::Blocking(c) => c.req_packed_commands(pipeline, offset, count),
+            #[cfg(feature = "cluster")]
             Link::Cluster(c) => c.req_packed_commands(pipeline, offset, count),
+            #[cfg(feature = "sentinel")]
             Link::Sentinel(c) => c.req_packed_commands(pipeline, offset, count),
         }
     }
@@ -363,7 +389,9 @@ impl ConnectionLike for Link {
         match self {
             Link::Single(c) => c.get_db(),
             Link::Blocking(c) => c.get_db(),
+            #[cfg(feature = "cluster")]
             Link::Cluster(c) => c.get_db(),
+            #[cfg(feature = "sentinel")]
             Link::Sentinel(c) => c.get_db(),
         }
     }
