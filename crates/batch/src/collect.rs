@@ -1,5 +1,5 @@
 //! The collector: every replica runs one, taking results off `{inferq-batch}:results` and
-//! filing each under its batch's line with `collect.lua`, one atomic move per call. A replica
+//! filing each under its batch's line with `collect-4.lua`, one atomic move per call. A replica
 //! killed between calls loses nothing (nothing is held outside Redis), and two replicas never
 //! take one result; that is what keeps a second replica from losing results (batch-gateway
 //! #644, where each replica popped a shared list and threw away what it did not own).
@@ -26,7 +26,7 @@ pub struct Collected {
     pub finalizing: u64,
 }
 
-/// One `collect.lua` call.
+/// One `collect-4.lua` call.
 pub async fn collect_once(app: &App) -> Result<Collected, redis::RedisError> {
     let script = &SCRIPTS.collect;
     let cmd = script.cmd(

@@ -3,7 +3,7 @@
 //! into OpenAI's output line: a 2xx answer goes to the output file, any other answer (with its
 //! response) and any failure without one (with `error{code, message}`) to the error file, and a
 //! line with no result gets `batch_expired` or `batch_cancelled`. So every `custom_id` gets
-//! exactly one line. Both files stream to the store under fresh ids; `finish.lua` records the
+//! exactly one line. Both files stream to the store under fresh ids; `finish-10.lua` records the
 //! first steward's files (each expiring after the batch's `output_expires_after`, else
 //! `--file-retention`) and ending, and a later steward deletes what it wrote. With
 //! `replica_wait` the steward waits for the replicas to hold the ending before it moves on.

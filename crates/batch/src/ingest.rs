@@ -3,9 +3,9 @@
 //! batch then fails and nothing is submitted); [`ingest`] reads it again and submits each line
 //! as one inferq request, `<batch id>:<line>`, its body's bytes untouched, `url` as its
 //! endpoint and the batch's expiry as its deadline, a thousand per round trip. After each
-//! round trip the batch's cursor moves (`advance.lua`), so a steward that dies is resumed by
+//! round trip the batch's cursor moves (`advance-1.lua`), so a steward that dies is resumed by
 //! another from there; the requests of the round trip it was in may be submitted twice, and
-//! `collect.lua` files only the first result of a line. A cancel stops ingestion after the round
+//! `collect-4.lua` files only the first result of a line. A cancel stops ingestion after the round
 //! trip in flight, whose lines the cursor still takes in, so the cancel marks them too. With
 //! `replica_wait`, each round trip waits for the replicas ([`crate::durable`]) before the next.
 
@@ -274,12 +274,12 @@ fn request(
         .with_endpoint(l.url.clone())
 }
 
-/// Lines per `ingest.lua` call (several calls go in one round trip): small enough that one call
+/// Lines per `ingest-1.lua` call (several calls go in one round trip): small enough that one call
 /// holds Redis for about a millisecond.
 const PER_CALL: usize = 100;
 
 /// Submits one round trip's requests; `None` once the window has passed. On a Cluster each
-/// goes through the producer's own script; elsewhere `ingest.lua` queues many per call.
+/// goes through the producer's own script; elsewhere `ingest-1.lua` queues many per call.
 async fn submit(app: &App, chunk: Vec<(u64, NewRequest)>) -> Result<Option<u64>, BatchError> {
     if !app.redis.is_cluster() {
         return submit_batched(app, chunk).await;
@@ -351,7 +351,7 @@ async fn submit_batched(
     Ok(Some(n))
 }
 
-/// The four arguments of one request for `ingest.lua`: its active and cancel keys, a fresh
+/// The four arguments of one request for `ingest-1.lua`: its active and cancel keys, a fresh
 /// request token, and its member (routed to the batch result list).
 fn ingest_args(queue: &str, req: NewRequest) -> Result<[Vec<u8>; 4], BatchError> {
     let token = inferq_client::keys::fresh_token();

@@ -8,7 +8,7 @@
 //!  client ──POST /v1/batches─▶ Redis: batch hash, status validating   (batches_api)
 //!  steward: validate ▶ in_progress ▶ submit each line as a request     (steward, ingest)
 //!  inferq run processors: claim, call the gateway, push the result     (unchanged)
-//!  collector: result list ──collect.lua──▶ the batch's filed results   (collect)
+//!  collector: result list ──collect-4.lua──▶ the batch's filed results   (collect)
 //!  steward: seal ▶ write output + error files ▶ completed / expired / cancelled (finalize)
 //!  sweeper: expired files and ended batches ▶ removed, with their objects    (sweeper)
 //! ```

@@ -1,9 +1,9 @@
 //! Stewards move batches along. Every replica looks at `{inferq-batch}:live` (batches not
 //! ended, each with the time it is next due) several times a second; for a due batch it takes
-//! the batch's lease (`lease.lua`) and works its next moves while renewing the lease:
+//! the batch's lease (`lease-1.lua`) and works its next moves while renewing the lease:
 //!
 //! ```text
-//!   validating ──validate──▶ in_progress ──ingest──▶ (results arrive: collect.lua)
+//!   validating ──validate──▶ in_progress ──ingest──▶ (results arrive: collect-4.lua)
 //!       │  bad file ▶ failed      │ all filed ▶ finalizing ─seal─▶ write files ▶ completed
 //!       │                         │ window passed ─seal─▶ write files ▶ expired
 //!       └────── cancel ─────▶ cancelling ─cancel markers, grace─seal─▶ write files ▶ cancelled

@@ -1,12 +1,12 @@
 //! The sweeper: every replica runs one. Every `--sweep-interval` it removes what expired, in
-//! `sweep.lua` moves over `{inferq-batch}:expiries` (a file or an ended batch's record, once its
+//! `sweep-2.lua` moves over `{inferq-batch}:expiries` (a file or an ended batch's record, once its
 //! time has come): one move removes each, so two replicas never both do, and the replica whose
 //! move removed a file deletes its object. Every `--orphan-grace` it also lists the store and
 //! deletes objects older than the grace that no file key names: the objects of a replica killed
 //! between writing them and recording them (or between a sweep move and its object's delete).
 //!
 //! ```text
-//!   expiries zset ──sweep.lua──▶ keys gone ──▶ store.delete(object)
+//!   expiries zset ──sweep-2.lua──▶ keys gone ──▶ store.delete(object)
 //!   store listing (older than the grace) ──EXISTS file key? no──▶ store.delete(object)
 //! ```
 
@@ -19,7 +19,7 @@ use crate::keys;
 use crate::scripts::SCRIPTS;
 use crate::state::{now_secs, App};
 
-/// Entries one `sweep.lua` call removes at most.
+/// Entries one `sweep-2.lua` call removes at most.
 const PER_CALL: usize = 200;
 /// Keys one orphan check asks about per round trip.
 const ORPHAN_CHUNK: usize = 500;

@@ -105,13 +105,20 @@ impl Script {
     /// after its `#!lua` flags line when it has one, which Redis needs first.
     pub fn from_file(file: &'static str, text: &str) -> Script {
         let name = file.split('-').next().unwrap_or(file);
+        Script::from_parts(name, text, INCLUDES)
+    }
+
+    /// A script named `name` from a file's text whose `--- @include` lines name fragments of
+    /// `includes` (`(name, text)` pairs): what another crate's scripts use with their own
+    /// fragments.
+    pub fn from_parts(name: &'static str, text: &str, includes: &[(&str, &str)]) -> Script {
         let (flags, body) = match text.split_once('\n') {
             Some((first, rest)) if first.starts_with("#!lua") => (first, rest),
             _ => ("", text),
         };
         let fragments: Vec<&str> = includes_named(text)
             .filter_map(|wanted| {
-                INCLUDES
+                includes
                     .iter()
                     .find(|(name, _)| *name == wanted)
                     .map(|(_, fragment)| *fragment)
@@ -210,13 +217,26 @@ mod tests {
 
     use super::*;
 
-    /// The KEYS a script's header declares: the highest `KEYS[n]` that opens a header line
-    /// (optional ones too: the name counts every key a call may pass).
+    /// The KEYS a script's header declares: the highest `KEYS[n]` it names (optional ones too:
+    /// the name counts every key a call may pass). The header is the opening `--[[ ]]` block,
+    /// or the opening run of `--` lines.
     fn required_keys(text: &str) -> usize {
-        let header = text.split("]]").next().unwrap_or("");
+        // A `#!lua` flags line comes first where there is one.
+        let text = match text.split_once('\n') {
+            Some((first, rest)) if first.starts_with("#!") => rest,
+            _ => text,
+        };
+        let header: String = if text.starts_with("--[[") {
+            text.split("]]").next().unwrap_or("").to_owned()
+        } else {
+            text.lines()
+                .take_while(|line| line.starts_with("--"))
+                .map(|line| format!("{}\n", line.trim_start_matches('-')))
+                .collect()
+        };
         header
-            .lines()
-            .filter_map(|line| line.trim_start().strip_prefix("KEYS["))
+            .split("KEYS[")
+            .skip(1)
             .filter_map(|rest| rest.split(']').next()?.parse::<usize>().ok())
             .max()
             .unwrap_or(0)

@@ -1,6 +1,6 @@
 //! The front door's collector: every replica runs one. It waits on the result list without
 //! taking anything (`BLMOVE` of the list onto its own tail, which leaves it as it was), then
-//! files what is there with `collect.lua`: each result under its request, announced on the
+//! files what is there with `collect-1.lua`: each result under its request, announced on the
 //! done channel so every replica's waits wake. Any replica files any result, and none pops a
 //! result another is waiting for (the batch gateway's #644); one killed between calls loses
 //! nothing.
@@ -28,7 +28,7 @@ pub struct Collected {
     pub dropped: u64,
 }
 
-/// One `collect.lua` call.
+/// One `collect-1.lua` call.
 pub async fn collect_once(app: &App) -> Result<Collected, redis::RedisError> {
     let script = &SCRIPTS.collect;
     let front = &app.front;

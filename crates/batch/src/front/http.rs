@@ -198,7 +198,7 @@ async fn wait(
 /// A wait-mode wait: until `id` ends or its deadline passes. With an `Idempotency-Key` it
 /// looks every [`record::RESUBMIT_AFTER_MS`] whether the request was ever queued: one recorded
 /// by a replica that died (or lost Redis) before queueing it is queued again through the key
-/// (`create.lua` answers `resubmit` to one caller), so the client that retried gets its answer.
+/// (`create-2.lua` answers `resubmit` to one caller), so the client that retried gets its answer.
 async fn wait_keyed(
     app: &App,
     tenant: &str,

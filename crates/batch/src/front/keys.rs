@@ -38,7 +38,7 @@ pub fn results() -> String {
     format!("{PREFIX}:front:results")
 }
 
-/// The channel `collect.lua` and `cancel.lua` announce ended requests on.
+/// The channel `collect-1.lua` and `cancel-2.lua` announce ended requests on.
 pub fn done_channel() -> String {
     format!("{PREFIX}:front:done")
 }

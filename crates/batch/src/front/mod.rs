@@ -6,10 +6,10 @@
 //!
 //! ```text
 //!  client ──POST /v1/chat/completions──▶ inbound (checks: mode, queue, deadline, key)
-//!     record::open ──create.lua──▶ {inferq-batch}:req:<id> (+ the Idempotency-Key)
+//!     record::open ──create-2.lua──▶ {inferq-batch}:req:<id> (+ the Idempotency-Key)
 //!                  ──producer────▶ <queue> (a Go-format request; route: front:results)
 //!  inferq run processors: claim, call the gateway, LPUSH the result onto front:results
-//!  collect (every replica) ──collect.lua──▶ {inferq-batch}:res:<id>, PUBLISH front:done <id>
+//!  collect (every replica) ──collect-1.lua──▶ {inferq-batch}:res:<id>, PUBLISH front:done <id>
 //!  waiters (every replica) ◀─SUBSCRIBE front:done── wake the waits of <id> ──▶ answer
 //! ```
 //!

@@ -1,5 +1,5 @@
 //! A front-door request's life in Redis: [`open`] records it (or finds the one its
-//! `Idempotency-Key` names) with `create.lua` and submits it with the producer of its queue,
+//! `Idempotency-Key` names) with `create-2.lua` and submits it with the producer of its queue,
 //! as a Go-format request whose result route is the front door's result list; [`read`] gives
 //! its record and result to its tenant; [`cancel`] ends it. The waiting is in
 //! [`super::waiters`], the filing of results in [`super::collect`].
@@ -280,7 +280,7 @@ async fn submit(
     let submitted = producer.submit(req).await?;
     // The mark is not waited for: the request is queued whatever becomes of it. Without it
     // (a replica that dies first, Redis failing) a retry with the key after RESUBMIT_AFTER_MS
-    // submits a second generation, whose result collect.lua drops if the first's came.
+    // submits a second generation, whose result collect-1.lua drops if the first's came.
     let mut con = app.redis.clone();
     let (key, token, id) = (
         keys::request(id),

@@ -1,28 +1,13 @@
-//! The front door's Lua moves, loaded from `lua/front/*.lua` at compile time (each file's
-//! opening comment states its KEYS, ARGV, answer and the move it makes), run by `EVALSHA` with
-//! a load and retry on `NOSCRIPT`, as the Batch API's are.
+//! The front door's Lua moves, `lua/front/<move>-<KEYS>.lua`, loaded at compile time with the
+//! Batch API's conventions and fragments (see [`crate::scripts`]).
 
 use std::sync::LazyLock;
 
 use inferq_client::scripts::Script;
 
-macro_rules! lua {
-    ($name:literal) => {
-        include_str!(concat!("../lua/front/", $name, ".lua"))
-    };
-}
-
-/// Every script of the front door.
-pub struct Scripts {
-    pub create: Script,
-    pub forget: Script,
-    pub collect: Script,
-    pub cancel: Script,
-}
-
-pub static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
-    create: Script::new("frontCreate", &[], lua!("create")),
-    forget: Script::new("frontForget", &[], lua!("forget")),
-    collect: Script::new("frontCollect", &[], lua!("collect")),
-    cancel: Script::new("frontCancel", &[], lua!("cancel")),
+crate::scripts::scripts!("lua/front/", "Every script of the front door.", Scripts, SCRIPTS, FILES {
+    create: "frontCreate" => "create-2",
+    forget: "frontForget" => "forget-2",
+    collect: "frontCollect" => "collect-1",
+    cancel: "frontCancel" => "cancel-2",
 });

@@ -1,11 +1,11 @@
 //! Waking the clients a replica holds: each open wait (wait mode, a stream, a long poll)
-//! registers its request id here; one subscription per replica to the channel `collect.lua`
-//! and `cancel.lua` PUBLISH ended ids on wakes the waits of that id, which then read the
+//! registers its request id here; one subscription per replica to the channel `collect-1.lua`
+//! and `cancel-2.lua` PUBLISH ended ids on wakes the waits of that id, which then read the
 //! record. Nothing polls Redis: a wait reads the record when it starts, when woken, and when
 //! the subscription is (re)made (a message may have been missed while it was down).
 //!
 //! ```text
-//!  collect.lua / cancel.lua ──PUBLISH {inferq-batch}:front:done <id>──▶ every replica's
+//!  collect-1.lua / cancel-2.lua ──PUBLISH {inferq-batch}:front:done <id>──▶ every replica's
 //!  subscription ──wake(id)──▶ the waits of <id> ──read──▶ record + result ──▶ the answer
 //! ```
 

@@ -549,7 +549,7 @@ async fn a_result_is_kept_for_the_retention_then_reads_expired() -> Fallible {
     Ok(())
 }
 
-/// A request recorded by a replica that died before queueing it (written here as `create.lua`
+/// A request recorded by a replica that died before queueing it (written here as `create-2.lua`
 /// writes it, with no `submitted` mark and its submission begun 20 s ago): a retry with its
 /// key queues it, once, and gets its answer.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -120,7 +120,7 @@ impl Model for BatchModel {
         if b.status == Status::InProgress && open && b.cursor < N && b.sent[b.cursor] < 2 {
             out.push(Move::Submit);
         }
-        // advance.lua records a round trip sent before a cancel came, too.
+        // advance-1.lua records a round trip sent before a cancel came, too.
         let advancing = matches!(b.status, Status::InProgress | Status::Cancelling);
         if advancing && open && b.cursor < N && b.sent[b.cursor] > 0 {
             out.push(Move::Advance);
@@ -170,7 +170,7 @@ impl Model for BatchModel {
                 b.answered[i] += 1;
                 b.on_list[i] += 1;
             }
-            // collect.lua: file the first result of a line while in_progress or cancelling and
+            // collect-4.lua: file the first result of a line while in_progress or cancelling and
             // not sealed; the last one of an in_progress batch finalizes it, or seals it
             // expired once the window passed.
             Move::Collect(i) => {
@@ -210,7 +210,7 @@ impl Model for BatchModel {
                     b.filed
                 })
             }
-            // finish.lua: the first records its files and the ending; a later one changes nothing.
+            // finish-10.lua: the first records its files and the ending; a later one changes nothing.
             Move::Finish(k) => {
                 if let Writer::Read(lines) = b.writers[k] {
                     if !b.status.ended() {

@@ -14,6 +14,7 @@
 -- KEYS[4] the enqueued hash (tenant -> its batch lines not yet finished)
 -- ARGV[1] most results to take  ARGV[2] the key prefix ("{inferq-batch}")
 -- Returns {taken, filed, dropped, finalizing}.
+--- @include move
 local taken = redis.call('RPOP', KEYS[1], ARGV[1])
 if not taken then
   return {0, 0, 0, 0}

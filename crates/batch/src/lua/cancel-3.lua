@@ -3,6 +3,7 @@
 -- KEYS[1] the batch hash  KEYS[2] the counts hash  KEYS[3] the live zset
 -- ARGV[1] batch id
 -- Returns {status after the call, 1 when the cancel was taken or already in hand, 0 refused}.
+--- @include move
 local b = redis.call('HMGET', KEYS[1], 'status', 'sealed')
 local status = b[1] or ''
 if status == 'cancelling' or status == 'cancelled' then

@@ -7,6 +7,8 @@
 -- ARGV[1] "ok" | "failed"  ARGV[2] total lines (ok) or the errors object as JSON (failed)
 -- ARGV[3] batch id  ARGV[4] how long an ended batch's record is kept, seconds
 -- Returns the batch's status after the call.
+--- @include move
+--- @include ended
 local status = redis.call('HGET', KEYS[1], 'status')
 if status ~= 'validating' then
   return status or ''

@@ -13,6 +13,8 @@
 -- ARGV[9] tenant  ARGV[10] now, Unix ms  ARGV[11] how long the batch's record is kept, seconds
 -- ARGV[12] how long its output and error files are kept, seconds
 -- Returns {status after the call, 1 when this call ended the batch else 0}.
+--- @include move
+--- @include ended
 local b = redis.call('HMGET', KEYS[1], 'status', 'sealed')
 local status = b[1] or ''
 local ending = b[2] or ''
