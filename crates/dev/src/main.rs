@@ -22,6 +22,7 @@ macro_rules! tell {
     }};
 }
 
+mod accept_bench;
 mod batch_bench;
 mod bench;
 mod chaos;
@@ -62,6 +63,9 @@ enum Command {
     /// Benchmark the Batch API: a batch's upload, ingestion, drain and output against the
     /// same lines through `inferq submit`, and the replica's peak memory.
     BenchBatch(batch_bench::BatchBenchArgs),
+    /// Benchmark durable acceptance: Batch API ingestion with and without `replica_wait`
+    /// (a primary and one replica), printing both rates and the ratio.
+    BenchBatchWait(accept_bench::AcceptBenchArgs),
     /// Benchmark the front door (single requests over HTTP): wait-mode latency against the
     /// simulator called directly, clients held waiting per replica and its memory, and the
     /// enqueue rate.
@@ -123,6 +127,7 @@ fn main() -> ExitCode {
             Command::Chaos(args) => chaos::chaos(args).await,
             Command::Bench(args) => bench::bench(args).await,
             Command::BenchBatch(args) => batch_bench::bench_batch(args).await,
+            Command::BenchBatchWait(args) => accept_bench::bench_batch_wait(args).await,
             Command::BenchFront(args) => front_bench::bench_front(args).await,
             Command::BenchSlack(args) => slack_bench::bench_slack(args).await,
         }
