@@ -96,9 +96,12 @@ VALUE_SETS: dict[str, tuple[dict[str, Any], set[tuple[str, str]]]] = {
             "files": {"url": "s3://inferq-batches/prod", "s3": {
                 "existingSecret": "batch-s3", "region": "eu-west-1",
                 "endpoint": "http://minio:9000", "allowHttp": True}},
-            "apiKeys": {"keys": BATCH_KEYS},
+            "apiKeys": {"keys": {**BATCH_KEYS, "sk-team-c-0123456789abcdef": {
+                "tenant": "team-c", "weight": 2, "max_enqueued_lines": 100_000}}},
             "maxLines": 1000, "maxFileBytes": 50_000_000, "allowCompletionWindows": ["1h", "30s"],
             "lease": "15s", "cancelGrace": "20s",
+            "maxEnqueuedLines": 200_000, "fileRetention": "168h", "batchRetention": "720h",
+            "minExpiresAfter": "1h", "sweepInterval": "30s", "orphanGrace": "2h",
         },
     }, {
         ("Deployment", "prod-inferq"), ("Deployment", "prod-inferq-batch-api"),
@@ -172,6 +175,10 @@ REFUSED: dict[str, tuple[dict[str, Any], str]] = {
     "a misspelt key (values.schema.json)": (
         {"processor": {"drainTimeOut": "2m"}},
         "additional properties 'drainTimeOut' not allowed"),
+    "a key's tenant weight of 0 (values.schema.json)": (
+        {"batchApi": {"enabled": True, "apiKeys": {"keys": {
+            "sk-team-a-0123456789abcdef": {"tenant": "team-a", "weight": 0}}}}},
+        "/batchApi/apiKeys/keys/sk-team-a-0123456789abcdef"),
     "a Batch API without keys": (
         {"batchApi": {"enabled": True}},
         "batchApi: give API keys"),

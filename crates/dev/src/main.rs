@@ -26,6 +26,8 @@ macro_rules! tell {
 }
 
 #[cfg(feature = "bench")]
+mod accept_bench;
+#[cfg(feature = "bench")]
 mod batch_bench;
 #[cfg(feature = "bench")]
 mod bench;
@@ -80,6 +82,10 @@ enum Command {
     /// same lines through `inferq submit`, and the replica's peak memory.
     #[cfg(feature = "bench")]
     BenchBatch(batch_bench::BatchBenchArgs),
+    /// Benchmark durable acceptance: Batch API ingestion with and without `replica_wait`
+    /// (a primary and one replica), printing both rates and the ratio.
+    #[cfg(feature = "bench")]
+    BenchBatchWait(accept_bench::AcceptBenchArgs),
     /// Benchmark the front door (single requests over HTTP): wait-mode latency against the
     /// simulator called directly, clients held waiting per replica and its memory, and the
     /// enqueue rate.
@@ -146,6 +152,8 @@ fn main() -> ExitCode {
             Command::Bench(args) => bench::bench(args).await,
             #[cfg(feature = "bench")]
             Command::BenchBatch(args) => batch_bench::bench_batch(args).await,
+            #[cfg(feature = "bench")]
+            Command::BenchBatchWait(args) => accept_bench::bench_batch_wait(args).await,
             #[cfg(feature = "bench")]
             Command::BenchFront(args) => front_bench::bench_front(args).await,
             #[cfg(feature = "bench")]

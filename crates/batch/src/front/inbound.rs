@@ -124,6 +124,8 @@ pub fn parse(
                 ))
             }
         };
+    // OpenAI's limits on a body's `metadata`, checked here as the Batch API checks a batch's.
+    crate::metadata::check(object.get("metadata"))?;
     let stream = match object.get("stream") {
         None | Some(Value::Null) => false,
         Some(Value::Bool(b)) => *b,

@@ -290,6 +290,16 @@ async fn bad_requests_are_400_naming_the_field_and_leave_nothing_in_redis() -> F
             json!({"model": "m", "stream": true}),
             "stream",
         ),
+        (
+            vec![],
+            json!({"model": "m", "metadata": {"k": "v".repeat(513)}}),
+            "metadata.k",
+        ),
+        (
+            vec![],
+            json!({"model": "m", "metadata": (0..17).map(|i| (format!("k{i}"), json!("v"))).collect::<serde_json::Map<_, _>>()}),
+            "metadata",
+        ),
     ];
     for (headers, body, param) in cases {
         let (status, _, err) = post(&url, &headers, &body).await?;

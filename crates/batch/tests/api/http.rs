@@ -283,11 +283,31 @@ fn bad_settings_exit_2_naming_the_field() -> Fallible {
     std::fs::write(&keys, r#"{"short":"t"}"#)?;
     let (code, err) = run(&["--api-keys-file", &keys.display().to_string()])?;
     assert_eq!((code, err.contains("--api-keys-file")), (2, true), "{err}");
+    std::fs::write(
+        &keys,
+        r#"{"sk-aaaaaaaaaaaaaaaa":{"tenant":"a","weight":0}}"#,
+    )?;
+    let (code, err) = run(&["--api-keys-file", &keys.display().to_string()])?;
+    assert_eq!(
+        (
+            code,
+            err.contains("--api-keys-file") && err.contains("weight")
+        ),
+        (2, true),
+        "{err}"
+    );
     // The front door's flags.
     for (flag, value) in [
         ("--request-timeout", "0s"),
         ("--result-retention", "0s"),
         ("--max-waiting-clients", "0"),
+        // Limits and retention.
+        ("--max-enqueued-lines", "0"),
+        ("--file-retention", "0s"),
+        ("--batch-retention", "500ms"),
+        ("--min-expires-after", "40days"),
+        ("--sweep-interval", "0s"),
+        ("--orphan-grace", "0s"),
     ] {
         let (code, err) = run(&[flag, value])?;
         assert_eq!(
