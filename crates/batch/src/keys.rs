@@ -12,7 +12,13 @@
 //!   {inferq-batch}:out:<batch id>        hash: line -> its result, until the files are written
 //!   {inferq-batch}:results               list: where processors push batch results
 //!   {inferq-batch}:counts                hash: status -> batches in it
+//!   {inferq-batch}:tenant-ingested       hash: tenant -> lines submitted to the queue, ever
+//!   {inferq-batch}:tenant-done           hash: tenant -> results filed, ever
 //! ```
+//!
+//! With `--queue-per-tenant` a tenant's lines wait in a queue of its own, outside the tag
+//! (`inferq-tenant:<tenant>`, spread over the slots), listed in an index of queues with work
+//! (see [`crate::tenants`]).
 
 /// The hash tag and prefix of every key.
 pub const PREFIX: &str = "{inferq-batch}";
@@ -28,6 +34,14 @@ pub fn live() -> String {
 
 pub fn counts() -> String {
     format!("{PREFIX}:counts")
+}
+
+pub fn tenant_ingested() -> String {
+    format!("{PREFIX}:tenant-ingested")
+}
+
+pub fn tenant_done() -> String {
+    format!("{PREFIX}:tenant-done")
 }
 
 pub fn file(id: &str) -> String {

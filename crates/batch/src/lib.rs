@@ -40,6 +40,7 @@ pub mod settings;
 pub mod state;
 pub mod steward;
 pub mod store;
+pub mod tenants;
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
@@ -48,7 +49,7 @@ use inferq_client::producer::Producer;
 use tokio_util::sync::CancellationToken;
 
 pub use error::{ApiError, BatchError};
-pub use settings::{Limits, Settings, StoreChoice};
+pub use settings::{Limits, Settings, StoreChoice, TenantQueues};
 
 /// Why a replica could not start or stopped.
 #[derive(Debug, thiserror::Error)]
@@ -83,6 +84,9 @@ pub async fn app(settings: Settings) -> Result<state::App, ServeError> {
             .await
             .map_err(|e| ServeError::Redis(e.to_string()))?;
     let metrics = Arc::new(metrics::Metrics::new());
+    let tenant_weights = tenants::weights_of(settings.api_keys_file.as_deref())
+        .map_err(|e| ServeError::Config(e.to_string()))?;
+    metrics.tenants.start_with(tenant_weights.keys());
     let front = front::Front::connect(&settings.target, settings.front.clone(), metrics.clone())
         .await
         .map_err(|e| ServeError::Redis(e.to_string()))?;
@@ -96,6 +100,7 @@ pub async fn app(settings: Settings) -> Result<state::App, ServeError> {
         metrics,
         owner: inferq_client::keys::fresh_token(),
         working: Arc::new(Mutex::new(HashSet::new())),
+        tenant_weights: Arc::new(tenant_weights),
     })
 }
 
@@ -120,6 +125,7 @@ pub async fn serve(settings: Settings, stop: CancellationToken) -> Result<(), Se
     let collector = tokio::spawn(collect::run(app.clone(), background.clone()));
     let stewards = tokio::spawn(steward::run(app.clone(), background.clone()));
     let front_collector = tokio::spawn(front::collect::run(app.clone(), background.clone()));
+    let tenant_census = tokio::spawn(tenants::run(app.clone(), background.clone()));
     let front_listener = tokio::spawn(front::waiters::listen(
         app.settings.target.clone(),
         front::keys::done_channel(),
@@ -138,6 +144,7 @@ pub async fn serve(settings: Settings, stop: CancellationToken) -> Result<(), Se
     let _ = collector.await;
     let _ = stewards.await;
     let _ = front_collector.await;
+    let _ = tenant_census.await;
     let _ = front_listener.await;
     Ok(())
 }

@@ -58,6 +58,8 @@ pub struct Metrics {
     pub front_results_filed: Counter<u64, AtomicU64>,
     pub front_results_dropped: Counter<u64, AtomicU64>,
     pub front_disconnect_cancels: Counter<u64, AtomicU64>,
+    /// Lines per tenant (see [`crate::tenants`]).
+    pub tenants: crate::tenants::TenantMetrics,
 }
 
 impl Metrics {
@@ -136,6 +138,7 @@ impl Metrics {
             "Requests cancelled because the client waiting for them went away",
             front_disconnect_cancels.clone(),
         );
+        let tenants = crate::tenants::TenantMetrics::register(&mut registry);
         for mode in FRONT_MODES {
             let _ = front_requests.get_or_create(&ModeLabel {
                 mode: mode.to_owned(),
@@ -166,6 +169,7 @@ impl Metrics {
             front_results_filed,
             front_results_dropped,
             front_disconnect_cancels,
+            tenants,
         }
     }
 

@@ -116,6 +116,7 @@ pub struct Scripts {
     pub result_receive: Script,
     pub result_renew: Script,
     pub result_ack: Script,
+    pub forget_idle: Script,
 }
 
 /// The scripts, built once.
@@ -179,6 +180,8 @@ pub static SCRIPTS: LazyLock<Scripts> = LazyLock::new(|| Scripts {
     result_receive: Script::new("resultReceive", &[NOW_MS], lua!("resultReceive-5")),
     result_renew: Script::new("resultRenew", &[NOW_MS], lua!("resultRenew-2")),
     result_ack: Script::new("resultAck", &[NOW_MS], lua!("resultAck-4")),
+    // `fair-share` discovery (`inferq::dispatch::discovery`); loaded at its first call.
+    forget_idle: Script::new("forgetIdle", &[], lua!("forgetIdle-1")),
 });
 
 impl Scripts {

@@ -28,6 +28,7 @@ mod chaos;
 mod demo;
 mod front_bench;
 mod slack_bench;
+mod tenants_bench;
 
 use std::process::ExitCode;
 

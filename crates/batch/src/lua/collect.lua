@@ -6,7 +6,8 @@
 -- to finalizing and makes it due; once its window has passed (the processors answer the rest
 -- DEADLINE_EXCEEDED then) it is sealed `expired` instead, as OpenAI ends a batch its window
 -- ran out on. Other results (unknown or ended batches, a second result of
--- a line, unreadable entries) are dropped.
+-- a line, unreadable entries) are dropped. Each filed result also counts in its tenant's
+-- `<prefix>:tenant-done` (the per-tenant `lines done` metric).
 -- KEYS[1] the result list  KEYS[2] the counts hash  KEYS[3] the live zset
 -- ARGV[1] most results to take  ARGV[2] the key prefix ("{inferq-batch}")
 -- Returns {taken, filed, dropped, finalizing}.
@@ -26,7 +27,7 @@ for _, raw in ipairs(taken) do
   local kept = false
   if bid then
     local bkey = prefix .. ':batch:' .. bid
-    local b = redis.call('HMGET', bkey, 'status', 'sealed', 'total', 'expires_at')
+    local b = redis.call('HMGET', bkey, 'status', 'sealed', 'total', 'expires_at', 'tenant')
     if (b[1] == 'in_progress' or b[1] == 'cancelling') and (not b[2] or b[2] == '') then
       if redis.call('HSETNX', prefix .. ':out:' .. bid, line, raw) == 1 then
         kept = true
@@ -36,6 +37,7 @@ for _, raw in ipairs(taken) do
           field = 'completed'
         end
         redis.call('HINCRBY', bkey, field, 1)
+        redis.call('HINCRBY', prefix .. ':tenant-done', b[5] or '', 1)
         local counts = redis.call('HMGET', bkey, 'completed', 'failed')
         local done = (tonumber(counts[1]) or 0) + (tonumber(counts[2]) or 0)
         if b[1] == 'in_progress' and done >= (tonumber(b[3]) or -1) then

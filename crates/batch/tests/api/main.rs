@@ -13,3 +13,4 @@ mod model;
 mod s3;
 mod sdk;
 mod sentinel;
+mod tenants;

@@ -73,6 +73,14 @@ pub struct QueueCtx {
     /// Set when a queues config reload removed (or replaced) this queue: its requests still
     /// waiting for a worker are released back to pending instead of started.
     pub retired: std::sync::atomic::AtomicBool,
+    /// Set for a queue `fair-share` found (not a listed one): while it is empty its consumer
+    /// waits for a ring (the doorbell, or the discovery seeing new work in the index) with a
+    /// long safety net instead of polling every `poll_interval`, so a thousand idle tenants'
+    /// queues cost no polls.
+    pub found: bool,
+    /// Whether the consumer's last poll found the queue empty (for the discovery, which takes
+    /// an empty queue's entry off the index).
+    pub seen_empty: std::sync::atomic::AtomicBool,
 }
 
 impl QueueCtx {
