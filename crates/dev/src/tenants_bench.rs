@@ -188,14 +188,16 @@ async fn fairness_run(
     Ok(Run { a, b: b_done })
 }
 
-/// Sum of `calls=` over `INFO commandstats`, and of `evalsha`'s alone.
-async fn command_calls(con: &mut redis::aio::MultiplexedConnection) -> Result<(u64, u64), Failure> {
+/// `calls=` of each command in `INFO commandstats`.
+async fn command_calls(
+    con: &mut redis::aio::MultiplexedConnection,
+) -> Result<BTreeMap<String, u64>, Failure> {
     let info: String = redis::cmd("INFO")
         .arg("commandstats")
         .query_async(con)
         .await
         .context("INFO")?;
-    let (mut all, mut evalsha) = (0, 0);
+    let mut by_command = BTreeMap::new();
     for line in info.lines() {
         let Some((name, rest)) = line.split_once(':') else {
             continue;
@@ -205,12 +207,22 @@ async fn command_calls(con: &mut redis::aio::MultiplexedConnection) -> Result<(u
             .find_map(|kv| kv.strip_prefix("calls="))
             .and_then(|n| n.parse::<u64>().ok())
             .unwrap_or(0);
-        all += calls;
-        if name == "cmdstat_evalsha" {
-            evalsha += calls;
+        if let Some(name) = name.strip_prefix("cmdstat_") {
+            by_command.insert(name.to_owned(), calls);
         }
     }
-    Ok((all, evalsha))
+    Ok(by_command)
+}
+
+/// The growth of each command's calls from `before` to `after`, largest first.
+fn growth(before: &BTreeMap<String, u64>, after: &BTreeMap<String, u64>) -> Vec<(String, u64)> {
+    let mut grown: Vec<(String, u64)> = after
+        .iter()
+        .map(|(c, n)| (c.clone(), n - before.get(c).copied().unwrap_or(0)))
+        .filter(|(_, n)| *n > 0)
+        .collect();
+    grown.sort_by(|a, b| b.1.cmp(&a.1));
+    grown
 }
 
 /// What one 1,000-tenant drain cost.
@@ -219,6 +231,8 @@ struct Calls {
     drain: Duration,
     calls: u64,
     evalsha: u64,
+    /// The commands that grew most.
+    top: Vec<(String, u64)>,
 }
 
 /// Writes `per` requests for each of `count` tenants, then drains them with one processor.
@@ -277,7 +291,7 @@ async fn calls_run(
         }
     }
     let requests = (args.tenant_count * args.tenant_lines) as u64;
-    let (before, eval_before) = command_calls(&mut con).await?;
+    let before = command_calls(&mut con).await?;
     let started = Instant::now();
     d.add_processor().map_err(fail)?;
     // The bench's own calls in the window: this INFO and the last one, and each LLEN.
@@ -298,12 +312,18 @@ async fn calls_run(
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     let drain = started.elapsed();
-    let (after, eval_after) = command_calls(&mut con).await?;
+    let after = command_calls(&mut con).await?;
+    let grown = growth(&before, &after);
+    let total: u64 = grown.iter().map(|(_, n)| n).sum();
     Ok(Calls {
         requests,
         drain,
-        calls: (after - before).saturating_sub(own),
-        evalsha: eval_after - eval_before,
+        calls: total.saturating_sub(own),
+        evalsha: grown
+            .iter()
+            .find(|(c, _)| c == "evalsha")
+            .map_or(0, |(_, n)| *n),
+        top: grown.into_iter().take(6).collect(),
     })
 }
 
@@ -369,6 +389,8 @@ pub async fn bench_tenants(args: BatchBenchArgs) -> Result<(), Failure> {
             c.calls as f64 / c.requests as f64,
             c.evalsha as f64 / c.requests as f64
         );
+        let top: Vec<String> = c.top.iter().map(|(cmd, n)| format!("{cmd} {n}")).collect();
+        say!("            most called: {}", top.join(", "));
     }
     say!(
         "ratio       calls per request, fair share / today = {:.3} (target <= 1.5)",

@@ -20,6 +20,9 @@ pub const DEFAULT_INDEX_KEY: &str = "inferq-tenants:index";
 /// no other.
 pub const DEFAULT_WEIGHTS_KEY: &str = "inferq-tenants:weights";
 
+/// Requests of one tenant served in a row when the policy names no other.
+pub const DEFAULT_BURST: usize = 16;
+
 /// The `fair-share` parameters.
 #[derive(Debug, Clone, PartialEq)]
 pub struct FairShare {
@@ -48,6 +51,8 @@ pub struct FairShare {
     pub idle_after: Duration,
     /// Most requests one tenant may have in this processor's workers at once (`None`: no cap).
     pub max_in_flight_per_tenant: Option<usize>,
+    /// Most requests of one tenant served in a row, so they are claimed and acked together.
+    pub burst: usize,
 }
 
 impl Default for FairShare {
@@ -63,6 +68,7 @@ impl Default for FairShare {
             scan_interval: None,
             idle_after: Duration::from_secs(10),
             max_in_flight_per_tenant: None,
+            burst: DEFAULT_BURST,
         }
     }
 }
@@ -95,6 +101,7 @@ pub(crate) struct RawFairShare {
     scan_interval_ms: Option<u64>,
     idle_after_ms: Option<u64>,
     max_in_flight_per_tenant: Option<u64>,
+    burst: Option<u64>,
 }
 
 fn invalid(field: &str, reason: impl Into<String>) -> ConfigError {
@@ -183,6 +190,16 @@ pub(crate) fn parse(params: Value) -> Result<(FairShare, RawFairShare), ConfigEr
         Some(0) => return Err(invalid("max_in_flight_per_tenant", "must be at least 1")),
         Some(n) => Some(usize::try_from(n).unwrap_or(usize::MAX)),
     };
+    fs.burst = match raw.burst {
+        None => DEFAULT_BURST,
+        Some(n @ 1..=10_000) => usize::try_from(n).unwrap_or(DEFAULT_BURST),
+        Some(n) => {
+            return Err(invalid(
+                "burst",
+                format!("must be between 1 and 10000, got {n}"),
+            ))
+        }
+    };
     Ok((fs, raw))
 }
 
@@ -205,7 +222,7 @@ mod tests {
         let (fs, raw) = parse(json!({
             "weights": {"a": 2, "b": 0.5}, "default_weight": 3, "queue_prefix": "t:",
             "index_key": "idx", "template_queue": "batch", "discover_interval_ms": 200,
-            "scan_interval_ms": 5000, "idle_after_ms": 2000, "max_in_flight_per_tenant": 8,
+            "scan_interval_ms": 5000, "idle_after_ms": 2000, "max_in_flight_per_tenant": 8, "burst": 4,
             "fairness_header": ""
         }))
         .unwrap();
@@ -216,6 +233,7 @@ mod tests {
         assert_eq!(fs.discover_interval, Duration::from_millis(200));
         assert_eq!(fs.scan_interval, Some(Duration::from_secs(5)));
         assert_eq!(fs.max_in_flight_per_tenant, Some(8));
+        assert_eq!(fs.burst, 4);
         assert_eq!(raw.fairness_header.as_deref(), Some(""));
     }
 
@@ -248,6 +266,8 @@ mod tests {
             .starts_with("invalid config: merge_policy.parameters.index_key:"));
         assert!(err(json!({"max_in_flight_per_tenant": 0}))
             .starts_with("invalid config: merge_policy.parameters.max_in_flight_per_tenant:"));
+        assert!(err(json!({"burst": 0}))
+            .starts_with("invalid config: merge_policy.parameters.burst:"));
         assert!(err(json!({"discover_interval_ms": 1}))
             .starts_with("invalid config: merge_policy.parameters.discover_interval_ms:"));
         assert!(err(json!({"weight": {}}))

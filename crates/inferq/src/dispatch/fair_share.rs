@@ -9,6 +9,11 @@
 //! it started. A tenant that had no work cannot bank credit (its tag is raised to the clock), so
 //! a tenant coming back shares from then on instead of taking the pool until it catches up.
 //!
+//! A tenant picked is served up to `burst` requests in a row while it has one ready (its tag
+//! moving on for each), so its requests claimed, sent and acked together share their Redis
+//! calls as one queue's do: shares stay exact over many requests, and the order within a few
+//! `burst`s is coarser. With `burst` 1 every pick goes to the smallest tag.
+//!
 //! Requests enter from the queues' channels (each queue's next request is staged with its
 //! tenant and deadline, as in `tier-priority`) and leave to the pool's workers. With a cap
 //! (`max_in_flight_per_tenant`) a tenant with that many requests in this pool's workers is
@@ -130,6 +135,10 @@ pub struct FairShare<T> {
     in_flight: Option<Arc<InFlight>>,
     /// The slot of the request `next` returned last, for the pool to hold.
     last_slot: Option<TenantSlot>,
+    /// Most requests of one tenant served in a row.
+    burst: usize,
+    /// The tenant served last, and how many in a row.
+    current: Option<(Arc<str>, usize)>,
 }
 
 impl<T> FairShare<T> {
@@ -138,6 +147,7 @@ impl<T> FairShare<T> {
         key: KeyFn<T>,
         weights: SharedWeights,
         cap: Option<usize>,
+        burst: usize,
     ) -> Self {
         let n = inputs.len();
         FairShare {
@@ -150,6 +160,8 @@ impl<T> FairShare<T> {
             clock: 0.0,
             in_flight: cap.map(InFlight::new),
             last_slot: None,
+            burst: burst.max(1),
+            current: None,
         }
     }
 
@@ -204,8 +216,9 @@ impl<T> FairShare<T> {
         }
     }
 
-    /// The staged request to serve now: the input holding it, and its start tag.
-    fn pick(&self) -> Option<(usize, f64)> {
+    /// The staged request to serve now: the input holding it, its start tag, and whether it
+    /// continues the current tenant's burst.
+    fn pick(&self) -> Option<(usize, f64, bool)> {
         // Each ready tenant's earliest-deadline request.
         let mut heads: HashMap<&Arc<str>, usize> = HashMap::new();
         for (i, s) in self.staged.iter().enumerate() {
@@ -220,6 +233,15 @@ impl<T> FairShare<T> {
                     }
                 })
                 .or_insert(i);
+        }
+        if let Some((tenant, served)) = &self.current {
+            let at_cap = self.in_flight.as_ref().is_some_and(|f| f.at_cap(tenant));
+            if *served < self.burst && !at_cap {
+                if let Some(i) = heads.get(tenant) {
+                    let tag = self.finish.get(tenant).copied().unwrap_or(self.clock);
+                    return Some((*i, tag, true));
+                }
+            }
         }
         let mut best: Option<(f64, i64, &str, usize)> = None;
         for (tenant, i) in heads {
@@ -244,7 +266,7 @@ impl<T> FairShare<T> {
                 best = Some((start, deadline, &**tenant, i));
             }
         }
-        best.map(|(start, _, _, i)| (i, start))
+        best.map(|(start, _, _, i)| (i, start, false))
     }
 
     /// The next request in fair-share order; `None` once every input is closed and nothing is
@@ -256,7 +278,7 @@ impl<T> FairShare<T> {
                 f.waker.register(cx.waker());
             }
             self.stage(cx);
-            if let Some((i, start)) = self.pick() {
+            if let Some((i, start, bursting)) = self.pick() {
                 if let Some(s) = self.staged[i].take() {
                     let weight = self
                         .weights
@@ -264,7 +286,14 @@ impl<T> FairShare<T> {
                         .unwrap_or_else(PoisonError::into_inner)
                         .of(&s.tenant);
                     self.finish.insert(s.tenant.clone(), start + 1.0 / weight);
-                    self.clock = start;
+                    if bursting {
+                        if let Some((_, served)) = &mut self.current {
+                            *served += 1;
+                        }
+                    } else {
+                        self.clock = start;
+                        self.current = Some((s.tenant.clone(), 1));
+                    }
                     self.last_slot = self.in_flight.as_ref().map(|f| f.take(s.tenant));
                     return Poll::Ready(Some(s.item));
                 }

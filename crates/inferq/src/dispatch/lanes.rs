@@ -384,7 +384,9 @@ impl Lanes {
             lane.first.clone(),
             lane.claiming.clone(),
         )));
-        if let Some(every) = w.backlog_every {
+        // A found queue (`fair-share`) reports no backlog: a pipeline per tenant and interval
+        // would cost more than the tenants' work; the Batch API's per-tenant metrics count it.
+        if let Some(every) = w.backlog_every.filter(|_| !ctx.found) {
             upkeep(Box::pin(upkeep::backlog(
                 ctx.clone(),
                 every,

@@ -702,6 +702,7 @@ fn start_pools(
                     }),
                     weights,
                     fs.max_in_flight_per_tenant,
+                    fs.burst,
                 ))
             }
         };

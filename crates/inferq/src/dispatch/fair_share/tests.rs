@@ -21,6 +21,7 @@ fn merge(inputs: Vec<Receiver<Item>>, w: SharedWeights, cap: Option<usize>) -> F
         Box::new(|item: &Item| (Arc::from(item.0), item.1)),
         w,
         cap,
+        1,
     )
 }
 
@@ -189,4 +190,37 @@ async fn queues_come_and_go_and_the_merge_ends() {
     drop(b_tx);
     assert!(m.next().await.is_none());
     assert!(m.inputs.is_empty());
+}
+
+#[tokio::test]
+async fn a_burst_serves_one_tenant_in_a_row_and_keeps_the_shares() {
+    let (a_tx, a_rx) = channel(1000);
+    let (b_tx, b_rx) = channel(1000);
+    fill(&a_tx, "a", 400).await;
+    fill(&b_tx, "b", 400).await;
+    let mut m = FairShare::new(
+        vec![a_rx, b_rx],
+        Box::new(|item: &Item| (Arc::from(item.0), item.1)),
+        weights(&[("a", 3.0)]),
+        None,
+        8,
+    );
+    let mut order = Vec::new();
+    for _ in 0..400 {
+        order.push(m.next().await.unwrap().0);
+    }
+    // b (weight 1) is served in runs of exactly the burst; a (weight 3) in runs of several.
+    let mut runs_of_b = Vec::new();
+    let mut run = 0;
+    for (i, t) in order.iter().enumerate() {
+        run = if i > 0 && order[i - 1] == *t { run + 1 } else { 1 };
+        let ends = order.get(i + 1) != Some(t);
+        if *t == "b" && ends && i + 1 < order.len() {
+            runs_of_b.push(run);
+        }
+    }
+    assert!(runs_of_b.len() > 5, "{order:?}");
+    assert!(runs_of_b.iter().all(|r| *r == 8), "{runs_of_b:?}");
+    let a = order.iter().filter(|t| **t == "a").count();
+    assert!((285..=315).contains(&a), "a got {a} of 400 at 3 : 1");
 }
