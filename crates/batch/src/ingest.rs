@@ -8,6 +8,10 @@
 //! `collect-4.lua` files only the first result of a line. A cancel stops ingestion after the round
 //! trip in flight, whose lines the cursor still takes in, so the cancel marks them too. With
 //! `replica_wait`, each round trip waits for the replicas ([`crate::durable`]) before the next.
+//!
+//! The lines go to the one request queue, or with `--queue-per-tenant` to the batch's tenant's
+//! queue, recorded after each round trip in the index of queues with work
+//! ([`crate::tenants`]).
 
 use std::collections::{BTreeMap, HashSet};
 
@@ -191,6 +195,8 @@ pub async fn ingest(
     let id = batch.get("id").cloned().unwrap_or_default();
     let file = batch.get("input_file_id").cloned().unwrap_or_default();
     let endpoint = batch.get("endpoint").cloned().unwrap_or_default();
+    let tenant = batch.get("tenant").cloned().unwrap_or_default();
+    let queue = crate::tenants::queue_of(app, batch);
     let num = |name: &str| {
         batch
             .get(name)
@@ -231,10 +237,11 @@ pub async fn ingest(
             let at = pending.len().min(CHUNK);
             let chunk: Vec<(u64, NewRequest)> = pending.drain(..at).collect();
             let last = chunk.last().map_or(cursor, |(n, _)| *n);
-            match submit(app, chunk).await? {
+            match submit(app, &queue, chunk).await? {
                 Some(n) => submitted += n,
                 None => return Ok(Stopped::Moved),
             }
+            crate::tenants::note_ingested(app, &tenant, &queue, at as u64).await?;
             app.metrics.lines_ingested.inc_by(at as u64);
             let status = advance(app, &id, submitted, last).await?;
             if let crate::durable::Replicated::Short { acked, wanted } =
@@ -278,15 +285,25 @@ fn request(
 /// holds Redis for about a millisecond.
 const PER_CALL: usize = 100;
 
-/// Submits one round trip's requests; `None` once the window has passed. On a Cluster each
-/// goes through the producer's own script; elsewhere `ingest-1.lua` queues many per call.
-async fn submit(app: &App, chunk: Vec<(u64, NewRequest)>) -> Result<Option<u64>, BatchError> {
+/// Submits one round trip's requests to `queue`; `None` once the window has passed. On a
+/// Cluster each goes through the producer's own script; elsewhere `ingest-1.lua` queues many per
+/// call.
+async fn submit(
+    app: &App,
+    queue: &str,
+    chunk: Vec<(u64, NewRequest)>,
+) -> Result<Option<u64>, BatchError> {
     if !app.redis.is_cluster() {
-        return submit_batched(app, chunk).await;
+        return submit_batched(app, queue, chunk).await;
     }
     let reqs: Vec<NewRequest> = chunk.into_iter().map(|(_, r)| r).collect();
     let n = reqs.len() as u64;
-    for outcome in app.producer.submit_many(reqs).await? {
+    let producer = if queue == app.producer.request_queue() {
+        app.producer.as_ref().clone()
+    } else {
+        app.producer.for_queue(queue)
+    };
+    for outcome in producer.submit_many(reqs).await? {
         match outcome {
             Ok(_) => {}
             Err(ProducerError::Expired) => return Ok(None),
@@ -298,6 +315,7 @@ async fn submit(app: &App, chunk: Vec<(u64, NewRequest)>) -> Result<Option<u64>,
 
 async fn submit_batched(
     app: &App,
+    queue: &str,
     chunk: Vec<(u64, NewRequest)>,
 ) -> Result<Option<u64>, BatchError> {
     let n = chunk.len() as u64;
@@ -309,7 +327,6 @@ async fn submit_batched(
         return Ok(None);
     }
     let script = &SCRIPTS.ingest;
-    let queue = app.settings.request_queue.clone();
     let mut pipe = redis::pipe();
     let mut calls = 0;
     let mut reqs = chunk.into_iter().map(|(_, r)| r).peekable();
@@ -319,14 +336,14 @@ async fn submit_batched(
             ttl_ms.to_string().into_bytes(),
         ];
         for req in reqs.by_ref().take(PER_CALL) {
-            args.extend(ingest_args(&queue, req)?);
+            args.extend(ingest_args(queue, req)?);
         }
-        pipe.add_command(script.cmd(&[&queue], &args));
+        pipe.add_command(script.cmd(&[queue], &args));
         calls += 1;
     }
     // Ring the queue's doorbell so idle processors poll at once (a wake-up only).
     pipe.cmd("PUBLISH")
-        .arg(inferq_client::keys::doorbell_channel(&queue))
+        .arg(inferq_client::keys::doorbell_channel(queue))
         .arg("1")
         .ignore();
     let mut con = app.redis.clone();

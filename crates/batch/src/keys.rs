@@ -14,7 +14,13 @@
 //!   {inferq-batch}:counts                hash: status -> batches in it
 //!   {inferq-batch}:enqueued              hash: tenant -> its batch lines not yet finished
 //!   {inferq-batch}:expiries              zset: file or ended batch id -> when it is removed (s)
+//!   {inferq-batch}:tenant-ingested       hash: tenant -> lines submitted to the queue, ever
+//!   {inferq-batch}:tenant-done           hash: tenant -> results filed, ever
 //! ```
+//!
+//! With `--queue-per-tenant` a tenant's lines wait in a queue of its own, outside the tag
+//! (`inferq-tenant:<tenant>`, spread over the slots), listed in an index of queues with work
+//! (see [`crate::tenants`]).
 
 /// The hash tag and prefix of every key.
 pub const PREFIX: &str = "{inferq-batch}";
@@ -38,6 +44,14 @@ pub fn enqueued() -> String {
 
 pub fn expiries() -> String {
     format!("{PREFIX}:expiries")
+}
+
+pub fn tenant_ingested() -> String {
+    format!("{PREFIX}:tenant-ingested")
+}
+
+pub fn tenant_done() -> String {
+    format!("{PREFIX}:tenant-done")
 }
 
 pub fn file(id: &str) -> String {

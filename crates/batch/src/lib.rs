@@ -46,6 +46,7 @@ pub mod state;
 pub mod steward;
 pub mod store;
 pub mod sweeper;
+pub mod tenants;
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
@@ -54,7 +55,7 @@ use inferq_client::producer::Producer;
 use tokio_util::sync::CancellationToken;
 
 pub use error::{ApiError, BatchError};
-pub use settings::{Limits, Settings, StoreChoice};
+pub use settings::{Limits, Settings, StoreChoice, TenantQueues};
 
 /// Why a replica could not start or stopped.
 #[derive(Debug, thiserror::Error)]
@@ -107,6 +108,8 @@ pub async fn app(settings: Settings) -> Result<state::App, ServeError> {
             .with_replica_wait(settings.front.replica_wait);
     let metrics = Arc::new(metrics::Metrics::new());
     metrics.known_tenants(&keys.known_tenants());
+    let tenant_weights = tenants::weights_of(&keys);
+    metrics.tenants.start_with(tenant_weights.keys());
     let front = front::Front::connect(&settings.target, settings.front.clone(), metrics.clone())
         .await
         .map_err(ServeError::redis)?;
@@ -120,6 +123,7 @@ pub async fn app(settings: Settings) -> Result<state::App, ServeError> {
         metrics,
         owner: inferq_client::keys::fresh_token(),
         working: Arc::new(Mutex::new(HashSet::new())),
+        tenant_weights: Arc::new(tenant_weights),
     })
 }
 
@@ -145,6 +149,7 @@ pub async fn serve(settings: Settings, stop: CancellationToken) -> Result<(), Se
     let stewards = tokio::spawn(steward::run(app.clone(), background.clone()));
     let sweeper = tokio::spawn(sweeper::run(app.clone(), background.clone()));
     let front_collector = tokio::spawn(front::collect::run(app.clone(), background.clone()));
+    let tenant_census = tokio::spawn(tenants::run(app.clone(), background.clone()));
     let front_listener = tokio::spawn(front::waiters::listen(
         app.settings.target.clone(),
         front::keys::done_channel(),
@@ -164,6 +169,7 @@ pub async fn serve(settings: Settings, stop: CancellationToken) -> Result<(), Se
     let _ = stewards.await;
     let _ = sweeper.await;
     let _ = front_collector.await;
+    let _ = tenant_census.await;
     let _ = front_listener.await;
     Ok(())
 }

@@ -74,6 +74,8 @@ pub struct Metrics {
     pub front_disconnect_cancels: Counter<u64, AtomicU64>,
     pub limit_refusals: Family<TenantLabel, Counter<u64, AtomicU64>>,
     pub swept: Family<KindLabel, Counter<u64, AtomicU64>>,
+    /// Lines per tenant (see [`crate::tenants`]).
+    pub tenants: crate::tenants::TenantMetrics,
 }
 
 impl Metrics {
@@ -169,6 +171,7 @@ impl Metrics {
                 kind: kind.to_owned(),
             });
         }
+        let tenants = crate::tenants::TenantMetrics::register(&mut registry);
         for mode in FRONT_MODES {
             let _ = front_requests.get_or_create(&ModeLabel {
                 mode: mode.to_owned(),
@@ -201,6 +204,7 @@ impl Metrics {
             front_disconnect_cancels,
             limit_refusals,
             swept,
+            tenants,
         }
     }
 

@@ -96,6 +96,40 @@ pub struct Settings {
     pub cancel_grace: Duration,
     /// The front door's settings (single requests).
     pub front: crate::front::FrontSettings,
+    /// `--queue-per-tenant`: each tenant's lines wait in a queue of their own (see
+    /// [`crate::tenants`]); `None`: every line goes to `request_queue`.
+    pub tenant_queues: Option<TenantQueues>,
+}
+
+/// Where each tenant's lines wait when every tenant has a queue of its own.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TenantQueues {
+    /// A tenant's queue is this followed by the tenant's name (`inferq-tenant:alice`).
+    pub prefix: String,
+    /// The index of queues with work (zset: queue name -> Unix ms lines were last added), which
+    /// `fair-share` processors read instead of polling every tenant's queue.
+    pub index_key: String,
+    /// The hash of tenant -> weight written at start-up for `fair-share` processors.
+    pub weights_key: String,
+}
+
+/// The prefix of the tenants' queues when none is given.
+pub const DEFAULT_TENANT_QUEUE_PREFIX: &str = "inferq-tenant:";
+
+impl TenantQueues {
+    /// The default names (those `fair-share` reads by default), under `prefix`.
+    pub fn new(prefix: &str) -> TenantQueues {
+        TenantQueues {
+            prefix: prefix.to_owned(),
+            index_key: "inferq-tenants:index".to_owned(),
+            weights_key: "inferq-tenants:weights".to_owned(),
+        }
+    }
+
+    /// The queue of `tenant`'s lines.
+    pub fn queue(&self, tenant: &str) -> String {
+        format!("{}{tenant}", self.prefix)
+    }
 }
 
 /// A completion window as a duration: `24h`, or one of `extra` (humantime, e.g. `30s`).

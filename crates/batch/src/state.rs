@@ -28,6 +28,8 @@ pub struct App {
     pub owner: String,
     /// Batches this replica's stewards are working now.
     pub working: Arc<Mutex<HashSet<String>>>,
+    /// Every tenant the keys name, with its `fair-share` weight (see [`crate::tenants`]).
+    pub tenant_weights: Arc<std::collections::BTreeMap<String, f64>>,
 }
 
 /// Now, Unix seconds.

@@ -259,6 +259,14 @@ impl Producer {
         &self.request_queue
     }
 
+    /// The same producer (connection, result list, settings) submitting to `queue` instead.
+    pub fn for_queue(&self, queue: &str) -> Producer {
+        Producer {
+            request_queue: queue.to_owned(),
+            ..self.clone()
+        }
+    }
+
     pub fn result_queue(&self) -> &str {
         &self.result_queue
     }

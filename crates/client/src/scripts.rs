@@ -198,6 +198,8 @@ scripts! {
         result_receive => "resultReceive-5",
         result_renew => "resultRenew-2",
         result_ack => "resultAck-4",
+        // `fair-share` discovery (`inferq::dispatch::discovery`); loaded at its first call.
+        forget_idle => "forgetIdle-1",
     }
 }
 

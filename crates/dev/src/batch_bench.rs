@@ -42,6 +42,37 @@ pub struct BatchBenchArgs {
     /// as the chaos tests run) or `everysec` (Redis's default).
     #[arg(long, default_value = "always")]
     pub fsync: Fsync,
+    /// Fair share across tenants instead (see `tenants_bench`): today's one queue against
+    /// `--queue-per-tenant` with the `fair-share` policy.
+    #[arg(long)]
+    pub tenants: bool,
+    /// The simulator's latency per request, in ms (`--tenants`; the plain run uses 1 ms).
+    #[arg(long, default_value_t = 20)]
+    pub ttft_ms: u64,
+    /// With `--tenants`: how long after A's batch tenant B posts its own.
+    #[arg(long, default_value = "5s", value_parser = humantime_secs)]
+    pub b_after: Duration,
+    /// With `--tenants`: tenants holding work in the Redis-calls run.
+    #[arg(long, default_value_t = 1000)]
+    pub tenant_count: usize,
+    /// With `--tenants`: requests of each tenant in the Redis-calls run.
+    #[arg(long, default_value_t = 20)]
+    pub tenant_lines: usize,
+}
+
+/// A duration such as `5s` or `500ms`.
+fn humantime_secs(text: &str) -> Result<Duration, String> {
+    let (n, unit) = text
+        .find(|c: char| !c.is_ascii_digit() && c != '.')
+        .map_or((text, "s"), |at| text.split_at(at));
+    let n: f64 = n
+        .parse()
+        .map_err(|_| format!("{text:?} is not a duration such as 5s"))?;
+    match unit {
+        "s" => Ok(Duration::from_secs_f64(n)),
+        "ms" => Ok(Duration::from_secs_f64(n / 1000.0)),
+        _ => Err(format!("{text:?} is not a duration such as 5s or 500ms")),
+    }
 }
 
 fn peak_rss_mib(pid: u32) -> Option<f64> {
@@ -67,6 +98,9 @@ async fn wait_for(
 }
 
 pub async fn bench_batch(args: BatchBenchArgs) -> Result<(), Failure> {
+    if args.tenants {
+        return super::tenants_bench::bench_tenants(args).await;
+    }
     let exe = inferq_testkit::inferq_binary()?;
     let dir = tempfile::Builder::new()
         .prefix("inferq-bench-batch-")

@@ -38,6 +38,8 @@ mod demo;
 mod front_bench;
 #[cfg(feature = "bench")]
 mod slack_bench;
+#[cfg(feature = "bench")]
+mod tenants_bench;
 
 use std::process::ExitCode;
 

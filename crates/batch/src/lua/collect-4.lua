@@ -9,7 +9,8 @@
 -- to finalizing and makes it due; once its window has passed (the processors answer the rest
 -- DEADLINE_EXCEEDED then) it is sealed `expired` instead, as OpenAI ends a batch its window
 -- ran out on. Other results (unknown or ended batches, a second result of
--- a line, unreadable entries) are dropped.
+-- a line, unreadable entries) are dropped. Each filed result also counts in its tenant's
+-- `<prefix>:tenant-done` (the per-tenant `lines done` metric).
 -- KEYS[1] the result list  KEYS[2] the counts hash  KEYS[3] the live zset
 -- KEYS[4] the enqueued hash (tenant -> its batch lines not yet finished)
 -- ARGV[1] most results to take  ARGV[2] the key prefix ("{inferq-batch}")
@@ -89,6 +90,7 @@ for _, raw in ipairs(taken) do
           redis.call('HINCRBY', KEYS[4], b[5], -1)
         end
         add_usage(bkey, msg.payload)
+        redis.call('HINCRBY', prefix .. ':tenant-done', b[5] or '', 1)
         local counts = redis.call('HMGET', bkey, 'completed', 'failed')
         local done = (tonumber(counts[1]) or 0) + (tonumber(counts[2]) or 0)
         if b[1] == 'in_progress' and done >= (tonumber(b[3]) or -1) then

@@ -384,3 +384,60 @@ pub async fn lines_per_id(
     }
     Ok(seen)
 }
+
+/// [`start_batch`] as the tenant of `key`.
+pub async fn start_batch_as(base: &str, key: &str, n: usize) -> Fallible<String> {
+    let c = reqwest::Client::new();
+    let form = reqwest::multipart::Form::new()
+        .text("purpose", "batch")
+        .part(
+            "file",
+            reqwest::multipart::Part::text(chat_lines(n)).file_name("in.jsonl"),
+        );
+    let file: serde_json::Value = c
+        .post(format!("{base}/files"))
+        .bearer_auth(key)
+        .multipart(form)
+        .send()
+        .await?
+        .json()
+        .await?;
+    let batch: serde_json::Value = c
+        .post(format!("{base}/batches"))
+        .bearer_auth(key)
+        .json(&serde_json::json!({"input_file_id": file["id"], "endpoint": "/v1/chat/completions", "completion_window": "24h"}))
+        .send()
+        .await?
+        .json()
+        .await?;
+    match batch["id"].as_str() {
+        Some(id) => Ok(id.to_owned()),
+        None => Err(format!("create: {file} {batch}").into()),
+    }
+}
+
+/// [`wait_ended`] as the tenant of `key`, through one replica.
+pub async fn wait_ended_as(
+    base: &str,
+    key: &str,
+    id: &str,
+    within: Duration,
+) -> Fallible<serde_json::Value> {
+    let c = reqwest::Client::new();
+    let what = format!("batch {id} ended");
+    until(&what, within, Duration::from_millis(100), async || {
+        let b: serde_json::Value = c
+            .get(format!("{base}/batches/{id}"))
+            .bearer_auth(key)
+            .send()
+            .await?
+            .json()
+            .await?;
+        Ok(matches!(
+            b["status"].as_str(),
+            Some("completed" | "failed" | "expired" | "cancelled")
+        )
+        .then_some(b))
+    })
+    .await
+}

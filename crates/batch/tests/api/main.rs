@@ -5,6 +5,7 @@
 mod cluster;
 mod common;
 mod durability;
+mod fair_share;
 mod front;
 mod front_sdk;
 mod front_topologies;

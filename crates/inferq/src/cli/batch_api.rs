@@ -43,6 +43,15 @@ pub struct BatchApiArgs {
     /// `Authorization: Bearer <key>`, and a tenant sees only its own files and batches.
     #[arg(long, value_name = "PATH")]
     pub api_keys_file: Option<PathBuf>,
+    /// Each tenant's lines wait in a queue of their own (`<--tenant-queue-prefix><tenant>`),
+    /// listed in the index of queues with work, for processors running the `fair-share` merge
+    /// policy with that prefix. Off by default: processors without it would never serve those
+    /// queues, so turn it on once they run `fair-share`.
+    #[arg(long)]
+    pub queue_per_tenant: bool,
+    /// With `--queue-per-tenant`: the start of every tenant's queue name.
+    #[arg(long, default_value = inferq_batch::settings::DEFAULT_TENANT_QUEUE_PREFIX, value_name = "PREFIX")]
+    pub tenant_queue_prefix: String,
     /// Serve without keys on an address other than loopback.
     #[arg(long)]
     pub insecure_no_auth: bool,
@@ -172,6 +181,20 @@ pub fn settings(args: &BatchApiArgs) -> Result<inferq_batch::Settings, Failure> 
     if args.result_retention < Duration::from_secs(1) {
         return Err(bad("--result-retention", "must be at least 1s"));
     }
+    if args.queue_per_tenant
+        && (args.tenant_queue_prefix.is_empty()
+            || args
+                .tenant_queue_prefix
+                .contains(['{', '}', '*', '?', '[', ']']))
+    {
+        return Err(bad(
+            "--tenant-queue-prefix",
+            format!(
+                "{:?} must be a non-empty name without {{}}, *, ?, [ or ]",
+                args.tenant_queue_prefix
+            ),
+        ));
+    }
     if args.max_waiting_clients == 0 {
         return Err(bad("--max-waiting-clients", "must be at least 1"));
     }
@@ -226,6 +249,9 @@ pub fn settings(args: &BatchApiArgs) -> Result<inferq_batch::Settings, Failure> 
         lease: args.lease,
         cancel_grace: args.cancel_grace,
         front,
+        tenant_queues: args
+            .queue_per_tenant
+            .then(|| inferq_batch::TenantQueues::new(&args.tenant_queue_prefix)),
     })
 }
 

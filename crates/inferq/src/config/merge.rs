@@ -1,6 +1,7 @@
 //! The request merge policy (go-compat §7.1–7.4): the `--request-merge-policy-config-file` JSON
 //! `{"type": ..., "parameters": {...}}`, or `random-robin` with default parameters without the
-//! file: `random-robin` or `tier-priority`. Out comes a [`MergePolicy`]; errors name
+//! file: `random-robin`, `tier-priority` or `fair-share` (its parameters in [`super::fair_share`]).
+//! Out comes a [`MergePolicy`]; errors name
 //! `merge_policy.<path>`.
 
 use serde::Deserialize;
@@ -31,12 +32,14 @@ pub const LANES: [&str; 6] = [
 pub const DEFAULT_TIER_LABEL: &str = "tier";
 
 /// Which policy merges a pool's queues into its workers.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub enum MergePolicyKind {
     /// Uniformly random among the queues that have a request ready.
     RandomRobin,
     /// Strictly by priority bucket, most urgent first (go-compat §7.4).
     TierPriority(TierPriority),
+    /// Weighted fair share among tenants, deadline order within one (issue 34).
+    FairShare(super::fair_share::FairShare),
 }
 
 /// The `tier-priority` parameters.
@@ -85,7 +88,7 @@ impl Default for Fairness {
 }
 
 /// The merge policy and its parameters.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct MergePolicy {
     /// The policy.
     pub kind: MergePolicyKind,
@@ -139,12 +142,12 @@ pub(crate) fn parse_merge_policy(text: &str) -> Result<MergePolicy, ConfigError>
         "--request-merge-policy-config-file",
         &[""],
     )?;
-    let tiered = is_tiered(&raw.kind.unwrap_or_default())?;
+    let kind = policy_type(&raw.kind.unwrap_or_default())?;
     let params = parameters_object(raw.parameters)?;
-    let policy = if tiered {
-        tier_priority(params)?
-    } else {
-        random_robin(params)?
+    let policy = match kind {
+        "tier-priority" => tier_priority(params)?,
+        "fair-share" => fair_share(params)?,
+        _ => random_robin(params)?,
     };
     let header = fairness_header(policy.fairness_header)?;
     let attribute = policy
@@ -165,20 +168,33 @@ struct PolicyParameters {
     fairness_attribute: Option<String>,
 }
 
-/// `merge_policy.type`: whether it is `tier-priority` (else `random-robin`).
-fn is_tiered(kind: &str) -> Result<bool, ConfigError> {
+/// `merge_policy.type`: one of the known policies.
+fn policy_type(kind: &str) -> Result<&'static str, ConfigError> {
     match kind {
-        "random-robin" => Ok(false),
-        "tier-priority" => Ok(true),
+        "random-robin" => Ok("random-robin"),
+        "tier-priority" => Ok("tier-priority"),
+        "fair-share" => Ok("fair-share"),
         "" => Err(ConfigError::invalid(
             "merge_policy.type",
-            "required (\"random-robin\" or \"tier-priority\")",
+            "required (\"random-robin\", \"tier-priority\" or \"fair-share\")",
         )),
         other => Err(ConfigError::invalid(
             "merge_policy.type",
-            format!("unknown merge policy {other:?} (known: random-robin, tier-priority)"),
+            format!(
+                "unknown merge policy {other:?} (known: random-robin, tier-priority, fair-share)"
+            ),
         )),
     }
+}
+
+/// The parameters of `fair-share` (see [`super::fair_share`]).
+fn fair_share(params: Value) -> Result<PolicyParameters, ConfigError> {
+    let (fs, raw) = super::fair_share::parse(params)?;
+    Ok(PolicyParameters {
+        kind: MergePolicyKind::FairShare(fs),
+        fairness_header: raw.fairness_header,
+        fairness_attribute: raw.fairness_attribute,
+    })
 }
 
 /// `merge_policy.parameters`: an object, empty when absent or null.
@@ -415,12 +431,19 @@ mod tests {
         assert_eq!(
             err(r#"{"type":"round-robin"}"#),
             "invalid config: merge_policy.type: unknown merge policy \"round-robin\" (known: \
-             random-robin, tier-priority)"
+             random-robin, tier-priority, fair-share)"
         );
         assert_eq!(
             err(r#"{}"#),
-            "invalid config: merge_policy.type: required (\"random-robin\" or \"tier-priority\")"
+            "invalid config: merge_policy.type: required (\"random-robin\", \"tier-priority\" \
+             or \"fair-share\")"
         );
+        let p = parse_merge_policy(
+            r#"{"type":"fair-share","parameters":{"weights":{"a":2},"fairness_header":""}}"#,
+        )
+        .unwrap();
+        assert!(matches!(&p.kind, MergePolicyKind::FairShare(fs) if fs.weights["a"] == 2.0));
+        assert_eq!(p.fairness.header, None);
         assert!(err(r#"{"type":"random-robin","params":{}}"#)
             .starts_with("invalid config: merge_policy.params: unknown field"));
         assert!(

@@ -155,6 +155,7 @@ where
         .map_err(|e| loaded.rename(e))?;
     check_redis_tls_url(&flags.redis_tls, &loaded.transport)?;
     let merge_policy = merge_policy(args, &mut warnings)?;
+    check_template_queue(&merge_policy, &loaded.transport.queues)?;
     let claim = resolve_claim(loaded.claim_fields, flags.claim)?;
     let reload = super::reload::spec(
         flags.watch,
@@ -621,6 +622,27 @@ fn merge_policy(args: &RunArgs, warnings: &mut Vec<String>) -> Result<MergePolic
         (None, None) => return Ok(MergePolicy::default()),
     };
     parse_merge_policy(&read(flag, path)?)
+}
+
+/// `fair-share`'s `template_queue`, when given, names a listed queue (the queues it finds take
+/// its settings).
+fn check_template_queue(
+    policy: &MergePolicy,
+    queues: &[super::QueueConfig],
+) -> Result<(), ConfigError> {
+    let super::MergePolicyKind::FairShare(fs) = &policy.kind else {
+        return Ok(());
+    };
+    if fs.template_queue.is_empty() || queues.iter().any(|q| q.id == fs.template_queue) {
+        return Ok(());
+    }
+    Err(ConfigError::invalid(
+        "merge_policy.parameters.template_queue",
+        format!(
+            "no queue with id {:?} in the transport config",
+            fs.template_queue
+        ),
+    ))
 }
 
 /// A CA file and a client certificate and key, checked together.

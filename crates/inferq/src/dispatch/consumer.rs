@@ -62,6 +62,9 @@ pub struct Polling {
 /// How often a consumer looks again whether its outbox can write.
 const STALLED_PAUSE: Duration = Duration::from_millis(100);
 
+/// How long a found queue's consumer (`fair-share`) waits for a ring once its queue is empty.
+const FOUND_IDLE_PAUSE: Duration = Duration::from_secs(5);
+
 /// The first pause after a poll that found less than a full batch, when no wake-ups arrive.
 const FIRST_IDLE_PAUSE: Duration = Duration::from_millis(10);
 
@@ -231,6 +234,7 @@ impl Consumer {
             overshot,
         } = polled;
         let interval = self.polling.interval;
+        self.ctx.state.polled(seen);
         self.spread.note(admitted, lost, overshot);
         if self.failures > 0 {
             self.ctx.readiness.note(&polls_of(&self.ctx), None);
@@ -250,6 +254,10 @@ impl Consumer {
             // again soon.
             self.idle = FIRST_IDLE_PAUSE;
             FIRST_IDLE_PAUSE.min(interval)
+        } else if self.ctx.found {
+            // A found queue, empty: the doorbell or the discovery (new work in the index)
+            // rings; polling a thousand idle tenants' queues would cost what they serve.
+            FOUND_IDLE_PAUSE.max(interval)
         } else if self.ctx.listening.load(Ordering::SeqCst) {
             // Empty: a ring wakes us when work arrives; the interval is the safety net.
             interval

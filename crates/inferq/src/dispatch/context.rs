@@ -65,6 +65,11 @@ pub struct QueueCtx {
     /// Whether the outbox is stalled, Redis was lost, or the lane was retired: what the
     /// consumer, the reclaimer and the pool act on (see [`super::lane_state`]).
     pub state: LaneState,
+    /// Set for a queue `fair-share` found (not a listed one): while it is empty its consumer
+    /// waits for a ring (the doorbell, or the discovery seeing new work in the index) with a
+    /// long safety net instead of polling every `poll_interval`, so a thousand idle tenants'
+    /// queues cost no polls.
+    pub found: bool,
 }
 
 impl QueueCtx {

@@ -1,4 +1,4 @@
-//! The three conditions of one queue's lane that its tasks tell each other, with who sets them,
+//! The conditions of one queue's lane that its tasks tell each other, with who sets them,
 //! who clears them and who acts on them in one place. Each is a flag, read without a lock on
 //! every round of the loop that acts on it; the transitions are named for the event that makes
 //! them, so a reader of `ctx.state.retire()` need not look up what a stored `true` means.
@@ -7,6 +7,7 @@
 //! |---|---|---|---|
 //! | outbox stalled: outcomes it cannot write | the outbox, when Redis is out of reach or refuses this queue's results ([`LaneState::outbox_blocked`]) | the outbox, once they are written ([`LaneState::outbox_flowing`]) | the consumer claims no more; the reclaimer waits for them to land before reclaiming |
 //! | Redis lost: a call of this lane could not reach Redis | the consumer, upkeep and outbox on such a failure ([`LaneState::lost_redis`]) | the reclaimer, a lease after Redis answers again ([`LaneState::outage_over`]) | the reclaimer gives live owners that lease to renew before it reclaims |
+//! | seen empty: the consumer's last poll found nothing | the consumer, after each poll ([`LaneState::polled`]) | the consumer, after a poll that found work | `fair-share`'s discovery takes an empty found queue off the index of queues with work |
 //! | retired: a queues reload removed the lane | [`super::lanes`] when it retires the lane ([`LaneState::retire`]) | never: a retired lane is not revived, a new one is made | the pool releases the lane's waiting requests back to pending instead of starting them |
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -16,6 +17,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 pub struct LaneState {
     outbox_stalled: AtomicBool,
     redis_lost: AtomicBool,
+    seen_empty: AtomicBool,
     retired: AtomicBool,
 }
 
@@ -48,6 +50,16 @@ impl LaneState {
     /// Whether a call of this lane failed to reach Redis since the last outage ended.
     pub fn is_redis_lost(&self) -> bool {
         self.redis_lost.load(Ordering::SeqCst)
+    }
+
+    /// The consumer polled and found `seen` requests.
+    pub fn polled(&self, seen: usize) {
+        self.seen_empty.store(seen == 0, Ordering::SeqCst);
+    }
+
+    /// Whether the consumer's last poll found the queue empty.
+    pub fn is_seen_empty(&self) -> bool {
+        self.seen_empty.load(Ordering::SeqCst)
     }
 
     /// The lane is removed: what still waits for a worker goes back to pending.

@@ -12,6 +12,10 @@
 //!   ones may finish for `--drain-timeout` and are then aborted and released, their outcomes are
 //!   written, and only then do its lease renewals stop. Its backlog stays in Redis.
 //!
+//! The queues run are the config's (replaced by [`Lanes::apply`]) followed by those `fair-share`
+//! found (replaced by [`Lanes::discover`], see [`super::discovery`]); a found queue the config
+//! also lists runs once, with the config's settings.
+//!
 //! Every lane's tasks also run on the processor's trackers, so a shutdown waits for a lane being
 //! retired just as for a running one.
 
@@ -125,6 +129,10 @@ pub struct Lanes {
     alive: Arc<Mutex<Vec<Arc<QueueCtx>>>>,
     /// Stops the wake-up listener of the current set of lanes.
     doorbell: CancellationToken,
+    /// The queues of the config, as last applied.
+    configured: Vec<QueueConfig>,
+    /// The queues `fair-share` found, as last applied.
+    discovered: Vec<QueueConfig>,
 }
 
 impl Lanes {
@@ -134,7 +142,33 @@ impl Lanes {
             running: Vec::new(),
             alive: Arc::default(),
             doorbell: CancellationToken::new(),
+            configured: Vec::new(),
+            discovered: Vec::new(),
         }
+    }
+
+    /// Runs the config's `queues` and the found `discovered` ones (see [`Lanes::apply`]): the
+    /// found ones are replaced, the config's kept.
+    pub fn discover<E>(
+        &mut self,
+        discovered: Vec<QueueConfig>,
+        gate: impl FnMut(&QueueConfig) -> Result<Option<Arc<dyn Gate>>, E>,
+    ) -> Result<Change, (String, E)> {
+        let configured = self.configured.clone();
+        let before = std::mem::replace(&mut self.discovered, discovered);
+        let applied = self.apply(&configured, gate);
+        if applied.is_err() {
+            self.discovered = before;
+        }
+        applied
+    }
+
+    /// The running lane of the queue named `queue_name`.
+    pub fn context_of(&self, queue_name: &str) -> Option<Arc<QueueCtx>> {
+        self.running
+            .iter()
+            .find(|l| l.ctx.spec.queue_name == queue_name)
+            .map(|l| l.ctx.clone())
     }
 
     /// The running queues' contexts, in config order.
@@ -159,6 +193,29 @@ impl Lanes {
     /// of a new or changed queue; if any fails, nothing changes and the error is returned with
     /// where the queue's gate parameters are (`queues[1].gate_params`).
     pub fn apply<E>(
+        &mut self,
+        queues: &[QueueConfig],
+        gate: impl FnMut(&QueueConfig) -> Result<Option<Arc<dyn Gate>>, E>,
+    ) -> Result<Change, (String, E)> {
+        let mut all = queues.to_vec();
+        for d in &self.discovered {
+            if !all
+                .iter()
+                .any(|q| q.queue_name == d.queue_name || q.id == d.id)
+            {
+                all.push(d.clone());
+            }
+        }
+        let before = std::mem::replace(&mut self.configured, queues.to_vec());
+        let applied = self.run_queues(&all, gate);
+        if applied.is_err() {
+            self.configured = before;
+        }
+        applied
+    }
+
+    /// Runs `queues` instead of the running ones (see [`Lanes::apply`]).
+    fn run_queues<E>(
         &mut self,
         queues: &[QueueConfig],
         mut gate: impl FnMut(&QueueConfig) -> Result<Option<Arc<dyn Gate>>, E>,
@@ -262,6 +319,7 @@ impl Lanes {
             last_chance: Default::default(),
             readiness: w.readiness.clone(),
             state: Default::default(),
+            found: !self.configured.iter().any(|c| c.id == q.id),
         });
         // Room for two batches: one being worked off while the next is claimed.
         let (jobs, intake) = mpsc::channel(w.polling.batch.saturating_mul(2));
@@ -324,7 +382,9 @@ impl Lanes {
             lane.first.clone(),
             lane.claiming.clone(),
         )));
-        if let Some(every) = w.backlog_every {
+        // A found queue (`fair-share`) reports no backlog: a pipeline per tenant and interval
+        // would cost more than the tenants' work; the Batch API's per-tenant metrics count it.
+        if let Some(every) = w.backlog_every.filter(|_| !ctx.found) {
             upkeep(Box::pin(upkeep::backlog(
                 ctx.clone(),
                 every,

@@ -3,7 +3,9 @@
 //! - [`RandomRobin`] (`random-robin`): uniformly at random among the queues that have one ready,
 //!   so no queue can starve another;
 //! - [`TierPriority`] (`tier-priority`): the most urgent [`tier_bucket`] first, round-robin among
-//!   queues whose next request is in the same bucket.
+//!   queues whose next request is in the same bucket;
+//! - [`FairShare`] (`fair-share`, in [`super::fair_share`]): weighted fair share among the
+//!   queues' tenants, earliest deadline first within one.
 //!
 //! Requests enter from the consumers' channels and leave to the pool's workers. Neither merge
 //! holds more than one request per queue beyond what the channels hold: Go's tier-priority reads
@@ -16,6 +18,8 @@ use std::future::poll_fn;
 use std::task::Poll;
 
 use tokio::sync::mpsc::Receiver;
+
+pub use super::fair_share::{FairShare, TenantSlot};
 
 /// A request's tier-priority bucket, 0 (most urgent) to 5: `class × 3 + tier`, where class is 0
 /// for a request a gate classified `reserved` and 1 otherwise, and tier is 0 for `interactive`, 1
@@ -37,6 +41,7 @@ pub fn tier_bucket(labels: &BTreeMap<String, String>, tier_label: &str) -> u8 {
 pub enum Merge<T> {
     Random(RandomRobin<T>),
     Tier(TierPriority<T>),
+    Fair(FairShare<T>),
 }
 
 impl<T> Merge<T> {
@@ -46,6 +51,16 @@ impl<T> Merge<T> {
         match self {
             Merge::Random(m) => m.next().await,
             Merge::Tier(m) => m.next().await,
+            Merge::Fair(m) => m.next().await,
+        }
+    }
+
+    /// The tenant slot of the request `next` returned last (`fair-share` with a cap): the
+    /// worker holds it until the request ends.
+    pub fn take_slot(&mut self) -> Option<TenantSlot> {
+        match self {
+            Merge::Fair(m) => m.take_slot(),
+            _ => None,
         }
     }
 
@@ -54,6 +69,7 @@ impl<T> Merge<T> {
         match self {
             Merge::Random(m) => m.inputs.push(input),
             Merge::Tier(m) => m.add(input),
+            Merge::Fair(m) => m.add(input),
         }
     }
 
@@ -62,6 +78,7 @@ impl<T> Merge<T> {
         match self {
             Merge::Random(m) => m.inputs.is_empty(),
             Merge::Tier(m) => m.inputs.is_empty(),
+            Merge::Fair(m) => m.inputs.is_empty(),
         }
     }
 }

@@ -36,7 +36,10 @@
 //! - [`consumer`]: peek → triage (queue gate, last chance) → claim → hand to the pool.
 //! - [`bodies`]: the bodies stored apart (payload keys) read for the claimed requests.
 //! - [`gates`]: the queue and pool gates.
-//! - [`merge`]: random-robin or tier-priority across a pool's queues.
+//! - [`merge`]: random-robin, tier-priority or fair-share ([`fair_share`]) across a pool's
+//!   queues.
+//! - [`discovery`]: `fair-share`'s queues found by prefix, through the index of queues with
+//!   work (and a periodic `SCAN`), served and retired as they come and go; the tenants' weights.
 //! - [`worker`]: one request → one HTTP attempt → its next move.
 //! - [`trace`]: the request's OpenTelemetry spans and the trace headers sent to the gateway.
 //! - [`outbox`]: batched, outage-tolerant writing of outcomes.
@@ -59,7 +62,9 @@
 pub mod bodies;
 pub mod consumer;
 pub mod context;
+pub mod discovery;
 pub mod doorbell;
+pub mod fair_share;
 pub mod fault;
 pub mod gate_wait;
 pub mod gates;

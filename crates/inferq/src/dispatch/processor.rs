@@ -15,11 +15,12 @@ use tokio_util::task::TaskTracker;
 
 use super::consumer::Polling;
 use super::context::{Job, QueueCtx};
+use super::fair_share::SharedWeights;
 use super::gates::{self, Gate, GateEnv, GateOwner};
 use super::holdings::Abort;
 use super::lanes::{queue_labels, Lanes, Wiring};
-use super::merge::{tier_bucket, Merge, RandomRobin, TierPriority};
-use super::reload::Reloader;
+use super::merge::{tier_bucket, FairShare, Merge, RandomRobin, TierPriority};
+use super::reload::{GateFactory, Reloader};
 use super::trace::RequestTracer;
 use super::worker::{work, WorkerEnv};
 use crate::config::reload::{ReloadSource, ReloadSpec};
@@ -218,13 +219,22 @@ pub async fn run_with(
         target,
         con,
         tasks: Tasks::new(),
+        weights: match &config.merge_policy.kind {
+            MergePolicyKind::FairShare(fs) => Some(Arc::new(std::sync::RwLock::new(
+                super::discovery::initial_weights(fs),
+            ))),
+            _ => None,
+        },
     };
     let env = processor.worker_env(gateway_client, otel.as_ref());
     let lanes = processor.start_lanes(&env, gates.pools, gates.queues);
     let alive = lanes.alive_handle();
     processor.start_background(&lanes, memory);
+    let lanes = Arc::new(Mutex::new(lanes));
+    let factory = gate_factory(&processor.metrics, gates.env);
+    processor.start_discovery(&lanes, &factory);
     if let Some(spec) = config.reload.clone() {
-        processor.watch_reloads(spec, lanes, gates.env, hangups);
+        processor.watch_reloads(spec, lanes, factory, hangups);
     }
     servers.readiness.set(true);
     tracing::info!(health = %servers.health_addr, metrics = %servers.metrics_addr, "inferq ready");
@@ -458,6 +468,27 @@ struct Processor<'a> {
     target: Target,
     con: Con,
     tasks: Tasks,
+    /// The tenants' weights `fair-share`'s merges read (and its discovery updates).
+    weights: Option<SharedWeights>,
+}
+
+/// Builds a new or changed queue's gate, with the queue as owner of its metrics (for reloads
+/// and found queues).
+fn gate_factory(metrics: &Arc<Metrics>, gate_env: GateEnv) -> GateFactory {
+    let owner = metrics.clone();
+    Arc::new(move |q| {
+        let env = GateEnv {
+            owner: Some(GateOwner {
+                metrics: owner.clone(),
+                labels: queue_labels(q),
+            }),
+            ..gate_env.clone()
+        };
+        q.gate
+            .as_ref()
+            .map(|spec| gates::build(spec, &env))
+            .transpose()
+    })
 }
 
 impl Processor<'_> {
@@ -473,7 +504,7 @@ impl Processor<'_> {
             tracer: otel.map(|o| RequestTracer::new(o.tracer())),
             priority: match &config.merge_policy.kind {
                 MergePolicyKind::TierPriority(tier) => Some(tier.clone()),
-                MergePolicyKind::RandomRobin => None,
+                MergePolicyKind::RandomRobin | MergePolicyKind::FairShare(_) => None,
             },
             transforms: gateway::transform::Transforms::new(&config.transforms),
         })
@@ -495,6 +526,7 @@ impl Processor<'_> {
         };
         let pool_inputs = start_pools(
             config,
+            self.weights.as_ref(),
             &self.metrics,
             env,
             &tasks.pools,
@@ -560,34 +592,57 @@ impl Processor<'_> {
     fn watch_reloads(
         &self,
         spec: ReloadSpec,
-        lanes: Lanes,
-        gate_env: GateEnv,
+        lanes: Arc<Mutex<Lanes>>,
+        gates: GateFactory,
         hangups: Option<mpsc::Receiver<()>>,
     ) {
         let interval = spec.interval;
-        let owner = self.metrics.clone();
         let reloader = Reloader {
             source: ReloadSource::new(spec),
             lanes,
-            gates: Box::new(move |q| {
-                let env = GateEnv {
-                    owner: Some(GateOwner {
-                        metrics: owner.clone(),
-                        labels: queue_labels(q),
-                    }),
-                    ..gate_env.clone()
-                };
-                q.gate
-                    .as_ref()
-                    .map(|spec| gates::build(spec, &env))
-                    .transpose()
-            }),
+            gates,
             metrics: self.metrics.clone(),
         };
         self.tasks.reloads.spawn(super::reload::watch(
             reloader,
             interval,
             hangups,
+            self.tasks.stop_reload.clone(),
+        ));
+    }
+
+    /// Starts `fair-share`'s discovery of the queues named by its prefix (see
+    /// [`super::discovery`]); on the reload tracker, so a shutdown stops it before claiming
+    /// stops.
+    fn start_discovery(&self, lanes: &Arc<Mutex<Lanes>>, gates: &GateFactory) {
+        let MergePolicyKind::FairShare(fs) = &self.config.merge_policy.kind else {
+            return;
+        };
+        let Some(weights) = &self.weights else {
+            return;
+        };
+        if fs.queue_prefix.is_empty() && fs.weights_key.is_empty() {
+            return;
+        }
+        let queues = &self.config.transport.queues;
+        let template = queues
+            .iter()
+            .find(|q| q.id == fs.template_queue)
+            .or_else(|| queues.first());
+        let Some(template) = template else {
+            return;
+        };
+        let discovery = super::discovery::Discovery {
+            policy: fs.clone(),
+            scores: HashMap::new(),
+            template: template.clone(),
+            lanes: lanes.clone(),
+            gates: gates.clone(),
+            weights: weights.clone(),
+            con: self.con.clone(),
+        };
+        self.tasks.reloads.spawn(super::discovery::run(
+            discovery,
             self.tasks.stop_reload.clone(),
         ));
     }
@@ -638,6 +693,7 @@ impl Processor<'_> {
 /// at start-up and on a reload), and returns each pool's intake of those channels.
 fn start_pools(
     config: &RunConfig,
+    weights: Option<&SharedWeights>,
     metrics: &Metrics,
     env: &Arc<WorkerEnv>,
     pools: &TaskTracker,
@@ -662,6 +718,21 @@ fn start_pools(
                     Box::new(move |job: &Job| {
                         tier_bucket(&job.held.envelope.internal.labels, &label)
                     }),
+                ))
+            }
+            MergePolicyKind::FairShare(fs) => {
+                let policy = fs.clone();
+                let weights = weights.cloned().unwrap_or_default();
+                Merge::Fair(FairShare::new(
+                    Vec::new(),
+                    Box::new(move |job: &Job| {
+                        let spec = &job.ctx.spec;
+                        let tenant = policy.tenant_of(&spec.queue_name, &spec.id);
+                        (Arc::from(tenant), job.held.envelope.request.deadline)
+                    }),
+                    weights,
+                    fs.max_in_flight_per_tenant,
+                    fs.burst,
                 ))
             }
         };
@@ -720,6 +791,8 @@ async fn run_pool(
                 }
             }
         };
+        // Held by the worker until the request ends (`fair-share`'s per-tenant cap).
+        let slot = merge.take_slot();
         if job.ctx.state.is_retired() {
             // Dropped, it releases its claim back to pending.
             job.ctx.series.queue_depth.get().dec();
@@ -740,6 +813,7 @@ async fn run_pool(
             let mut job = job;
             job.started();
             work(job, env).await;
+            drop(slot);
             drop(permit);
         });
     }

@@ -22,12 +22,13 @@ use crate::ops::Metrics;
 
 /// Builds a new or changed queue's gate (with the queue as owner of its metrics).
 pub type GateFactory =
-    Box<dyn Fn(&QueueConfig) -> Result<Option<Arc<dyn Gate>>, GateError> + Send + Sync>;
+    Arc<dyn Fn(&QueueConfig) -> Result<Option<Arc<dyn Gate>>, GateError> + Send + Sync>;
 
 /// What a reload works with: the file, the running lanes, and how to build a queue's gate.
 pub struct Reloader {
     pub source: ReloadSource,
-    pub lanes: Lanes,
+    /// Shared with `fair-share`'s discovery, which adds the queues it finds.
+    pub lanes: Arc<std::sync::Mutex<Lanes>>,
     pub gates: GateFactory,
     pub metrics: Arc<Metrics>,
 }
@@ -110,7 +111,12 @@ impl Reloader {
             tracing::warn!("{warning}");
         }
         let gates = &self.gates;
-        match self.lanes.apply(&candidate.queues, |q| gates(q)) {
+        let applied = self
+            .lanes
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .apply(&candidate.queues, |q| gates(q));
+        match applied {
             Ok(change) => {
                 tracing::info!(
                     %path,

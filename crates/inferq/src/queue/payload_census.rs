@@ -53,7 +53,7 @@ pub async fn payload_census(link: &mut Link) -> Result<PayloadCensus, QueueError
 }
 
 /// The cluster's primaries as `(host, port)`; one `None` (the link's own server) otherwise.
-async fn primaries(link: &mut Link) -> Result<Vec<Option<(String, u16)>>, QueueError> {
+pub(crate) async fn primaries(link: &mut Link) -> Result<Vec<Option<(String, u16)>>, QueueError> {
     if !link.is_cluster() {
         return Ok(vec![None]);
     }
@@ -78,7 +78,7 @@ async fn primaries(link: &mut Link) -> Result<Vec<Option<(String, u16)>>, QueueE
 }
 
 /// Runs `cmd` on `node` (a cluster's primary), or on the link's server.
-async fn on<T: redis::FromRedisValue>(
+pub(crate) async fn on<T: redis::FromRedisValue>(
     link: &mut Link,
     node: Option<&(String, u16)>,
     cmd: &Cmd,

@@ -38,6 +38,11 @@ impl Con {
         }
     }
 
+    /// The link underneath, for commands sent to one node (`SCAN` of a cluster's primaries).
+    pub fn link(&self) -> Link {
+        self.inner.clone()
+    }
+
     /// Whether this connection goes to a Redis Cluster, whose keys are hash-tagged.
     pub fn is_cluster(&self) -> bool {
         self.inner.is_cluster()

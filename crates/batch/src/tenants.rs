@@ -1,0 +1,243 @@
+//! Tenants apart (issue 34): where a tenant's lines wait, the weights `fair-share` processors
+//! share the fleet by, and the per-tenant line metrics.
+//!
+//! - [`queue_of`]: with `--queue-per-tenant` a batch's lines go to its tenant's queue
+//!   (`<prefix><tenant>`, a Go-format queue like any other), and [`note_ingested`] records the
+//!   queue in the index of queues with work after each round trip of lines (the lines first,
+//!   the entry after: a processor that takes an entry off finds the lines, or the entry comes
+//!   back). Without it every line goes to the one request queue, as before.
+//! - [`weights_of`]: tenant -> weight from the keys ([`crate::auth`]: a key's value is its
+//!   tenant, or an object `{"tenant": …, "weight": …}`; weight 1 when not given); [`run`] writes
+//!   them to the weights hash at start-up, where the processors read them.
+//! - [`run`] also refreshes `inferq_batch_tenant_lines{tenant, state}` every
+//!   [`REFRESH_EVERY`] from Redis: `done` from the results filed per tenant, `waiting` and
+//!   `running` from each tenant's queue (its pending set and its claims) for the tenants with
+//!   lines not yet done; with one shared queue they cannot be told apart, and `waiting` counts
+//!   every line submitted and not yet done.
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::Duration;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+use tokio_util::sync::CancellationToken;
+
+use crate::keys;
+use crate::model::Fields;
+use crate::state::App;
+
+/// How often the per-tenant metrics are read from Redis.
+pub const REFRESH_EVERY: Duration = Duration::from_secs(2);
+
+/// Every tenant the keys name, with its weight (a key's `weight`, 1 when not given; see
+/// [`crate::auth`]); without keys, the open tenant.
+pub fn weights_of(keys: &crate::auth::Keys) -> BTreeMap<String, f64> {
+    let mut weights: BTreeMap<String, f64> = keys
+        .known_tenants()
+        .into_iter()
+        .map(|tenant| (tenant, 1.0))
+        .collect();
+    for (tenant, settings) in keys.tenants() {
+        weights.insert(tenant.to_owned(), f64::from(settings.weight));
+    }
+    weights
+}
+
+/// The queue a batch's lines go to: its tenant's, or the one request queue.
+pub fn queue_of(app: &App, batch: &Fields) -> String {
+    match &app.settings.tenant_queues {
+        Some(t) => t.queue(batch.get("tenant").map_or("", String::as_str)),
+        None => app.settings.request_queue.clone(),
+    }
+}
+
+/// Records `n` lines of `tenant` submitted to `queue`: in the tenant's count, and (with a queue
+/// per tenant) the queue in the index of queues with work.
+pub async fn note_ingested(
+    app: &App,
+    tenant: &str,
+    queue: &str,
+    n: u64,
+) -> Result<(), redis::RedisError> {
+    let mut con = app.redis.clone();
+    let _: i64 = redis::cmd("HINCRBY")
+        .arg(keys::tenant_ingested())
+        .arg(tenant)
+        .arg(n)
+        .query_async(&mut con)
+        .await?;
+    if let Some(t) = &app.settings.tenant_queues {
+        let _: i64 = redis::cmd("ZADD")
+            .arg(&t.index_key)
+            .arg(inferq_client::producer::unix_ms())
+            .arg(queue)
+            .query_async(&mut con)
+            .await?;
+    }
+    Ok(())
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TenantLabels {
+    pub tenant: String,
+    pub state: String,
+}
+
+/// The states of `inferq_batch_tenant_lines`.
+pub const STATES: [&str; 3] = ["waiting", "running", "done"];
+
+/// `inferq_batch_tenant_lines{tenant, state}`.
+#[derive(Clone, Default)]
+pub struct TenantMetrics {
+    pub lines: Family<TenantLabels, Gauge<i64, std::sync::atomic::AtomicI64>>,
+}
+
+impl TenantMetrics {
+    pub fn register(registry: &mut Registry) -> TenantMetrics {
+        let m = TenantMetrics::default();
+        registry.register(
+            "inferq_batch_tenant_lines",
+            "Batch lines per tenant: waiting in the queue, running (claimed by a processor), done (results filed, ever); read from Redis",
+            m.lines.clone(),
+        );
+        m
+    }
+
+    /// Every state of every tenant, at 0 (the tenants the keys file names).
+    pub fn start_with<'a>(&self, tenants: impl Iterator<Item = &'a String>) {
+        for tenant in tenants {
+            for state in STATES {
+                self.set(tenant, state, 0);
+            }
+        }
+    }
+
+    fn set(&self, tenant: &str, state: &str, value: i64) {
+        self.lines
+            .get_or_create(&TenantLabels {
+                tenant: tenant.to_owned(),
+                state: state.to_owned(),
+            })
+            .set(value);
+    }
+}
+
+/// Writes the weights (once Redis takes them), then refreshes the metrics until `stop`.
+pub async fn run(app: App, stop: CancellationToken) {
+    let mut published = app.settings.tenant_queues.is_none();
+    let mut failing = false;
+    loop {
+        if !published {
+            published = publish_weights(&app).await.is_ok();
+        }
+        match refresh(&app).await {
+            Ok(()) => failing = false,
+            Err(e) if !failing => {
+                failing = true;
+                tracing::warn!(error = %e, "cannot read the per-tenant line counts; retrying");
+            }
+            Err(_) => {}
+        }
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = tokio::time::sleep(REFRESH_EVERY) => {}
+        }
+    }
+}
+
+/// Replaces the weights hash with the keys file's weights (one transaction).
+async fn publish_weights(app: &App) -> Result<(), redis::RedisError> {
+    let Some(t) = &app.settings.tenant_queues else {
+        return Ok(());
+    };
+    let mut pipe = redis::pipe();
+    pipe.atomic().del(&t.weights_key).ignore();
+    for (tenant, w) in app.tenant_weights.iter() {
+        pipe.hset(&t.weights_key, tenant, w.to_string()).ignore();
+    }
+    let mut con = app.redis.clone();
+    pipe.query_async::<()>(&mut con).await
+}
+
+/// Reads the per-tenant counts from Redis into the metrics.
+async fn refresh(app: &App) -> Result<(), redis::RedisError> {
+    let mut con = app.redis.clone();
+    let ingested: HashMap<String, i64> = redis::cmd("HGETALL")
+        .arg(keys::tenant_ingested())
+        .query_async(&mut con)
+        .await?;
+    let done: HashMap<String, i64> = redis::cmd("HGETALL")
+        .arg(keys::tenant_done())
+        .query_async(&mut con)
+        .await?;
+    let metrics = &app.metrics.tenants;
+    let mut tenants: Vec<&String> = app.tenant_weights.keys().collect();
+    tenants.extend(
+        ingested
+            .keys()
+            .filter(|t| !app.tenant_weights.contains_key(*t)),
+    );
+    for tenant in tenants {
+        let d = done.get(tenant).copied().unwrap_or(0);
+        let open = ingested.get(tenant).copied().unwrap_or(0) - d;
+        metrics.set(tenant, "done", d);
+        let (waiting, running) = match &app.settings.tenant_queues {
+            Some(t) if open > 0 => {
+                let queue = t.queue(tenant);
+                let qkeys = inferq_client::keys::QueueKeys::for_layout(&queue, con.is_cluster());
+                redis::pipe()
+                    .zcard(&qkeys.pending)
+                    .hlen(&qkeys.claimed)
+                    .query_async::<(i64, i64)>(&mut con)
+                    .await?
+            }
+            Some(_) => (0, 0),
+            None => (open.max(0), 0),
+        };
+        metrics.set(tenant, "waiting", waiting);
+        metrics.set(tenant, "running", running);
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn weights_from_strings_and_objects() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("keys.json");
+        std::fs::write(
+            &path,
+            r#"{"k1": "alice", "k2": {"tenant": "bob", "weight": 3, "max_enqueued_lines": 10},
+                "k3": {"tenant": "carol"}}"#,
+        )
+        .unwrap();
+        let w = weights_of(&crate::auth::Keys::load(&path).unwrap());
+        assert_eq!(w["alice"], 1.0);
+        assert_eq!(w["bob"], 3.0);
+        assert_eq!(w["carol"], 1.0);
+        assert_eq!(w.len(), 3);
+        let open = weights_of(&crate::auth::Keys::default());
+        assert_eq!(open["default"], 1.0);
+    }
+
+    #[test]
+    fn every_tenant_s_series_is_there_at_zero() {
+        let mut registry = Registry::default();
+        let m = TenantMetrics::register(&mut registry);
+        let tenants = ["alice".to_owned(), "bob".to_owned()];
+        m.start_with(tenants.iter());
+        let mut page = String::new();
+        prometheus_client::encoding::text::encode(&mut page, &registry).unwrap();
+        for t in &tenants {
+            for s in STATES {
+                let series = format!("inferq_batch_tenant_lines{{tenant=\"{t}\",state=\"{s}\"}} 0");
+                assert!(page.contains(&series), "{series} missing from {page}");
+            }
+        }
+    }
+}

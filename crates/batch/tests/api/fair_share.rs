@@ -1,0 +1,166 @@
+//! Fair share across tenants (issue 34), end to end: replicas with `--queue-per-tenant` and a
+//! processor with the `fair-share` merge policy.
+//!
+//! - Through the official `openai` SDK (`fair_share_sdk.py`): tenant b's small batch, posted while
+//!   tenant a's large one runs, ends first.
+//! - The per-tenant line metrics: every tenant of the keys file at 0 from start-up, then the
+//!   lines done counted per tenant.
+//! - On a Redis Cluster (tenants' queues in different slots): both tenants' batches run to the
+//!   end through the index of queues with work, and a Go-format queue that no index names is
+//!   found by its prefix (`SCAN` of every primary) and served.
+
+use std::time::Duration;
+
+use crate::common::{until, Deployment, Fallible};
+use inferq_testkit::RedisCluster;
+
+const KEY_A: &str = "sk-tenant-a-0123456789";
+const KEY_B: &str = "sk-tenant-b-0123456789";
+
+/// The keys, the `fair-share` policy (its queues found by the replicas' prefix) and the
+/// replicas' `--queue-per-tenant`.
+fn fair(d: &mut Deployment, policy: serde_json::Value) -> Fallible {
+    d.keys(&format!(r#"{{"{KEY_A}":"a","{KEY_B}":"b"}}"#))?;
+    d.extra_flags.push("--queue-per-tenant".into());
+    let path = d.dir.path().join("merge-policy.json");
+    std::fs::write(&path, policy.to_string())?;
+    d.processor_flags.extend([
+        "--request-merge-policy-config-file".into(),
+        path.display().to_string(),
+    ]);
+    Ok(())
+}
+
+/// `/metrics` of replica `i`.
+async fn metrics(d: &Deployment, i: usize) -> Fallible<String> {
+    let url = format!("http://127.0.0.1:{}/metrics", d.replicas[i].1);
+    Ok(reqwest::get(url).await?.text().await?)
+}
+
+fn series(page: &str, tenant: &str, state: &str) -> Option<f64> {
+    let name = format!("inferq_batch_tenant_lines{{tenant=\"{tenant}\",state=\"{state}\"}} ");
+    page.lines()
+        .find_map(|l| l.strip_prefix(&name))
+        .and_then(|v| v.trim().parse().ok())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_small_batch_posted_later_ends_first() -> Fallible {
+    // 4 workers at 50 ms a request: 80 lines/s, so a's 2,000 lines take 25 s.
+    let mut d = Deployment::start(50).await?;
+    fair(
+        &mut d,
+        serde_json::json!({"type": "fair-share", "parameters": {
+            "queue_prefix": "inferq-tenant:", "discover_interval_ms": 100}}),
+    )?;
+    d.processor_flags
+        .extend(["--concurrency".into(), "4".into()]);
+    d.add_processor()?;
+    d.add_replica().await?;
+    d.add_replica().await?;
+    // Every tenant the keys name is there from the start, at 0.
+    let page = metrics(&d, 0).await?;
+    for tenant in ["a", "b"] {
+        for state in ["waiting", "running", "done"] {
+            assert_eq!(
+                series(&page, tenant, state),
+                Some(0.0),
+                "{tenant} {state}: {page}"
+            );
+        }
+    }
+    d.run_sdk(
+        "fair_share_sdk.py",
+        &[
+            ("INFERQ_KEY_A", KEY_A),
+            ("INFERQ_KEY_B", KEY_B),
+            ("INFERQ_LARGE", "2000"),
+            ("INFERQ_SMALL", "20"),
+        ],
+    )
+    .await?;
+    // b's 20 lines are counted done; a's are partly done (it was cancelled).
+    let page = until(
+        "the lines done per tenant",
+        Duration::from_secs(10),
+        Duration::from_millis(200),
+        async || {
+            let page = metrics(&d, 1).await?;
+            Ok((series(&page, "b", "done") == Some(20.0)).then_some(page))
+        },
+    )
+    .await?;
+    let a_done = series(&page, "a", "done").unwrap_or(0.0);
+    assert!((10.0..2000.0).contains(&a_done), "{page}");
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tenants_queues_are_found_on_a_redis_cluster() -> Fallible {
+    let cluster = RedisCluster::start()?;
+    let mut d = Deployment::start(5).await?;
+    let addrs: Vec<String> = cluster.addrs()[1..].to_vec();
+    d.point_at(
+        serde_json::json!({"url": cluster.seed_urls()[0], "mode": "cluster", "addrs": addrs}),
+    )?;
+    fair(
+        &mut d,
+        serde_json::json!({"type": "fair-share", "parameters": {
+            "queue_prefix": "inferq-tenant:", "discover_interval_ms": 100,
+            "scan_interval_ms": 1000}}),
+    )?;
+    d.add_processor()?;
+    d.add_replica().await?;
+    d.add_replica().await?;
+    // The two tenants' queues hash to different slots.
+    assert_ne!(
+        inferq_client::hash_slot("inferq-tenant:a"),
+        inferq_client::hash_slot("inferq-tenant:b")
+    );
+    let mut ids = Vec::new();
+    for (key, n) in [(KEY_A, 150), (KEY_B, 50)] {
+        ids.push((
+            key,
+            n,
+            crate::common::start_batch_as(&d.url(0), key, n).await?,
+        ));
+    }
+    for (key, n, id) in ids {
+        let ended = crate::common::wait_ended_as(&d.url(1), key, &id, Duration::from_secs(60))
+            .await
+            .map_err(|e| format!("{e}\n{}", d.logs()))?;
+        assert_eq!(ended["status"], "completed", "{ended}\n{}", d.logs());
+        assert_eq!(ended["request_counts"]["completed"], n, "{ended}");
+    }
+    // A Go-format producer writes a tenant queue and no index entry: the SCAN finds it.
+    let url = cluster.seed_urls()[0].clone();
+    let client = redis::cluster::ClusterClient::new(vec![url])?;
+    let mut con = client.get_async_connection().await?;
+    let deadline = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)?
+        .as_secs()
+        + 600;
+    let member = serde_json::json!({
+        "internal": {"request_token": "tok-go-1", "result_queue_name": "go-results"},
+        "request_kind": "plain",
+        "data": {"id": "go-1", "created": deadline - 600, "deadline": deadline,
+                 "payload": {"model": "m", "messages": [{"role": "user", "content": "hi"}]},
+                 "endpoint": "/v1/chat/completions"}
+    });
+    let _: i64 = redis::cmd("ZADD")
+        .arg("inferq-tenant:go")
+        .arg(deadline)
+        .arg(member.to_string())
+        .query_async(&mut con)
+        .await?;
+    let result: Option<(String, String)> = redis::cmd("BRPOP")
+        .arg("go-results")
+        .arg(20)
+        .query_async(&mut con)
+        .await?;
+    let (_, result) = result.ok_or_else(|| format!("no result for the Go queue\n{}", d.logs()))?;
+    let result: serde_json::Value = serde_json::from_str(&result)?;
+    assert_eq!(result["id"], "go-1", "{result}");
+    assert_eq!(result["status_code"], 200, "{result}");
+    Ok(())
+}
