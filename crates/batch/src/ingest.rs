@@ -34,6 +34,7 @@ const CHUNK: usize = 1000;
 const MAX_ERRORS: usize = 1000;
 
 /// What validation found.
+#[derive(Debug)]
 pub enum Validated {
     Lines(u64),
     /// The `errors` object of a failed batch, as JSON.

@@ -154,6 +154,7 @@ pub enum SplitError {
 
 /// Cuts bytes that arrive in chunks into lines (without the `\n`, a `\r` before it dropped).
 /// Holds at most one unfinished line, refused once it passes `max_line`.
+#[derive(Debug)]
 pub struct LineSplitter {
     partial: Vec<u8>,
     max_line: usize,

@@ -9,6 +9,7 @@ use crate::files_api::ListQuery;
 use crate::state::App;
 
 /// One page of ids.
+#[derive(Debug)]
 pub struct Page {
     pub ids: Vec<String>,
     pub has_more: bool,

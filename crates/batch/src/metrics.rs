@@ -58,6 +58,7 @@ pub const BATCH_STATUSES: [&str; 8] = [
 ];
 
 /// Every metric of a replica.
+#[derive(Debug)]
 pub struct Metrics {
     pub registry: Registry,
     pub batches: Family<StatusLabel, Gauge<i64, std::sync::atomic::AtomicI64>>,

@@ -21,6 +21,7 @@ macro_rules! scripts {
         $($field:ident: $name:literal => $file:literal,)*
     }) => {
         #[doc = $doc]
+        #[derive(Debug)]
         pub struct $Scripts {
             $(pub $field: Script,)*
         }

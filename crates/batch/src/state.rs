@@ -14,7 +14,7 @@ use crate::settings::Settings;
 use crate::store::Store;
 
 /// The shared state (cheap to clone).
-#[derive(Clone)]
+#[derive(Debug, Clone)]
 pub struct App {
     pub redis: Link,
     pub producer: Arc<Producer>,

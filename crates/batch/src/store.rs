@@ -17,7 +17,7 @@ use tokio::io::AsyncWriteExt;
 use crate::error::BatchError;
 
 /// The file store.
-#[derive(Clone)]
+#[derive(Debug, Clone)]
 pub struct Store {
     inner: Arc<dyn ObjectStore>,
     /// Where it is, for logs (no credentials).
@@ -140,6 +140,7 @@ impl Store {
 }
 
 /// A file being written.
+#[derive(Debug)]
 pub struct Writer {
     inner: BufWriter,
     /// The file it writes.

@@ -89,7 +89,7 @@ pub struct TenantLabels {
 pub const STATES: [&str; 3] = ["waiting", "running", "done"];
 
 /// `inferq_batch_tenant_lines{tenant, state}`.
-#[derive(Clone, Default)]
+#[derive(Debug, Clone, Default)]
 pub struct TenantMetrics {
     pub lines: Family<TenantLabels, Gauge<i64, std::sync::atomic::AtomicI64>>,
 }

@@ -15,9 +15,9 @@ use super::procs::{connections_between, Gateway};
 use super::{BenchError, Ctx};
 
 /// The node gateway script, written into the run's folder.
-pub const GATEWAY_JS: &str = include_str!("node/gateway.js");
+pub(crate) const GATEWAY_JS: &str = include_str!("node/gateway.js");
 /// The BullMQ drain script, written into the run's folder.
-pub const BULLMQ_DRAIN_JS: &str = include_str!("node/bullmq_drain.js");
+pub(crate) const BULLMQ_DRAIN_JS: &str = include_str!("node/bullmq_drain.js");
 
 /// One BullMQ drain.
 #[derive(Debug, Clone, Serialize, serde::Deserialize)]
@@ -53,7 +53,7 @@ impl BullmqDrain {
 
 /// Where BullMQ is: `given`, else `$BULLMQ_DIR`, else `~/.cache/inferq-bench/bullmq`; an error
 /// saying why not when it is not there.
-pub fn locate(given: Option<&Path>) -> Result<PathBuf, String> {
+pub(crate) fn locate(given: Option<&Path>) -> Result<PathBuf, String> {
     let dir = given
         .map(Path::to_owned)
         .or_else(|| std::env::var_os("BULLMQ_DIR").map(PathBuf::from))
@@ -74,7 +74,7 @@ pub fn locate(given: Option<&Path>) -> Result<PathBuf, String> {
 
 /// Drains `n` jobs through BullMQ against `gateway` on the run's Redis, the node worker on
 /// `cpus` (a `taskset` list) or on every CPU.
-pub async fn run(
+pub(crate) async fn run(
     ctx: &mut Ctx,
     bullmq_dir: &Path,
     script: &Path,

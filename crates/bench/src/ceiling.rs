@@ -27,7 +27,7 @@ pub struct Ceiling {
 
 /// POSTs to `http://127.0.0.1:port/v1/chat/completions` from `concurrency` connections for
 /// `duration`, after a short warm-up that is not counted.
-pub async fn measure(
+pub(crate) async fn measure(
     port: u16,
     concurrency: u32,
     duration: Duration,

@@ -64,7 +64,7 @@ pub(crate) async fn monitor(
     Ok(BufReader::new(stream).lines())
 }
 
-pub async fn run(ctx: &mut Ctx, gateway: &Gateway, n: u64) -> Result<Census, BenchError> {
+pub(crate) async fn run(ctx: &mut Ctx, gateway: &Gateway, n: u64) -> Result<Census, BenchError> {
     ctx.flush().await?;
     let tag = "census";
     let spec = ctx.spec(&gateway.base_url(), tag);

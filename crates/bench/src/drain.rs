@@ -103,7 +103,7 @@ fn redis_cpu(ctx: &Ctx) -> Option<f64> {
 
 /// Runs one drain of `n` requests against `gateway` by `processors` processors that share the
 /// run's workers, on `cpus` (a `taskset` list) or on every CPU.
-pub async fn run(
+pub(crate) async fn run(
     ctx: &mut Ctx,
     gateway: &Gateway,
     n: u64,

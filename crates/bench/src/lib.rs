@@ -134,6 +134,7 @@ pub struct BenchOptions {
 }
 
 /// What the phases share: Redis, a scratch folder, an HTTP client and the options.
+#[derive(Debug)]
 pub struct Ctx {
     pub redis_url: String,
     /// redis-server's pid, for its CPU time.

@@ -17,15 +17,15 @@ use inferq_client::wire::NewRequest;
 use inferq_sim::unix_us;
 
 /// Requests per pipelined pre-load round trip.
-pub const PRELOAD_BATCH: u64 = 1000;
+pub(crate) const PRELOAD_BATCH: u64 = 1000;
 
 /// The id of request `i` of a phase tagged `tag`.
-pub fn request_id(tag: &str, i: u64) -> String {
+pub(crate) fn request_id(tag: &str, i: u64) -> String {
     format!("{tag}-{i:07}")
 }
 
 /// Request `i` of a phase: deadline an hour away, the reference's payload.
-pub fn request(tag: &str, i: u64) -> Result<NewRequest, BenchError> {
+pub(crate) fn request(tag: &str, i: u64) -> Result<NewRequest, BenchError> {
     let now_s = unix_ms() / 1000;
     let payload = serde_json::value::to_raw_value(&serde_json::json!({
         "model": "m",
@@ -36,7 +36,7 @@ pub fn request(tag: &str, i: u64) -> Result<NewRequest, BenchError> {
 }
 
 /// Submits requests `from..to` of `tag` in one pipelined round trip; fails if any is refused.
-pub async fn submit_range(
+pub(crate) async fn submit_range(
     producer: &Producer,
     tag: &str,
     from: u64,
@@ -52,7 +52,7 @@ pub async fn submit_range(
 }
 
 /// Submits `n` requests of `tag` in batches of [`PRELOAD_BATCH`].
-pub async fn preload(producer: &Producer, tag: &str, n: u64) -> Result<(), BenchError> {
+pub(crate) async fn preload(producer: &Producer, tag: &str, n: u64) -> Result<(), BenchError> {
     let mut next = 0;
     while next < n {
         let end = (next + PRELOAD_BATCH).min(n);
@@ -66,7 +66,7 @@ pub async fn preload(producer: &Producer, tag: &str, n: u64) -> Result<(), Bench
 /// off would otherwise run, on a core of its own, into the drain after it and be counted in
 /// Redis's CPU for the drain, inferq's and BullMQ's alike). Returns the `INFO` calls it sent,
 /// to leave out of the command counts; gives up waiting after `limit`.
-pub async fn settle_aof(
+pub(crate) async fn settle_aof(
     con: &mut MultiplexedConnection,
     limit: Duration,
 ) -> Result<u64, BenchError> {
@@ -96,7 +96,7 @@ pub async fn settle_aof(
 /// result was seen, when the last was, and how many `LLEN`s it sent (to leave out of the
 /// command counts). `alive` is asked between
 /// polls and ends the wait with its error (e.g. the processor died).
-pub async fn wait_for_results(
+pub(crate) async fn wait_for_results(
     con: &mut MultiplexedConnection,
     results: &str,
     n: u64,
@@ -132,14 +132,14 @@ pub async fn wait_for_results(
 }
 
 /// What [`wait_for_results`] saw.
-pub struct Watched {
+pub(crate) struct Watched {
     pub first: Instant,
     pub last: Instant,
     pub polls: u64,
 }
 
 /// A `BRPOP` loop in its own task, stamping each result's arrival in Unix microseconds.
-pub struct Collector {
+pub(crate) struct Collector {
     stamps: Arc<Mutex<HashMap<String, u64>>>,
     /// Set once the number to expect is known: (count, give up at).
     until: Arc<Mutex<Option<(u64, Instant)>>>,
@@ -147,7 +147,7 @@ pub struct Collector {
 }
 
 impl Collector {
-    pub fn start(mut popper: Popper) -> Collector {
+    pub(crate) fn start(mut popper: Popper) -> Collector {
         let stamps = Arc::new(Mutex::new(HashMap::new()));
         let until: Arc<Mutex<Option<(u64, Instant)>>> = Arc::new(Mutex::new(None));
         let (s, u) = (Arc::clone(&stamps), Arc::clone(&until));
@@ -183,7 +183,7 @@ impl Collector {
     }
 
     /// Waits for `expected` results (or `limit`), then returns each id's arrival time.
-    pub async fn finish(
+    pub(crate) async fn finish(
         self,
         expected: u64,
         limit: Duration,

@@ -13,10 +13,12 @@ use serde::Serialize;
 use super::BenchError;
 
 /// Calls per command name (`evalsha`, `zadd`, `config|resetstat`...).
-pub type CommandCounts = BTreeMap<String, u64>;
+pub(crate) type CommandCounts = BTreeMap<String, u64>;
 
 /// One `INFO commandstats` reading.
-pub async fn commandstats(con: &mut MultiplexedConnection) -> Result<CommandCounts, BenchError> {
+pub(crate) async fn commandstats(
+    con: &mut MultiplexedConnection,
+) -> Result<CommandCounts, BenchError> {
     let text: String = redis::cmd("INFO")
         .arg("commandstats")
         .query_async(con)
@@ -25,7 +27,7 @@ pub async fn commandstats(con: &mut MultiplexedConnection) -> Result<CommandCoun
 }
 
 /// Parses `cmdstat_NAME:calls=N,...` lines.
-pub fn parse_commandstats(text: &str) -> CommandCounts {
+pub(crate) fn parse_commandstats(text: &str) -> CommandCounts {
     let mut out = CommandCounts::new();
     for line in text.lines() {
         let Some(rest) = line.trim().strip_prefix("cmdstat_") else {
@@ -47,7 +49,11 @@ pub fn parse_commandstats(text: &str) -> CommandCounts {
 
 /// `after − before` per command, dropping zeros and the calls the bench itself made
 /// (`own`: name → calls to subtract).
-pub fn delta(before: &CommandCounts, after: &CommandCounts, own: &CommandCounts) -> CommandCounts {
+pub(crate) fn delta(
+    before: &CommandCounts,
+    after: &CommandCounts,
+    own: &CommandCounts,
+) -> CommandCounts {
     let mut out = CommandCounts::new();
     for (name, &calls) in after {
         let base = before.get(name).copied().unwrap_or(0);
@@ -61,7 +67,7 @@ pub fn delta(before: &CommandCounts, after: &CommandCounts, own: &CommandCounts)
 }
 
 /// Calls of Lua scripts (`eval`, `evalsha`, `fcall`... each one round trip) in `counts`.
-pub fn script_calls(counts: &CommandCounts) -> u64 {
+pub(crate) fn script_calls(counts: &CommandCounts) -> u64 {
     counts
         .iter()
         .filter(|(name, _)| {
@@ -76,7 +82,7 @@ pub fn script_calls(counts: &CommandCounts) -> u64 {
 
 /// A process's CPU time and peak memory.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize)]
-pub struct ProcUsage {
+pub(crate) struct ProcUsage {
     /// User plus system CPU seconds.
     pub cpu_s: f64,
     /// Peak resident set size (`VmHWM`), MiB.
@@ -84,12 +90,12 @@ pub struct ProcUsage {
 }
 
 /// CPU seconds spent between two readings, when both could be taken.
-pub fn spent(before: Option<f64>, after: Option<f64>) -> Option<f64> {
+pub(crate) fn spent(before: Option<f64>, after: Option<f64>) -> Option<f64> {
     Some(after? - before?)
 }
 
 /// Reads `/proc/PID/stat` and `/proc/PID/status`.
-pub fn proc_usage(pid: u32) -> Result<ProcUsage, BenchError> {
+pub(crate) fn proc_usage(pid: u32) -> Result<ProcUsage, BenchError> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat"))
         .map_err(|e| BenchError::setup(format!("cannot read /proc/{pid}/stat"), e))?;
     let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
@@ -110,7 +116,7 @@ pub fn proc_usage(pid: u32) -> Result<ProcUsage, BenchError> {
 /// take a core of their own while they run: leaving them out hid about 6 µs per request.
 /// The command name in parentheses may hold spaces, so fields are counted after its closing
 /// parenthesis.
-pub fn parse_cpu_ticks(stat: &str) -> Option<u64> {
+pub(crate) fn parse_cpu_ticks(stat: &str) -> Option<u64> {
     let after = &stat[stat.rfind(')')? + 1..];
     let fields: Vec<&str> = after.split_whitespace().collect();
     // After the name: field 3 (state) is index 0, so utime (14) is index 11, up to cstime (17).
@@ -122,7 +128,7 @@ pub fn parse_cpu_ticks(stat: &str) -> Option<u64> {
 }
 
 /// A `Key:   N kB` line of `/proc/PID/status` or `/proc/meminfo`, in KiB.
-pub fn parse_status_kib(status: &str, key: &str) -> Option<u64> {
+pub(crate) fn parse_status_kib(status: &str, key: &str) -> Option<u64> {
     status.lines().find_map(|line| {
         let (k, v) = line.split_once(':')?;
         if k.trim() != key {

@@ -39,7 +39,7 @@ pub struct OpenLoop {
 }
 
 /// Offers `rate` requests/s for `duration` to a fresh processor in front of `sim`.
-pub async fn run(
+pub(crate) async fn run(
     ctx: &mut Ctx,
     sim: &Gateway,
     rate: u64,

@@ -86,7 +86,7 @@ impl Split {
 }
 
 /// A command for `program`, started by `taskset` on `cpus` when they are given.
-pub fn command_on(cpus: Option<&str>, program: impl AsRef<std::ffi::OsStr>) -> Command {
+pub(crate) fn command_on(cpus: Option<&str>, program: impl AsRef<std::ffi::OsStr>) -> Command {
     match cpus {
         Some(cpus) => {
             let mut command = Command::new("taskset");

@@ -51,7 +51,7 @@ struct Series {
 }
 
 /// Draws `report` into a 1500×520 PNG at `path`.
-pub fn draw(report: &Report, path: &Path) -> Result<(), BenchError> {
+pub(crate) fn draw(report: &Report, path: &Path) -> Result<(), BenchError> {
     let text = font_ready();
     let root = BitMapBackend::new(path, (1500, 520)).into_drawing_area();
     root.fill(&WHITE).map_err(err)?;

@@ -20,7 +20,7 @@ const READY_LIMIT: Duration = Duration::from_secs(30);
 
 /// This binary (`inferq-dev`, which serves `sim`): `/proc/self/exe` on Linux (the very file
 /// running, even if since rebuilt).
-pub fn own_binary() -> Result<PathBuf, BenchError> {
+pub(crate) fn own_binary() -> Result<PathBuf, BenchError> {
     let proc_self = Path::new("/proc/self/exe");
     if proc_self.exists() {
         return Ok(proc_self.to_owned());
@@ -29,12 +29,12 @@ pub fn own_binary() -> Result<PathBuf, BenchError> {
 }
 
 /// The production binary `inferq` (for `run` and `submit`), built next to this one.
-pub fn inferq_binary() -> Result<PathBuf, BenchError> {
+pub(crate) fn inferq_binary() -> Result<PathBuf, BenchError> {
     inferq_testkit::inferq_binary().map_err(|e| BenchError::Phase(e.to_string()))
 }
 
 /// A child process killed (SIGKILL) when dropped, with its output in a log file.
-pub struct ChildProc {
+pub(crate) struct ChildProc {
     child: Child,
     log: PathBuf,
 }
@@ -59,23 +59,23 @@ impl ChildProc {
         Ok(ChildProc { child, log })
     }
 
-    pub fn pid(&self) -> u32 {
+    pub(crate) fn pid(&self) -> u32 {
         self.child.id()
     }
 
     /// CPU seconds and peak RSS so far, from `/proc/PID`.
-    pub fn usage(&self) -> Result<ProcUsage, BenchError> {
+    pub(crate) fn usage(&self) -> Result<ProcUsage, BenchError> {
         proc_usage(self.pid())
     }
 
     /// SIGKILL, and reap.
-    pub fn kill9(&mut self) {
+    pub(crate) fn kill9(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
 
     /// The last lines of the child's log, for error messages.
-    pub fn log_tail(&self) -> String {
+    pub(crate) fn log_tail(&self) -> String {
         let text = std::fs::read_to_string(&self.log).unwrap_or_default();
         let lines: Vec<&str> = text.lines().collect();
         lines[lines.len().saturating_sub(15)..].join("\n")
@@ -143,6 +143,12 @@ pub struct Gateway {
     counter: reqwest::Client,
 }
 
+impl std::fmt::Debug for Gateway {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Gateway").finish_non_exhaustive()
+    }
+}
+
 /// A client that opens a fresh connection for every request and keeps none.
 fn one_shot_client() -> Result<reqwest::Client, BenchError> {
     Ok(reqwest::Client::builder()
@@ -155,7 +161,7 @@ fn one_shot_client() -> Result<reqwest::Client, BenchError> {
 /// The TCP connections a gateway accepted between two readings of [`Gateway::connections`],
 /// the second reading's own connection left out (the first one's is in `before`); `None` when
 /// either reading failed.
-pub fn connections_between(before: Option<u64>, after: Option<u64>) -> Option<u64> {
+pub(crate) fn connections_between(before: Option<u64>, after: Option<u64>) -> Option<u64> {
     after?.checked_sub(before?)?.checked_sub(1)
 }
 
@@ -327,7 +333,7 @@ impl ProcessorSpec {
 }
 
 /// A running `inferq run`.
-pub struct Processor {
+pub(crate) struct Processor {
     pub started: Instant,
     proc: ChildProc,
     metrics: u16,
@@ -335,7 +341,7 @@ pub struct Processor {
 
 impl Processor {
     /// Starts `inferq run` with `spec`; returns once it is spawned (not yet ready).
-    pub fn spawn(spec: &ProcessorSpec, dir: &Path) -> Result<(Processor, u16), BenchError> {
+    pub(crate) fn spawn(spec: &ProcessorSpec, dir: &Path) -> Result<(Processor, u16), BenchError> {
         let health = free_port().map_err(|e| BenchError::setup("no free port", e))?;
         let mut metrics = free_port().map_err(|e| BenchError::setup("no free port", e))?;
         while metrics == health {
@@ -368,7 +374,7 @@ impl Processor {
     }
 
     /// Starts `inferq run` and waits for `/readyz`.
-    pub async fn start(
+    pub(crate) async fn start(
         spec: &ProcessorSpec,
         dir: &Path,
         http: &reqwest::Client,
@@ -380,18 +386,18 @@ impl Processor {
         Ok(p)
     }
 
-    pub fn usage(&self) -> Result<ProcUsage, BenchError> {
+    pub(crate) fn usage(&self) -> Result<ProcUsage, BenchError> {
         self.proc.usage()
     }
 
     /// Its `/metrics` page's address.
-    pub fn metrics_url(&self) -> String {
+    pub(crate) fn metrics_url(&self) -> String {
         format!("http://127.0.0.1:{}/metrics", self.metrics)
     }
 
     /// Its `inferq_claims_lost_total` over every queue: requests another instance claimed
     /// between this one's peek and its claim (`None` when `/metrics` did not answer).
-    pub async fn claims_lost(&self, http: &reqwest::Client) -> Option<u64> {
+    pub(crate) async fn claims_lost(&self, http: &reqwest::Client) -> Option<u64> {
         let url = format!("http://127.0.0.1:{}/metrics", self.metrics);
         let page = http.get(url).send().await.ok()?.text().await.ok()?;
         Some(
@@ -403,12 +409,12 @@ impl Processor {
         )
     }
 
-    pub fn kill9(&mut self) {
+    pub(crate) fn kill9(&mut self) {
         self.proc.kill9();
     }
 
     /// An error with the log's tail if the processor has exited.
-    pub fn check_alive(&mut self) -> Result<(), BenchError> {
+    pub(crate) fn check_alive(&mut self) -> Result<(), BenchError> {
         match self.proc.child.try_wait() {
             Ok(None) => Ok(()),
             Ok(Some(status)) => Err(BenchError::Phase(format!(
@@ -419,7 +425,7 @@ impl Processor {
         }
     }
 
-    pub fn log_tail(&self) -> String {
+    pub(crate) fn log_tail(&self) -> String {
         self.proc.log_tail()
     }
 }

@@ -32,7 +32,7 @@ pub struct Redelivery {
     pub max_s: f64,
 }
 
-pub async fn run(ctx: &mut Ctx, requests: u64) -> Result<Redelivery, BenchError> {
+pub(crate) async fn run(ctx: &mut Ctx, requests: u64) -> Result<Redelivery, BenchError> {
     ctx.flush().await?;
     let slow = Gateway::sim(&ctx.http, &ctx.dir, SLOW_TTFT_MS).await?;
     let tag = "redeliver";

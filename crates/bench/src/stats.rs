@@ -27,7 +27,7 @@ impl Latency {
 }
 
 /// The nearest-rank percentile of sorted samples.
-pub fn percentile(sorted: &[u64], p: f64) -> Option<u64> {
+pub(crate) fn percentile(sorted: &[u64], p: f64) -> Option<u64> {
     if sorted.is_empty() {
         return None;
     }

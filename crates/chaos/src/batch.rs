@@ -76,6 +76,7 @@ pub struct Odds {
 }
 
 /// A deployment of the Batch API from real parts.
+#[derive(Debug)]
 pub struct BatchDeployment {
     pub redis: RedisServer,
     pub sim: Sim,

@@ -83,6 +83,7 @@ fn unrenewed(before: &Claims, after: &Claims) -> Vec<String> {
 }
 
 /// Everything a chaos run started.
+#[derive(Debug)]
 pub struct Rig {
     pub redis: RedisServer,
     pub proxies: Vec<Proxy>,

@@ -241,7 +241,7 @@ impl ChaosSettings {
 pub(crate) mod millis {
     use std::time::Duration;
 
-    pub fn serialize<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+    pub(crate) fn serialize<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
         s.serialize_u64(u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
     }
 }
@@ -249,7 +249,7 @@ pub(crate) mod millis {
 mod millis_pair {
     use std::time::Duration;
 
-    pub fn serialize<S: serde::Serializer>(
+    pub(crate) fn serialize<S: serde::Serializer>(
         d: &(Duration, Duration),
         s: S,
     ) -> Result<S::Ok, S::Error> {

@@ -70,6 +70,7 @@ pub enum Life {
 }
 
 /// One `inferq run` child, reachable through its own proxy URL.
+#[derive(Debug)]
 pub struct Processor {
     pub index: usize,
     spec: ProcessorSpec,

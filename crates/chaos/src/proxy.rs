@@ -23,6 +23,12 @@ pub struct Proxy {
     accept: JoinHandle<()>,
 }
 
+impl std::fmt::Debug for Proxy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Proxy").finish_non_exhaustive()
+    }
+}
+
 /// What the fault injector switches, shared with every connection task.
 struct Control {
     upstream: SocketAddr,

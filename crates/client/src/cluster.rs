@@ -35,6 +35,12 @@ pub struct Cluster {
     inner: Arc<Inner>,
 }
 
+impl std::fmt::Debug for Cluster {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Cluster").finish_non_exhaustive()
+    }
+}
+
 struct Inner {
     client: ClusterClient,
     stuck_after: Duration,

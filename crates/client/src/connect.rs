@@ -124,21 +124,35 @@ impl RedisTls {
 pub enum ConnectError {
     /// The URL does not parse as a Redis URL.
     #[error("url {shown}: {reason}")]
-    Url { shown: String, reason: String },
+    Url {
+        /// The URL without its password.
+        shown: String,
+        /// Why it does not parse.
+        reason: String,
+    },
     /// TLS files were given for a URL that is not `rediss://`.
     #[error("url {shown}: TLS certificates were given, but the URL is not rediss://")]
-    NotTls { shown: String },
+    NotTls {
+        /// The URL without its password.
+        shown: String,
+    },
     /// `#insecure` asks to accept any server certificate; inferq does not build that in.
     #[error(
         "url {shown}: #insecure (accept any server certificate) is not supported; trust the \
          server's CA with --redis-tls-ca-cert instead"
     )]
-    Insecure { shown: String },
+    Insecure {
+        /// The URL without its password.
+        shown: String,
+    },
     /// A certificate or key file could not be read.
     #[error("{flag} {path}: {source}")]
     Read {
+        /// The flag that named the file.
         flag: &'static str,
+        /// The file.
         path: String,
+        /// Why it could not be read.
         source: std::io::Error,
     },
     /// The files were read but do not make a TLS configuration.

@@ -42,23 +42,36 @@ const BATCH: u32 = 100;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum DurableResultError {
+    /// Redis refused or failed a call.
     #[error("redis: {0}")]
     Redis(#[from] RedisError),
+    /// No connection could be opened.
     #[error(transparent)]
     Link(#[from] LinkError),
     /// Renew or ack found the claim in another owner's hands, gone, or its lease run out: the
     /// result is (or will be) delivered to another receive.
     #[error("result delivery ownership lost (its lease ran out or it went to another consumer)")]
     OwnershipLost,
+    /// Redis did not answer a call in time.
     #[error("redis: no answer within {waited:?} (Redis is not answering)")]
-    NoAnswer { waited: Duration },
+    NoAnswer {
+        /// How long the call waited.
+        waited: Duration,
+    },
+    /// A script answered in a shape it never answers in.
     #[error("unexpected answer from {script}: {answer}")]
     Unexpected {
+        /// The script's name.
         script: &'static str,
+        /// What it answered.
         answer: String,
     },
+    /// A setting that must be above zero is not.
     #[error("{setting} must be longer than zero")]
-    BadSetting { setting: &'static str },
+    BadSetting {
+        /// The setting's name.
+        setting: &'static str,
+    },
 }
 
 impl DurableResultError {
@@ -167,6 +180,7 @@ pub enum Received {
 pub struct Delivery {
     /// The entry exactly as it was stored.
     pub raw: Vec<u8>,
+    /// How the entry reads: a result, an unreadable one, or no result at all.
     pub received: Received,
     /// `id NUL request_token` (or `id` alone), or the unparsable claim ID.
     pub claim_id: Vec<u8>,
@@ -182,6 +196,7 @@ pub enum Poll {
     Empty,
     /// Only copies of results acked or held by others were found (and dropped).
     Skipped,
+    /// An entry, claimed under this consumer's lease.
     Got(Delivery),
 }
 
@@ -196,6 +211,7 @@ pub enum Acked {
 }
 
 /// A durable result consumer of one route; see the module comment.
+#[derive(Debug)]
 pub struct DurableResults {
     con: Link,
     keys: ResultClaimKeys,
@@ -221,14 +237,17 @@ impl DurableResults {
         })
     }
 
+    /// The keys of the result route and its claims.
     pub fn keys(&self) -> &ResultClaimKeys {
         &self.keys
     }
 
+    /// The lease and reclaim settings.
     pub fn settings(&self) -> &DurableSettings {
         &self.settings
     }
 
+    /// The consumer's name (its owner token's prefix).
     pub fn name(&self) -> &str {
         &self.name
     }

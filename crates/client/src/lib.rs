@@ -50,6 +50,8 @@
 //! needs (rustls and the root stores) and a few small ones (tracing, url, rand, sha1_smol,
 //! futures, base64).
 
+#![warn(missing_docs)]
+
 #[cfg(feature = "cluster")]
 mod cluster;
 pub mod connect;

@@ -29,51 +29,78 @@ pub const CANCEL_MARKER_TTL_SECS: u64 = 604_800;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum ProducerError {
+    /// Redis refused or failed a call.
     #[error("redis: {0}")]
     Redis(#[from] RedisError),
+    /// The URL or TLS files cannot make a client.
     #[error(transparent)]
     Connect(#[from] connect::ConnectError),
+    /// No connection could be opened.
     #[error(transparent)]
     Link(#[from] LinkError),
+    /// A request without an id.
     #[error("request ID is required")]
     MissingId,
+    /// A request whose deadline is not a positive Unix time.
     #[error("deadline is required and must be a positive Unix timestamp")]
     BadDeadline,
+    /// A request whose deadline has passed.
     #[error("deadline has already expired")]
     Expired,
+    /// A request that does not encode as a Go envelope.
     #[error("request could not be encoded: {0}")]
     Encode(#[from] MemberError),
+    /// A result list entry that is no result message.
     #[error("failed to unmarshal result: {0}")]
     BadResult(String),
+    /// A result message without its request's id.
     #[error("result missing 'id' field")]
     ResultWithoutId,
+    /// No result list was named.
     #[error("ResultQueueName is required")]
     NoResultQueue,
+    /// The request is on the primary but fewer replicas than asked hold it.
     #[error(
         "queued on the primary, but {acked} of the {wanted} replicas asked for had it within \
          {timeout:?}: a fail-over now could lose it (submitting it again makes a second \
          generation)"
     )]
     NotReplicated {
+        /// Replicas that hold it.
         acked: u32,
+        /// Replicas asked for.
         wanted: u32,
+        /// How long the wait was.
         timeout: Duration,
     },
+    /// Another live consumer holds the consumer name.
     #[error(
         "consumer name {name:?} is in use by another live consumer (its lease was renewed for \
          {waited:?}); give this one another name"
     )]
-    NameInUse { name: String, waited: Duration },
+    NameInUse {
+        /// The consumer name.
+        name: String,
+        /// How long its lease was seen renewed.
+        waited: Duration,
+    },
+    /// Another process took the consumer name over.
     #[error(
         "consumer name {name:?} was taken over by another process (this one could not renew its \
          lease in time): stopped without acknowledging"
     )]
-    NameLost { name: String },
+    NameLost {
+        /// The consumer name.
+        name: String,
+    },
     /// A blocking pop got no answer by its own timeout plus [`BLOCKING_GRACE`]: Redis stopped
     /// answering (frozen, `DEBUG SLEEP`, a network path that drops packets). The connection is
     /// given up: a reply arriving later would be one nobody reads.
     #[error("redis: no answer within {waited:?} (Redis is not answering); gave up the connection")]
-    NoAnswer { waited: Duration },
+    NoAnswer {
+        /// How long the pop waited.
+        waited: Duration,
+    },
 }
 
 /// How long past a blocking pop's own timeout Redis may take to answer before the pop fails. The
@@ -95,7 +122,7 @@ pub(super) async fn blocking_pop<T>(
 }
 
 /// Submits to one request queue and reads one result list.
-#[derive(Clone)]
+#[derive(Debug, Clone)]
 pub struct Producer {
     target: Target,
     pub(super) con: Link,
@@ -113,6 +140,7 @@ pub struct Producer {
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub struct Submitted {
+    /// The request's id.
     pub id: String,
     /// The generation's token (also the value of `request-active:<id>`).
     pub request_token: String,
@@ -125,6 +153,7 @@ pub struct Submitted {
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub struct Published {
+    /// The request's id.
     pub id: String,
     /// How many subscribers received it (`PUBLISH`'s answer); 0 means no instance will ever see
     /// it, as with Go's producer.
@@ -138,6 +167,7 @@ pub struct Published {
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub struct TakenResult {
+    /// The entry exactly as it was stored.
     pub raw: Vec<u8>,
     /// The parsed result, or why it does not parse (it was still taken, so it cannot wedge
     /// the consumer; the caller decides whether to store it raw).
@@ -255,6 +285,7 @@ impl Producer {
         }
     }
 
+    /// The request queue this producer submits to.
     pub fn request_queue(&self) -> &str {
         &self.request_queue
     }
@@ -267,6 +298,7 @@ impl Producer {
         }
     }
 
+    /// The result list this producer reads.
     pub fn result_queue(&self) -> &str {
         &self.result_queue
     }
@@ -457,6 +489,7 @@ impl Producer {
 }
 
 /// Pops results destructively (`BRPOP`), as Go consumers do.
+#[derive(Debug)]
 pub struct Popper {
     con: Link,
     results: String,

@@ -36,6 +36,7 @@ const RENEW_EVERY: Duration = Duration::from_secs(3);
 const ASK_AGAIN: Duration = Duration::from_millis(250);
 
 /// Takes results reliably under a leased consumer name; see the module comment.
+#[derive(Debug)]
 pub struct ReliableConsumer {
     con: Link,
     blocking: Link,

@@ -163,7 +163,9 @@ impl Roots {
 /// directories of certificate files.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StorePaths {
+    /// The bundle file of the store, if one exists.
     pub file: Option<PathBuf>,
+    /// Its directories of certificate files.
     pub dirs: Vec<PathBuf>,
 }
 

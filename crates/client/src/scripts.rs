@@ -12,6 +12,7 @@ use redis::{Cmd, ErrorKind, RedisError, RedisResult, ServerErrorKind, Value};
 /// One script: its name (for errors and metrics), its source and its SHA1.
 #[derive(Debug)]
 pub struct Script {
+    /// Its name, for errors, metrics and traces.
     pub name: &'static str,
     source: String,
     sha: String,
@@ -141,9 +142,10 @@ macro_rules! scripts {
         on_demand { $($late:ident => $late_file:literal,)* }
     ) => {
         /// Every script inferq runs.
+        #[derive(Debug)]
         pub struct Scripts {
-            $(pub $field: Script,)*
-            $(pub $late: Script,)*
+            $(#[doc = concat!("`lua/", $file, ".lua`.")] pub $field: Script,)*
+            $(#[doc = concat!("`lua/", $late_file, ".lua`.")] pub $late: Script,)*
         }
 
         /// The scripts, built once.

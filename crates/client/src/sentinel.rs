@@ -33,6 +33,12 @@ pub struct Primary {
     inner: Arc<Inner>,
 }
 
+impl std::fmt::Debug for Primary {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Primary").finish_non_exhaustive()
+    }
+}
+
 struct Inner {
     target: Target,
     /// The sentinels' URLs (the data nodes' scheme and credentials, no database).

@@ -22,7 +22,9 @@ pub struct ClaimSettings {
 /// How many replicas must acknowledge a write, and how long to wait for them (`WAIT n ms`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ReplicaWait {
+    /// Replicas that must hold a write.
     pub replicas: u32,
+    /// How long to wait for them.
     pub timeout: Duration,
 }
 

@@ -101,10 +101,12 @@ impl Target {
         Target::new(url, &RedisTls::default(), Topology::Standalone)
     }
 
+    /// How the Redis is deployed.
     pub fn topology(&self) -> &Topology {
         &self.topology
     }
 
+    /// Whether it is a Redis Cluster (keys must then be hash-tagged).
     pub fn is_cluster(&self) -> bool {
         self.topology.is_cluster()
     }
@@ -281,12 +283,21 @@ fn split_addr(addr: &str) -> (&str, Option<u16>) {
 #[non_exhaustive]
 pub enum LinkError {
     #[error(transparent)]
+    /// The URL or TLS files cannot make a client.
     Connect(#[from] ConnectError),
     #[error("{0}")]
+    /// Redis refused or failed the connection.
     Redis(#[from] redis::RedisError),
+    /// No sentinel names a primary by that name.
     #[error("no sentinel knows a primary named {name:?}: {detail}")]
-    NoPrimary { name: String, detail: String },
+    NoPrimary {
+        /// The primary's name.
+        name: String,
+        /// What the sentinels answered.
+        detail: String,
+    },
     #[error("no node of the cluster answers")]
+    /// No seed node of the cluster answered.
     NoNode,
     /// The target needs a part this build of inferq-client left out.
     #[error("this build of inferq-client has no {0} support (its `{0}` feature is off)")]
@@ -304,7 +315,7 @@ impl LinkError {
 }
 
 /// One connection to a [`Target`], whatever its topology; cheap to clone (clones share it).
-#[derive(Clone)]
+#[derive(Debug, Clone)]
 #[non_exhaustive]
 pub enum Link {
     /// A standalone server's self-healing multiplexed connection.

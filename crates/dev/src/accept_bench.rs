@@ -18,7 +18,7 @@ use inferq_testkit::{Fsync, RedisServer};
 use redis::AsyncCommands;
 
 #[derive(Debug, clap::Args)]
-pub struct AcceptBenchArgs {
+pub(crate) struct AcceptBenchArgs {
     /// Lines in the batch.
     #[arg(long, default_value_t = 20_000)]
     pub lines: usize,
@@ -36,7 +36,7 @@ struct Run {
     ingest: Duration,
 }
 
-pub async fn bench_batch_wait(args: AcceptBenchArgs) -> Result<(), Failure> {
+pub(crate) async fn bench_batch_wait(args: AcceptBenchArgs) -> Result<(), Failure> {
     let exe = inferq_testkit::inferq_binary()?;
     let dir = tempfile::Builder::new()
         .prefix("inferq-bench-wait-")

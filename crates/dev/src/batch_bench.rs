@@ -24,7 +24,7 @@ use inferq_testkit::Fsync;
 use redis::AsyncCommands;
 
 #[derive(Debug, clap::Args)]
-pub struct BatchBenchArgs {
+pub(crate) struct BatchBenchArgs {
     /// Lines in the batch.
     #[arg(long, default_value_t = 50_000)]
     pub lines: usize,
@@ -97,7 +97,7 @@ async fn wait_for(
     Err(anyhow!("{what} did not happen within {within:?}"))
 }
 
-pub async fn bench_batch(args: BatchBenchArgs) -> Result<(), Failure> {
+pub(crate) async fn bench_batch(args: BatchBenchArgs) -> Result<(), Failure> {
     if args.tenants {
         return super::tenants_bench::bench_tenants(args).await;
     }

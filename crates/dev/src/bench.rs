@@ -10,7 +10,7 @@ use inferq::cli::Failure;
 use inferq_bench::{self as bench, BenchOptions};
 
 #[derive(Debug, clap::Args)]
-pub struct BenchArgs {
+pub(crate) struct BenchArgs {
     /// Small sizes and short phases: finishes in under a minute.
     #[arg(long)]
     pub quick: bool,
@@ -91,7 +91,7 @@ fn seconds(s: f64, flag: &str) -> Result<Duration, Failure> {
         })
 }
 
-pub async fn bench(args: BenchArgs) -> Result<(), Failure> {
+pub(crate) async fn bench(args: BenchArgs) -> Result<(), Failure> {
     let quick = args.quick;
     let drains = args.drains.unwrap_or_else(|| {
         if quick {

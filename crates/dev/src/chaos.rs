@@ -13,7 +13,7 @@ use inferq::cli::Failure;
 use inferq_chaos::{harness, ChaosRedis, ChaosSettings, ChaosTransport, Profile, Report};
 
 #[derive(Debug, clap::Args)]
-pub struct ChaosArgs {
+pub(crate) struct ChaosArgs {
     /// Only the stale-owner races.
     #[command(subcommand)]
     pub only: Option<ChaosOnly>,
@@ -49,7 +49,7 @@ pub struct ChaosArgs {
 }
 
 #[derive(Debug, clap::Subcommand)]
-pub enum ChaosOnly {
+pub(crate) enum ChaosOnly {
     /// Forced stale-owner races at the library level, against a Redis of their own.
     Races {
         /// How many races.
@@ -86,7 +86,7 @@ pub enum ChaosOnly {
     },
 }
 
-pub async fn chaos(args: ChaosArgs) -> Result<(), Failure> {
+pub(crate) async fn chaos(args: ChaosArgs) -> Result<(), Failure> {
     if args.redis != ChaosRedis::Standalone && args.transport != ChaosTransport::RedisSortedset {
         return Err(Failure::bad_input(anyhow!(
             "--transport {}: only with --redis standalone",

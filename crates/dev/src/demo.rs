@@ -70,7 +70,7 @@ const ABANDON_LIMIT: Duration = Duration::from_secs(5);
 pub(super) const EXIT_INTERRUPTED: u8 = 130;
 
 #[derive(Debug, clap::Args)]
-pub struct DemoArgs {
+pub(crate) struct DemoArgs {
     /// Requests to submit.
     #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..))]
     pub requests: u64,
@@ -131,7 +131,7 @@ impl DemoArgs {
     }
 }
 
-pub async fn demo(args: DemoArgs) -> Result<(), Failure> {
+pub(crate) async fn demo(args: DemoArgs) -> Result<(), Failure> {
     let sim_config = args.sim_config();
     sim_config.validate().map_err(Failure::bad_input)?;
     // Dropping the run (on a signal) drops its guards, which stop what it started.

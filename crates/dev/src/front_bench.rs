@@ -25,7 +25,7 @@ use inferq_chaos::batch::BatchDeployment;
 use inferq_testkit::Fsync;
 
 #[derive(Debug, clap::Args)]
-pub struct FrontBenchArgs {
+pub(crate) struct FrontBenchArgs {
     /// Requests a second of the latency run (open loop).
     #[arg(long, default_value_t = 500)]
     pub rate: u32,
@@ -329,7 +329,7 @@ async fn enqueue(dir: &std::path::Path, args: &FrontBenchArgs) -> anyhow::Result
     Ok(())
 }
 
-pub async fn bench_front(args: FrontBenchArgs) -> Result<(), Failure> {
+pub(crate) async fn bench_front(args: FrontBenchArgs) -> Result<(), Failure> {
     let dir = tempfile::Builder::new()
         .prefix("inferq-bench-front-")
         .tempdir()

@@ -11,7 +11,7 @@ use inferq_bench::slack::{self, Gate, SlackOptions};
 use inferq_sim::EngineConfig;
 
 #[derive(Debug, clap::Args)]
-pub struct SlackBenchArgs {
+pub(crate) struct SlackBenchArgs {
     /// Folder for slack.json and slack.png.
     #[arg(long, default_value = "bench-out")]
     pub out: PathBuf,
@@ -68,7 +68,7 @@ pub struct SlackBenchArgs {
     pub engine: EngineConfig,
 }
 
-pub async fn bench_slack(args: SlackBenchArgs) -> Result<(), Failure> {
+pub(crate) async fn bench_slack(args: SlackBenchArgs) -> Result<(), Failure> {
     let phase = Duration::try_from_secs_f64(args.phase_s)
         .ok()
         .filter(|d| *d >= Duration::from_secs(1))

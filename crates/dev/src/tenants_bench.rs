@@ -324,7 +324,7 @@ async fn calls_run(
 }
 
 /// The whole benchmark.
-pub async fn bench_tenants(args: BatchBenchArgs) -> Result<(), Failure> {
+pub(crate) async fn bench_tenants(args: BatchBenchArgs) -> Result<(), Failure> {
     let exe = inferq_testkit::inferq_binary()?;
     let dir = tempfile::Builder::new()
         .prefix("inferq-bench-tenants-")

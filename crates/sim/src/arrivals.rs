@@ -17,7 +17,7 @@ const SHARDS: usize = 32;
 
 /// Arrival times per request id, sharded by a hash of the id.
 #[derive(Debug)]
-pub struct Arrivals {
+pub(crate) struct Arrivals {
     hasher: RandomState,
     shards: Vec<Mutex<Shard>>,
     /// Ids one shard keeps before it forgets its oldest.
@@ -46,7 +46,7 @@ pub fn unix_us() -> u64 {
 
 impl Arrivals {
     /// Keeps the times of about `limit` ids (at least one per shard).
-    pub fn new(limit: usize) -> Self {
+    pub(crate) fn new(limit: usize) -> Self {
         Self {
             hasher: RandomState::new(),
             shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
@@ -56,7 +56,7 @@ impl Arrivals {
 
     /// Records that `id` reached the run stage now. True when an older id was forgotten to
     /// make room for it.
-    pub fn record(&self, id: &str) -> bool {
+    pub(crate) fn record(&self, id: &str) -> bool {
         self.record_at(id, unix_us())
     }
 
@@ -83,7 +83,7 @@ impl Arrivals {
     }
 
     /// Copies the times of every id starting with `prefix` ("" for all).
-    pub fn snapshot(&self, prefix: &str) -> HashMap<String, Vec<u64>> {
+    pub(crate) fn snapshot(&self, prefix: &str) -> HashMap<String, Vec<u64>> {
         let mut all = HashMap::new();
         for shard in &self.shards {
             let shard = shard
@@ -103,7 +103,7 @@ impl Arrivals {
 
 impl Arrivals {
     /// How many times each id was admitted to run (`GET /executions`).
-    pub fn counts(&self) -> HashMap<String, u64> {
+    pub(crate) fn counts(&self) -> HashMap<String, u64> {
         let mut all = HashMap::new();
         for shard in &self.shards {
             let shard = shard

@@ -10,7 +10,7 @@ use super::SimConfig;
 
 /// What happens to a request that has been admitted to run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Fault {
+pub(crate) enum Fault {
     /// Answer normally after the simulated latency.
     None,
     /// Answer 400 as if the request were invalid.
@@ -59,7 +59,7 @@ impl FaultRates {
 
 /// The fault rates and latency knobs; replaced as a whole when the rates change at run time.
 #[derive(Debug, Clone)]
-pub struct FaultPlan {
+pub(crate) struct FaultPlan {
     rate_limit: f64,
     bad_request: f64,
     error: f64,
@@ -74,7 +74,7 @@ pub struct FaultPlan {
 
 impl FaultPlan {
     /// Takes the rates from a validated config.
-    pub fn new(cfg: &SimConfig) -> Self {
+    pub(crate) fn new(cfg: &SimConfig) -> Self {
         Self {
             rate_limit: cfg.rate_limit_rate,
             bad_request: cfg.bad_request_rate,
@@ -90,7 +90,7 @@ impl FaultPlan {
     }
 
     /// The rates this plan draws with.
-    pub fn rates(&self) -> FaultRates {
+    pub(crate) fn rates(&self) -> FaultRates {
         FaultRates {
             error_rate: self.error,
             rate_limit_rate: self.rate_limit,
@@ -102,13 +102,13 @@ impl FaultPlan {
     }
 
     /// Whether an arriving request is refused with 429 regardless of capacity.
-    pub fn rate_limited(&self) -> bool {
+    pub(crate) fn rate_limited(&self) -> bool {
         chance(self.rate_limit)
     }
 
     /// The fate of an admitted request. One uniform draw is split into consecutive bands, so
     /// each configured rate is exactly that fault's probability.
-    pub fn draw(&self) -> Fault {
+    pub(crate) fn draw(&self) -> Fault {
         if self.bad_request + self.error + self.reset + self.hang <= 0.0 {
             return Fault::None;
         }
@@ -138,7 +138,7 @@ impl FaultPlan {
     /// How long a successful request producing `tokens` output tokens takes: time to first
     /// token plus decode time, spread by jitter, plus the slow-fault delay when it fires.
     /// The flag says whether the slow fault fired.
-    pub fn latency(&self, tokens: u64) -> (Duration, bool) {
+    pub(crate) fn latency(&self, tokens: u64) -> (Duration, bool) {
         // Work in nanoseconds; float-to-int casts saturate, so huge knobs cannot overflow.
         let decode_ns = (self.per_token_ms * tokens as f64 * 1e6).round();
         let mut nominal_ns = self.ttft.as_nanos() as f64 + decode_ns;

@@ -28,7 +28,7 @@ use tokio_rustls::server::TlsStream;
 use tokio_rustls::TlsAcceptor;
 
 /// A transport that can be made to close abruptly.
-pub trait Resettable {
+pub(crate) trait Resettable {
     /// Arranges for the coming close to send a reset rather than an orderly shutdown.
     fn arm_reset(&self);
 }
@@ -45,13 +45,13 @@ impl Resettable for TcpStream {
 
 /// A handle on one connection, cloned into every request that arrives on it.
 #[derive(Debug, Clone, Default)]
-pub struct ConnControl {
+pub(crate) struct ConnControl {
     killed: Arc<AtomicBool>,
 }
 
 impl ConnControl {
     /// Condemns the connection: its next I/O fails and it closes without a response.
-    pub fn reset(&self) {
+    pub(crate) fn reset(&self) {
         self.killed.store(true, Ordering::Release);
     }
 
@@ -62,7 +62,7 @@ impl ConnControl {
 
 /// An accepted stream that fails all I/O once its [`ConnControl`] has been reset.
 #[derive(Debug)]
-pub struct ConnIo<S> {
+pub(crate) struct ConnIo<S> {
     inner: S,
     control: ConnControl,
     armed: bool,
@@ -150,14 +150,14 @@ impl<S: AsyncWrite + Resettable + Unpin> AsyncWrite for ConnIo<S> {
 
 /// A TCP listener that hands out [`ConnIo`] streams with `TCP_NODELAY` set.
 #[derive(Debug)]
-pub struct SimListener {
+pub(crate) struct SimListener {
     inner: TcpListener,
     accepted: Arc<AtomicU64>,
 }
 
 impl SimListener {
     /// Wraps a bound listener; every accepted connection adds one to `accepted`.
-    pub fn new(inner: TcpListener, accepted: Arc<AtomicU64>) -> Self {
+    pub(crate) fn new(inner: TcpListener, accepted: Arc<AtomicU64>) -> Self {
         Self { inner, accepted }
     }
 }
@@ -222,7 +222,7 @@ const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 type Handshaken = (ConnIo<TlsStream<TcpStream>>, SocketAddr);
 
 /// A TCP listener that hands out TLS streams once their handshake is done.
-pub struct TlsSimListener {
+pub(crate) struct TlsSimListener {
     inner: TcpListener,
     accepted: Arc<AtomicU64>,
     acceptor: TlsAcceptor,
@@ -233,7 +233,7 @@ pub struct TlsSimListener {
 impl TlsSimListener {
     /// Wraps a bound listener; every accepted TCP connection adds one to `accepted`, whether
     /// or not its handshake then succeeds.
-    pub fn new(inner: TcpListener, accepted: Arc<AtomicU64>, acceptor: TlsAcceptor) -> Self {
+    pub(crate) fn new(inner: TcpListener, accepted: Arc<AtomicU64>, acceptor: TlsAcceptor) -> Self {
         let (done_tx, done_rx) = mpsc::channel(64);
         Self {
             inner,

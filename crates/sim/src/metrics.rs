@@ -11,7 +11,7 @@ use serde::Serialize;
 
 /// Monotonic counters and live gauges, all atomics so the hot path never locks.
 #[derive(Debug, Default)]
-pub struct Stats {
+pub(crate) struct Stats {
     /// TCP connections accepted, bumped by the accept loop (which holds a clone of the `Arc`);
     /// with TLS, counted before the handshake, so failed handshakes count too.
     pub connections_accepted: Arc<AtomicU64>,
@@ -99,7 +99,12 @@ pub struct SimStats {
 impl Stats {
     /// Counts a 200 answer of `completion_tokens` for a prompt of `prompt_tokens`;
     /// `hit_limit` when it stopped at the request's `max_tokens`.
-    pub fn count_success(&self, prompt_tokens: u64, completion_tokens: u64, hit_limit: bool) {
+    pub(crate) fn count_success(
+        &self,
+        prompt_tokens: u64,
+        completion_tokens: u64,
+        hit_limit: bool,
+    ) {
         self.ok.fetch_add(1, Relaxed);
         if hit_limit {
             self.ok_length.fetch_add(1, Relaxed);
@@ -109,7 +114,7 @@ impl Stats {
     }
 
     /// Copies every counter.
-    pub fn snapshot(&self) -> SimStats {
+    pub(crate) fn snapshot(&self) -> SimStats {
         SimStats {
             connections_accepted: self.connections_accepted.load(Relaxed),
             requests: self.requests.load(Relaxed),
@@ -134,7 +139,7 @@ impl Stats {
     /// `model_name` label, so tools that watch vLLM can watch the simulator, plus a few
     /// `inferq_sim_` counters of its own. `request_gauges` false leaves out the running and
     /// waiting gauges (the engine model exports them per pod instead).
-    pub fn render_prometheus(&self, model_name: &str, request_gauges: bool) -> String {
+    pub(crate) fn render_prometheus(&self, model_name: &str, request_gauges: bool) -> String {
         // A label value escapes backslash, double quote and newline (the text exposition format).
         let model = model_name
             .replace('\\', "\\\\")

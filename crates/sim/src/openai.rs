@@ -9,7 +9,7 @@ use serde_json::value::RawValue;
 /// Which completion endpoint a request came to; it decides the request's required field and
 /// the answer's shape.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Endpoint {
+pub(crate) enum Endpoint {
     /// `POST /v1/completions`: a `prompt`, answered with `text`.
     Completions,
     /// `POST /v1/chat/completions`: `messages`, answered with an assistant `message`.
@@ -44,7 +44,7 @@ struct StreamOptions {
 
 /// A request the simulator can answer.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct CompletionRequest {
+pub(crate) struct CompletionRequest {
     /// The model named by the request, echoed back; `None` if it named none.
     pub model: Option<String>,
     /// `max_tokens` (or chat's `max_completion_tokens`), before the simulator's cap.
@@ -59,7 +59,7 @@ pub struct CompletionRequest {
 
 /// Reads a request body, or explains in the words of a 400 why it cannot be answered.
 /// `streaming` says whether `"stream": true` can be answered (the engine model only).
-pub fn parse_request(
+pub(crate) fn parse_request(
     endpoint: Endpoint,
     body: &[u8],
     streaming: bool,
@@ -126,7 +126,7 @@ struct Usage {
 
 /// What a successful answer says, decided by the server.
 #[derive(Debug, Clone, Copy)]
-pub struct Answer<'a> {
+pub(crate) struct Answer<'a> {
     /// Server-unique number, made into the answer's `id`.
     pub seq: u64,
     /// Unix seconds for `created`.
@@ -142,7 +142,7 @@ pub struct Answer<'a> {
 }
 
 /// The JSON body of a successful answer.
-pub fn completion_body(endpoint: Endpoint, answer: &Answer<'_>) -> Result<Vec<u8>, String> {
+pub(crate) fn completion_body(endpoint: Endpoint, answer: &Answer<'_>) -> Result<Vec<u8>, String> {
     let text = generate_text(answer.completion_tokens);
     let finish_reason = if answer.hit_limit { "length" } else { "stop" };
     let usage = Usage {
@@ -228,7 +228,7 @@ fn chunk_identity(endpoint: Endpoint, seq: u64) -> (String, &'static str) {
 
 /// The streamed chunk of token `index` (0-based) of an answer: one word, the assistant role
 /// on the first chat chunk, and the finish reason on the last.
-pub fn token_chunk_body(
+pub(crate) fn token_chunk_body(
     endpoint: Endpoint,
     answer: &Answer<'_>,
     index: u64,
@@ -277,7 +277,7 @@ pub fn token_chunk_body(
 }
 
 /// The last streamed chunk when `stream_options.include_usage` is set: no choices, `usage`.
-pub fn usage_chunk_body(endpoint: Endpoint, answer: &Answer<'_>) -> Result<Vec<u8>, String> {
+pub(crate) fn usage_chunk_body(endpoint: Endpoint, answer: &Answer<'_>) -> Result<Vec<u8>, String> {
     let (id, object) = chunk_identity(endpoint, answer.seq);
     serde_json::to_vec(&Chunk::<TextChunkChoice<'_>> {
         id,
@@ -309,7 +309,7 @@ struct ErrorDetail<'a> {
 }
 
 /// The OpenAI error JSON: `{"error":{"message":…,"type":…,"param":null,"code":null}}`.
-pub fn error_body(message: &str, kind: &str) -> Vec<u8> {
+pub(crate) fn error_body(message: &str, kind: &str) -> Vec<u8> {
     let body = ErrorBody {
         error: ErrorDetail {
             message,

@@ -43,7 +43,7 @@ pub const REQUEST_ID_HEADER: &str = "x-inferq-request-id";
 
 /// Everything the handlers share, behind one `Arc`.
 #[derive(Debug)]
-pub struct SimState {
+pub(crate) struct SimState {
     cfg: SimConfig,
     /// The fault rates now in force: set at start, replaced at run time by `POST /faults`
     /// (or [`super::Sim::set_faults`]) so a chaos run can switch gateway faults on and off.
@@ -65,7 +65,7 @@ impl SimState {
     /// Shared state for a validated config.
     /// Starts the engines' step loops when the engine model is on, so it must run inside a
     /// tokio runtime.
-    pub fn new(cfg: SimConfig, shutdown: CancellationToken) -> Self {
+    pub(crate) fn new(cfg: SimConfig, shutdown: CancellationToken) -> Self {
         let pool = cfg
             .engine
             .enabled()
@@ -86,17 +86,17 @@ impl SimState {
 
 impl SimState {
     /// The knobs it was started with.
-    pub fn config(&self) -> &SimConfig {
+    pub(crate) fn config(&self) -> &SimConfig {
         &self.cfg
     }
 
     /// A number for the next answer's id.
-    pub fn next_answer_seq(&self) -> u64 {
+    pub(crate) fn next_answer_seq(&self) -> u64 {
         self.seq.fetch_add(1, Relaxed)
     }
 
     /// Counts a request as executed, and its `x-inferq-request-id` if it has one.
-    pub fn record_execution(&self, headers: &HeaderMap) {
+    pub(crate) fn record_execution(&self, headers: &HeaderMap) {
         self.stats.executed.fetch_add(1, Relaxed);
         if let Some(id) = headers.get(REQUEST_ID_HEADER).and_then(|v| v.to_str().ok()) {
             if self.arrivals.record(id) {
@@ -114,12 +114,12 @@ impl SimState {
     }
 
     /// The fault rates now in force.
-    pub fn fault_rates(&self) -> FaultRates {
+    pub(crate) fn fault_rates(&self) -> FaultRates {
         self.fault_plan().rates()
     }
 
     /// Replaces the fault rates (latency knobs stay), after checking them as the flags are.
-    pub fn set_fault_rates(&self, rates: FaultRates) -> Result<(), SimError> {
+    pub(crate) fn set_fault_rates(&self, rates: FaultRates) -> Result<(), SimError> {
         let cfg = rates.apply(&self.cfg);
         cfg.validate()?;
         *self.faults.write().unwrap_or_else(PoisonError::into_inner) = FaultPlan::new(&cfg);
@@ -128,7 +128,7 @@ impl SimState {
 }
 
 /// All routes of the simulator.
-pub fn router(state: Arc<SimState>) -> Router {
+pub(crate) fn router(state: Arc<SimState>) -> Router {
     Router::new()
         .route("/v1/completions", post(completions))
         .route("/v1/chat/completions", post(chat_completions))
@@ -146,7 +146,7 @@ pub fn router(state: Arc<SimState>) -> Router {
 
 /// The longest request body the simulator reads: a long-context prompt as big as the processor
 /// sends (a member of up to 16 MiB) fits, where axum's own 2 MB limit answered 413.
-pub const MAX_BODY_BYTES: usize = 64 << 20;
+pub(crate) const MAX_BODY_BYTES: usize = 64 << 20;
 
 async fn completions(
     State(state): State<Arc<SimState>>,

@@ -128,6 +128,12 @@ pub struct RedisCluster {
     conns: Conns,
 }
 
+impl std::fmt::Debug for RedisCluster {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisCluster").finish_non_exhaustive()
+    }
+}
+
 /// Which master (port) serves which slot ranges, as one node sees it.
 type SlotMap = BTreeMap<u16, Vec<(u16, u16)>>;
 

@@ -166,6 +166,12 @@ pub struct RedisServer {
     child: Option<Child>,
 }
 
+impl std::fmt::Debug for RedisServer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RedisServer").finish_non_exhaustive()
+    }
+}
+
 /// Where a server keeps its AOF and log.
 enum DataDir {
     /// Ours: removed when the server is dropped.

@@ -156,6 +156,7 @@ pub struct RuleState {
 }
 
 /// A prometheus child process on a free loopback port.
+#[derive(Debug)]
 pub struct PrometheusServer {
     port: u16,
     child: Option<Child>,
@@ -560,8 +561,7 @@ mod tests {
         let missing = Path::new("/nonexistent/prometheus");
         let err = PrometheusServer::start_with(missing, PrometheusConfig::default())
             .await
-            .err()
-            .expect("no server from a missing binary");
+            .expect_err("no server from a missing binary");
         let text = err.to_string();
         assert!(
             text.contains("INFERQ_PROMETHEUS") && text.contains("scripts/ensure-prometheus.sh"),

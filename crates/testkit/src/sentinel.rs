@@ -154,6 +154,12 @@ pub struct SentinelSet {
     sentinel_conns: Conns,
 }
 
+impl std::fmt::Debug for SentinelSet {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SentinelSet").finish_non_exhaustive()
+    }
+}
+
 impl SentinelSet {
     /// A master with one replica and three sentinels monitoring it as `master_name`.
     pub fn start(master_name: &str) -> Result<SentinelSet, TestkitError> {

@@ -52,6 +52,7 @@ impl TlsFiles {
 }
 
 /// A private CA and the certificates it signed, in a temporary directory.
+#[derive(Debug)]
 pub struct TestCerts {
     dir: tempfile::TempDir,
 }

@@ -39,6 +39,7 @@ use crate::metrics::Metrics;
 pub use settings::{FrontQueue, FrontSettings};
 
 /// The front door's share of a replica.
+#[derive(Debug)]
 pub struct Front {
     pub settings: FrontSettings,
     /// One producer per queue a request may name (by `queue_name`), routing results to
@@ -54,6 +55,7 @@ pub struct Front {
 }
 
 /// One open wait, counted while it lives.
+#[derive(Debug)]
 pub struct Slot {
     front: Arc<Front>,
 }

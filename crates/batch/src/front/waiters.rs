@@ -19,12 +19,13 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 /// The waits of one replica, by request id.
-#[derive(Default)]
+#[derive(Debug, Default)]
 pub struct Waiters {
     waits: Mutex<HashMap<String, (Arc<Notify>, usize)>>,
 }
 
 /// One registered wait: dropping it unregisters it.
+#[derive(Debug)]
 pub struct Registration<'a> {
     waiters: &'a Waiters,
     id: String,

@@ -11,9 +11,9 @@ use std::time::{Duration, Instant};
 use inferq_sim::{Sim, SimConfig};
 use inferq_testkit::{free_port, inferq_binary, RedisServer};
 
-pub type Fallible<T = ()> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
+pub(crate) type Fallible<T = ()> = Result<T, Box<dyn std::error::Error + Send + Sync>>;
 
-pub struct Deployment {
+pub(crate) struct Deployment {
     pub redis: RedisServer,
     pub sim: Sim,
     pub dir: tempfile::TempDir,
@@ -29,7 +29,7 @@ pub struct Deployment {
 
 impl Deployment {
     /// Redis, a simulator with `ttft_ms` latency, and the config; no processes yet.
-    pub async fn start(ttft_ms: u64) -> Fallible<Deployment> {
+    pub(crate) async fn start(ttft_ms: u64) -> Fallible<Deployment> {
         let redis = RedisServer::start()?;
         let cfg = SimConfig {
             ttft_ms,
@@ -64,7 +64,7 @@ impl Deployment {
 
     /// Points the processors and replicas at another Redis: `fields` (`url`, `mode`, `addrs`)
     /// replace the standalone server's in the transport config.
-    pub fn point_at(&self, fields: serde_json::Value) -> Fallible {
+    pub(crate) fn point_at(&self, fields: serde_json::Value) -> Fallible {
         let mut config = serde_json::json!({
             "poll_interval_ms": 50,
             "batch_size": 100,
@@ -79,7 +79,7 @@ impl Deployment {
 
     /// Writes an API keys file (`{"<key>": "<tenant>", …}`) and passes it to the replicas
     /// started after, in place of any extra flags.
-    pub fn keys(&mut self, keys: &str) -> Fallible {
+    pub(crate) fn keys(&mut self, keys: &str) -> Fallible {
         let path = self.dir.path().join("keys.json");
         std::fs::write(&path, keys)?;
         self.extra_flags = vec!["--api-keys-file".into(), path.display().to_string()];
@@ -89,12 +89,12 @@ impl Deployment {
     /// Runs an `openai` SDK script of `tests/api` against the first two replicas, with `env`
     /// (the tenants' keys), and checks it passed. The SDK comes from the venv
     /// `scripts/ensure-openai.sh` makes; `$INFERQ_PYTHON` names its python.
-    pub async fn run_sdk(&self, script: &str, env: &[(&str, &str)]) -> Fallible {
+    pub(crate) async fn run_sdk(&self, script: &str, env: &[(&str, &str)]) -> Fallible {
         self.sdk_output(script, env).await.map(|_| ())
     }
 
     /// [`Deployment::run_sdk`], giving the script's standard output.
-    pub async fn sdk_output(&self, script: &str, env: &[(&str, &str)]) -> Fallible<String> {
+    pub(crate) async fn sdk_output(&self, script: &str, env: &[(&str, &str)]) -> Fallible<String> {
         let python = std::env::var("INFERQ_PYTHON").map_err(|_| {
             "INFERQ_PYTHON is not set: run scripts/test.sh, or `export INFERQ_PYTHON=$(scripts/ensure-openai.sh)`"
         })?;
@@ -122,7 +122,7 @@ impl Deployment {
     }
 
     /// The `/metrics` page of replica `i`.
-    pub async fn metrics(&self, i: usize) -> Fallible<String> {
+    pub(crate) async fn metrics(&self, i: usize) -> Fallible<String> {
         let port = self.replicas[i].1;
         Ok(reqwest::get(format!("http://127.0.0.1:{port}/metrics"))
             .await?
@@ -130,7 +130,7 @@ impl Deployment {
             .await?)
     }
 
-    pub fn files_dir(&self) -> PathBuf {
+    pub(crate) fn files_dir(&self) -> PathBuf {
         self.dir.path().join("files")
     }
 
@@ -142,7 +142,7 @@ impl Deployment {
     }
 
     /// Starts one more `inferq run`.
-    pub fn add_processor(&mut self) -> Fallible {
+    pub(crate) fn add_processor(&mut self) -> Fallible {
         let n = self.processors.len();
         let child = Command::new(inferq_binary()?)
             .args([
@@ -174,7 +174,7 @@ impl Deployment {
     }
 
     /// Starts one more `inferq batch-api` and waits until it answers.
-    pub async fn add_replica(&mut self) -> Fallible<u16> {
+    pub(crate) async fn add_replica(&mut self) -> Fallible<u16> {
         let port = free_port()?;
         let n = self.replicas.len();
         let store = self
@@ -197,21 +197,21 @@ impl Deployment {
         Ok(port)
     }
 
-    pub fn url(&self, replica: usize) -> String {
+    pub(crate) fn url(&self, replica: usize) -> String {
         format!("http://127.0.0.1:{}/v1", self.replicas[replica].1)
     }
 
-    pub fn kill_replica(&mut self, i: usize) {
+    pub(crate) fn kill_replica(&mut self, i: usize) {
         let _ = self.replicas[i].0.kill();
         let _ = self.replicas[i].0.wait();
     }
 
-    pub fn kill_processor(&mut self, i: usize) {
+    pub(crate) fn kill_processor(&mut self, i: usize) {
         let _ = self.processors[i].kill();
         let _ = self.processors[i].wait();
     }
 
-    pub fn logs(&self) -> String {
+    pub(crate) fn logs(&self) -> String {
         let mut out = String::new();
         if let Ok(entries) = std::fs::read_dir(self.dir.path()) {
             for e in entries.flatten() {
@@ -244,7 +244,7 @@ impl Drop for Deployment {
 
 /// Calls `check` every `every` until it gives `Some`, and returns that; once `within` has
 /// passed, an error saying what never happened. An error from `check` ends the wait at once.
-pub async fn until<T>(
+pub(crate) async fn until<T>(
     what: &str,
     within: Duration,
     every: Duration,
@@ -262,7 +262,7 @@ pub async fn until<T>(
     }
 }
 
-pub async fn wait_ready(port: u16) -> Fallible {
+pub(crate) async fn wait_ready(port: u16) -> Fallible {
     let url = format!("http://127.0.0.1:{port}/readyz");
     let what = format!("batch-api on port {port} ready");
     until(
@@ -280,7 +280,7 @@ pub async fn wait_ready(port: u16) -> Fallible {
 }
 
 /// A JSONL batch of `n` chat lines, custom ids `req-0`…
-pub fn chat_lines(n: usize) -> String {
+pub(crate) fn chat_lines(n: usize) -> String {
     let mut text = String::new();
     for i in 0..n {
         text.push_str(
@@ -298,7 +298,7 @@ pub fn chat_lines(n: usize) -> String {
 }
 
 /// Uploads `text` as a batch file; the File object.
-pub async fn upload(base: &str, text: String) -> Fallible<serde_json::Value> {
+pub(crate) async fn upload(base: &str, text: String) -> Fallible<serde_json::Value> {
     let form = reqwest::multipart::Form::new()
         .text("purpose", "batch")
         .part(
@@ -318,7 +318,7 @@ pub async fn upload(base: &str, text: String) -> Fallible<serde_json::Value> {
     Ok(v)
 }
 
-pub async fn create(base: &str, file: &str, window: &str) -> Fallible<serde_json::Value> {
+pub(crate) async fn create(base: &str, file: &str, window: &str) -> Fallible<serde_json::Value> {
     let r = reqwest::Client::new()
         .post(format!("{base}/batches"))
         .json(&serde_json::json!({"input_file_id": file, "endpoint": "/v1/chat/completions", "completion_window": window}))
@@ -329,7 +329,7 @@ pub async fn create(base: &str, file: &str, window: &str) -> Fallible<serde_json
 
 /// Uploads `n` chat lines ([`chat_lines`]) and creates a batch of them with a `24h` window;
 /// returns the batch's id.
-pub async fn start_batch(base: &str, n: usize) -> Fallible<String> {
+pub(crate) async fn start_batch(base: &str, n: usize) -> Fallible<String> {
     let file = upload(base, chat_lines(n)).await?;
     let batch = create(base, file["id"].as_str().unwrap_or_default(), "24h").await?;
     match batch["id"].as_str() {
@@ -338,12 +338,12 @@ pub async fn start_batch(base: &str, n: usize) -> Fallible<String> {
     }
 }
 
-pub async fn get(url: &str) -> Fallible<serde_json::Value> {
+pub(crate) async fn get(url: &str) -> Fallible<serde_json::Value> {
     Ok(reqwest::get(url).await?.json().await?)
 }
 
 /// Polls a batch through `bases` in turn (any replica answers) until it ends.
-pub async fn wait_ended(
+pub(crate) async fn wait_ended(
     bases: &[String],
     id: &str,
     within: Duration,
@@ -364,7 +364,7 @@ pub async fn wait_ended(
 }
 
 /// custom_id -> how many lines name it, over the batch's output and error files.
-pub async fn lines_per_id(
+pub(crate) async fn lines_per_id(
     base: &str,
     batch: &serde_json::Value,
 ) -> Fallible<std::collections::BTreeMap<String, usize>> {
@@ -386,7 +386,7 @@ pub async fn lines_per_id(
 }
 
 /// [`start_batch`] as the tenant of `key`.
-pub async fn start_batch_as(base: &str, key: &str, n: usize) -> Fallible<String> {
+pub(crate) async fn start_batch_as(base: &str, key: &str, n: usize) -> Fallible<String> {
     let c = reqwest::Client::new();
     let form = reqwest::multipart::Form::new()
         .text("purpose", "batch")
@@ -417,7 +417,7 @@ pub async fn start_batch_as(base: &str, key: &str, n: usize) -> Fallible<String>
 }
 
 /// [`wait_ended`] as the tenant of `key`, through one replica.
-pub async fn wait_ended_as(
+pub(crate) async fn wait_ended_as(
     base: &str,
     key: &str,
     id: &str,

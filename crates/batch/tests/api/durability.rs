@@ -9,7 +9,7 @@ use crate::common::{
     chat_lines, create, lines_per_id, start_batch, until, upload, wait_ended, Deployment, Fallible,
 };
 
-pub fn every_id_once(seen: &std::collections::BTreeMap<String, usize>, n: usize) {
+pub(crate) fn every_id_once(seen: &std::collections::BTreeMap<String, usize>, n: usize) {
     let missing: Vec<String> = (0..n)
         .map(|i| format!("req-{i}"))
         .filter(|id| !seen.contains_key(id))
@@ -32,7 +32,7 @@ pub fn every_id_once(seen: &std::collections::BTreeMap<String, usize>, n: usize)
     );
 }
 
-pub async fn counts(base: &str, id: &str) -> Fallible<(u64, u64)> {
+pub(crate) async fn counts(base: &str, id: &str) -> Fallible<(u64, u64)> {
     let b = crate::common::get(&format!("{base}/batches/{id}")).await?;
     let c = &b["request_counts"];
     Ok((
@@ -43,7 +43,7 @@ pub async fn counts(base: &str, id: &str) -> Fallible<(u64, u64)> {
 
 /// Polls the batch until `at_least` of its lines have completed or `within` has passed; returns
 /// the count it last saw.
-pub async fn until_completed(
+pub(crate) async fn until_completed(
     base: &str,
     id: &str,
     at_least: u64,

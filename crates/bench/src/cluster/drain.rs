@@ -20,7 +20,7 @@ use inferq_client::producer::Producer;
 use inferq_client::target::{Target, Topology};
 
 /// One master (or the standalone server) and the bench's connection to it.
-pub struct Node {
+pub(super) struct Node {
     pub port: u16,
     pub con: MultiplexedConnection,
     /// The connection's `ip:port` as the server sees it (left out of the census).
@@ -28,7 +28,7 @@ pub struct Node {
 }
 
 /// A deployment the section drains: one server, or the masters of a cluster and their slots.
-pub struct Servers {
+pub(super) struct Servers {
     pub cluster: bool,
     /// The seed nodes, `127.0.0.1:<port>`: the URL's host first.
     pub addrs: Vec<String>,
@@ -39,7 +39,7 @@ pub struct Servers {
 
 impl Servers {
     /// Connects to every master on `ports` (`slots`: theirs, by port; empty for one server).
-    pub async fn connect(
+    pub(super) async fn connect(
         cluster: bool,
         addrs: Vec<String>,
         masters: &[(u16, Vec<(u16, u16)>)],
@@ -76,14 +76,14 @@ impl Servers {
     }
 
     /// The index of the node serving `slot` (0 for one server).
-    pub fn node_of_slot(&self, slot: u16) -> usize {
+    pub(super) fn node_of_slot(&self, slot: u16) -> usize {
         self.slots
             .iter()
             .find(|&&(a, b, _)| (a..=b).contains(&slot))
             .map_or(0, |&(_, _, i)| i)
     }
 
-    pub fn node_of(&self, key: &str) -> usize {
+    pub(super) fn node_of(&self, key: &str) -> usize {
         self.node_of_slot(hash_slot(key))
     }
 
@@ -104,7 +104,12 @@ impl Servers {
     }
 
     /// The transport config of one `inferq run` serving every lane through `gateway`.
-    pub fn transport(&self, ctx: &Ctx, lanes: &[Lane], gateway: &Gateway) -> serde_json::Value {
+    pub(super) fn transport(
+        &self,
+        ctx: &Ctx,
+        lanes: &[Lane],
+        gateway: &Gateway,
+    ) -> serde_json::Value {
         let queues: Vec<serde_json::Value> = lanes
             .iter()
             .map(|l| {
@@ -131,7 +136,7 @@ impl Servers {
 }
 
 /// What one drain read.
-pub struct Reading {
+pub(super) struct Reading {
     pub results: u64,
     /// From starting `inferq run` to the last result on its list.
     pub seconds: f64,
@@ -164,7 +169,7 @@ async fn cpu_s(con: &mut MultiplexedConnection) -> Result<f64, BenchError> {
 }
 
 /// Requests of lane `i` when `n` are spread over `lanes` lanes.
-pub fn share(n: u64, lanes: usize, i: usize) -> u64 {
+pub(super) fn share(n: u64, lanes: usize, i: usize) -> u64 {
     let lanes = lanes.max(1) as u64;
     n / lanes + u64::from((i as u64) < n % lanes)
 }
@@ -260,7 +265,7 @@ async fn settle(
 }
 
 /// Drains `n` requests over `lanes`, under MONITOR when `census`.
-pub async fn run(
+pub(super) async fn run(
     ctx: &Ctx,
     servers: &mut Servers,
     lanes: &[Lane],

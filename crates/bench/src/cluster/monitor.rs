@@ -18,7 +18,7 @@ use inferq::config::hash_slot;
 
 /// Commands that are not part of the work: connection set-up, topology discovery, the bench's
 /// own readings. Left out of every count.
-pub const ADMIN: [&str; 16] = [
+pub(super) const ADMIN: [&str; 16] = [
     "info",
     "config",
     "ping",
@@ -39,7 +39,7 @@ pub const ADMIN: [&str; 16] = [
 
 /// Whether a command name (`cluster|slots` style, as INFO commandstats writes it, or plain) is
 /// an [`ADMIN`] command.
-pub fn is_admin(name: &str) -> bool {
+pub(super) fn is_admin(name: &str) -> bool {
     let base = name.split('|').next().unwrap_or(name);
     ADMIN.contains(&base.to_ascii_lowercase().as_str())
 }
@@ -68,7 +68,7 @@ pub struct Line {
 }
 
 /// Parses `1700000000.123456 [0 127.0.0.1:5555] "EVALSHA" "abc" "1" "key"`.
-pub fn parse_line(line: &str) -> Option<Line> {
+pub(super) fn parse_line(line: &str) -> Option<Line> {
     let open = line.find('[')?;
     let close = open + line[open..].find(']')?;
     let source = &line[open + 1..close];
@@ -123,7 +123,7 @@ fn unquote_all(text: &str) -> Option<Vec<String>> {
 
 /// The first key of a command: after `numkeys` for the script commands (none when it is 0),
 /// the first argument otherwise; `None` for a command without arguments.
-pub fn first_key(args: &[String]) -> Option<&str> {
+pub(super) fn first_key(args: &[String]) -> Option<&str> {
     let name = args.first()?.to_ascii_lowercase();
     if matches!(
         name.as_str(),
@@ -147,7 +147,7 @@ pub fn first_key(args: &[String]) -> Option<&str> {
 }
 
 /// Which kind of key a cross-slot command reached.
-pub fn kind_of(key: &str, lanes: &[Lane]) -> &'static str {
+pub(super) fn kind_of(key: &str, lanes: &[Lane]) -> &'static str {
     if key.starts_with("request-active:") || key.starts_with("request-cancel:") {
         "producer markers"
     } else if lanes
@@ -161,7 +161,7 @@ pub fn kind_of(key: &str, lanes: &[Lane]) -> &'static str {
 }
 
 /// The queue a key serves (see the module documentation), by index into `lanes`.
-pub fn lane_of(key: &str, lanes: &[Lane]) -> Option<usize> {
+pub(super) fn lane_of(key: &str, lanes: &[Lane]) -> Option<usize> {
     let id = key
         .strip_prefix("request-active:")
         .or_else(|| key.strip_prefix("request-cancel:"));

@@ -87,7 +87,7 @@ async fn submit(url: &str, file: &Path, wait: u32, n: u64) -> Result<Submit, Ben
 }
 
 /// Measures the cost of `--replica-wait 1` on `n` submissions.
-pub async fn run(dir: &Path, n: u64) -> Result<ReplicaWaitCost, BenchError> {
+pub(super) async fn run(dir: &Path, n: u64) -> Result<ReplicaWaitCost, BenchError> {
     let primary = tokio::task::spawn_blocking(|| server(Vec::new()))
         .await
         .map_err(|e| BenchError::Phase(format!("starting the primary: {e}")))??;

@@ -81,7 +81,7 @@ fn window_curve(run: &Run) -> Vec<(f64, f64)> {
 type Panel = (&'static str, fn(&Run) -> Vec<(f64, f64)>, bool);
 
 /// Draws the report into a PNG at `path`.
-pub fn draw(report: &SlackReport, path: &Path) -> Result<(), BenchError> {
+pub(super) fn draw(report: &SlackReport, path: &Path) -> Result<(), BenchError> {
     let text = crate::plot::font_ready();
     let settings: Vec<bool> = [false, true]
         .into_iter()

@@ -19,7 +19,7 @@ use crate::procs::{Processor, ProcessorSpec};
 use crate::BenchError;
 
 /// How often the sampler reads completions and the window.
-pub const SAMPLE_EVERY: Duration = Duration::from_millis(250);
+pub(super) const SAMPLE_EVERY: Duration = Duration::from_millis(250);
 const QUEUE: &str = "slack-batch";
 const RESULTS: &str = "slack-results";
 
@@ -37,7 +37,7 @@ pub struct Run {
 }
 
 /// Runs one scenario.
-pub async fn run(
+pub(super) async fn run(
     opts: &SlackOptions,
     gate: &Gate,
     flow_control: bool,
@@ -236,7 +236,7 @@ async fn read_sum(http: &reqwest::Client, url: &str, metric: &str, filter: &str)
 }
 
 /// The profile's phases with their start and end, in seconds since it started.
-pub fn phase_spans(profile: &Profile) -> Vec<(String, f64, f64)> {
+pub(super) fn phase_spans(profile: &Profile) -> Vec<(String, f64, f64)> {
     let mut t = 0.0;
     profile
         .phases

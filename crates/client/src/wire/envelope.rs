@@ -17,22 +17,31 @@ pub const MAX_MEMBER_BYTES: usize = 16 * 1024 * 1024;
 #[non_exhaustive]
 pub enum MemberError {
     #[error("member is {0} bytes, over the {MAX_MEMBER_BYTES}-byte (16 MiB) limit; send a smaller request")]
+    /// The member is larger than the limit (its size in bytes).
     TooLarge(usize),
     #[error("member is not valid JSON: {0}")]
+    /// The member is not JSON.
     NotJson(String),
     #[error("member is JSON but not an envelope object {{\"internal\", \"request_kind\", \"data\"}}: {0}")]
+    /// The member is JSON but no envelope.
     NotEnvelope(String),
     #[error("member has no request_kind")]
+    /// The envelope names no request kind.
     MissingKind,
     #[error("member has unknown request_kind {0:?}")]
+    /// The envelope names a kind inferq does not know.
     UnknownKind(String),
     #[error("member has no data")]
+    /// The envelope has no request data.
     MissingData,
     #[error("member data is not a request: {0}")]
+    /// The request data does not decode.
     BadData(String),
     #[error("member has no id")]
+    /// The request has no id.
     MissingId,
     #[error("deadline is missing or invalid (Unix seconds)")]
+    /// The request's deadline is not a positive Unix time.
     BadDeadline,
 }
 
@@ -40,14 +49,19 @@ pub enum MemberError {
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Routing {
     #[serde(default, skip_serializing_if = "is_zero")]
+    /// Deliveries that ended in a retry so far.
     pub retry_count: u32,
     #[serde(default, skip_serializing_if = "String::is_empty")]
+    /// The id of the queue config that took the request.
     pub queue_id: String,
     #[serde(default, skip_serializing_if = "String::is_empty")]
+    /// The generation's token (its `request-active:<id>` value).
     pub request_token: String,
     #[serde(default, skip_serializing_if = "String::is_empty")]
+    /// The queue the request was submitted to.
     pub request_queue_name: String,
     #[serde(default, skip_serializing_if = "String::is_empty")]
+    /// The result list its result goes to (empty: the queue's or the default).
     pub result_queue_name: String,
     /// The result list's TTL the request was routed with (newer Go; see `result_routing_resolved`).
     #[serde(default, skip_serializing_if = "is_zero_i64")]
@@ -57,6 +71,7 @@ pub struct Routing {
     #[serde(default, skip_serializing_if = "is_false")]
     pub result_routing_resolved: bool,
     #[serde(default, skip_serializing_if = "String::is_empty")]
+    /// The transport's correlation id (Go's pub/sub message id).
     pub transport_correlation_id: String,
     /// The key the request's body is stored at, apart from the member (newer Go's payload keys:
     /// `request-payload:<id>:<request_token>`); `data.payload` is then `null`. Empty for a body
@@ -72,6 +87,7 @@ pub struct Routing {
     #[serde(default, skip_serializing_if = "is_zero_i64")]
     pub dispatch_epoch: i64,
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    /// Labels the processor stamped (a gate's classification, the tier).
     pub labels: BTreeMap<String, String>,
     /// Fields a newer producer may add; carried through untouched.
     #[serde(flatten)]
@@ -110,7 +126,9 @@ fn is_false(b: &bool) -> bool {
 /// A decoded member: routing, kind, the raw `data` bytes and a typed view of them.
 #[derive(Debug, Clone)]
 pub struct Envelope {
+    /// The processor's routing and bookkeeping (Go's `internal`).
     pub internal: Routing,
+    /// The request's kind: `plain`, the only one Go writes.
     pub request_kind: String,
     /// The producer's `data` object, byte for byte.
     pub data: Box<RawValue>,

@@ -12,17 +12,23 @@ use super::envelope::{Envelope, MemberError, Routing};
 /// What inferq reads from a request's `data`.
 #[derive(Debug, Clone, Deserialize)]
 pub struct RequestView {
+    /// The request's id.
     pub id: String,
     #[serde(default)]
+    /// When it was created, Unix seconds.
     pub created: i64,
+    /// When it must be answered by, Unix seconds.
     pub deadline: i64,
     /// The OpenAI-style body, byte for byte (`null` when absent).
     pub payload: Box<RawValue>,
     #[serde(default)]
+    /// Metadata gates read.
     pub metadata: BTreeMap<String, String>,
     #[serde(default)]
+    /// Headers sent to the gateway with the request.
     pub headers: BTreeMap<String, String>,
     #[serde(default)]
+    /// The gateway path it goes to; empty for its queue's.
     pub endpoint: String,
     /// The model named beside the body (newer Go's `data.model`), for traces; empty when the
     /// producer left it out (the body's `model` is read instead).
@@ -112,16 +118,22 @@ impl RequestView {
 #[derive(Debug, Clone, Serialize)]
 #[non_exhaustive]
 pub struct NewRequest {
+    /// The request's id, unique among its queue's live requests.
     pub id: String,
+    /// When it was created, Unix seconds.
     pub created: i64,
     /// Unix seconds; also the sorted-set score.
     pub deadline: i64,
+    /// The OpenAI request body, sent to the gateway as it is.
     pub payload: Box<RawValue>,
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    /// Metadata gates read (a tenant, a tier label).
     pub metadata: BTreeMap<String, String>,
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    /// Headers sent to the gateway with the request.
     pub headers: BTreeMap<String, String>,
     #[serde(skip_serializing_if = "String::is_empty")]
+    /// The gateway path it goes to; empty for its queue's.
     pub endpoint: String,
     /// The model, named beside the body (newer Go's `data.model`); omitted when empty.
     #[serde(skip_serializing_if = "String::is_empty")]

@@ -16,11 +16,17 @@ use serde_json::ser::Formatter;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum ErrorCode {
+    /// The deadline passed before the request was answered.
     DeadlineExceeded,
+    /// The producer cancelled the request.
     Cancelled,
+    /// A gate dropped the request.
     GateDropped,
+    /// A gate failed while deciding.
     GateError,
+    /// The gateway failed the request for good.
     InferenceError,
+    /// The request cannot be sent as it is.
     InvalidRequest,
     /// inferq only: the request was moved to the dead-letter list (poison, over the delivery
     /// limit). Go consumers see an unfamiliar code and a clear message.
@@ -31,6 +37,7 @@ pub enum ErrorCode {
 }
 
 impl ErrorCode {
+    /// The code as Go writes it in `error_code`.
     pub fn as_str(self) -> &'static str {
         match self {
             ErrorCode::DeadlineExceeded => "DEADLINE_EXCEEDED",
@@ -48,18 +55,23 @@ impl ErrorCode {
 /// One terminal record, as consumers read it from the result list.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ResultMessage {
+    /// The request's id.
     pub id: String,
     /// The generation's request token (newer Go writes it on every result), so a consumer can
     /// tell two submissions under one id apart; empty for a member that had none.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub request_token: String,
     #[serde(default, skip_serializing_if = "is_zero")]
+    /// The gateway's HTTP status (0 when none was reached).
     pub status_code: u16,
     #[serde(default)]
+    /// The gateway's answer body.
     pub payload: String,
     #[serde(default, skip_serializing_if = "String::is_empty")]
+    /// The error code (see [`ErrorCode`]); empty on success.
     pub error_code: String,
     #[serde(default, skip_serializing_if = "String::is_empty")]
+    /// What went wrong, for people; empty on success.
     pub error_message: String,
 }
 
@@ -94,10 +106,12 @@ impl ResultMessage {
         }
     }
 
+    /// The result of a request whose deadline passed.
     pub fn deadline_exceeded(id: &str) -> Self {
         Self::error(id, ErrorCode::DeadlineExceeded, "deadline exceeded")
     }
 
+    /// The result of a request its producer cancelled.
     pub fn cancelled(id: &str) -> Self {
         Self::error(id, ErrorCode::Cancelled, "cancelled")
     }

@@ -16,7 +16,7 @@ use super::Failure;
 use crate::config::RunArgs;
 
 #[derive(Debug, clap::Args)]
-pub struct BatchApiArgs {
+pub(super) struct BatchApiArgs {
     /// The processors' transport config file (Redis and its queues).
     #[arg(long, value_name = "PATH")]
     pub transport_config_file: String,
@@ -121,7 +121,7 @@ fn bad(field: &str, reason: impl std::fmt::Display) -> Failure {
 }
 
 /// The batch-api settings these flags and the transport config give.
-pub fn settings(args: &BatchApiArgs) -> Result<inferq_batch::Settings, Failure> {
+pub(super) fn settings(args: &BatchApiArgs) -> Result<inferq_batch::Settings, Failure> {
     let run = RunOnly::try_parse_from([
         "inferq",
         "--transport",
@@ -291,7 +291,7 @@ fn retention(args: &BatchApiArgs) -> Result<inferq_batch::settings::Retention, F
     })
 }
 
-pub async fn batch_api(args: BatchApiArgs) -> Result<(), Failure> {
+pub(super) async fn batch_api(args: BatchApiArgs) -> Result<(), Failure> {
     let settings = settings(&args)?;
     let stop = CancellationToken::new();
     {

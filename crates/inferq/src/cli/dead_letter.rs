@@ -22,13 +22,13 @@ use crate::queue::dead_letters::{DeadLetters, Listed};
 use inferq_client::producer::unix_ms;
 
 #[derive(Debug, clap::Args)]
-pub struct DeadLetterArgs {
+pub(super) struct DeadLetterArgs {
     #[command(subcommand)]
     pub action: Action,
 }
 
 #[derive(Debug, Clone, clap::Args)]
-pub struct Target {
+pub(super) struct Target {
     #[command(flatten)]
     pub redis: super::RedisConn,
     /// The request sorted set whose dead list (`<queue>:dead`) to use.
@@ -37,7 +37,7 @@ pub struct Target {
 }
 
 #[derive(Debug, clap::Subcommand)]
-pub enum Action {
+pub(super) enum Action {
     /// Print dead records, newest first: JSONL, or a table on a terminal.
     List {
         #[command(flatten)]
@@ -220,7 +220,7 @@ async fn requeue(
     Ok(())
 }
 
-pub async fn dead_letter(args: DeadLetterArgs) -> Result<(), Failure> {
+pub(super) async fn dead_letter(args: DeadLetterArgs) -> Result<(), Failure> {
     match args.action {
         Action::List {
             target,

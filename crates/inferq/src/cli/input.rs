@@ -16,12 +16,12 @@ use inferq_client::wire::NewRequest;
 
 /// The longest `timeout_s` taken: 100 years (a larger one is a mistake, and past the range of
 /// Unix seconds the producer can store).
-pub const MAX_TIMEOUT_S: f64 = 100.0 * 365.0 * 86_400.0;
+pub(super) const MAX_TIMEOUT_S: f64 = 100.0 * 365.0 * 86_400.0;
 
 /// Why a line was refused.
 #[derive(Debug, thiserror::Error)]
 #[error("line {line}: {reason}")]
-pub struct LineError {
+pub(super) struct LineError {
     pub line: usize,
     pub reason: String,
 }
@@ -59,7 +59,7 @@ struct Line {
 
 /// Parses one non-empty line. `now_s` is the current Unix time; `default_timeout_s` applies
 /// when the line gives neither `deadline` nor `timeout_s`.
-pub fn parse_line(
+pub(super) fn parse_line(
     line_no: usize,
     text: &str,
     now_s: i64,

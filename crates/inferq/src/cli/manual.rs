@@ -12,21 +12,21 @@ use super::{Cli, Failure};
 
 /// Print the completion script of a shell.
 #[derive(Debug, clap::Args)]
-pub struct CompletionsArgs {
+pub(super) struct CompletionsArgs {
     /// The shell: bash, zsh, fish, elvish or powershell.
     pub shell: clap_complete::Shell,
 }
 
 /// Write the man pages.
 #[derive(Debug, clap::Args)]
-pub struct ManArgs {
+pub(super) struct ManArgs {
     /// The directory to write `inferq.1` and one page per subcommand into (made when missing).
     #[arg(long, value_name = "DIR")]
     pub dir: PathBuf,
 }
 
 /// Writes `shell`'s completion script to standard output.
-pub fn completions(args: &CompletionsArgs) -> Result<(), Failure> {
+pub(super) fn completions(args: &CompletionsArgs) -> Result<(), Failure> {
     let mut command = Cli::command();
     let mut out = Vec::new();
     clap_complete::generate(args.shell, &mut command, "inferq", &mut out);
@@ -39,7 +39,7 @@ pub fn completions(args: &CompletionsArgs) -> Result<(), Failure> {
 
 /// Writes the man pages into `args.dir` (`inferq.1`, and `inferq-run.1`, `inferq-dead-letter-list.1`
 /// … for every subcommand) and names each on standard output.
-pub fn man(args: &ManArgs) -> Result<(), Failure> {
+pub(super) fn man(args: &ManArgs) -> Result<(), Failure> {
     std::fs::create_dir_all(&args.dir)
         .with_context(|| format!("--dir: cannot make {}", args.dir.display()))
         .map_err(Failure::bad_input)?;

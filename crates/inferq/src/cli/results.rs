@@ -25,7 +25,7 @@ use inferq_client::producer::{Popper, Producer};
 #[derive(Debug, clap::Args)]
 // Results are read from the result list alone: the request queue is not asked for.
 #[command(mut_arg("queue", |a| a.hide(true)))]
-pub struct ResultsArgs {
+pub(super) struct ResultsArgs {
     #[command(flatten)]
     pub redis: RedisArgs,
     /// Stop after this many results (0 = until the timeout).
@@ -65,7 +65,7 @@ struct Ended {
     interrupted: bool,
 }
 
-pub async fn results(args: ResultsArgs) -> Result<(), Failure> {
+pub(super) async fn results(args: ResultsArgs) -> Result<(), Failure> {
     let started = Instant::now();
     let out: Out = match &args.output {
         Some(p) => Box::new(

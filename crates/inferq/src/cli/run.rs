@@ -9,7 +9,7 @@ use tokio_util::sync::CancellationToken;
 use super::Failure;
 use crate::config::{load, RunArgs};
 
-pub async fn run(args: RunArgs) -> Result<(), Failure> {
+pub(super) async fn run(args: RunArgs) -> Result<(), Failure> {
     let config = load(&args).map_err(Failure::bad_input)?;
     for warning in &config.warnings {
         tracing::warn!("{warning}");

@@ -17,7 +17,7 @@ use crate::queue::census::{census_on, Census};
 use crate::queue::payload_census::payload_census;
 
 #[derive(Debug, clap::Args)]
-pub struct StatusArgs {
+pub(super) struct StatusArgs {
     #[command(flatten)]
     pub redis: RedisConn,
     /// The request sorted sets to count (repeat the flag for several).
@@ -77,7 +77,7 @@ const HEADER: [&str; 10] = [
     "results",
 ];
 
-pub async fn status(args: StatusArgs) -> Result<(), Failure> {
+pub(super) async fn status(args: StatusArgs) -> Result<(), Failure> {
     let mut con = args.redis.connect().await?;
     let table = !args.json && std::io::stdout().is_terminal();
     let mut last: Vec<Option<Census>> = vec![None; args.queue.len()];

@@ -23,7 +23,7 @@ pub(crate) struct ClaimFields {
 }
 
 /// How long a replica wait lasts unless `replica_wait_timeout_ms` says otherwise.
-pub const DEFAULT_REPLICA_WAIT_TIMEOUT: Duration = Duration::from_secs(1);
+pub(crate) const DEFAULT_REPLICA_WAIT_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// The replica wait of `replicas` (none when 0 or absent) with `timeout_ms` (default 1 s);
 /// `fields` names them in errors (the transport config's, or `submit`'s flags).

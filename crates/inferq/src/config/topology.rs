@@ -7,6 +7,7 @@ use super::ConfigError;
 use inferq_client::target::Topology;
 
 /// What the user wrote, and how to name each field in an error.
+#[derive(Debug)]
 pub struct TopologyFields<'a> {
     pub mode: Option<&'a str>,
     pub addrs: &'a [String],
@@ -17,7 +18,7 @@ pub struct TopologyFields<'a> {
 }
 
 /// The names of the four fields in errors: the transport config's or the flags'.
-#[derive(Clone, Copy)]
+#[derive(Debug, Clone, Copy)]
 pub struct FieldNames {
     pub mode: &'static str,
     pub addrs: &'static str,

@@ -72,6 +72,12 @@ pub struct QueueCtx {
     pub found: bool,
 }
 
+impl std::fmt::Debug for QueueCtx {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("QueueCtx").finish_non_exhaustive()
+    }
+}
+
 impl QueueCtx {
     /// A gate turned a request away (refused it, or told it to wait): its reservations are
     /// undone and, when `count`, the decision is counted under `labels` (a queue's, or a pool
@@ -212,6 +218,7 @@ impl QueueCtx {
 
 /// A claimed request on its way to a worker. Dropped without an outcome (a panic, a shutdown
 /// that empties the queues), it releases its claim: no path leaks a claim until its lease ends.
+#[derive(Debug)]
 pub struct Job {
     pub ctx: Arc<QueueCtx>,
     pub held: Held,

@@ -53,6 +53,12 @@ pub struct Discovery {
     pub con: Con,
 }
 
+impl std::fmt::Debug for Discovery {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Discovery").finish_non_exhaustive()
+    }
+}
+
 /// The weights the policy's parameters give.
 pub fn initial_weights(policy: &FairShare) -> Weights {
     Weights {

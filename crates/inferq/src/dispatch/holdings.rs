@@ -68,6 +68,12 @@ pub struct Holdings {
     inner: Mutex<HashMap<String, Holding>>,
 }
 
+impl std::fmt::Debug for Holdings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Holdings").finish_non_exhaustive()
+    }
+}
+
 impl Holdings {
     pub fn new(lease: Duration) -> Holdings {
         Holdings {

@@ -88,6 +88,12 @@ pub struct Wiring {
     pub upkeep: TaskTracker,
 }
 
+impl std::fmt::Debug for Wiring {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Wiring").finish_non_exhaustive()
+    }
+}
+
 /// One running queue.
 struct Lane {
     ctx: Arc<QueueCtx>,
@@ -113,11 +119,17 @@ struct Built {
 }
 
 /// What a reload changed, by queue id.
-#[derive(Debug, Default, PartialEq, Eq)]
+#[derive(Default, PartialEq, Eq)]
 pub struct Change {
     pub added: Vec<String>,
     pub changed: Vec<String>,
     pub removed: Vec<String>,
+}
+
+impl std::fmt::Debug for Change {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Change").finish_non_exhaustive()
+    }
 }
 
 /// The lanes the processor runs, and those being retired.
@@ -133,6 +145,12 @@ pub struct Lanes {
     configured: Vec<QueueConfig>,
     /// The queues `fair-share` found, as last applied.
     discovered: Vec<QueueConfig>,
+}
+
+impl std::fmt::Debug for Lanes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Lanes").finish_non_exhaustive()
+    }
 }
 
 impl Lanes {

@@ -38,6 +38,7 @@ pub fn tier_bucket(labels: &BTreeMap<String, String>, tier_label: &str) -> u8 {
 }
 
 /// A pool's merge, as its policy says.
+#[derive(Debug)]
 pub enum Merge<T> {
     Random(RandomRobin<T>),
     Tier(TierPriority<T>),
@@ -91,6 +92,12 @@ pub struct TierPriority<T> {
     open: Vec<bool>,
     bucket: Box<dyn Fn(&T) -> u8 + Send + Sync>,
     next_start: usize,
+}
+
+impl<T> std::fmt::Debug for TierPriority<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TierPriority").finish_non_exhaustive()
+    }
 }
 
 impl<T> TierPriority<T> {
@@ -167,6 +174,7 @@ impl<T> TierPriority<T> {
 }
 
 /// The queues feeding one pool.
+#[derive(Debug)]
 pub struct RandomRobin<T> {
     inputs: Vec<Receiver<T>>,
 }

@@ -70,6 +70,7 @@ const OVERSIZE_REFUSAL: &str = "Protocol error";
 
 /// One outcome on its way, with the last-chance slot of its job if it held one, and its share
 /// of the outbox's [`Load`](super::load::Load) (returned when it is dropped: written or given up).
+#[derive(Debug)]
 pub struct Outgoing {
     pub finish: Finish,
     pub last_chance: Option<Slot>,

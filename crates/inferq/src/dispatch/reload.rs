@@ -33,6 +33,12 @@ pub struct Reloader {
     pub metrics: Arc<Metrics>,
 }
 
+impl std::fmt::Debug for Reloader {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Reloader").finish_non_exhaustive()
+    }
+}
+
 /// Reloads at once and every `interval` (when set), and at every SIGHUP `hangups` brings,
 /// until `stop`.
 pub async fn watch(

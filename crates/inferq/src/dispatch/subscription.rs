@@ -50,6 +50,7 @@ pub async fn subscribe<'a>(
 }
 
 /// What reading the next message came to.
+#[derive(Debug)]
 pub enum Next {
     Message(redis::Msg),
     /// The connection is gone: subscribe again.

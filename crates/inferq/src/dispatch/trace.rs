@@ -54,13 +54,14 @@ fn set_category(span: &opentelemetry::trace::SpanRef<'_>, category: &'static str
 }
 
 /// Makes the spans of requests; cheap to clone.
-#[derive(Clone)]
+#[derive(Debug, Clone)]
 pub struct RequestTracer {
     tracer: SdkTracer,
     propagator: Arc<TextMapCompositePropagator>,
 }
 
 /// What a span says of the request it covers.
+#[derive(Debug)]
 pub struct RequestFacts<'a> {
     pub id: &'a str,
     pub retry_count: u32,
@@ -129,6 +130,7 @@ impl RequestTracer {
 }
 
 /// The `process-request` span of one worker run.
+#[derive(Debug)]
 pub struct RequestSpan {
     cx: Context,
     tracer: RequestTracer,
@@ -210,6 +212,7 @@ impl Drop for RequestSpan {
 }
 
 /// The `http-request` span of one attempt.
+#[derive(Debug)]
 pub struct AttemptSpan {
     cx: Context,
     /// `traceparent` (and `tracestate`, `baggage` when there are any) for the gateway request.

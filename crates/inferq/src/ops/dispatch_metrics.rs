@@ -84,7 +84,7 @@ impl EncodeMetric for ProximitySnapshot {
 }
 
 /// The families (see the module comment).
-#[derive(Default)]
+#[derive(Debug, Default)]
 pub struct DispatchMetrics {
     /// Every send to the gateway, retries included (Go's `dispatched_requests_total`).
     pub dispatched: Family<QueueLabels, Counter>,

@@ -25,7 +25,7 @@ use super::encoding::Coding;
 use super::metrics::Metrics;
 
 /// Whether the processor says it is ready, plus what it checks before saying so.
-#[derive(Clone, Default)]
+#[derive(Debug, Clone, Default)]
 pub struct Readiness {
     started: Arc<AtomicBool>,
     con: Arc<OnceLock<crate::queue::traced::Con>>,

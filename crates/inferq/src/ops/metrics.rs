@@ -162,6 +162,7 @@ pub struct QueueSeries {
 }
 
 /// Every metric the processor records.
+#[derive(Debug)]
 pub struct Metrics {
     registry: Registry,
     /// First attempts started (`retry_count == 0`).

@@ -34,6 +34,7 @@ pub enum OtelError {
 }
 
 /// A running trace pipeline.
+#[derive(Debug)]
 pub struct Otel {
     provider: SdkTracerProvider,
 }

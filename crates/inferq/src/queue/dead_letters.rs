@@ -107,6 +107,7 @@ enum Order {
 /// A reading of a dead list, one page per [`Pages::next`], each page sized by the bytes of the
 /// one before (see [`PAGE_BYTES`]), so neither Redis nor this process handles more than a few
 /// megabytes at a time however long the list and however big its records.
+#[derive(Debug)]
 pub struct Pages {
     key: String,
     con: Link,
@@ -194,7 +195,7 @@ fn lrem_count(entry: &Listed, len: usize) -> i64 {
 }
 
 /// One queue's dead list.
-#[derive(Clone)]
+#[derive(Debug, Clone)]
 pub struct DeadLetters {
     keys: QueueKeys,
     con: Link,

@@ -29,6 +29,12 @@ pub struct Con {
     spans: Option<Arc<CommandSpans>>,
 }
 
+impl std::fmt::Debug for Con {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Con").finish_non_exhaustive()
+    }
+}
+
 impl Con {
     /// A connection whose commands make no spans.
     pub fn plain(inner: impl Into<Link>) -> Con {

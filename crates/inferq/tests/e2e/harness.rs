@@ -15,14 +15,14 @@ use inferq_testkit::{free_port, port_taken, RedisServer};
 use redis::aio::ConnectionManager;
 use redis::AsyncCommands;
 
-pub const Q: &str = "request-sortedset";
-pub const OK: &str = r#"{"id":"cmpl-1","choices":[{"text":"ok"}]}"#;
-pub const PROCESSOR_PW: &str = "proc-Pw-93ff1c";
-pub const PRODUCER_PW: &str = "prod-Pw-51ac2e";
-pub const ADMIN_PW: &str = "admin-Pw-77d0aa";
+pub(crate) const Q: &str = "request-sortedset";
+pub(crate) const OK: &str = r#"{"id":"cmpl-1","choices":[{"text":"ok"}]}"#;
+pub(crate) const PROCESSOR_PW: &str = "proc-Pw-93ff1c";
+pub(crate) const PRODUCER_PW: &str = "prod-Pw-51ac2e";
+pub(crate) const ADMIN_PW: &str = "admin-Pw-77d0aa";
 
 /// The ACL rules exactly as README.md gives them (as `ACL` arguments), passwords filled in.
-pub fn readme_rules() -> Vec<Vec<String>> {
+pub(crate) fn readme_rules() -> Vec<Vec<String>> {
     let rules: Vec<Vec<String>> = include_str!("../../../../README.md")
         .lines()
         .filter(|l| l.starts_with("ACL SETUSER inferq-"))
@@ -44,18 +44,18 @@ pub fn readme_rules() -> Vec<Vec<String>> {
     rules
 }
 
-pub fn url(user: &str, pw: &str, port: u16) -> String {
+pub(crate) fn url(user: &str, pw: &str, port: u16) -> String {
     format!("redis://{user}:{pw}@127.0.0.1:{port}/")
 }
 
-pub async fn manager(url: &str) -> ConnectionManager {
+pub(crate) async fn manager(url: &str) -> ConnectionManager {
     let client = redis::Client::open(url).unwrap();
     inferq_client::connect::manager(&client).await.unwrap()
 }
 
 /// A Redis with README's two users, an `admin` user for the test, and `default` switched off.
 /// Returns the server and an admin connection.
-pub async fn acl_redis() -> (RedisServer, ConnectionManager) {
+pub(crate) async fn acl_redis() -> (RedisServer, ConnectionManager) {
     let redis = RedisServer::start().unwrap();
     let mut con = manager(&redis.url()).await;
     for rule in readme_rules() {
@@ -82,7 +82,7 @@ pub async fn acl_redis() -> (RedisServer, ConnectionManager) {
 }
 
 /// Runs `ACL args…` (say `SETUSER name rule…`) on an admin connection; panics if refused.
-pub async fn acl(admin: &mut ConnectionManager, args: &[&str]) {
+pub(crate) async fn acl(admin: &mut ConnectionManager, args: &[&str]) {
     let _: () = redis::cmd("ACL")
         .arg(args)
         .query_async(admin)
@@ -91,7 +91,7 @@ pub async fn acl(admin: &mut ConnectionManager, args: &[&str]) {
 }
 
 /// Everything Redis refused to an ACL user since the last reset.
-pub async fn acl_denials(admin: &mut ConnectionManager) -> Vec<String> {
+pub(crate) async fn acl_denials(admin: &mut ConnectionManager) -> Vec<String> {
     let log: Vec<redis::Value> = redis::cmd("ACL")
         .arg("LOG")
         .query_async(admin)
@@ -101,7 +101,7 @@ pub async fn acl_denials(admin: &mut ConnectionManager) -> Vec<String> {
 }
 
 /// A transport config for one queue.
-pub fn transport(
+pub(crate) fn transport(
     redis_url: &str,
     gateway: &str,
     lease_s: f64,
@@ -115,26 +115,26 @@ pub fn transport(
 
 /// `inferq run` as a child process; unlike the shared harness it does not wait to be ready,
 /// so tests can watch a processor that cannot start.
-pub struct Proc {
+pub(crate) struct Proc {
     child: Option<Child>,
     health: u16,
     log: tempfile::NamedTempFile,
 }
 
 impl Proc {
-    pub fn spawn(transport: &str, extra: &[&str]) -> Proc {
+    pub(crate) fn spawn(transport: &str, extra: &[&str]) -> Proc {
         Self::spawn_as("redis-sortedset", transport, extra)
     }
 
     /// [`Proc::spawn`] with another `--transport` (`redis-pubsub`). A processor that finds a
     /// port of its own taken (by another test process, between `free_port` and its bind) is
     /// started again on new ports; it binds them before it logs "inferq starting".
-    pub fn spawn_as(kind: &str, transport: &str, extra: &[&str]) -> Proc {
+    pub(crate) fn spawn_as(kind: &str, transport: &str, extra: &[&str]) -> Proc {
         Self::spawn_with_env(kind, transport, extra, &[])
     }
 
     /// [`Proc::spawn_as`] with these environment variables set (`Some`) or removed (`None`).
-    pub fn spawn_with_env(
+    pub(crate) fn spawn_with_env(
         kind: &str,
         transport: &str,
         extra: &[&str],
@@ -200,7 +200,7 @@ impl Proc {
     }
 
     /// `/readyz`: status and body (`None` while the server is not up).
-    pub async fn readyz(&self) -> Option<(u16, String)> {
+    pub(crate) async fn readyz(&self) -> Option<(u16, String)> {
         let r = reqwest::get(format!("http://127.0.0.1:{}/readyz", self.health))
             .await
             .ok()?;
@@ -208,7 +208,7 @@ impl Proc {
         Some((status, r.text().await.unwrap_or_default()))
     }
 
-    pub async fn wait_ready(&self) {
+    pub(crate) async fn wait_ready(&self) {
         let started = Instant::now();
         while started.elapsed() < Duration::from_secs(20) {
             if matches!(self.readyz().await, Some((200, _))) {
@@ -220,7 +220,7 @@ impl Proc {
     }
 
     /// Waits until `/readyz` is 503 with an error naming what start-up is stuck on.
-    pub async fn wait_not_ready_because(&self) -> String {
+    pub(crate) async fn wait_not_ready_because(&self) -> String {
         let started = Instant::now();
         while started.elapsed() < Duration::from_secs(20) {
             if let Some((503, body)) = self.readyz().await {
@@ -233,20 +233,20 @@ impl Proc {
         panic!("/readyz never named a problem; log:\n{}", self.log());
     }
 
-    pub fn log(&self) -> String {
+    pub(crate) fn log(&self) -> String {
         let mut s = String::new();
         let _ = std::fs::File::open(self.log.path()).and_then(|mut f| f.read_to_string(&mut s));
         s
     }
 
-    pub fn kill(&mut self) {
+    pub(crate) fn kill(&mut self) {
         if let Some(mut c) = self.child.take() {
             let _ = c.kill();
             let _ = c.wait();
         }
     }
 
-    pub fn terminate(&self) {
+    pub(crate) fn terminate(&self) {
         if let Some(c) = &self.child {
             let status = Command::new("kill")
                 .args(["-TERM", &c.id().to_string()])
@@ -256,7 +256,7 @@ impl Proc {
         }
     }
 
-    pub async fn wait_exit(&mut self, limit: Duration) -> Option<i32> {
+    pub(crate) async fn wait_exit(&mut self, limit: Duration) -> Option<i32> {
         let started = Instant::now();
         while started.elapsed() < limit {
             if let Some(c) = self.child.as_mut() {
@@ -280,7 +280,7 @@ impl Drop for Proc {
     }
 }
 
-pub fn text(out: &Output) -> String {
+pub(crate) fn text(out: &Output) -> String {
     format!(
         "exit {:?}\nstdout:\n{}\nstderr:\n{}",
         out.status.code(),
@@ -289,7 +289,7 @@ pub fn text(out: &Output) -> String {
     )
 }
 
-pub fn parse_results(out: &Output) -> Vec<ResultMessage> {
+pub(crate) fn parse_results(out: &Output) -> Vec<ResultMessage> {
     String::from_utf8_lossy(&out.stdout)
         .lines()
         .filter(|l| !l.trim().is_empty())
@@ -297,7 +297,7 @@ pub fn parse_results(out: &Output) -> Vec<ResultMessage> {
         .collect()
 }
 
-pub fn submit_lines(ids: &[&str]) -> String {
+pub(crate) fn submit_lines(ids: &[&str]) -> String {
     ids.iter()
         .map(|id| {
             format!("{{\"id\":\"{id}\",\"timeout_s\":120,\"payload\":{{\"prompt\":\"hi\"}}}}\n")
@@ -306,7 +306,9 @@ pub fn submit_lines(ids: &[&str]) -> String {
 }
 
 /// Results on the default list, by id (read by an admin connection, without taking them).
-pub async fn results_by_id(admin: &mut ConnectionManager) -> BTreeMap<String, ResultMessage> {
+pub(crate) async fn results_by_id(
+    admin: &mut ConnectionManager,
+) -> BTreeMap<String, ResultMessage> {
     let raw: Vec<String> = admin.lrange("result-list", 0, -1).await.unwrap();
     raw.iter()
         .map(|r| serde_json::from_str::<ResultMessage>(r).unwrap())
@@ -314,7 +316,7 @@ pub async fn results_by_id(admin: &mut ConnectionManager) -> BTreeMap<String, Re
         .collect()
 }
 
-pub async fn wait_result(
+pub(crate) async fn wait_result(
     admin: &mut ConnectionManager,
     id: &str,
     limit: Duration,
@@ -334,12 +336,12 @@ pub async fn wait_result(
 
 /// A private CA, a second CA nobody trusts, a server certificate for 127.0.0.1 / localhost and
 /// a client certificate, all made with the `openssl` command line.
-pub struct Certs {
+pub(crate) struct Certs {
     dir: tempfile::TempDir,
 }
 
 impl Certs {
-    pub fn new() -> Certs {
+    pub(crate) fn new() -> Certs {
         let dir = tempfile::tempdir().unwrap();
         let certs = Certs { dir };
         certs.ca("ca");
@@ -353,16 +355,16 @@ impl Certs {
         certs
     }
 
-    pub fn path(&self, name: &str) -> PathBuf {
+    pub(crate) fn path(&self, name: &str) -> PathBuf {
         self.dir.path().join(name)
     }
 
     /// The path as a string, for command lines.
-    pub fn arg(&self, name: &str) -> String {
+    pub(crate) fn arg(&self, name: &str) -> String {
         self.path(name).display().to_string()
     }
 
-    pub fn openssl(&self, args: &[&str]) {
+    pub(crate) fn openssl(&self, args: &[&str]) {
         let out = Command::new("openssl")
             .args(args)
             .current_dir(self.dir.path())
@@ -371,7 +373,7 @@ impl Certs {
         assert!(out.status.success(), "openssl {args:?}: {}", text(&out));
     }
 
-    pub fn ca(&self, name: &str) {
+    pub(crate) fn ca(&self, name: &str) {
         self.req_x509(name, &[]);
     }
 
@@ -406,14 +408,14 @@ impl Certs {
 
     /// A server certificate for 127.0.0.1 / localhost signed by its own key, as a quick
     /// `openssl req -x509` makes it for a gateway: marked as a CA.
-    pub fn self_signed(&self, name: &str) {
+    pub(crate) fn self_signed(&self, name: &str) {
         self.req_x509(
             name,
             &["-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost"],
         );
     }
 
-    pub fn leaf(&self, name: &str, extensions: &str) {
+    pub(crate) fn leaf(&self, name: &str, extensions: &str) {
         std::fs::write(self.path(&format!("{name}.ext")), extensions).unwrap();
         self.openssl(&[
             "req",

@@ -8,21 +8,21 @@ use std::time::Duration;
 use crate::SimError;
 
 /// Default `--max-num-seqs`.
-pub const DEFAULT_MAX_NUM_SEQS: usize = 16;
+pub(super) const DEFAULT_MAX_NUM_SEQS: usize = 16;
 /// Default `--inter-token-latency-ms`.
-pub const DEFAULT_INTER_TOKEN_LATENCY_MS: f64 = 12.0;
+pub(super) const DEFAULT_INTER_TOKEN_LATENCY_MS: f64 = 12.0;
 /// Default `--time-factor-under-load`.
-pub const DEFAULT_TIME_FACTOR_UNDER_LOAD: f64 = 2.0;
+pub(super) const DEFAULT_TIME_FACTOR_UNDER_LOAD: f64 = 2.0;
 /// Default `--prefill-overhead-ms`.
-pub const DEFAULT_PREFILL_OVERHEAD_MS: f64 = 10.0;
+pub(super) const DEFAULT_PREFILL_OVERHEAD_MS: f64 = 10.0;
 /// Default `--prefill-time-per-token-ms`.
-pub const DEFAULT_PREFILL_TIME_PER_TOKEN_MS: f64 = 0.05;
+pub(super) const DEFAULT_PREFILL_TIME_PER_TOKEN_MS: f64 = 0.05;
 /// KV-cache tokens per sequence slot when `--kv-cache-tokens` is not given.
-pub const DEFAULT_KV_TOKENS_PER_SEQ: u64 = 1024;
+pub(super) const DEFAULT_KV_TOKENS_PER_SEQ: u64 = 1024;
 /// Default `--inference-pool`.
-pub const DEFAULT_INFERENCE_POOL: &str = "inferq-sim";
+pub(super) const DEFAULT_INFERENCE_POOL: &str = "inferq-sim";
 /// Default `--sheddable-objectives`.
-pub const DEFAULT_SHEDDABLE_OBJECTIVE: &str = "batch";
+pub(super) const DEFAULT_SHEDDABLE_OBJECTIVE: &str = "batch";
 
 /// Which name the router's saturation gauge is exported under (it was renamed in llm-d).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]

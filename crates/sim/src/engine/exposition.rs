@@ -11,7 +11,7 @@ use super::{EngineLoad, Pool, SaturationMetricNames};
 type ReadGauge = fn(&EngineLoad) -> f64;
 
 /// Escapes a label value (backslash, double quote, newline) for the text exposition format.
-pub fn label_value(value: &str) -> String {
+pub(super) fn label_value(value: &str) -> String {
     value
         .replace('\\', "\\\\")
         .replace('"', "\\\"")
@@ -20,7 +20,7 @@ pub fn label_value(value: &str) -> String {
 
 impl Pool {
     /// Appends the engines' and the router's metrics for `model_name` to `out`.
-    pub fn render_prometheus(&self, model_name: &str, out: &mut String) {
+    pub(crate) fn render_prometheus(&self, model_name: &str, out: &mut String) {
         let model = label_value(model_name);
         let labels: Vec<String> = (0..self.engines.len())
             .map(|i| format!("model_name=\"{model}\",pod=\"engine-{i}\""))

@@ -8,24 +8,24 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::time::Duration;
 
 /// Upper bounds of `vllm:time_to_first_token_seconds` (vLLM's, which start at 1 ms).
-pub const TTFT_BUCKETS: &[f64] = &[
+pub(super) const TTFT_BUCKETS: &[f64] = &[
     0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
     20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
 ];
 /// Upper bounds of `vllm:inter_token_latency_seconds` (vLLM's, with finer ones below 10 ms).
-pub const ITL_BUCKETS: &[f64] = &[
+pub(super) const ITL_BUCKETS: &[f64] = &[
     0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4,
     0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0,
 ];
 /// Upper bounds of `vllm:e2e_request_latency_seconds` (vLLM's, with finer ones below 300 ms).
-pub const E2E_BUCKETS: &[f64] = &[
+pub(super) const E2E_BUCKETS: &[f64] = &[
     0.01, 0.05, 0.1, 0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0,
     60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0,
 ];
 
 /// Counts of observed durations per bucket, their sum and their number.
 #[derive(Debug)]
-pub struct Histogram {
+pub(super) struct Histogram {
     bounds: &'static [f64],
     /// Observations per bucket (not cumulative; the last is `+Inf`'s own).
     counts: Vec<AtomicU64>,
@@ -35,7 +35,7 @@ pub struct Histogram {
 
 impl Histogram {
     /// An empty histogram with these upper bounds (ascending, in seconds).
-    pub fn new(bounds: &'static [f64]) -> Self {
+    pub(super) fn new(bounds: &'static [f64]) -> Self {
         Self {
             bounds,
             counts: (0..=bounds.len()).map(|_| AtomicU64::new(0)).collect(),
@@ -44,7 +44,7 @@ impl Histogram {
     }
 
     /// Records one duration.
-    pub fn observe(&self, value: Duration) {
+    pub(super) fn observe(&self, value: Duration) {
         let secs = value.as_secs_f64();
         let bucket = self
             .bounds
@@ -60,7 +60,7 @@ impl Histogram {
 
     /// Appends the `_bucket`, `_sum` and `_count` samples of `name` with `labels` (already
     /// rendered, e.g. `model_name="m",pod="engine-0"`).
-    pub fn render(&self, out: &mut String, name: &str, labels: &str) {
+    pub(super) fn render(&self, out: &mut String, name: &str, labels: &str) {
         let mut cumulative = 0;
         for (i, count) in self.counts.iter().enumerate() {
             cumulative += count.load(Relaxed);

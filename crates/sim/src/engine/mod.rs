@@ -59,7 +59,7 @@ pub struct PoolSnapshot {
 
 /// Why the router refused a request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Rejection {
+pub(crate) enum Rejection {
     /// `--flow-control` shed a sheddable request while the pool was saturated.
     Shed,
     /// Every engine had `--max-waiting` requests waiting beyond its free slots.
@@ -68,14 +68,14 @@ pub enum Rejection {
 
 /// A request placed on an engine: its tokens arrive on `tokens`.
 #[derive(Debug)]
-pub struct Placed {
+pub(crate) struct Placed {
     /// One message per generated token; closes early only if the simulator stops.
     pub tokens: tokio::sync::mpsc::UnboundedReceiver<TokenMade>,
 }
 
 /// The engines and the router's settings.
 #[derive(Debug)]
-pub struct Pool {
+pub(crate) struct Pool {
     cfg: EngineConfig,
     engines: Vec<Arc<Engine>>,
     /// Held while choosing and enqueueing, so concurrent arrivals see each other's placement.
@@ -84,7 +84,7 @@ pub struct Pool {
 
 impl Pool {
     /// Starts `cfg.pods` engines, each stepping on its own task until `shutdown`.
-    pub fn start(cfg: &EngineConfig, shutdown: &CancellationToken) -> Self {
+    pub(crate) fn start(cfg: &EngineConfig, shutdown: &CancellationToken) -> Self {
         let engines: Vec<Arc<Engine>> = (0..cfg.pods).map(|_| Arc::new(Engine::new(cfg))).collect();
         for engine in &engines {
             let engine = Arc::clone(engine);
@@ -100,7 +100,7 @@ impl Pool {
     }
 
     /// Every engine's load and the pool's saturation now.
-    pub fn snapshot(&self) -> PoolSnapshot {
+    pub(crate) fn snapshot(&self) -> PoolSnapshot {
         let engines: Vec<EngineLoad> = self.engines.iter().map(|e| e.load()).collect();
         let saturation = if engines.is_empty() {
             // The router's reading of an empty pool.
@@ -116,7 +116,11 @@ impl Pool {
 
     /// Routes a request to the least-loaded engine, or says why the router refuses it.
     /// `objective` is its `x-llm-d-inference-objective` header, if any.
-    pub fn submit(&self, spec: SequenceSpec, objective: Option<&str>) -> Result<Placed, Rejection> {
+    pub(crate) fn submit(
+        &self,
+        spec: SequenceSpec,
+        objective: Option<&str>,
+    ) -> Result<Placed, Rejection> {
         let _routing = self.routing.lock().unwrap_or_else(PoisonError::into_inner);
         let sheddable = objective.is_some_and(|o| self.cfg.is_sheddable(o));
         if self.cfg.flow_control && sheddable && self.snapshot().saturation >= 1.0 {

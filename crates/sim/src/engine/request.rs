@@ -26,7 +26,7 @@ use crate::openai::{self, Endpoint};
 use crate::server::{self, SimState};
 
 /// Answers one completion request on the engine pool.
-pub async fn complete(
+pub(crate) async fn complete(
     state: &Arc<SimState>,
     pool: &Pool,
     endpoint: Endpoint,

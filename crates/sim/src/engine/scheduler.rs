@@ -26,11 +26,11 @@ use super::EngineConfig;
 
 /// One generated token, sent to the sequence's client side.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct TokenMade;
+pub(crate) struct TokenMade;
 
 /// What a request asks of an engine.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct SequenceSpec {
+pub(crate) struct SequenceSpec {
     /// Estimated prompt tokens (prefill time and KV cache).
     pub prompt_tokens: u64,
     /// Tokens to generate (at least 1).
@@ -85,7 +85,7 @@ impl EngineLoad {
 
 /// The latency histograms of one engine.
 #[derive(Debug)]
-pub struct EngineLatencies {
+pub(super) struct EngineLatencies {
     /// Arrival to first token, queueing included.
     pub ttft: Histogram,
     /// Gaps between consecutive tokens of a sequence.
@@ -96,7 +96,7 @@ pub struct EngineLatencies {
 
 /// One engine, shared by the router (enqueue, load) and its step loop.
 #[derive(Debug)]
-pub struct Engine {
+pub(super) struct Engine {
     queues: Mutex<Queues>,
     /// Wakes an idle step loop when a sequence arrives.
     work: Notify,
@@ -114,7 +114,7 @@ struct StepPlan {
 
 impl Engine {
     /// An idle engine.
-    pub fn new(cfg: &EngineConfig) -> Self {
+    pub(super) fn new(cfg: &EngineConfig) -> Self {
         Self {
             queues: Mutex::default(),
             work: Notify::new(),
@@ -134,7 +134,7 @@ impl Engine {
     }
 
     /// Running and waiting counts and KV-cache usage now.
-    pub fn load(&self) -> EngineLoad {
+    pub(super) fn load(&self) -> EngineLoad {
         let queues = self.queues();
         let held: u64 = queues.running.iter().map(Sequence::kv_tokens).sum();
         EngineLoad {
@@ -145,14 +145,14 @@ impl Engine {
     }
 
     /// Sequences waiting beyond the free slots: how far over its batch size this engine is.
-    pub fn backlog(&self) -> usize {
+    pub(super) fn backlog(&self) -> usize {
         let queues = self.queues();
         let free = self.max_num_seqs.saturating_sub(queues.running.len());
         queues.waiting.len().saturating_sub(free)
     }
 
     /// Puts a sequence at the back of the waiting queue; tokens arrive on the returned channel.
-    pub fn enqueue(&self, spec: SequenceSpec) -> mpsc::UnboundedReceiver<TokenMade> {
+    pub(super) fn enqueue(&self, spec: SequenceSpec) -> mpsc::UnboundedReceiver<TokenMade> {
         let (tokens, receiver) = mpsc::unbounded_channel();
         self.queues().waiting.push_back(Sequence {
             spec: SequenceSpec {
@@ -236,7 +236,7 @@ impl Engine {
     /// The step loop: runs steps back to back while there is work, sleeps on [`Notify`] when
     /// idle, and ends (abandoning every sequence) when `shutdown` is cancelled. Each step ends
     /// at a deadline counted from the previous one, so sleeping late does not add up.
-    pub async fn run(&self, cfg: EngineConfig, shutdown: CancellationToken) {
+    pub(super) async fn run(&self, cfg: EngineConfig, shutdown: CancellationToken) {
         let mut step_start: Option<Instant> = None;
         loop {
             let Some(plan) = self.begin_step(&cfg) else {

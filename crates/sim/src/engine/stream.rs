@@ -13,7 +13,7 @@ use crate::openai::{self, Answer, Endpoint};
 
 /// What the answer says, owned so the body can outlive the handler.
 #[derive(Debug, Clone)]
-pub struct AnswerHead {
+pub(super) struct AnswerHead {
     /// Makes the answer's id.
     pub seq: u64,
     /// Unix seconds.
@@ -30,7 +30,7 @@ pub struct AnswerHead {
 
 impl AnswerHead {
     /// The borrowed form the wire-shape functions take.
-    pub fn answer(&self) -> Answer<'_> {
+    pub(super) fn answer(&self) -> Answer<'_> {
         Answer {
             seq: self.seq,
             created: self.created,
@@ -75,7 +75,7 @@ fn event(json: &[u8]) -> Bytes {
 }
 
 /// The body of a streaming answer; `on_complete` runs when its last token has been sent.
-pub fn event_stream(
+pub(super) fn event_stream(
     endpoint: Endpoint,
     head: AnswerHead,
     include_usage: bool,

@@ -4,11 +4,11 @@
 //! Go's submit script.
 
 /// The queue and result list of these requests.
-pub const Q: &str = "request-sortedset";
-pub const RESULTS: &str = "result-list";
+pub(crate) const Q: &str = "request-sortedset";
+pub(crate) const RESULTS: &str = "result-list";
 
 /// A request as the newest Go producer enqueues it.
-pub struct GoRequest {
+pub(crate) struct GoRequest {
     pub id: String,
     pub token: String,
     pub deadline: i64,
@@ -22,7 +22,7 @@ pub struct GoRequest {
 }
 
 impl GoRequest {
-    pub fn new(id: &str, deadline: i64, seq: i64, body: &str) -> GoRequest {
+    pub(crate) fn new(id: &str, deadline: i64, seq: i64, body: &str) -> GoRequest {
         GoRequest {
             id: id.to_owned(),
             token: inferq_client::keys::fresh_token(),
@@ -34,13 +34,13 @@ impl GoRequest {
         }
     }
 
-    pub fn payload_key(&self) -> String {
+    pub(crate) fn payload_key(&self) -> String {
         format!("request-payload:{}:{}", self.id, self.token)
     }
 
     /// The member's bytes: `data.payload` is `null` (Go's field has no omitempty) when the body
     /// is stored apart, and `internal.payload_ref` names the key.
-    pub fn member(&self) -> String {
+    pub(crate) fn member(&self) -> String {
         let mut internal = format!(
             r#""request_token":"{}","request_queue_name":"{Q}","result_queue_name":"{RESULTS}""#,
             self.token
@@ -60,13 +60,13 @@ impl GoRequest {
     }
 
     /// Go's score: `deadline + min(seq, 2^21 - 1) / 2^21`.
-    pub fn score(&self) -> f64 {
+    pub(crate) fn score(&self) -> f64 {
         self.deadline as f64 + self.seq.clamp(0, (1 << 21) - 1) as f64 / (1u64 << 21) as f64
     }
 
     /// Enqueues as Go's submit script does, in its order: the counter, the cancel marker, the
     /// active marker, the member, then the body.
-    pub async fn enqueue(&self, con: &mut redis::aio::ConnectionManager) {
+    pub(crate) async fn enqueue(&self, con: &mut redis::aio::ConnectionManager) {
         let ttl_ms = self.deadline * 1000 - inferq_client::producer::unix_ms();
         let mut pipe = redis::pipe();
         pipe.atomic()

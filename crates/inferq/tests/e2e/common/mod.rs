@@ -4,7 +4,7 @@
 
 #![allow(dead_code)]
 
-pub mod go;
+pub(crate) mod go;
 
 use std::collections::HashMap;
 use std::io::{Read, Write};
@@ -25,7 +25,7 @@ use serde_json::value::RawValue;
 
 /// What the gateway answers for one attempt.
 #[derive(Clone, Debug)]
-pub struct Reply {
+pub(crate) struct Reply {
     pub status: u16,
     pub body: String,
     pub headers: Vec<(String, String)>,
@@ -33,10 +33,10 @@ pub struct Reply {
 }
 
 impl Reply {
-    pub fn ok(body: &str) -> Reply {
+    pub(crate) fn ok(body: &str) -> Reply {
         Reply::status(200, body)
     }
-    pub fn status(status: u16, body: &str) -> Reply {
+    pub(crate) fn status(status: u16, body: &str) -> Reply {
         Reply {
             status,
             body: body.to_owned(),
@@ -44,11 +44,11 @@ impl Reply {
             delay: Duration::ZERO,
         }
     }
-    pub fn after(mut self, delay: Duration) -> Reply {
+    pub(crate) fn after(mut self, delay: Duration) -> Reply {
         self.delay = delay;
         self
     }
-    pub fn header(mut self, k: &str, v: &str) -> Reply {
+    pub(crate) fn header(mut self, k: &str, v: &str) -> Reply {
         self.headers.push((k.to_owned(), v.to_owned()));
         self
     }
@@ -56,7 +56,7 @@ impl Reply {
 
 /// One request the gateway received.
 #[derive(Clone, Debug)]
-pub struct Seen {
+pub(crate) struct Seen {
     pub path: String,
     pub headers: HeaderMap,
     pub body: Bytes,
@@ -74,7 +74,7 @@ struct Script {
 
 /// A scriptable gateway on a free port.
 #[derive(Clone)]
-pub struct Gateway {
+pub(crate) struct Gateway {
     script: Arc<Mutex<Script>>,
     pub addr: SocketAddr,
 }
@@ -149,7 +149,7 @@ async fn handle(
 }
 
 impl Gateway {
-    pub async fn start() -> Gateway {
+    pub(crate) async fn start() -> Gateway {
         let script = Arc::new(Mutex::new(Script::default()));
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
@@ -162,11 +162,11 @@ impl Gateway {
         Gateway { script, addr }
     }
 
-    pub fn url(&self) -> String {
+    pub(crate) fn url(&self) -> String {
         format!("http://{}", self.addr)
     }
 
-    pub fn script(&self, id: &str, replies: Vec<Reply>) {
+    pub(crate) fn script(&self, id: &str, replies: Vec<Reply>) {
         self.script
             .lock()
             .unwrap()
@@ -174,7 +174,7 @@ impl Gateway {
             .insert(id.to_owned(), replies);
     }
 
-    pub fn seen(&self, id: &str) -> Vec<Seen> {
+    pub(crate) fn seen(&self, id: &str) -> Vec<Seen> {
         self.script
             .lock()
             .unwrap()
@@ -185,7 +185,7 @@ impl Gateway {
     }
 
     /// Waits (up to `limit`) until the request `id` has reached the gateway.
-    pub async fn wait_seen(&self, id: &str, limit: Duration) {
+    pub(crate) async fn wait_seen(&self, id: &str, limit: Duration) {
         let started = Instant::now();
         while self.seen(id).is_empty() && started.elapsed() < limit {
             tokio::time::sleep(Duration::from_millis(20)).await;
@@ -193,7 +193,7 @@ impl Gateway {
     }
 
     /// Waits (up to `limit`) until `n` distinct requests have reached the gateway.
-    pub async fn wait_executions(&self, n: usize, limit: Duration) {
+    pub(crate) async fn wait_executions(&self, n: usize, limit: Duration) {
         let started = Instant::now();
         while self.executions().len() < n && started.elapsed() < limit {
             tokio::time::sleep(Duration::from_millis(20)).await;
@@ -201,7 +201,7 @@ impl Gateway {
     }
 
     /// The ids given, in the order their first attempt reached the gateway.
-    pub fn first_served(&self, ids: &[String]) -> Vec<String> {
+    pub(crate) fn first_served(&self, ids: &[String]) -> Vec<String> {
         let mut order: Vec<(Instant, String)> = ids
             .iter()
             .map(|id| (self.seen(id)[0].at, id.clone()))
@@ -210,7 +210,7 @@ impl Gateway {
         order.into_iter().map(|(_, id)| id).collect()
     }
 
-    pub fn aborted(&self, id: &str) -> u32 {
+    pub(crate) fn aborted(&self, id: &str) -> u32 {
         self.script
             .lock()
             .unwrap()
@@ -220,7 +220,7 @@ impl Gateway {
             .unwrap_or(0)
     }
 
-    pub fn executions(&self) -> HashMap<String, usize> {
+    pub(crate) fn executions(&self) -> HashMap<String, usize> {
         self.script
             .lock()
             .unwrap()
@@ -233,7 +233,7 @@ impl Gateway {
 
 /// Settings for one processor.
 #[derive(Clone, Debug)]
-pub struct ProcessorOpts {
+pub(crate) struct ProcessorOpts {
     pub queue: String,
     pub lease_s: f64,
     pub reclaim_ms: u64,
@@ -299,7 +299,7 @@ enum Start {
 }
 
 /// `inferq run` as a child process.
-pub struct Processor {
+pub(crate) struct Processor {
     child: Option<Child>,
     pub health_port: u16,
     pub metrics_port: u16,
@@ -308,13 +308,17 @@ pub struct Processor {
 }
 
 impl Processor {
-    pub async fn start(redis: &RedisServer, gateway: &Gateway, opts: &ProcessorOpts) -> Processor {
+    pub(crate) async fn start(
+        redis: &RedisServer,
+        gateway: &Gateway,
+        opts: &ProcessorOpts,
+    ) -> Processor {
         Self::start_at(&redis.url(), gateway, opts).await
     }
 
     /// [`Processor::start`] against the Redis at `url` (a cluster's seed, a sentinel), unless
     /// `opts.redis_url` names another.
-    pub async fn start_at(url: &str, gateway: &Gateway, opts: &ProcessorOpts) -> Processor {
+    pub(crate) async fn start_at(url: &str, gateway: &Gateway, opts: &ProcessorOpts) -> Processor {
         // A port found free can still be bound by another process before the processor binds
         // it; the processor then exits saying so, and is started again on new ports.
         for _ in 0..3 {
@@ -334,12 +338,12 @@ impl Processor {
 
     /// Starts a processor without waiting for it to be ready (tests of an unready one use it
     /// directly).
-    pub fn spawn(redis: &RedisServer, gateway: &Gateway, opts: &ProcessorOpts) -> Processor {
+    pub(crate) fn spawn(redis: &RedisServer, gateway: &Gateway, opts: &ProcessorOpts) -> Processor {
         Self::spawn_at(&redis.url(), gateway, opts)
     }
 
     /// [`Processor::spawn`] against the Redis at `url`.
-    pub fn spawn_at(url: &str, gateway: &Gateway, opts: &ProcessorOpts) -> Processor {
+    pub(crate) fn spawn_at(url: &str, gateway: &Gateway, opts: &ProcessorOpts) -> Processor {
         let health_port = free_port().unwrap();
         let metrics_port = free_port().unwrap();
         let config = format!(
@@ -441,7 +445,7 @@ impl Processor {
     }
 
     /// Waits until `/readyz` says ready (or panics after 20 s).
-    pub async fn wait_ready(&self) {
+    pub(crate) async fn wait_ready(&self) {
         let url = format!("http://127.0.0.1:{}/readyz", self.health_port);
         let started = Instant::now();
         while started.elapsed() < Duration::from_secs(20) {
@@ -455,17 +459,17 @@ impl Processor {
         panic!("processor not ready; log:\n{}", self.log());
     }
 
-    pub fn log(&self) -> String {
+    pub(crate) fn log(&self) -> String {
         let mut s = String::new();
         let _ = std::fs::File::open(self.log.path()).and_then(|mut f| f.read_to_string(&mut s));
         s
     }
 
-    pub fn pid(&self) -> u32 {
+    pub(crate) fn pid(&self) -> u32 {
         self.child.as_ref().map(Child::id).unwrap_or(0)
     }
 
-    pub fn signal(&self, sig: &str) {
+    pub(crate) fn signal(&self, sig: &str) {
         let status = Command::new("kill")
             .args([&format!("-{sig}"), &self.pid().to_string()])
             .status()
@@ -474,7 +478,7 @@ impl Processor {
     }
 
     /// SIGKILL: no shutdown of any kind.
-    pub fn kill(&mut self) {
+    pub(crate) fn kill(&mut self) {
         if let Some(mut c) = self.child.take() {
             let _ = c.kill();
             let _ = c.wait();
@@ -482,7 +486,7 @@ impl Processor {
     }
 
     /// Waits for the process to exit; returns its exit code.
-    pub async fn wait_exit(&mut self, limit: Duration) -> Option<i32> {
+    pub(crate) async fn wait_exit(&mut self, limit: Duration) -> Option<i32> {
         let started = Instant::now();
         while started.elapsed() < limit {
             if let Some(c) = self.child.as_mut() {
@@ -496,7 +500,7 @@ impl Processor {
         None
     }
 
-    pub async fn metrics(&self) -> String {
+    pub(crate) async fn metrics(&self) -> String {
         reqwest::get(format!("http://127.0.0.1:{}/metrics", self.metrics_port))
             .await
             .unwrap()
@@ -507,7 +511,7 @@ impl Processor {
 
     /// The metrics once they contain every one of `series` (at most 10 s; then as they are,
     /// for the caller's assertion to show).
-    pub async fn metrics_with(&self, series: &[&str]) -> String {
+    pub(crate) async fn metrics_with(&self, series: &[&str]) -> String {
         let started = Instant::now();
         loop {
             let metrics = self.metrics().await;
@@ -531,7 +535,7 @@ impl Drop for Processor {
 }
 
 /// A request with a deadline `secs` from now.
-pub fn request(id: &str, secs: i64, payload: &str) -> NewRequest {
+pub(crate) fn request(id: &str, secs: i64, payload: &str) -> NewRequest {
     let now = inferq_client::producer::unix_ms() / 1000;
     NewRequest::new(
         id.to_owned(),
@@ -541,13 +545,13 @@ pub fn request(id: &str, secs: i64, payload: &str) -> NewRequest {
     .with_created(now)
 }
 
-pub async fn producer(redis: &RedisServer, queue: &str) -> Producer {
+pub(crate) async fn producer(redis: &RedisServer, queue: &str) -> Producer {
     Producer::connect(&redis.url(), queue, "result-list")
         .await
         .unwrap()
 }
 
-pub async fn con(redis: &RedisServer) -> redis::aio::ConnectionManager {
+pub(crate) async fn con(redis: &RedisServer) -> redis::aio::ConnectionManager {
     let client = redis::Client::open(redis.url()).unwrap();
     inferq_client::connect::manager(&client).await.unwrap()
 }
@@ -555,7 +559,7 @@ pub async fn con(redis: &RedisServer) -> redis::aio::ConnectionManager {
 /// Raw result JSON strings on `list`, oldest first.
 /// How many times Redis has run `command` (lower case; inside scripts too) since its statistics
 /// were last reset (`INFO commandstats`).
-pub async fn command_calls(con: &mut redis::aio::ConnectionManager, command: &str) -> u64 {
+pub(crate) async fn command_calls(con: &mut redis::aio::ConnectionManager, command: &str) -> u64 {
     let info: String = redis::cmd("INFO")
         .arg("commandstats")
         .query_async(con)
@@ -569,13 +573,16 @@ pub async fn command_calls(con: &mut redis::aio::ConnectionManager, command: &st
         .unwrap_or(0)
 }
 
-pub async fn raw_results(con: &mut redis::aio::ConnectionManager, list: &str) -> Vec<String> {
+pub(crate) async fn raw_results(
+    con: &mut redis::aio::ConnectionManager,
+    list: &str,
+) -> Vec<String> {
     let mut v: Vec<String> = con.lrange(list, 0, -1).await.unwrap();
     v.reverse();
     v
 }
 
-pub async fn results(con: &mut redis::aio::ConnectionManager) -> Vec<ResultMessage> {
+pub(crate) async fn results(con: &mut redis::aio::ConnectionManager) -> Vec<ResultMessage> {
     raw_results(con, "result-list")
         .await
         .iter()
@@ -585,7 +592,7 @@ pub async fn results(con: &mut redis::aio::ConnectionManager) -> Vec<ResultMessa
 
 /// Starts a processor with `opts`, has it serve the request `id` to its result, and stops it
 /// with SIGTERM (it must exit 0): the stopped processor, for its log.
-pub async fn one_request_then_stop(
+pub(crate) async fn one_request_then_stop(
     redis: &RedisServer,
     gateway: &Gateway,
     opts: &ProcessorOpts,
@@ -607,7 +614,7 @@ pub async fn one_request_then_stop(
 
 /// Waits until `n` results are on the default result list (or panics after `limit`).
 /// The raw results on `list`, oldest first, once there are `n` (or `limit` has passed).
-pub async fn wait_results_in(
+pub(crate) async fn wait_results_in(
     con: &mut redis::aio::ConnectionManager,
     list: &str,
     n: usize,
@@ -623,7 +630,7 @@ pub async fn wait_results_in(
     }
 }
 
-pub async fn wait_results(
+pub(crate) async fn wait_results(
     con: &mut redis::aio::ConnectionManager,
     n: usize,
     limit: Duration,
@@ -636,7 +643,7 @@ pub async fn wait_results(
 }
 
 /// Runs an `inferq` subcommand with only the given environment for Redis.
-pub fn cli(args: &[&str], env: &[(&str, &str)], stdin: &str) -> Output {
+pub(crate) fn cli(args: &[&str], env: &[(&str, &str)], stdin: &str) -> Output {
     let mut command = Command::new(env!("CARGO_BIN_EXE_inferq"));
     command
         .args(args)
@@ -671,13 +678,13 @@ pub fn cli(args: &[&str], env: &[(&str, &str)], stdin: &str) -> Output {
 /// Counts the commands clients send to a Redis (not those its scripts run), by lower-case name,
 /// from a `MONITOR` started now: `MONITOR` marks a command a script ran `[<db> lua]`, where
 /// `INFO commandstats` counts both alike.
-pub struct ClientCommands {
+pub(crate) struct ClientCommands {
     counts: Arc<Mutex<HashMap<String, u64>>>,
     reader: tokio::task::JoinHandle<()>,
 }
 
 impl ClientCommands {
-    pub async fn start(port: u16) -> ClientCommands {
+    pub(crate) async fn start(port: u16) -> ClientCommands {
         use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
         let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
             .await
@@ -703,7 +710,7 @@ impl ClientCommands {
         ClientCommands { counts, reader }
     }
 
-    pub fn count(&self, name: &str) -> u64 {
+    pub(crate) fn count(&self, name: &str) -> u64 {
         self.counts.lock().unwrap().get(name).copied().unwrap_or(0)
     }
 }

@@ -34,7 +34,7 @@ impl Reading {
 
 /// Where and what the signal reads.
 #[derive(Debug, Clone)]
-pub struct Signal {
+pub(super) struct Signal {
     pub url: reqwest::Url,
     pub metric: String,
     pub running_metric: String,
@@ -43,7 +43,7 @@ pub struct Signal {
 
 impl Signal {
     /// Reads the page once, within `timeout`.
-    pub async fn read(&self, timeout: Duration) -> Result<Reading, String> {
+    pub(super) async fn read(&self, timeout: Duration) -> Result<Reading, String> {
         let families = [self.metric.as_str(), self.running_metric.as_str()];
         let series = scrape_series(&self.url, &families, &self.labels, timeout).await?;
         let waiting = series.first().filter(|v| !v.is_empty()).ok_or_else(|| {

@@ -25,10 +25,10 @@ use crate::dispatch::gates::{Decision, Gate, GateEnv, GateError, GateInput, Verd
 use inferq_client::wire::ResultMessage;
 
 /// The payload of `tier-priority-admission`'s drop result, byte for byte as Go writes it.
-pub const TOO_MANY_REQUESTS: &str = r#"{"error": "Too Many Requests", "code": 429}"#;
+pub(super) const TOO_MANY_REQUESTS: &str = r#"{"error": "Too Many Requests", "code": 429}"#;
 
 /// Builds a `composite` gate.
-pub fn composite(p: Params<'_>, env: &GateEnv) -> Result<Arc<dyn Gate>, GateError> {
+pub(super) fn composite(p: Params<'_>, env: &GateEnv) -> Result<Arc<dyn Gate>, GateError> {
     let list = p
         .array("gates")?
         .ok_or_else(|| param_error(p.gate, "gates", "required".to_owned()))?;
@@ -41,7 +41,7 @@ pub fn composite(p: Params<'_>, env: &GateEnv) -> Result<Arc<dyn Gate>, GateErro
 }
 
 /// Builds a `wait-on-refuse` gate.
-pub fn wait_on_refuse(p: Params<'_>, env: &GateEnv) -> Result<Arc<dyn Gate>, GateError> {
+pub(super) fn wait_on_refuse(p: Params<'_>, env: &GateEnv) -> Result<Arc<dyn Gate>, GateError> {
     let entry = p
         .object("gate")?
         .ok_or_else(|| param_error(p.gate, "gate", "required".to_owned()))?;
@@ -51,7 +51,10 @@ pub fn wait_on_refuse(p: Params<'_>, env: &GateEnv) -> Result<Arc<dyn Gate>, Gat
 }
 
 /// Builds a `tier-priority-admission` gate.
-pub fn tier_priority_admission(p: Params<'_>, env: &GateEnv) -> Result<Arc<dyn Gate>, GateError> {
+pub(super) fn tier_priority_admission(
+    p: Params<'_>,
+    env: &GateEnv,
+) -> Result<Arc<dyn Gate>, GateError> {
     let kind = p.required_string("saturation_gate")?;
     let kind = gate_type(p.gate, "saturation_gate", &kind)?;
     let params = p.object("saturation_gate_params")?.unwrap_or_default();

@@ -22,10 +22,10 @@ use crate::dispatch::gates::GateError;
 use inferq_client::connect;
 
 /// How long one gate call to Redis (connecting included) may take before it counts as failed.
-pub const CALL_TIMEOUT: Duration = Duration::from_secs(1);
+pub(super) const CALL_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// One Redis server as the gates see it.
-pub struct Link {
+pub(super) struct Link {
     client: Client,
     /// Opened on first use; a failed open leaves it empty, so the next call tries again.
     con: OnceCell<ConnectionManager>,
@@ -35,7 +35,7 @@ pub struct Link {
 
 impl Link {
     /// The connection, opened now if it is not yet.
-    pub async fn con(&self) -> RedisResult<ConnectionManager> {
+    pub(super) async fn con(&self) -> RedisResult<ConnectionManager> {
         self.con
             .get_or_try_init(|| connect::manager(&self.client))
             .await
@@ -48,7 +48,7 @@ static LINKS: LazyLock<Mutex<HashMap<String, Weak<Link>>>> =
     LazyLock::new(|| Mutex::new(HashMap::new()));
 
 /// The link for a gate's `address` parameter (required).
-pub fn link(p: &Params<'_>) -> Result<Arc<Link>, GateError> {
+pub(super) fn link(p: &Params<'_>) -> Result<Arc<Link>, GateError> {
     let address = p.required_string("address")?;
     let url = if address.contains("://") {
         address
@@ -76,7 +76,7 @@ pub fn link(p: &Params<'_>) -> Result<Arc<Link>, GateError> {
 }
 
 /// Runs one Redis call within [`CALL_TIMEOUT`]; a failure is described for logs and errors.
-pub async fn within<T>(
+pub(super) async fn within<T>(
     link: &Link,
     call: impl Future<Output = RedisResult<T>>,
 ) -> Result<T, CallError> {

@@ -17,7 +17,7 @@ use crate::dispatch::gates::{Decision, Gate, GateError, GateInput, Release, Verd
 const GATE: &str = "local-max-concurrency";
 
 /// Builds a `local-max-concurrency` gate.
-pub fn build(p: Params<'_>) -> Result<Arc<dyn Gate>, GateError> {
+pub(super) fn build(p: Params<'_>) -> Result<Arc<dyn Gate>, GateError> {
     let err = |param: &str, reason: String| GateError::Param {
         gate: GATE,
         param: param.to_owned(),

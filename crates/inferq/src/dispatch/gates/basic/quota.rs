@@ -49,7 +49,7 @@ const MAX_WINDOW_NS: u64 = (1 << 53) - 1;
 const GATE: &str = "redis-quota";
 
 /// Builds a `redis-quota` gate.
-pub fn build(p: Params<'_>) -> Result<Arc<dyn Gate>, GateError> {
+pub(super) fn build(p: Params<'_>) -> Result<Arc<dyn Gate>, GateError> {
     let link = link::link(&p)?;
     let limit = match p.int("limit")? {
         None => return Err(param_error("limit", "required")),

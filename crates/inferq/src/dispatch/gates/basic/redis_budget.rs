@@ -15,7 +15,7 @@ use crate::config::gate_params::Params;
 use crate::dispatch::gates::{Decision, Gate, GateError, GateInput, Verdict};
 
 /// Builds a `redis` gate.
-pub fn build(p: Params<'_>) -> Result<Arc<dyn Gate>, GateError> {
+pub(super) fn build(p: Params<'_>) -> Result<Arc<dyn Gate>, GateError> {
     Ok(Arc::new(RedisBudget {
         link: link::link(&p)?,
         key: p.string_or("budget_key", "dispatch-gate-budget"),

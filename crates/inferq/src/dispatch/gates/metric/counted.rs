@@ -34,7 +34,7 @@ struct Grant {
 
 /// A `counted` endpoint-scrape gate.
 #[derive(Debug)]
-pub struct CountedGate {
+pub(super) struct CountedGate {
     scrape: Scrape,
     /// How long a reading's grant stands (`--prometheus-cache-ttl`; zero: each call reads).
     every: Duration,

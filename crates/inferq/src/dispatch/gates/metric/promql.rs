@@ -16,19 +16,19 @@
 pub(super) mod names {
     /// Pool saturation, labels `inference_pool` and `stage` (`prefill`, `decode`, and
     /// `effective`, the larger of the two); 1.0 is the router's set point.
-    pub const POOL_SATURATION: &str = "llm_d_epp_flow_control_pool_saturation";
-    pub const OLD_POOL_SATURATION: &str = "inference_extension_flow_control_pool_saturation";
+    pub(crate) const POOL_SATURATION: &str = "llm_d_epp_flow_control_pool_saturation";
+    pub(crate) const OLD_POOL_SATURATION: &str = "inference_extension_flow_control_pool_saturation";
     /// Requests held by the router's flow control, per router replica (label `inference_pool`).
-    pub const QUEUE_SIZE: &str = "llm_d_epp_flow_control_queue_size";
-    pub const OLD_QUEUE_SIZE: &str = "inference_extension_flow_control_queue_size";
+    pub(crate) const QUEUE_SIZE: &str = "llm_d_epp_flow_control_queue_size";
+    pub(crate) const OLD_QUEUE_SIZE: &str = "inference_extension_flow_control_queue_size";
     /// Ready endpoints of the pool, as each router replica sees them (label `name`).
-    pub const READY_ENDPOINTS: &str = "llm_d_epp_ready_endpoints";
-    pub const OLD_READY_PODS: &str = "inference_pool_ready_pods";
+    pub(crate) const READY_ENDPOINTS: &str = "llm_d_epp_ready_endpoints";
+    pub(crate) const OLD_READY_PODS: &str = "inference_pool_ready_pods";
     /// Each endpoint's queue depth (labels `name`, `model_server_endpoint`).
-    pub const PER_ENDPOINT_QUEUE_SIZE: &str = "llm_d_epp_per_endpoint_queue_size";
-    pub const OLD_PER_POD_QUEUE_SIZE: &str = "inference_pool_per_pod_queue_size";
+    pub(crate) const PER_ENDPOINT_QUEUE_SIZE: &str = "llm_d_epp_per_endpoint_queue_size";
+    pub(crate) const OLD_PER_POD_QUEUE_SIZE: &str = "inference_pool_per_pod_queue_size";
     /// vLLM's running requests (not the router's; never renamed).
-    pub const VLLM_RUNNING: &str = "vllm:num_requests_running";
+    pub(crate) const VLLM_RUNNING: &str = "vllm:num_requests_running";
 }
 
 /// One PromQL query and the metric names it reads.

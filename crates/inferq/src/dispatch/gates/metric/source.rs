@@ -95,7 +95,7 @@ pub(super) struct Prometheus {
 }
 
 impl Prometheus {
-    pub fn new(client: reqwest::Client, base: &str) -> Result<Prometheus, SetupError> {
+    pub(super) fn new(client: reqwest::Client, base: &str) -> Result<Prometheus, SetupError> {
         let joined = format!("{}/api/v1/query", base.trim_end_matches('/'));
         let endpoint =
             reqwest::Url::parse(&joined).map_err(|source| SetupError::PrometheusUrl {
@@ -106,7 +106,7 @@ impl Prometheus {
     }
 
     /// Evaluates `query` now; the result must be an instant vector.
-    pub async fn instant(&self, query: &str) -> Values {
+    pub(super) async fn instant(&self, query: &str) -> Values {
         let mut url = self.endpoint.clone();
         url.query_pairs_mut().append_pair("query", query);
         let body = get(&self.client, url, PROMETHEUS_TIMEOUT).await?;
@@ -282,7 +282,7 @@ impl Scrape {
     /// matching series summed as `used` (`admission: counted`). An error when no series matches
     /// (without `absent_value`), or the reading is not a usable count (NaN, infinite, a
     /// negative count).
-    pub async fn headroom(&self) -> Result<f64, String> {
+    pub(super) async fn headroom(&self) -> Result<f64, String> {
         let Some(Measure { values, capacity }) = self.measure().await? else {
             return Err(format!(
                 "metric {} not found at {}",
@@ -328,7 +328,7 @@ const NONE: usize = usize::MAX;
 const ALL_FAILED: usize = usize::MAX - 1;
 
 impl Source {
-    pub fn cascade(
+    pub(super) fn cascade(
         prometheus: Prometheus,
         gate: &'static str,
         queries: Vec<promql::Query>,
@@ -414,7 +414,7 @@ pub(super) struct Cached {
 }
 
 impl Cached {
-    pub fn new(source: Source, ttl: Duration) -> Cached {
+    pub(super) fn new(source: Source, ttl: Duration) -> Cached {
         Cached {
             source,
             ttl,
@@ -422,7 +422,7 @@ impl Cached {
         }
     }
 
-    pub async fn read(&self) -> Values {
+    pub(super) async fn read(&self) -> Values {
         if self.ttl.is_zero() {
             return self.bounded_read().await;
         }

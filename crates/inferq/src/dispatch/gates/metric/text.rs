@@ -40,7 +40,7 @@ impl Page {
     /// filter (an absent label counts as empty, as in Go). Only counter, gauge and untyped
     /// families have values; histogram and summary series (`_bucket`, `_sum`, `_count`, …) are
     /// part of their family and never match.
-    pub fn values(&self, metric: &str, filters: &[(String, String)]) -> Vec<f64> {
+    pub(super) fn values(&self, metric: &str, filters: &[(String, String)]) -> Vec<f64> {
         if !self.is_simple_family(metric) {
             return Vec::new();
         }

@@ -120,6 +120,12 @@ pub struct Controller {
     pub steer: Steer,
 }
 
+impl std::fmt::Debug for Controller {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Controller").finish_non_exhaustive()
+    }
+}
+
 impl Controller {
     pub fn new(s: Settings, now: Instant) -> Controller {
         let memory = s.memory;

@@ -31,15 +31,15 @@ use crate::dispatch::gates::{Decision, Gate, GateEnv, GateError, GateInput, Verd
 use crate::ops::Metrics;
 
 static ADMIT: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("lua/leasedRateAdmit-2.lua")));
+    LazyLock::new(|| Script::new(include_str!("../lua/leasedRateAdmit-2.lua")));
 
 /// The lease format this gate reads (the control hash's `api_version`).
-pub const API_VERSION: &str = "llm-d.ai/v1alpha1";
+pub(super) const API_VERSION: &str = "llm-d.ai/v1alpha1";
 
 const GATE: &str = "redis-leased-rate";
 
 /// Builds a `redis-leased-rate` gate.
-pub fn build(p: Params<'_>, env: &GateEnv) -> Result<Arc<dyn Gate>, GateError> {
+pub(super) fn build(p: Params<'_>, env: &GateEnv) -> Result<Arc<dyn Gate>, GateError> {
     let link = link::link(&p)?;
     let control_key = p.required_string("control_key")?;
     let owner_pool = env

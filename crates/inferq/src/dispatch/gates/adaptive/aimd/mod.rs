@@ -262,6 +262,12 @@ pub struct Aimd {
     series: Option<Vec<BandSeries>>,
 }
 
+impl std::fmt::Debug for Aimd {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Aimd").finish_non_exhaustive()
+    }
+}
+
 /// Builds an `aimd` gate.
 pub fn build(p: Params<'_>, env: &GateEnv) -> Result<Arc<dyn Gate>, GateError> {
     let params = AimdParams::read(&p, env)?;

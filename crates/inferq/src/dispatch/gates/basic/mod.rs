@@ -82,7 +82,7 @@ pub(super) mod testing {
     use crate::dispatch::gates::Verdict;
 
     /// Builds a gate from a type name and a JSON parameter object, as the processor does.
-    pub fn gate(kind: &str, params: Value) -> Result<Arc<dyn Gate>, GateError> {
+    pub(crate) fn gate(kind: &str, params: Value) -> Result<Arc<dyn Gate>, GateError> {
         let kind = GateType::from_name(kind).ok_or_else(|| GateError::Failed {
             gate: "test",
             reason: format!("no gate type {kind}"),
@@ -95,7 +95,7 @@ pub(super) mod testing {
     }
 
     /// The error text of a build that must fail.
-    pub fn build_error(kind: &str, params: Value) -> String {
+    pub(crate) fn build_error(kind: &str, params: Value) -> String {
         match gate(kind, params) {
             Ok(_) => String::from("(built)"),
             Err(e) => e.to_string(),
@@ -103,7 +103,7 @@ pub(super) mod testing {
     }
 
     /// A string map from pairs.
-    pub fn map(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+    pub(crate) fn map(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
         pairs
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
@@ -111,7 +111,7 @@ pub(super) mod testing {
     }
 
     /// Applies a gate to a request with this metadata and these labels.
-    pub async fn apply(
+    pub(crate) async fn apply(
         gate: &dyn Gate,
         metadata: &[(&str, &str)],
         labels: &[(&str, &str)],
@@ -127,7 +127,7 @@ pub(super) mod testing {
     }
 
     /// A verdict's name, for compact assertions.
-    pub fn name(verdict: &Verdict) -> &'static str {
+    pub(crate) fn name(verdict: &Verdict) -> &'static str {
         match verdict {
             Verdict::Continue => "continue",
             Verdict::Wait => "wait",

@@ -192,6 +192,12 @@ pub struct Slack {
     series: Option<Series>,
 }
 
+impl std::fmt::Debug for Slack {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Slack").finish_non_exhaustive()
+    }
+}
+
 impl Slack {
     fn lock(&self) -> std::sync::MutexGuard<'_, Controller> {
         self.control.lock().unwrap_or_else(|e| e.into_inner())

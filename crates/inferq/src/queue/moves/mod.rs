@@ -45,7 +45,7 @@ pub struct Fence {
 }
 
 /// One queue's moves.
-#[derive(Clone)]
+#[derive(Debug, Clone)]
 pub struct Queue {
     pub(super) keys: QueueKeys,
     settings: ClaimSettings,

@@ -36,6 +36,7 @@ mod pool_gate;
 use pool_gate::through_pool_gate;
 
 /// What every worker shares.
+#[derive(Debug)]
 pub struct WorkerEnv {
     pub client: GatewayClient,
     pub request_timeout: Duration,

@@ -56,6 +56,7 @@ impl Default for Weights {
 pub type SharedWeights = Arc<RwLock<Weights>>;
 
 /// The requests each tenant has in the pool's workers, against the cap.
+#[derive(Debug)]
 pub struct InFlight {
     cap: usize,
     counts: Mutex<HashMap<Arc<str>, usize>>,
@@ -88,6 +89,7 @@ impl InFlight {
 }
 
 /// One request of a tenant in a worker; dropping it frees the tenant's place under the cap.
+#[derive(Debug)]
 pub struct TenantSlot {
     in_flight: Arc<InFlight>,
     tenant: Arc<str>,
@@ -139,6 +141,12 @@ pub struct FairShare<T> {
     burst: usize,
     /// The tenant served last, and how many in a row.
     current: Option<(Arc<str>, usize)>,
+}
+
+impl<T> std::fmt::Debug for FairShare<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FairShare").finish_non_exhaustive()
+    }
 }
 
 impl<T> FairShare<T> {
