@@ -221,7 +221,7 @@ fn growth(before: &BTreeMap<String, u64>, after: &BTreeMap<String, u64>) -> Vec<
         .map(|(c, n)| (c.clone(), n - before.get(c).copied().unwrap_or(0)))
         .filter(|(_, n)| *n > 0)
         .collect();
-    grown.sort_by(|a, b| b.1.cmp(&a.1));
+    grown.sort_by_key(|g| std::cmp::Reverse(g.1));
     grown
 }
 

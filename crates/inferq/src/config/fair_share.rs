@@ -266,8 +266,9 @@ mod tests {
             .starts_with("invalid config: merge_policy.parameters.index_key:"));
         assert!(err(json!({"max_in_flight_per_tenant": 0}))
             .starts_with("invalid config: merge_policy.parameters.max_in_flight_per_tenant:"));
-        assert!(err(json!({"burst": 0}))
-            .starts_with("invalid config: merge_policy.parameters.burst:"));
+        assert!(
+            err(json!({"burst": 0})).starts_with("invalid config: merge_policy.parameters.burst:")
+        );
         assert!(err(json!({"discover_interval_ms": 1}))
             .starts_with("invalid config: merge_policy.parameters.discover_interval_ms:"));
         assert!(err(json!({"weight": {}}))

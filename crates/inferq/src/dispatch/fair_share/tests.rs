@@ -213,7 +213,11 @@ async fn a_burst_serves_one_tenant_in_a_row_and_keeps_the_shares() {
     let mut runs_of_b = Vec::new();
     let mut run = 0;
     for (i, t) in order.iter().enumerate() {
-        run = if i > 0 && order[i - 1] == *t { run + 1 } else { 1 };
+        run = if i > 0 && order[i - 1] == *t {
+            run + 1
+        } else {
+            1
+        };
         let ends = order.get(i + 1) != Some(t);
         if *t == "b" && ends && i + 1 < order.len() {
             runs_of_b.push(run);
