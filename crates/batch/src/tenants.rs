@@ -212,8 +212,9 @@ mod tests {
         let path = dir.path().join("keys.json");
         std::fs::write(
             &path,
-            r#"{"k1": "alice", "k2": {"tenant": "bob", "weight": 3, "max_enqueued_lines": 10},
-                "k3": {"tenant": "carol"}}"#,
+            r#"{"sk-alice-000000000001": "alice",
+                "sk-bob-00000000000001": {"tenant": "bob", "weight": 3, "max_enqueued_lines": 10},
+                "sk-carol-000000000001": {"tenant": "carol"}}"#,
         )
         .unwrap();
         let w = weights_of(&crate::auth::Keys::load(&path).unwrap());
