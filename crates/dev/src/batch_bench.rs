@@ -58,6 +58,15 @@ pub(crate) struct BatchBenchArgs {
     /// With `--tenants`: requests of each tenant in the Redis-calls run.
     #[arg(long, default_value_t = 20)]
     pub tenant_lines: usize,
+    /// With `--tenants`: the `fair-share` policy's `burst` (default: the policy's own).
+    #[arg(long)]
+    pub burst: Option<usize>,
+    /// With `--tenants`: rounds of the Redis-calls run (today, then fair share, each round).
+    #[arg(long, default_value_t = 3)]
+    pub calls_rounds: usize,
+    /// With `--tenants`: only the Redis-calls run (step 5).
+    #[arg(long)]
+    pub calls_only: bool,
 }
 
 /// A duration such as `5s` or `500ms`.

@@ -82,8 +82,11 @@ async fn deploy(
     d.replica_flags = vec!["--api-keys-file".into(), keys_file.display().to_string()];
     if mode == Mode::Fair {
         let policy = dir.join("merge-policy.json");
-        let text = serde_json::json!({"type": "fair-share", "parameters": {
+        let mut text = serde_json::json!({"type": "fair-share", "parameters": {
             "queue_prefix": PREFIX, "discover_interval_ms": 200}});
+        if let Some(burst) = args.burst {
+            text["parameters"]["burst"] = burst.into();
+        }
         std::fs::write(&policy, text.to_string()).context("policy")?;
         d.processor_flags.extend([
             "--request-merge-policy-config-file".into(),
@@ -241,9 +244,10 @@ async fn calls_run(
     root: &Path,
     mode: Mode,
     args: &BatchBenchArgs,
+    round: usize,
 ) -> Result<Calls, Failure> {
     let dir = root.join(format!(
-        "calls-{}",
+        "calls-{}-{round}",
         if mode == Mode::Fair { "fair" } else { "today" }
     ));
     let mut d = deploy(exe, &dir, mode, args, &[]).await?;
@@ -323,6 +327,44 @@ async fn calls_run(
     })
 }
 
+/// Steps 1 to 4: A alone and A then B, today and with fair share.
+async fn ab_runs(exe: &Path, root: &Path, args: &BatchBenchArgs) -> Result<(), Failure> {
+    let rate = |d: Duration| args.lines as f64 / d.as_secs_f64();
+    let today_a = fairness_run(exe, root, Mode::Today, args, false).await?;
+    say!(
+        "today       A alone {:.2} s ({:.0} lines/s)",
+        today_a.a.as_secs_f64(),
+        rate(today_a.a)
+    );
+    let fair_a = fairness_run(exe, root, Mode::Fair, args, false).await?;
+    say!(
+        "fair share  A alone {:.2} s ({:.0} lines/s); rate / today's = {:.3} (target >= 0.95)",
+        fair_a.a.as_secs_f64(),
+        rate(fair_a.a),
+        rate(fair_a.a) / rate(today_a.a)
+    );
+    let half_fleet = Duration::from_secs_f64(100.0 / (rate(today_a.a) / 2.0));
+    let bound = half_fleet + Duration::from_secs(10);
+    let fair_ab = fairness_run(exe, root, Mode::Fair, args, true).await?;
+    let b = fair_ab.b.unwrap_or_default();
+    say!(
+        "fair share  A then B: B completed {:.2} s after its create (bound: half the fleet {:.2} s + 10 s = {:.2} s: {}); A {:.2} s ({:.0} lines/s)",
+        b.as_secs_f64(),
+        half_fleet.as_secs_f64(),
+        bound.as_secs_f64(),
+        if b <= bound { "met" } else { "MISSED" },
+        fair_ab.a.as_secs_f64(),
+        rate(fair_ab.a)
+    );
+    let today_ab = fairness_run(exe, root, Mode::Today, args, true).await?;
+    say!(
+        "today       A then B: B completed {:.2} s after its create; A {:.2} s",
+        today_ab.b.unwrap_or_default().as_secs_f64(),
+        today_ab.a.as_secs_f64()
+    );
+    Ok(())
+}
+
 /// The whole benchmark.
 pub(crate) async fn bench_tenants(args: BatchBenchArgs) -> Result<(), Failure> {
     let exe = inferq_testkit::inferq_binary()?;
@@ -339,58 +381,40 @@ pub(crate) async fn bench_tenants(args: BatchBenchArgs) -> Result<(), Failure> {
         args.ttft_ms,
         match args.fsync { Fsync::Always => "always", Fsync::EverySec => "everysec" }
     );
-    let rate = |d: Duration| args.lines as f64 / d.as_secs_f64();
-    let today_a = fairness_run(&exe, &root, Mode::Today, &args, false).await?;
-    say!(
-        "today       A alone {:.2} s ({:.0} lines/s)",
-        today_a.a.as_secs_f64(),
-        rate(today_a.a)
-    );
-    let fair_a = fairness_run(&exe, &root, Mode::Fair, &args, false).await?;
-    say!(
-        "fair share  A alone {:.2} s ({:.0} lines/s); rate / today's = {:.3} (target >= 0.95)",
-        fair_a.a.as_secs_f64(),
-        rate(fair_a.a),
-        rate(fair_a.a) / rate(today_a.a)
-    );
-    let half_fleet = Duration::from_secs_f64(100.0 / (rate(today_a.a) / 2.0));
-    let bound = half_fleet + Duration::from_secs(10);
-    let fair_ab = fairness_run(&exe, &root, Mode::Fair, &args, true).await?;
-    let b = fair_ab.b.unwrap_or_default();
-    say!(
-        "fair share  A then B: B completed {:.2} s after its create (bound: half the fleet {:.2} s + 10 s = {:.2} s: {}); A {:.2} s ({:.0} lines/s)",
-        b.as_secs_f64(),
-        half_fleet.as_secs_f64(),
-        bound.as_secs_f64(),
-        if b <= bound { "met" } else { "MISSED" },
-        fair_ab.a.as_secs_f64(),
-        rate(fair_ab.a)
-    );
-    let today_ab = fairness_run(&exe, &root, Mode::Today, &args, true).await?;
-    say!(
-        "today       A then B: B completed {:.2} s after its create; A {:.2} s",
-        today_ab.b.unwrap_or_default().as_secs_f64(),
-        today_ab.a.as_secs_f64()
-    );
-    let today = calls_run(&exe, &root, Mode::Today, &args).await?;
-    let fair = calls_run(&exe, &root, Mode::Fair, &args).await?;
-    for (name, c) in [("today", &today), ("fair share", &fair)] {
-        say!(
-            "{name:<11} {} tenants x {} requests: drain {:.2} s ({:.0}/s), Redis calls {} ({:.3} per request; EVALSHA {:.3} per request)",
-            args.tenant_count,
-            args.tenant_lines,
-            c.drain.as_secs_f64(),
-            c.requests as f64 / c.drain.as_secs_f64(),
-            c.calls,
-            c.calls as f64 / c.requests as f64,
-            c.evalsha as f64 / c.requests as f64
-        );
-        let top: Vec<String> = c.top.iter().map(|(cmd, n)| format!("{cmd} {n}")).collect();
-        say!("            most called: {}", top.join(", "));
+    if !args.calls_only {
+        ab_runs(&exe, &root, &args).await?;
     }
+    // Today's calls per request swing with how full its batches run (0.8 to 2.6 on this
+    // machine, as load comes and goes), so the two modes alternate and the ratio is the median.
+    let mut ratios = Vec::new();
+    for round in 1..=args.calls_rounds.max(1) {
+        let today = calls_run(&exe, &root, Mode::Today, &args, round).await?;
+        let fair = calls_run(&exe, &root, Mode::Fair, &args, round).await?;
+        for (name, c) in [("today", &today), ("fair share", &fair)] {
+            say!(
+                "{name:<11} round {round}: {} tenants x {} requests: drain {:.2} s ({:.0}/s), Redis calls {} ({:.3} per request; EVALSHA {:.3} per request)",
+                args.tenant_count,
+                args.tenant_lines,
+                c.drain.as_secs_f64(),
+                c.requests as f64 / c.drain.as_secs_f64(),
+                c.calls,
+                c.calls as f64 / c.requests as f64,
+                c.evalsha as f64 / c.requests as f64
+            );
+            let top: Vec<String> = c.top.iter().map(|(cmd, n)| format!("{cmd} {n}")).collect();
+            say!("            most called: {}", top.join(", "));
+        }
+        let ratio = (fair.calls as f64 / fair.requests as f64)
+            / (today.calls as f64 / today.requests as f64);
+        say!("ratio       round {round}: calls per request, fair share / today = {ratio:.3}");
+        ratios.push(ratio);
+    }
+    ratios.sort_by(f64::total_cmp);
+    let median = ratios.get(ratios.len() / 2).copied().unwrap_or(f64::NAN);
     say!(
-        "ratio       calls per request, fair share / today = {:.3} (target <= 1.5)",
-        (fair.calls as f64 / fair.requests as f64) / (today.calls as f64 / today.requests as f64)
+        "ratio       median of {} rounds = {median:.3} (target <= 1.5: {})",
+        ratios.len(),
+        if median <= 1.5 { "met" } else { "MISSED" }
     );
     Ok(())
 }

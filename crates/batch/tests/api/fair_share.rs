@@ -164,3 +164,75 @@ async fn tenants_queues_are_found_on_a_redis_cluster() -> Fallible {
     assert_eq!(result["status_code"], 200, "{result}");
     Ok(())
 }
+
+/// A tenant's requests are claimed at its turn: with 40 tenants of 5 requests each written
+/// straight into their queues, a pool of 4 workers with `burst` 4 never holds more claimed at
+/// once than its room (2 x 4 waiting), its 4 workers' requests and the 4 outcomes those may
+/// have waiting to be written, where each queue would otherwise claim its whole backlog while
+/// it waits (all 200); and every request still ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tenants_are_claimed_only_at_their_turn() -> Fallible {
+    let (tenants, each) = (40, 5);
+    let mut d = Deployment::start(100).await?;
+    let path = d.dir.path().join("merge-policy.json");
+    let policy = serde_json::json!({"type": "fair-share", "parameters": {
+        "queue_prefix": "inferq-tenant:", "discover_interval_ms": 100, "burst": 4}});
+    std::fs::write(&path, policy.to_string())?;
+    d.processor_flags.extend([
+        "--request-merge-policy-config-file".into(),
+        path.display().to_string(),
+        "--concurrency".into(),
+        "4".into(),
+    ]);
+    let url = d.redis.url();
+    let producer = inferq_client::Producer::connect(&url, "batch-q", "turn-results").await?;
+    let mut con = redis::Client::open(url.as_str())?
+        .get_multiplexed_async_connection()
+        .await?;
+    let deadline = inferq_client::producer::unix_ms() / 1000 + 3600;
+    let body = r#"{"model":"m","max_tokens":4,"messages":[{"role":"user","content":"hi"}]}"#;
+    for t in 0..tenants {
+        let queue = format!("inferq-tenant:t{t}");
+        let reqs = (0..each)
+            .map(|i| {
+                let payload = serde_json::value::RawValue::from_string(body.to_owned())?;
+                Ok(
+                    inferq_client::NewRequest::new(format!("t{t}-{i}"), deadline, payload)
+                        .with_endpoint("/v1/chat/completions"),
+                )
+            })
+            .collect::<Result<Vec<_>, serde_json::Error>>()?;
+        for outcome in producer.for_queue(&queue).submit_many(reqs).await? {
+            outcome?;
+        }
+        let _: i64 = redis::cmd("ZADD")
+            .arg("inferq-tenants:index")
+            .arg(inferq_client::producer::unix_ms())
+            .arg(&queue)
+            .query_async(&mut con)
+            .await?;
+    }
+    d.add_processor()?;
+    let started = std::time::Instant::now();
+    let (mut most, mut done) = (0i64, 0i64);
+    while done < tenants * each && started.elapsed() < Duration::from_secs(60) {
+        let mut pipe = redis::pipe();
+        for t in 0..tenants {
+            pipe.cmd("HLEN").arg(format!("inferq-tenant:t{t}:claimed"));
+        }
+        let held: Vec<i64> = pipe.query_async(&mut con).await?;
+        most = most.max(held.iter().sum());
+        done = redis::cmd("LLEN")
+            .arg("turn-results")
+            .query_async(&mut con)
+            .await?;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(done, tenants * each, "every request ends");
+    assert!(most >= 4, "the workers were busy: at most {most} claimed");
+    assert!(
+        most <= 12,
+        "{most} claimed at once: more than the room and the workers hold"
+    );
+    Ok(())
+}

@@ -21,7 +21,7 @@ pub const DEFAULT_INDEX_KEY: &str = "inferq-tenants:index";
 pub const DEFAULT_WEIGHTS_KEY: &str = "inferq-tenants:weights";
 
 /// Requests of one tenant served in a row when the policy names no other.
-pub const DEFAULT_BURST: usize = 16;
+pub const DEFAULT_BURST: usize = 32;
 
 /// The `fair-share` parameters.
 #[derive(Debug, Clone, PartialEq)]

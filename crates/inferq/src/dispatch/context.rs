@@ -70,6 +70,9 @@ pub struct QueueCtx {
     /// long safety net instead of polling every `poll_interval`, so a thousand idle tenants'
     /// queues cost no polls.
     pub found: bool,
+    /// Its way into its pool's room for claimed requests waiting for a worker, in a
+    /// `fair-share` pool (see [`super::fair_share::Turns`]): it claims only at its tenant's turn.
+    pub turns: Option<super::fair_share::LaneTurns>,
 }
 
 impl std::fmt::Debug for QueueCtx {
@@ -236,6 +239,8 @@ pub struct Job {
     last_chance: Option<Slot>,
     /// Its member's share of the queue's `intake_load` while it waits for a worker.
     waiting: Option<Charge>,
+    /// Its place in its `fair-share` pool's room while it waits for a worker.
+    turn: Option<super::fair_share::Turn>,
     done: bool,
 }
 
@@ -251,18 +256,22 @@ impl Job {
             preempt: None,
             last_chance: None,
             waiting: None,
+            turn: None,
             done: false,
         }
     }
 
-    /// Counts the job's member against its queue's `intake_load` until a worker takes it up.
-    pub fn wait_for_worker(&mut self, bytes: usize) {
+    /// Counts the job's member against its queue's `intake_load`, and holds its place in a
+    /// `fair-share` pool's room, until a worker takes it up.
+    pub fn wait_for_worker(&mut self, bytes: usize, turn: Option<super::fair_share::Turn>) {
         self.waiting = Some(self.ctx.intake_load.charge(bytes));
+        self.turn = turn;
     }
 
     /// A worker took the job up: it no longer counts as waiting.
     pub fn started(&mut self) {
         self.waiting = None;
+        self.turn = None;
     }
 
     /// Holds the queue's last-chance slot until the job is done.

@@ -30,6 +30,7 @@ use tokio_util::task::TaskTracker;
 
 use super::consumer::{self, run_consumer, Polling};
 use super::context::{Job, QueueCtx};
+use super::fair_share::{LaneTurns, Turns};
 use super::gates::Gate;
 use super::holdings::{Abort, Holdings};
 use super::load::Load;
@@ -80,6 +81,8 @@ pub struct Wiring {
     pub pool_gates: HashMap<String, Arc<dyn Gate>>,
     /// Each pool's intake of new queue channels, by pool id (see `processor::run_pool`).
     pub pools: HashMap<String, mpsc::UnboundedSender<mpsc::Receiver<Job>>>,
+    /// Each `fair-share` pool's room for claimed requests waiting for a worker, by pool id.
+    pub turns: HashMap<String, Arc<Turns>>,
     pub stop_claiming: CancellationToken,
     pub stop_upkeep: CancellationToken,
     pub flush: CancellationToken,
@@ -338,6 +341,7 @@ impl Lanes {
             readiness: w.readiness.clone(),
             state: Default::default(),
             found: !self.configured.iter().any(|c| c.id == q.id),
+            turns: w.turns.get(&q.worker_pool_id).map(|t| LaneTurns::new(t, q)),
         });
         // Room for two batches: one being worked off while the next is claimed.
         let (jobs, intake) = mpsc::channel(w.polling.batch.saturating_mul(2));

@@ -55,6 +55,10 @@ use crate::queue::{Finish, Finished, QueueError};
 /// Most outcomes written per round trip.
 pub const MAX_BATCH: usize = 256;
 
+/// How long a `fair-share` lane's outbox waits for its other claims' outcomes before writing
+/// (see [`Outbox::linger`]).
+const LINGER: Duration = Duration::from_millis(10);
+
 /// Bytes of outcomes waiting to be written past which finished workers wait for room.
 pub const MAX_WAITING_BYTES: usize = 64 << 20;
 /// Most bytes of outcomes written per round trip (a bigger single outcome goes alone).
@@ -165,11 +169,33 @@ impl Outbox {
                 Some(f) => self.waiting.push_back(f),
                 None => return false,
             }
+            if self.ctx.turns.is_some() {
+                self.linger(rx, flush).await;
+            }
         }
         while let Ok(f) = rx.try_recv() {
             self.waiting.push_back(f);
         }
         true
+    }
+
+    /// In a `fair-share` pool, where a tenant's requests are claimed and started together at
+    /// its turn and so end close together: waits up to [`LINGER`] for the outcomes of the
+    /// lane's other held claims, so they share one `finish` call instead of one each.
+    async fn linger(&mut self, rx: &mut UnboundedReceiver<Outgoing>, flush: &CancellationToken) {
+        let until = tokio::time::Instant::now() + LINGER;
+        while self.waiting.len() < self.ctx.holdings.len() {
+            let next = tokio::select! {
+                biased;
+                _ = flush.cancelled() => return,
+                _ = tokio::time::sleep_until(until) => return,
+                f = rx.recv() => f,
+            };
+            match next {
+                Some(f) => self.waiting.push_back(f),
+                None => return,
+            }
+        }
     }
 
     /// Drops the outcomes whose lease is lost (another instance redoes those requests).

@@ -550,6 +550,11 @@ impl Processor<'_> {
             readiness: self.readiness.clone(),
             pool_gates,
             pools: pool_inputs,
+            turns: super::fair_share::for_pools(
+                &config.merge_policy.kind,
+                &config.pools,
+                self.weights.as_ref(),
+            ),
             stop_claiming: tasks.stop_claiming.clone(),
             stop_upkeep: tasks.stop_upkeep.clone(),
             flush: tasks.flush.clone(),

@@ -102,7 +102,8 @@ pub async fn cancel_watch(ctx: Arc<QueueCtx>, every: Duration, stop: Cancellatio
 ///
 /// It sleeps until the earliest lease in the claims index runs out (by Redis time, plus a small
 /// margin), but never longer than the reclaim interval: a crashed instance's work is back in
-/// pending moments after its lease ends, not up to an interval later.
+/// pending moments after its lease ends, not up to an interval later. A queue `fair-share` found
+/// is swept every [`FOUND_IDLE_PASS`] (at least) instead.
 ///
 /// After Redis was out of reach (this instance's renewals, polls, reclaims or outcome writes
 /// failed: `LaneState::lost_redis`), it waits until Redis answers and then one more lease before it
@@ -111,11 +112,7 @@ pub async fn cancel_watch(ctx: Arc<QueueCtx>, every: Duration, stop: Cancellatio
 /// whose owner is really gone, instead of having work that was done, or is nearly done, done
 /// again.
 pub async fn reclaimer(ctx: Arc<QueueCtx>, stop: CancellationToken) {
-    let every = ctx
-        .queue
-        .settings()
-        .reclaim_interval
-        .max(Duration::from_millis(50));
+    let every = idle_pass(&ctx, ctx.queue.settings().reclaim_interval).max(MIN_RECLAIM_SLEEP);
     let mut sleep = every;
     // Indexing delivery counts that have no deadline entry goes on until Redis refuses it for
     // good (a user whose ACL rule predates `+hscan`): said once, then left off.
@@ -138,7 +135,9 @@ pub async fn reclaimer(ctx: Arc<QueueCtx>, stop: CancellationToken) {
                 Grace::Over => {}
             }
         }
-        if let Some(next) = reclaim_expired(&ctx, every).await {
+        // A found queue's earliest lease is mostly this instance's own, renewed: waking for it
+        // would cost a pass per lease per tenant.
+        if let Some(next) = reclaim_expired(&ctx, every).await.filter(|_| !ctx.found) {
             sleep = next;
         }
         settle_staged(&ctx).await;
@@ -250,6 +249,21 @@ async fn adopt_counts(ctx: &QueueCtx) -> bool {
     }
 }
 
+/// The longest a queue `fair-share` found goes between reclaim and promote passes: with a
+/// thousand tenants, a pass per tenant every reclaim interval would cost Redis more than their
+/// work. Work this instance holds or parks in such a queue is looked after as in any other.
+pub const FOUND_IDLE_PASS: Duration = Duration::from_secs(5);
+
+/// The longest between two passes of a queue's reclaimer or promoter: `interval`, or
+/// [`FOUND_IDLE_PASS`] when longer for a queue `fair-share` found.
+fn idle_pass(ctx: &QueueCtx, interval: Duration) -> Duration {
+    if ctx.found {
+        interval.max(FOUND_IDLE_PASS)
+    } else {
+        interval
+    }
+}
+
 /// Slack after the earliest lease expiry before reclaiming it (Redis rounds nothing, but the
 /// renewal of a live holder may be in flight).
 const RECLAIM_MARGIN: Duration = Duration::from_millis(25);
@@ -296,7 +310,8 @@ fn finish_taken(ctx: &QueueCtx, taken: TakenOver, taken_at: Instant) {
 /// retry set). When this instance parks a retry it looks again within `every`, as often as it
 /// looked before it slept, and not sooner: a pool gate's refusals, parked for 50 ms, so come
 /// back at most once per `every` each. An idle queue costs one pass per reclaim interval
-/// instead of one every `every`.
+/// instead of one every `every`. A queue `fair-share` found waits [`FOUND_IDLE_PASS`] (at
+/// least) instead of the reclaim interval, before its first pass too.
 pub async fn promoter(
     ctx: Arc<QueueCtx>,
     every: Duration,
@@ -304,39 +319,60 @@ pub async fn promoter(
     default_queue: Arc<AtomicBool>,
     stop: CancellationToken,
 ) {
-    let longest = ctx.queue.settings().reclaim_interval.max(every);
+    let longest = idle_pass(&ctx, ctx.queue.settings().reclaim_interval.max(every));
+    // A queue `fair-share` found was found for new work: what it has parked, another
+    // instance parked and looks after; a survivor's pass comes within `longest`.
+    let mut sleep = ctx.found.then_some(longest);
     loop {
+        if let Some(sleep) = sleep {
+            if !wait_for_pass(&ctx, sleep, every, &stop).await {
+                return;
+            }
+        }
         // Whether this is the first queue of the config (Go's fallback for retry-set entries
         // naming no queue); a queues config reload may change it.
         let first = default_queue.load(Ordering::SeqCst);
-        let sleep = match ctx
-            .queue
-            .promote(PROMOTE_BATCH, go_retry_set.as_deref(), first)
-            .await
-        {
-            Ok(p) => {
-                if p.moved > 0 {
-                    ctx.wake.notify_one();
+        sleep = Some(
+            match ctx
+                .queue
+                .promote(PROMOTE_BATCH, go_retry_set.as_deref(), first)
+                .await
+            {
+                Ok(p) => {
+                    if p.moved > 0 {
+                        ctx.wake.notify_one();
+                    }
+                    if p.moved as usize >= PROMOTE_BATCH {
+                        sleep = None;
+                        continue;
+                    }
+                    promote_sleep(p.until_due, every, longest)
                 }
-                if p.moved as usize >= PROMOTE_BATCH {
-                    continue;
+                Err(e) => {
+                    tracing::debug!(queue = %ctx.queue.name(), error = %e, "promote failed; will retry");
+                    every
                 }
-                promote_sleep(p.until_due, every, longest)
-            }
-            Err(e) => {
-                tracing::debug!(queue = %ctx.queue.name(), error = %e, "promote failed; will retry");
-                every
-            }
-        };
-        let mut next_pass = tokio::time::Instant::now() + sleep;
-        loop {
-            tokio::select! {
-                biased;
-                _ = stop.cancelled() => return,
-                _ = tokio::time::sleep_until(next_pass) => break,
-                _ = ctx.parked.notified() => {
-                    next_pass = next_pass.min(tokio::time::Instant::now() + every);
-                }
+            },
+        );
+    }
+}
+
+/// Sleeps `sleep` before the promoter's next pass, cut to `every` from now when this instance
+/// parks a retry meanwhile; `false` when stopped.
+async fn wait_for_pass(
+    ctx: &QueueCtx,
+    sleep: Duration,
+    every: Duration,
+    stop: &CancellationToken,
+) -> bool {
+    let mut next_pass = tokio::time::Instant::now() + sleep;
+    loop {
+        tokio::select! {
+            biased;
+            _ = stop.cancelled() => return false,
+            _ = tokio::time::sleep_until(next_pass) => return true,
+            _ = ctx.parked.notified() => {
+                next_pass = next_pass.min(tokio::time::Instant::now() + every);
             }
         }
     }

@@ -39,6 +39,7 @@ use tokio::sync::mpsc::Sender;
 use tokio_util::sync::CancellationToken;
 
 use super::context::{Job, QueueCtx};
+use super::fair_share::Reserved;
 use crate::ops::Trouble;
 use crate::queue::QueueError;
 
@@ -50,7 +51,7 @@ mod window;
 pub use triage::dropped_result;
 
 use poll::{poll_once, Poll, Polled};
-use window::{Bound, Spread, TurnedAway};
+use window::{Bound, Spread, TurnedAway, FIRST_LOOK};
 
 /// How a consumer polls.
 #[derive(Debug, Clone, Copy)]
@@ -142,8 +143,21 @@ impl Consumer {
             record_closed(&self.ctx).await;
             return self.sleep(self.polling.interval).await;
         };
+        // In a `fair-share` pool, only at the tenant's turn (see `fair_share::turns`).
+        let mut reserved = match &self.ctx.turns {
+            Some(turns) => tokio::select! {
+                biased;
+                _ = self.stop.cancelled() => return None,
+                r = turns.reserve(want) => Some(r),
+            },
+            None => None,
+        };
+        let want = reserved
+            .as_ref()
+            .map_or(want, |r| want.min(r.left()).max(1));
         self.away.forget_before(tokio::time::Instant::now());
-        let polled = self.poll(want, budget).await;
+        let polled = self.poll(want, budget, reserved.as_mut()).await;
+        drop(reserved);
         let pause = match polled {
             Ok(polled) => self.after_poll(polled),
             Err(e) => self.after_failure(e).await,
@@ -204,12 +218,19 @@ impl Consumer {
         })
     }
 
-    /// One poll of `want` requests within `budget` bytes.
-    async fn poll(&mut self, want: usize, budget: usize) -> Result<Polled, QueueError> {
+    /// One poll of `want` requests within `budget` bytes (each sent to the pool taking a place
+    /// of `turns`, when the pool bounds its waiting claims).
+    async fn poll(
+        &mut self,
+        want: usize,
+        budget: usize,
+        turns: Option<&mut Reserved>,
+    ) -> Result<Polled, QueueError> {
         let bound = Bound {
             budget,
             largest: &mut self.largest,
             failures: self.failures,
+            first_look: if turns.is_some() { want } else { FIRST_LOOK },
         };
         let start = self.spread.start(want);
         let poll = Poll {
@@ -219,6 +240,7 @@ impl Consumer {
             bound,
             away: &mut self.away,
             interval: self.polling.interval,
+            turns,
         };
         poll_once(poll, &self.tx).await
     }

@@ -18,6 +18,7 @@ use super::triage::{admit, last_chance_slots, stamp, Admission};
 use super::window::{Bound, TurnedAway, GATED_LOOKAHEAD, MAX_LOOK};
 use crate::dispatch::bodies::{self, Attached};
 use crate::dispatch::context::{Job, QueueCtx};
+use crate::dispatch::fair_share::{Reserved, Turn};
 use crate::dispatch::gates::Decision;
 use crate::dispatch::last_chance::Slot;
 use crate::queue::{Claimed, Held, Peeked, QueueError};
@@ -36,6 +37,8 @@ pub(super) struct Poll<'a> {
     pub(super) away: &'a mut TurnedAway,
     /// How long a request turned away now is passed over: one tick (`poll_interval`).
     pub(super) interval: Duration,
+    /// The room this poll may fill in a `fair-share` pool: a place for each request sent on.
+    pub(super) turns: Option<&'a mut Reserved>,
 }
 
 /// What one poll saw and did.
@@ -131,7 +134,8 @@ pub(super) async fn poll_once(mut poll: Poll<'_>, tx: &Sender<Job>) -> Result<Po
     } = claim(ctx, look.candidates, look.admissions, slots).await?;
     let bodies = attach_bodies(ctx, &mut taken, time.now_ms).await;
     for (taken, body) in taken.into_iter().zip(bodies) {
-        hand_over(ctx, tx, taken, body, &time).await;
+        let turn = poll.turns.as_mut().and_then(|r| r.turn());
+        hand_over(ctx, tx, (taken, turn), body, &time).await;
     }
     Ok(Polled {
         seen: look.seen,
@@ -348,7 +352,7 @@ async fn attach_bodies(ctx: &QueueCtx, taken: &mut [Taken], now_ms: i64) -> Vec<
 async fn hand_over(
     ctx: &Arc<QueueCtx>,
     tx: &Sender<Job>,
-    taken: Taken,
+    (taken, turn): (Taken, Option<Turn>),
     body: Attached,
     time: &ClaimTime,
 ) {
@@ -397,15 +401,21 @@ async fn hand_over(
         tracing::warn!(queue = %ctx.queue.name(), error, "cannot read request bodies stored apart; the claims go back to pending");
         drop(job);
     } else {
-        send_to_pool(ctx, tx, job, size).await;
+        send_to_pool(ctx, tx, job, size, turn).await;
     }
 }
 
 /// Sends the job into the pool channel, counted in the queue's depth and, by its member's
 /// size, in the queue's intake until a worker takes it up.
-async fn send_to_pool(ctx: &QueueCtx, tx: &Sender<Job>, mut job: Job, size: usize) {
+async fn send_to_pool(
+    ctx: &QueueCtx,
+    tx: &Sender<Job>,
+    mut job: Job,
+    size: usize,
+    turn: Option<Turn>,
+) {
     ctx.series.queue_depth.get().inc();
-    job.wait_for_worker(size);
+    job.wait_for_worker(size, turn);
     if let Err(returned) = tx.send(job).await {
         // The pool is gone (shutdown): dropping the job releases its claim.
         ctx.series.queue_depth.get().dec();

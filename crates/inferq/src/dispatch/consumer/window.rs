@@ -17,17 +17,20 @@ pub(super) struct Bound<'a> {
     /// Polls failed in a row before this one: each halves the peek, so a read too big for
     /// Redis to answer in time (or at all) is not asked for again and again at the same size.
     pub(super) failures: u32,
+    /// How many members a peek asks for while none has been seen: [`FIRST_LOOK`], or a
+    /// `fair-share` lane's whole turn (already bounded by its burst).
+    pub(super) first_look: usize,
 }
 
 impl Bound<'_> {
     /// How many members a peek may ask for, at most `page`: as many as the budget holds at the
-    /// size of the largest member seen (last poll, or this one so far), [`FIRST_LOOK`] while
+    /// size of the largest member seen (last poll, or this one so far), `first_look` while
     /// none has been seen, halved for each poll failed in a row; at least one.
     pub(super) fn page(&self, page: usize, seen_largest: usize) -> usize {
         let known = (*self.largest).max(seen_largest);
         let fits = match self.budget.checked_div(known) {
             Some(fits) => fits.max(1),
-            None => FIRST_LOOK,
+            None => self.first_look,
         };
         page.min(fits)
             .checked_shr(self.failures)
@@ -144,6 +147,7 @@ mod tests {
             budget,
             largest: &mut largest,
             failures,
+            first_look: FIRST_LOOK,
         }
         .page(page, seen)
     }

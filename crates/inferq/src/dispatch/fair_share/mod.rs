@@ -319,3 +319,6 @@ impl<T> FairShare<T> {
 
 #[cfg(test)]
 mod tests;
+mod turns;
+
+pub use turns::{for_pools, LaneTurns, Reserved, Turn, Turns};
