@@ -5,7 +5,7 @@
 //! Without the bound every queue claims as much as its own channel holds: with 1,000 tenants,
 //! 1,000 queues hold claims that wait seconds for a worker, and each waiting claim costs Redis
 //! renewals and cancel checks, and is taken and finished in smaller batches. With it, at most
-//! `2 × workers` requests wait claimed in the whole pool; a queue waits for its share of that
+//! `2 × max(workers, burst)` requests wait claimed in the whole pool; a queue waits for its share of that
 //! room in arrival order (a tenant that wants room while another is served gets it before that
 //! other claims again) and waits for at most `burst × weight` at a time (the merge's turn), so
 //! the tenants staged in the merge take turns in proportion to their weights. Room free beyond
