@@ -23,7 +23,6 @@ use std::time::{Duration, Instant};
 use anyhow::{anyhow, Context};
 use inferq::cli::Failure;
 use inferq_chaos::batch::{batch_file, BatchDeployment};
-use inferq_client::producer::Producer;
 use inferq_testkit::Fsync;
 use serde_json::Value;
 
@@ -43,6 +42,14 @@ impl Mode {
         match self {
             Mode::Today => "today (one queue)",
             Mode::Fair => "fair share",
+        }
+    }
+
+    /// The word its runs' folders start with.
+    fn dir(self) -> &'static str {
+        match self {
+            Mode::Today => "today",
+            Mode::Fair => "fair",
         }
     }
 }
@@ -149,7 +156,7 @@ async fn fairness_run(
 ) -> Result<Run, Failure> {
     let dir = root.join(format!(
         "{}-{}",
-        if mode == Mode::Fair { "fair" } else { "today" },
+        mode.dir(),
         if with_b { "ab" } else { "a" }
     ));
     let tenants = ["a".to_owned(), "b".to_owned()];
@@ -246,50 +253,25 @@ async fn calls_run(
     args: &BatchBenchArgs,
     round: usize,
 ) -> Result<Calls, Failure> {
-    let dir = root.join(format!(
-        "calls-{}-{round}",
-        if mode == Mode::Fair { "fair" } else { "today" }
-    ));
+    let dir = root.join(format!("calls-{}-{round}", mode.dir()));
     let mut d = deploy(exe, &dir, mode, args, &[]).await?;
     let url = d.redis.url();
-    let producer = Producer::connect(&url, "batch-q", "bench-results")
-        .await
-        .context("producer")?;
+    inferq_testkit::tenants::fill(&inferq_testkit::tenants::TenantQueues {
+        url: &url,
+        prefix: PREFIX,
+        index: (mode == Mode::Fair).then_some(INDEX),
+        shared: "batch-q",
+        results: "bench-results",
+        tenants: args.tenant_count,
+        each: args.tenant_lines,
+    })
+    .await
+    .map_err(|e| anyhow!("filling the queues: {e}"))?;
     let client = redis::Client::open(url.as_str()).context("redis")?;
     let mut con = client
         .get_multiplexed_async_connection()
         .await
         .context("redis")?;
-    let deadline = inferq_client::producer::unix_ms() / 1000 + 3600;
-    let body = r#"{"model":"m","max_tokens":4,"messages":[{"role":"user","content":"hi"}]}"#;
-    for t in 0..args.tenant_count {
-        let reqs = (0..args.tenant_lines)
-            .map(|i| {
-                let payload = serde_json::value::RawValue::from_string(body.to_owned())
-                    .unwrap_or_else(|_| serde_json::value::RawValue::NULL.to_owned());
-                inferq_client::wire::NewRequest::new(format!("t{t}-{i}"), deadline, payload)
-                    .with_created(deadline - 3600)
-                    .with_endpoint("/v1/chat/completions")
-            })
-            .collect();
-        let queue = format!("{PREFIX}t{t}");
-        let p = match mode {
-            Mode::Today => producer.clone(),
-            Mode::Fair => producer.for_queue(&queue),
-        };
-        for outcome in p.submit_many(reqs).await.context("submit")? {
-            outcome.context("submit")?;
-        }
-        if mode == Mode::Fair {
-            let _: i64 = redis::cmd("ZADD")
-                .arg(INDEX)
-                .arg(inferq_client::producer::unix_ms())
-                .arg(&queue)
-                .query_async(&mut con)
-                .await
-                .context("ZADD")?;
-        }
-    }
     let requests = (args.tenant_count * args.tenant_lines) as u64;
     let before = command_calls(&mut con).await?;
     let started = Instant::now();

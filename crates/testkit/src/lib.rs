@@ -14,6 +14,7 @@
 //! - [`sentinel`]: [`SentinelSet`], a master, its replicas and three sentinels, optionally with
 //!   ACL users and TLS ([`SentinelSet::start_tls_acl`]), with killed-master and forced failovers.
 //! - [`tls`]: [`TestCerts`], a private CA and certificates made with the `openssl` command line.
+//! - [`tenants`]: tenants' queues filled straight, with the index `fair-share` reads.
 //! - [`prometheus`]: [`PrometheusServer`], a real Prometheus (`$INFERQ_PROMETHEUS`, else `PATH`;
 //!   `scripts/ensure-prometheus.sh` unpacks one) scraping the test's targets and evaluating its
 //!   rule files.
@@ -33,6 +34,7 @@ pub mod certs;
 pub mod cluster;
 pub mod prometheus;
 pub mod sentinel;
+pub mod tenants;
 pub mod tls;
 
 pub use binaries::{dev_binary, inferq_binary, MissingBinary};

@@ -174,7 +174,7 @@ async fn tenants_queues_are_found_on_a_redis_cluster() -> Fallible {
 /// in each of the 40; and every request still ends.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tenants_are_claimed_only_at_their_turn() -> Fallible {
-    let (tenants, each) = (40, 5);
+    let (tenants, each) = (40usize, 5usize);
     let mut d = Deployment::start(100).await?;
     let path = d.dir.path().join("merge-policy.json");
     let policy = serde_json::json!({"type": "fair-share", "parameters": {
@@ -187,37 +187,24 @@ async fn tenants_are_claimed_only_at_their_turn() -> Fallible {
         "4".into(),
     ]);
     let url = d.redis.url();
-    let producer = inferq_client::Producer::connect(&url, "batch-q", "turn-results").await?;
+    inferq_testkit::tenants::fill(&inferq_testkit::tenants::TenantQueues {
+        url: &url,
+        prefix: "inferq-tenant:",
+        index: Some("inferq-tenants:index"),
+        shared: "batch-q",
+        results: "turn-results",
+        tenants,
+        each,
+    })
+    .await?;
     let mut con = redis::Client::open(url.as_str())?
         .get_multiplexed_async_connection()
         .await?;
-    let deadline = inferq_client::producer::unix_ms() / 1000 + 3600;
-    let body = r#"{"model":"m","max_tokens":4,"messages":[{"role":"user","content":"hi"}]}"#;
-    for t in 0..tenants {
-        let queue = format!("inferq-tenant:t{t}");
-        let reqs = (0..each)
-            .map(|i| {
-                let payload = serde_json::value::RawValue::from_string(body.to_owned())?;
-                Ok(
-                    inferq_client::NewRequest::new(format!("t{t}-{i}"), deadline, payload)
-                        .with_endpoint("/v1/chat/completions"),
-                )
-            })
-            .collect::<Result<Vec<_>, serde_json::Error>>()?;
-        for outcome in producer.for_queue(&queue).submit_many(reqs).await? {
-            outcome?;
-        }
-        let _: i64 = redis::cmd("ZADD")
-            .arg("inferq-tenants:index")
-            .arg(inferq_client::producer::unix_ms())
-            .arg(&queue)
-            .query_async(&mut con)
-            .await?;
-    }
     d.add_processor()?;
     let started = std::time::Instant::now();
     let (mut most, mut done) = (0i64, 0i64);
-    while done < tenants * each && started.elapsed() < Duration::from_secs(60) {
+    let total = i64::try_from(tenants * each)?;
+    while done < total && started.elapsed() < Duration::from_secs(60) {
         let mut pipe = redis::pipe();
         for t in 0..tenants {
             pipe.cmd("HLEN").arg(format!("inferq-tenant:t{t}:claimed"));
@@ -230,7 +217,7 @@ async fn tenants_are_claimed_only_at_their_turn() -> Fallible {
             .await?;
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    assert_eq!(done, tenants * each, "every request ends");
+    assert_eq!(done, total, "every request ends");
     assert!(most >= 4, "the workers were busy: at most {most} claimed");
     assert!(
         most <= 24,
