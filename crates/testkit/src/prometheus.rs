@@ -153,6 +153,9 @@ pub struct RuleState {
     pub state: Option<String>,
     #[serde(default, rename = "lastError")]
     pub last_error: Option<String>,
+    /// When it was last evaluated, as Prometheus writes it (Go's zero time before the first).
+    #[serde(default, rename = "lastEvaluation")]
+    pub last_evaluation: Option<String>,
 }
 
 /// A prometheus child process on a free loopback port.
@@ -359,9 +362,31 @@ impl PrometheusServer {
         limit: Duration,
     ) -> Result<(), PrometheusError> {
         let promql = format!("up{{instance=\"{target}\"}} == 1");
-        self.wait_for(&format!("{target} scraped"), limit, || async {
-            let samples = self.query(&promql).await?;
-            Ok(((!samples.is_empty()).then_some(()), format!("{samples:?}")))
+        self.wait_for_samples(&promql, limit).await.map(drop)
+    }
+
+    /// Waits until Prometheus has tried the target `host:port` once, whatever the outcome, and
+    /// returns its `up` samples: what a test asserts about a target that may be down.
+    pub async fn wait_until_tried(
+        &self,
+        target: &str,
+        limit: Duration,
+    ) -> Result<Vec<Sample>, PrometheusError> {
+        self.wait_for_samples(&format!("up{{instance=\"{target}\"}}"), limit)
+            .await
+    }
+
+    /// Waits until `promql` has at least one sample and returns them: a test that asserts on a
+    /// query's samples waits for that very query, not for a neighbouring condition.
+    pub async fn wait_for_samples(
+        &self,
+        promql: &str,
+        limit: Duration,
+    ) -> Result<Vec<Sample>, PrometheusError> {
+        self.wait_for(&format!("samples of {promql}"), limit, || async {
+            let samples = self.query(promql).await?;
+            let seen = format!("{samples:?}");
+            Ok(((!samples.is_empty()).then_some(samples), seen))
         })
         .await
     }
@@ -398,6 +423,50 @@ impl PrometheusServer {
                 answer: format!("{e}: {data}"),
             })?;
         Ok(groups.groups.into_iter().flat_map(|g| g.rules).collect())
+    }
+
+    /// Waits until every loaded rule has been evaluated `rounds` times from now on, and returns
+    /// the rules as the last of those rounds left them: a test that asserts on rules' health, or
+    /// that nothing fires over a quiet spell, waits for the evaluations it asserts on.
+    pub async fn wait_for_evaluations(
+        &self,
+        rounds: usize,
+        limit: Duration,
+    ) -> Result<Vec<RuleState>, PrometheusError> {
+        use std::collections::{BTreeMap, BTreeSet};
+        // A round is seen as a new `lastEvaluation` stamp; the one read first may be older than
+        // this call, so it does not count.
+        let first: BTreeMap<String, Option<String>> = self
+            .rules()
+            .await?
+            .into_iter()
+            .map(|r| (r.name, r.last_evaluation))
+            .collect();
+        let seen: std::cell::RefCell<BTreeMap<String, BTreeSet<String>>> = Default::default();
+        let (seen, first) = (&seen, &first);
+        self.wait_for(
+            &format!("{rounds} evaluations of every rule"),
+            limit,
+            || async move {
+                let rules = self.rules().await?;
+                let mut seen = seen.borrow_mut();
+                for rule in &rules {
+                    let stamp = rule.last_evaluation.clone().unwrap_or_default();
+                    if rule.health != "unknown"
+                        && first.get(&rule.name) != Some(&Some(stamp.clone()))
+                    {
+                        seen.entry(rule.name.clone()).or_default().insert(stamp);
+                    }
+                }
+                let done = !rules.is_empty()
+                    && rules
+                        .iter()
+                        .all(|r| seen.get(&r.name).is_some_and(|s| s.len() >= rounds));
+                let counts = format!("{:?}", *seen);
+                Ok((done.then_some(rules), counts))
+            },
+        )
+        .await
     }
 
     /// Waits until an alert named `name` is in one of `states`, and returns it.
@@ -636,8 +705,10 @@ mod tests {
         let names: Vec<&str> = rules.iter().map(|r| r.name.as_str()).collect();
         assert_eq!(names, ["DemoHigh", "DemoSlow", "DemoLow"]);
         assert!(rules.iter().all(|r| r.health == "ok"), "{rules:?}");
+        // The dead target is scraped on its own schedule, not the page's: wait for its first
+        // try, then assert what it found.
         let up = prom
-            .query(&format!("up{{instance=\"{dead}\"}}"))
+            .wait_until_tried(&dead, Duration::from_secs(10))
             .await
             .unwrap();
         assert_eq!(up.iter().map(|s| s.value).collect::<Vec<_>>(), [0.0]);

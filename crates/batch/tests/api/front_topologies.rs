@@ -171,7 +171,26 @@ async fn a_client_whose_replica_died_retries_with_its_key_through_another() -> F
     let waiting = tokio::spawn(async move {
         call(&url0, &[("Idempotency-Key", "survivor")], &chat("keep me")).await
     });
-    tokio::time::sleep(Duration::from_millis(700)).await;
+    // The gateway is running it (so the retry below must join that run, not start another)
+    // before the replica it came through dies.
+    let sim = d.sim.base_url();
+    until(
+        "the request running at the gateway",
+        Duration::from_secs(20),
+        Duration::from_millis(50),
+        async || {
+            let counts: Value = reqwest::get(format!("{sim}/executions"))
+                .await?
+                .json()
+                .await?;
+            let runs: u64 = counts
+                .as_object()
+                .map(|m| m.values().filter_map(Value::as_u64).sum())
+                .unwrap_or(0);
+            Ok((runs >= 1).then_some(()))
+        },
+    )
+    .await?;
     d.kill_replica(0);
     assert!(waiting.await?.is_err(), "the killed replica answered");
     // The retry, on the other replica: the same request (no second run), answered when done.

@@ -6,7 +6,7 @@
 use std::process::Command;
 use std::time::Duration;
 
-use crate::common::{chat_lines, start_batch, wait_ended, Deployment, Fallible};
+use crate::common::{chat_lines, start_batch, until, wait_ended, Deployment, Fallible};
 use inferq_testkit::inferq_binary;
 use serde_json::Value;
 
@@ -204,18 +204,37 @@ async fn a_completed_batch_shows_in_the_metrics() -> Fallible {
     let base = d.url(0);
     let id = start_batch(&base, 25).await?;
     wait_ended(std::slice::from_ref(&base), &id, Duration::from_secs(30)).await?;
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    let text = reqwest::get(format!("http://127.0.0.1:{port}/metrics"))
-        .await?
-        .text()
-        .await?;
-    for want in [
+    let wanted = [
         "inferq_batch_batches{status=\"completed\"} 1",
         "inferq_batch_lines_ingested_total 25",
         "inferq_batch_results_filed_total 25",
         "inferq_batch_lines_written_total{file=\"output\"} 25",
         "inferq_batch_finalize_seconds_count 1",
-    ] {
+    ];
+    // The batches gauge follows a census: wait for the page to show what is asserted (or give
+    // it as it is after 10 s, for the assertion to show).
+    let page = || async {
+        let text = reqwest::get(format!("http://127.0.0.1:{port}/metrics"))
+            .await?
+            .text()
+            .await?;
+        Fallible::Ok(text)
+    };
+    let text = match until(
+        "the completed batch on the metrics page",
+        Duration::from_secs(10),
+        Duration::from_millis(100),
+        async || {
+            let text = page().await?;
+            Ok(wanted.iter().all(|w| text.contains(w)).then_some(text))
+        },
+    )
+    .await
+    {
+        Ok(text) => text,
+        Err(_) => page().await?,
+    };
+    for want in wanted {
         assert!(text.contains(want), "missing {want:?} in\n{text}");
     }
     // `inferq status --batches` counts it too.

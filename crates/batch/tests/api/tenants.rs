@@ -133,17 +133,31 @@ async fn expired_files_and_batches_go_with_their_objects_once_and_orphans_are_sw
     assert!(left.is_empty(), "keys left: {left:?}");
     let expiries: Vec<String> = con.zrange("{inferq-batch}:expiries", 0, -1).await?;
     assert!(expiries.is_empty(), "{expiries:?}");
-    let (p0, p1) = (d.metrics(0).await?, d.metrics(1).await?);
-    let sum = |kind: &str| {
+    // A replica counts a removal once its script has run, so the keys can be gone an instant
+    // before the counters move: wait for the counts asserted, not for the keys.
+    let sum = |p0: &str, p1: &str, kind: &str| {
         let s = format!("inferq_batch_swept_total{{kind=\"{kind}\"}}");
-        series(&p0, &s) + series(&p1, &s)
+        series(p0, &s) + series(p1, &s)
     };
+    let (p0, p1) = until(
+        "the removals counted",
+        Duration::from_secs(10),
+        Duration::from_millis(100),
+        async || {
+            let (p0, p1) = (d.metrics(0).await?, d.metrics(1).await?);
+            let counted = sum(&p0, &p1, "file") >= 3
+                && sum(&p0, &p1, "batch") >= 1
+                && sum(&p0, &p1, "orphan") >= 1;
+            Ok(counted.then_some((p0, p1)))
+        },
+    )
+    .await?;
     assert_eq!(
-        (sum("file"), sum("batch")),
+        (sum(&p0, &p1, "file"), sum(&p0, &p1, "batch")),
         (3, 1),
         "each removed once\n{p0}\n{p1}"
     );
-    assert!(sum("orphan") >= 1, "{p0}\n{p1}");
+    assert!(sum(&p0, &p1, "orphan") >= 1, "{p0}\n{p1}");
     Ok(())
 }
 

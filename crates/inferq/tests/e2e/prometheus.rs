@@ -440,8 +440,11 @@ async fn alert_rules_fire_on_a_live_processor() {
             .len(),
         1
     );
-    tokio::time::sleep(Duration::from_millis(1500)).await;
-    let rules = prom.rules().await.unwrap();
+    // Several evaluations on the idle processor, waited for rather than slept through.
+    let rules = prom
+        .wait_for_evaluations(4, Duration::from_secs(20))
+        .await
+        .unwrap();
     assert!(rules.len() >= 7, "{rules:?}");
     for rule in &rules {
         assert_eq!(rule.health, "ok", "{rule:?}\n{}", prom.log());
