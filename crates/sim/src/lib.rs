@@ -59,7 +59,7 @@ pub use arrivals::unix_us;
 pub use config::SimConfig;
 pub use engine::{
     EngineConfig, EngineLoad, PoolSnapshot, SaturationMetricNames, DROPPED_REASON_HEADER,
-    OBJECTIVE_HEADER, REJECTED_SATURATED,
+    OBJECTIVE_HEADER, OLD_OBJECTIVE_HEADER, REJECTED_SATURATED,
 };
 pub use faults::FaultRates;
 pub use metrics::SimStats;

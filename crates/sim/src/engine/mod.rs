@@ -48,6 +48,8 @@ use scheduler::{Engine, TokenMade};
 
 /// The header naming a request's InferenceObjective, read by `--flow-control`.
 pub const OBJECTIVE_HEADER: &str = "x-llm-d-inference-objective";
+/// Its deprecated alias, which the router still reads (and inferq, like Go, sends).
+pub const OLD_OBJECTIVE_HEADER: &str = "x-gateway-inference-objective";
 /// The header explaining a router's 429.
 pub const DROPPED_REASON_HEADER: &str = "x-llm-d-request-dropped-reason";
 /// Its value when the pool is saturated or an engine's queue is full.

@@ -22,7 +22,10 @@ use axum::response::{IntoResponse, Response};
 
 use super::scheduler::SequenceSpec;
 use super::stream::{event_stream, AnswerHead};
-use super::{Pool, Rejection, DROPPED_REASON_HEADER, OBJECTIVE_HEADER, REJECTED_SATURATED};
+use super::{
+    Pool, Rejection, DROPPED_REASON_HEADER, OBJECTIVE_HEADER, OLD_OBJECTIVE_HEADER,
+    REJECTED_SATURATED,
+};
 use crate::openai::{self, Endpoint};
 use crate::router::{EVICTED, EVICTED_BODY, REJECTED_TTL_EXPIRED};
 use crate::server::{self, SimState};
@@ -50,7 +53,11 @@ pub(crate) async fn complete(
         prompt_tokens: request.prompt_tokens,
         output_tokens: tokens,
     };
-    let objective = headers.get(OBJECTIVE_HEADER).and_then(|v| v.to_str().ok());
+    // The router reads the objective under its name or the deprecated alias.
+    let objective = headers
+        .get(OBJECTIVE_HEADER)
+        .or_else(|| headers.get(OLD_OBJECTIVE_HEADER))
+        .and_then(|v| v.to_str().ok());
     let (placed, lease) = match pool.admit(spec, objective).await {
         Ok(admitted) => admitted,
         Err(rejection) => {

@@ -7,7 +7,9 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 
 use super::{RouterConfig, SaturationDetector};
-use crate::{EngineConfig, Sim, SimConfig, DROPPED_REASON_HEADER, OBJECTIVE_HEADER};
+use crate::{
+    EngineConfig, Sim, SimConfig, DROPPED_REASON_HEADER, OBJECTIVE_HEADER, OLD_OBJECTIVE_HEADER,
+};
 
 /// One engine of two slots behind a router that evicts, its detector counting requests, with a
 /// short grace so the tests need not wait the router's 500 ms.
@@ -45,13 +47,23 @@ async fn complete(
     tokens: u64,
     objective: Option<&'static str>,
 ) -> (reqwest::StatusCode, Option<String>, String, Duration) {
+    complete_as(sim_url, tokens, objective, OBJECTIVE_HEADER).await
+}
+
+/// [`complete`], naming the objective in `header`.
+async fn complete_as(
+    sim_url: String,
+    tokens: u64,
+    objective: Option<&'static str>,
+    header: &'static str,
+) -> (reqwest::StatusCode, Option<String>, String, Duration) {
     let client = reqwest::Client::new();
     let mut req = client
         .post(format!("{sim_url}/v1/completions"))
         .header("content-type", "application/json")
         .body(json!({"model": "m", "prompt": "hi", "max_tokens": tokens}).to_string());
     if let Some(o) = objective {
-        req = req.header(OBJECTIVE_HEADER, o);
+        req = req.header(header, o);
     }
     let started = Instant::now();
     let resp = req.send().await.unwrap();
@@ -86,10 +98,16 @@ async fn metrics(sim: &Sim) -> String {
 async fn a_blocked_interactive_request_evicts_the_newest_batch_sequence_with_a_429() {
     let sim = start(evicting(50)).await;
     let url = sim.base_url();
-    // 2,000 tokens at 5 ms: 10 s each, far longer than the test.
+    // 2,000 tokens at 5 ms: 10 s each, far longer than the test. The newer names its
+    // objective under the deprecated alias (as inferq and Go send it).
     let older = tokio::spawn(complete(url.clone(), 2_000, Some("batch")));
     until_running(&sim, 1).await;
-    let newer = tokio::spawn(complete(url.clone(), 2_000, Some("batch")));
+    let newer = tokio::spawn(complete_as(
+        url.clone(),
+        2_000,
+        Some("batch"),
+        OLD_OBJECTIVE_HEADER,
+    ));
     until_running(&sim, 2).await;
     let before = metrics(&sim).await;
     assert!(before.contains(
