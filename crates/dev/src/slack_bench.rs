@@ -39,9 +39,13 @@ pub(crate) struct SlackBenchArgs {
     /// Seed of the interactive arrivals (every scenario gets the same ones).
     #[arg(long, default_value_t = 7)]
     pub seed: u64,
-    /// Only this flow-control setting (both by default; the pool's own --flow-control flag is
-    /// set per scenario).
-    #[arg(long, value_parser = ["off", "on"])]
+    /// The router settings to run, comma-separated: off (no flow control), shed (the pool's
+    /// --flow-control refuses sheddable batch work at saturation), evict (the router's flow
+    /// control with priority bands and in-flight eviction of batch work at priority -1).
+    #[arg(long, value_delimiter = ',', default_value = "off,evict", value_parser = ["off", "shed", "evict"])]
+    pub routers: Vec<String>,
+    /// Earlier runs' way to pick one setting: off, or on (= shed). Overrides --routers.
+    #[arg(long, value_parser = ["off", "on"], hide = true)]
     pub only_flow_control: Option<String>,
     /// Also run these static pool sizes (the trade-off curve).
     #[arg(long, value_delimiter = ',')]
@@ -92,11 +96,22 @@ pub(crate) async fn bench_slack(args: SlackBenchArgs) -> Result<(), Failure> {
         ..inferq_sim::SimConfig::default()
     };
     sim.validate().map_err(Failure::bad_input)?;
-    let flow_control = match args.only_flow_control.as_deref() {
-        Some("off") => vec![false],
-        Some(_) => vec![true],
-        None => vec![false, true],
+    let names = match args.only_flow_control.as_deref() {
+        Some("on") => vec!["shed".to_owned()],
+        Some(_) => vec!["off".to_owned()],
+        None => args.routers.clone(),
     };
+    let mut routers = Vec::new();
+    for name in &names {
+        let router = match name.as_str() {
+            "off" => slack::Router::Off,
+            "shed" => slack::Router::Shed,
+            _ => slack::Router::Evict,
+        };
+        if !routers.contains(&router) {
+            routers.push(router);
+        }
+    }
     let tune = |headroom: Option<f64>, target: Option<f64>, interval_ms: Option<u64>| {
         Gate::SlackSignal(slack::Tune {
             headroom,
@@ -131,7 +146,7 @@ pub(crate) async fn bench_slack(args: SlackBenchArgs) -> Result<(), Failure> {
         workers: args.workers,
         seed: args.seed,
         sweep,
-        flow_control,
+        routers,
         references_only: args.references_only,
     };
     slack::run(&opts).await?;

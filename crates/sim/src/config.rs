@@ -4,6 +4,7 @@
 //! the flag before the server starts.
 
 use super::engine::EngineConfig;
+use super::router::RouterConfig;
 use super::SimError;
 
 /// Default `--served-model-name`.
@@ -108,6 +109,11 @@ pub struct SimConfig {
     /// The engine model (`--pods` and its knobs); off by default.
     #[command(flatten)]
     pub engine: EngineConfig,
+
+    /// The router's flow control with priority bands and eviction (`--priority-bands`,
+    /// `--eviction` and their knobs); off by default.
+    #[command(flatten)]
+    pub router: RouterConfig,
 }
 
 impl Default for SimConfig {
@@ -131,6 +137,7 @@ impl Default for SimConfig {
             bad_request_rate: 0.0,
             remember_ids: DEFAULT_REMEMBER_IDS,
             engine: EngineConfig::default(),
+            router: RouterConfig::default(),
         }
     }
 }
@@ -190,6 +197,8 @@ impl SimConfig {
             }
         }
         self.engine.validate()?;
+        self.router
+            .validate(self.engine.enabled(), self.engine.flow_control)?;
         if self.engine.enabled() {
             // The engines queue by themselves; a gate in front would hide their queues.
             if self.capacity > 0 {

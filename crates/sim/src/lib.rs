@@ -24,6 +24,9 @@
 //! - `openai`: request parsing and the JSON of answers, streamed chunks and errors.
 //! - `engine`: the engine model (`--pods`): the pool, its router, each engine's step loop, the
 //!   streamed answer and the engines' metrics; [`EngineConfig`] holds its flags.
+//! - `router`: the llm-d router's flow control in front of the engines (`--priority-bands`,
+//!   `--eviction`): priority bands, strict priority dispatch, in-flight eviction and its
+//!   metrics; [`RouterConfig`] holds its flags.
 //! - [`interactive`]: the interactive traffic generator (profiles of phases, TTFT/ITL report).
 //! - `listener`: the accept loop whose connections a handler can reset (plain or TLS).
 //! - [`tls`]: `--tls-cert`, `--tls-key` and `--tls-client-ca` (HTTPS, optionally mutual TLS).
@@ -36,6 +39,7 @@ pub mod interactive;
 mod listener;
 mod metrics;
 mod openai;
+mod router;
 mod server;
 pub mod tls;
 
@@ -55,10 +59,11 @@ pub use arrivals::unix_us;
 pub use config::SimConfig;
 pub use engine::{
     EngineConfig, EngineLoad, PoolSnapshot, SaturationMetricNames, DROPPED_REASON_HEADER,
-    OBJECTIVE_HEADER, REJECTED_SATURATED,
+    OBJECTIVE_HEADER, OLD_OBJECTIVE_HEADER, REJECTED_SATURATED,
 };
 pub use faults::FaultRates;
 pub use metrics::SimStats;
+pub use router::{RouterConfig, SaturationDetector, EVICTED, EVICTED_BODY, REJECTED_TTL_EXPIRED};
 pub use server::REQUEST_ID_HEADER;
 pub use tls::SimTls;
 
@@ -211,6 +216,24 @@ impl Sim {
     /// saturation; `None` when the engine model is off (`--pods 0`).
     pub fn pool_snapshot(&self) -> Option<PoolSnapshot> {
         self.state.pool.as_ref().map(|pool| pool.snapshot())
+    }
+
+    /// Requests the router's flow control evicted so far (0 without `--eviction`).
+    pub fn evictions(&self) -> u64 {
+        self.state
+            .pool
+            .as_ref()
+            .and_then(|pool| pool.flow().map(|flow| flow.evictions()))
+            .unwrap_or(0)
+    }
+
+    /// Output tokens the evicted requests had made before the router evicted them.
+    pub fn evicted_tokens(&self) -> u64 {
+        self.state
+            .pool
+            .as_ref()
+            .and_then(|pool| pool.flow().map(|flow| flow.redone()))
+            .unwrap_or(0)
     }
 
     /// A snapshot of all counters and gauges, as `GET /stats` serves it.

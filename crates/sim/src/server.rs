@@ -58,7 +58,7 @@ pub(crate) struct SimState {
     pub(crate) stats: Stats,
     pub(crate) arrivals: Arrivals,
     /// The engine model, when `--pods` ≥ 1; requests then go to it instead of the run stage.
-    pub(crate) pool: Option<Pool>,
+    pub(crate) pool: Option<Arc<Pool>>,
 }
 
 impl SimState {
@@ -69,7 +69,7 @@ impl SimState {
         let pool = cfg
             .engine
             .enabled()
-            .then(|| Pool::start(&cfg.engine, &shutdown));
+            .then(|| Pool::start(&cfg.engine, &cfg.router, &shutdown));
         Self {
             pool,
             faults: RwLock::new(FaultPlan::new(&cfg)),

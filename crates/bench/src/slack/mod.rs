@@ -10,8 +10,10 @@
 //! 5. `slack` with `signal_url` (the engines' `/metrics`);
 //! 6. `slack` alone (its own latencies and rejections).
 //!
-//! The set runs with the pool's flow control off (the engines never refuse) and on (sheddable
-//! batch requests are refused while the pool is saturated). The sweep flags add static pool sizes,
+//! The set runs under up to three router settings ([`Router`]): flow control off (the engines
+//! never refuse), on and shedding (sheddable batch requests are refused while the pool is
+//! saturated), and the router's flow control with in-flight eviction (priority bands, batch at
+//! priority −1 evicted for blocked interactive requests). The sweep flags add static pool sizes,
 //! static occupancy thresholds, and `slack` headrooms and signal targets, for the trade-off
 //! curve.
 //!
@@ -57,8 +59,8 @@ pub struct SlackOptions {
     pub seed: u64,
     /// Also run static pool sizes and slack headrooms (the trade-off curve).
     pub sweep: Vec<Gate>,
-    /// Which flow-control settings to run.
-    pub flow_control: Vec<bool>,
+    /// Which router settings to run.
+    pub routers: Vec<Router>,
     /// Run only the references (alone, ungated) of the six scenarios, and the sweep.
     pub references_only: bool,
 }
@@ -78,6 +80,40 @@ pub fn default_profile(phase: Duration, idle_rate: f64, burst_rate: f64) -> Prof
             Phase::steady("idle", phase, idle_rate),
             Phase::steady("burst", phase, burst_rate),
         ],
+    }
+}
+
+/// What the router in front of the engines does with batch work.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Router {
+    /// No flow control: the engines queue everything.
+    Off,
+    /// The engine model's `--flow-control`: sheddable requests refused at saturation.
+    Shed,
+    /// The router's flow control with in-flight eviction (`--eviction`, concurrency detector at
+    /// the engines' `--max-num-seqs`, the router's pacing defaults).
+    Evict,
+}
+
+impl Router {
+    pub const ALL: [Router; 3] = [Router::Off, Router::Shed, Router::Evict];
+
+    /// How the tables and pictures name it.
+    pub fn label(self) -> &'static str {
+        match self {
+            Router::Off => "flow control off",
+            Router::Shed => "flow control on (shed)",
+            Router::Evict => "router eviction on",
+        }
+    }
+
+    /// `slack`'s p99 TTFT target under this setting (harvest ≥ 0.9 within it).
+    pub fn slack_target_ratio(self) -> f64 {
+        match self {
+            Router::Evict => 1.5,
+            Router::Off | Router::Shed => 2.0,
+        }
     }
 }
 
@@ -181,7 +217,11 @@ impl Gate {
     }
 
     /// The pool gate `(type, params)`, when the scenario has one.
-    fn pool_gate(&self, pool_metrics: &str) -> Option<(&'static str, serde_json::Value)> {
+    fn pool_gate(
+        &self,
+        pool_metrics: &str,
+        router: Router,
+    ) -> Option<(&'static str, serde_json::Value)> {
         match self {
             Gate::Size(n) => Some((
                 "local-max-concurrency",
@@ -190,6 +230,11 @@ impl Gate {
             Gate::Aimd => Some(("aimd", serde_json::json!({}))),
             Gate::SlackSignal(t) => {
                 let mut p = serde_json::json!({"signal_url": pool_metrics});
+                if router == Router::Evict {
+                    // The router holds the queue: its interactive band is the signal.
+                    p["signal_metric"] = "llm_d_epp_flow_control_queue_size".into();
+                    p["signal_labels"] = serde_json::json!({"priority": "0"});
+                }
                 if let Some(h) = t.headroom {
                     p["headroom"] = h.into();
                 }
@@ -237,17 +282,13 @@ pub async fn run(opts: &SlackOptions) -> Result<report::SlackReport, BenchError>
     std::fs::create_dir_all(&opts.out).map_err(|e| BenchError::setup("output folder", e))?;
     let dir = tempfile::tempdir().map_err(|e| BenchError::setup("scratch folder", e))?;
     let mut runs = Vec::new();
-    for &fc in &opts.flow_control {
+    for &router in &opts.routers {
         let set = Gate::SET
             .iter()
             .filter(|g| !opts.references_only || matches!(g, Gate::Alone | Gate::Ungated));
         for gate in set.chain(opts.sweep.iter()) {
-            eprintln!(
-                "bench-slack: {} (flow control {})…",
-                gate.name(),
-                if fc { "on" } else { "off" }
-            );
-            let run = scenario::run(opts, gate, fc, dir.path())
+            eprintln!("bench-slack: {} ({})…", gate.name(), router.label());
+            let run = scenario::run(opts, gate, router, dir.path())
                 .await
                 .map_err(|e| e.during(gate.name()))?;
             runs.push(run);

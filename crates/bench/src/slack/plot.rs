@@ -83,9 +83,9 @@ type Panel = (&'static str, fn(&Run) -> Vec<(f64, f64)>, bool);
 /// Draws the report into a PNG at `path`.
 pub(super) fn draw(report: &SlackReport, path: &Path) -> Result<(), BenchError> {
     let text = crate::plot::font_ready();
-    let settings: Vec<bool> = [false, true]
+    let settings: Vec<super::Router> = super::Router::ALL
         .into_iter()
-        .filter(|fc| report.runs.iter().any(|r| r.flow_control == *fc))
+        .filter(|fc| report.runs.iter().any(|r| r.router == *fc))
         .collect();
     let root =
         BitMapBackend::new(path, (1800, 480 * settings.len().max(1) as u32)).into_drawing_area();
@@ -96,13 +96,9 @@ pub(super) fn draw(report: &SlackReport, path: &Path) -> Result<(), BenchError> 
         let runs: Vec<&Run> = report
             .runs
             .iter()
-            .filter(|r| r.flow_control == *fc && super::Gate::in_set(&r.scenario))
+            .filter(|r| r.router == *fc && super::Gate::in_set(&r.scenario))
             .collect();
-        let fc_name = if *fc {
-            "flow control on"
-        } else {
-            "flow control off"
-        };
+        let fc_name = fc.label();
         let panels: [Panel; 3] = [
             ("interactive p99 TTFT (ms, log)", ttft_curve, true),
             ("batch results per second", throughput_curve, false),

@@ -15,7 +15,7 @@ use super::SlackOptions;
 #[derive(Debug, Clone, Serialize)]
 pub struct Row {
     pub scenario: String,
-    pub flow_control: bool,
+    pub router: super::Router,
     /// `idle`, `burst`, or `all` (every phase but the warm-up).
     pub phase: String,
     pub batch_per_s: f64,
@@ -37,6 +37,8 @@ pub struct Row {
 #[derive(Debug, Clone, Serialize)]
 pub struct SlackReport {
     pub settings: String,
+    /// Output tokens of each batch request.
+    pub batch_tokens: u64,
     pub rows: Vec<Row>,
     pub runs: Vec<Run>,
     /// `(phase name, start s, end s)` of the profile.
@@ -88,19 +90,18 @@ impl SlackReport {
             }
         }
         // Ratios against the references of the same setting and phase.
-        let reference = |rows: &[Row], scenario: &str, fc: bool, phase: &str| {
+        let reference = |rows: &[Row], scenario: &str, fc: super::Router, phase: &str| {
             rows.iter()
-                .find(|r| r.scenario == scenario && r.flow_control == fc && r.phase == phase)
+                .find(|r| r.scenario == scenario && r.router == fc && r.phase == phase)
                 .cloned()
         };
         let snapshot = rows.clone();
         for r in &mut rows {
-            if let Some(alone) = reference(&snapshot, "interactive-alone", r.flow_control, &r.phase)
-            {
+            if let Some(alone) = reference(&snapshot, "interactive-alone", r.router, &r.phase) {
                 r.ttft_p99_ratio = r.ttft_p99_ms.zip(alone.ttft_p99_ms).map(|(a, b)| a / b);
                 r.itl_p99_ratio = r.itl_p99_ms.zip(alone.itl_p99_ms).map(|(a, b)| a / b);
             }
-            if let Some(ungated) = reference(&snapshot, "ungated", r.flow_control, &r.phase) {
+            if let Some(ungated) = reference(&snapshot, "ungated", r.router, &r.phase) {
                 if ungated.batch_per_s > 0.0 && r.scenario != "interactive-alone" {
                     r.harvest = Some(r.batch_per_s / ungated.batch_per_s);
                 }
@@ -127,6 +128,7 @@ impl SlackReport {
         );
         SlackReport {
             settings,
+            batch_tokens: opts.batch_tokens,
             rows,
             runs,
             phases,
@@ -138,17 +140,27 @@ impl SlackReport {
         let mut out = String::new();
         let _ = writeln!(out, "bench-slack: {}", self.settings);
         let f = |v: Option<f64>, d: usize| v.map_or("-".to_owned(), |v| format!("{v:.d$}"));
-        for fc in [false, true] {
-            let rows: Vec<&Row> = self.rows.iter().filter(|r| r.flow_control == fc).collect();
+        for fc in super::Router::ALL {
+            let rows: Vec<&Row> = self.rows.iter().filter(|r| r.router == fc).collect();
             if rows.is_empty() {
                 continue;
             }
             let _ = writeln!(
                 out,
-                "\nflow control {}\n{:<36} {:<6} {:>8} {:>9} {:>8} {:>9} {:>9} {:>7} {:>8} {:>8} {:>7} {:>5}",
-                if fc { "on" } else { "off" },
-                "scenario", "phase", "batch/s", "tokens/s", "harvest", "TTFT p50", "TTFT p99", "×alone",
-                "ITL p50", "ITL p99", "×alone", "fail"
+                "\n{}\n{:<36} {:<6} {:>8} {:>9} {:>8} {:>9} {:>9} {:>7} {:>8} {:>8} {:>7} {:>5}",
+                fc.label(),
+                "scenario",
+                "phase",
+                "batch/s",
+                "tokens/s",
+                "harvest",
+                "TTFT p50",
+                "TTFT p99",
+                "×alone",
+                "ITL p50",
+                "ITL p99",
+                "×alone",
+                "fail"
             );
             for r in rows {
                 let _ = writeln!(
@@ -169,27 +181,64 @@ impl SlackReport {
                 );
             }
         }
+        out.push_str(&self.evictions());
         out.push_str(&self.targets());
         out
     }
 
-    /// The issue's targets, judged per flow-control setting: `slack` with `signal_url`
-    /// harvest ≥ 0.9 within 2× p99 TTFT in every phase; `slack` alone ≥ 0.8 within 3×.
+    /// Per scenario under eviction: evictions per second and the batch tokens they threw away
+    /// (made before the eviction, made again later), as a share of the batch tokens completed.
+    fn evictions(&self) -> String {
+        let runs: Vec<&Run> = self
+            .runs
+            .iter()
+            .filter(|r| r.router == super::Router::Evict && r.scenario != "interactive-alone")
+            .collect();
+        if runs.is_empty() {
+            return String::new();
+        }
+        let mut out = String::from(
+            "
+evictions (router eviction on, whole run):
+",
+        );
+        for run in runs {
+            let done = run.timeline.last().map_or(0, |(_, n, _)| *n);
+            let made = done as f64 * self.batch_tokens as f64;
+            let share = if made > 0.0 {
+                format!("{:.1} %", 100.0 * run.tokens_redone as f64 / made)
+            } else {
+                "-".to_owned()
+            };
+            let _ = writeln!(
+                out,
+                "  {:<36} {:>6} evictions, {:>5.2}/s, {:>8} batch tokens redone ({share} of those completed)",
+                run.scenario,
+                run.evictions,
+                run.evictions as f64 / run.seconds.max(1e-9),
+                run.tokens_redone
+            );
+        }
+        out
+    }
+
+    /// The issues' targets, judged per router setting: `slack` with `signal_url` harvest ≥ 0.9
+    /// within 2× p99 TTFT in every phase (1.5× with eviction); `slack` alone ≥ 0.8 within 3×.
     fn targets(&self) -> String {
         let mut out = String::from(
             "\ntargets (harvest over every phase; worst p99 TTFT ratio of idle and burst):\n",
         );
         let points = super::tradeoff::points(&self.rows);
-        for fc in [false, true] {
+        for fc in super::Router::ALL {
             for (scenario, harvest, ratio) in [
-                ("slack + signal_url", 0.9, 2.0),
+                ("slack + signal_url", 0.9, fc.slack_target_ratio()),
                 ("slack alone", 0.8, 3.0),
                 ("static (endpoint-scrape)", f64::NAN, f64::NAN),
                 ("aimd", f64::NAN, f64::NAN),
             ] {
                 let Some(point) = points
                     .iter()
-                    .find(|p| p.scenario == scenario && p.flow_control == fc)
+                    .find(|p| p.scenario == scenario && p.router == fc)
                 else {
                     continue;
                 };
@@ -203,8 +252,8 @@ impl SlackReport {
                 };
                 let _ = writeln!(
                     out,
-                    "  flow control {:<3} {:<26} harvest {:.2}, worst p99 TTFT ×{:.2}{verdict}",
-                    if fc { "on" } else { "off" },
+                    "  {:<22} {:<26} harvest {:.2}, worst p99 TTFT ×{:.2}{verdict}",
+                    fc.label(),
                     scenario,
                     h,
                     worst
@@ -239,7 +288,7 @@ fn row(opts: &SlackOptions, run: &Run, name: &str, phases: &[(String, f64, f64)]
         .collect();
     Row {
         scenario: run.scenario.clone(),
-        flow_control: run.flow_control,
+        router: run.router,
         phase: name.to_owned(),
         batch_per_s,
         batch_tokens_per_s: batch_per_s * opts.batch_tokens as f64,

@@ -14,7 +14,7 @@ use inferq_sim::{Sim, SimConfig};
 use inferq_testkit::{Fsync, RedisServer};
 use tokio_util::sync::CancellationToken;
 
-use super::{Gate, SlackOptions};
+use super::{Gate, Router, SlackOptions};
 use crate::procs::{Processor, ProcessorSpec};
 use crate::BenchError;
 
@@ -27,24 +27,29 @@ const RESULTS: &str = "slack-results";
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct Run {
     pub scenario: String,
-    pub flow_control: bool,
+    pub router: Router,
     /// Every interactive request.
     pub samples: Vec<Sample>,
     /// (seconds since the profile started, batch results so far, the gate's window).
     pub timeline: Vec<(f64, u64, Option<f64>)>,
     /// Requests the gateway executed (a preempted or retried request counts again).
     pub executions: u64,
+    /// Requests the router evicted, and the output tokens they had made (work redone).
+    pub evictions: u64,
+    pub tokens_redone: u64,
+    /// Seconds the profile ran (evictions per second are over this).
+    pub seconds: f64,
 }
 
 /// Runs one scenario.
 pub(super) async fn run(
     opts: &SlackOptions,
     gate: &Gate,
-    flow_control: bool,
+    router: Router,
     dir: &Path,
 ) -> Result<Run, BenchError> {
     let redis_dir = dir.join(format!(
-        "redis-{}-{flow_control}",
+        "redis-{}-{router:?}",
         gate.name().replace(' ', "_")
     ));
     std::fs::create_dir_all(&redis_dir).map_err(|e| BenchError::setup("redis dir", e))?;
@@ -56,7 +61,14 @@ pub(super) async fn run(
         engine: opts.engine.clone(),
         ..SimConfig::default()
     };
-    sim_cfg.engine.flow_control = flow_control;
+    match router {
+        Router::Off => {}
+        Router::Shed => sim_cfg.engine.flow_control = true,
+        Router::Evict => {
+            sim_cfg.router.eviction = true;
+            sim_cfg.router.saturation_detector = inferq_sim::SaturationDetector::Concurrency;
+        }
+    }
     let sim = Sim::start(
         sim_cfg,
         "127.0.0.1:0"
@@ -71,7 +83,7 @@ pub(super) async fn run(
         _ => {
             let producer = Producer::connect(&redis.url(), QUEUE, RESULTS).await?;
             preload(&producer, opts).await?;
-            Some(start_processor(opts, gate, &redis, &sim, dir, &http).await?)
+            Some(start_processor(opts, gate, router, &redis, &sim, dir, &http).await?)
         }
     };
     let cancel = CancellationToken::new();
@@ -87,9 +99,12 @@ pub(super) async fn run(
         gate.window_metric(),
         cancel.clone(),
     ));
+    let started = Instant::now();
     let report = interactive::run(&base, &opts.profile, &settings, CancellationToken::new())
         .await
         .map_err(|e| BenchError::Phase(format!("interactive generator: {e}")))?;
+    let seconds = started.elapsed().as_secs_f64();
+    let (evictions, tokens_redone) = (sim.evictions(), sim.evicted_tokens());
     cancel.cancel();
     let timeline = sampler
         .await
@@ -100,10 +115,13 @@ pub(super) async fn run(
     drop(redis);
     Ok(Run {
         scenario: gate.name(),
-        flow_control,
+        router,
         samples: report.samples,
         timeline,
         executions,
+        evictions,
+        tokens_redone,
+        seconds,
     })
 }
 
@@ -137,6 +155,7 @@ async fn preload(producer: &Producer, opts: &SlackOptions) -> Result<(), BenchEr
 async fn start_processor(
     opts: &SlackOptions,
     gate: &Gate,
+    router: Router,
     redis: &RedisServer,
     sim: &Sim,
     dir: &Path,
@@ -161,7 +180,7 @@ async fn start_processor(
         "queues": [queue],
     });
     let mut pool = serde_json::json!({"id": "default", "workers": opts.workers});
-    if let Some((kind, params)) = gate.pool_gate(&metrics_url) {
+    if let Some((kind, params)) = gate.pool_gate(&metrics_url, router) {
         pool["gate_type"] = kind.into();
         pool["gate_params"] = params;
     }

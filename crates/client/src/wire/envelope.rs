@@ -89,6 +89,10 @@ pub struct Routing {
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     /// Labels the processor stamped (a gate's classification, the tier).
     pub labels: BTreeMap<String, String>,
+    /// inferq's own: how many times a router's flow control evicted the request (each put it
+    /// back at once, not as a retry); bounded by `--max-evictions`. Absent while 0.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub evictions: u32,
     /// Fields a newer producer may add; carried through untouched.
     #[serde(flatten)]
     pub extra: BTreeMap<String, serde_json::Value>,

@@ -108,6 +108,17 @@ pub struct RunArgs {
     )]
     pub gate_wait_timeout: String,
 
+    /// How many times the router's flow control may evict one request (a 429 whose
+    /// x-llm-d-request-dropped-reason starts with `evicted`) before it ends with an error; each
+    /// eviction puts it back in its queue at once, not as a retry.
+    #[arg(
+        long = "max-evictions",
+        default_value_t = 100,
+        allow_negative_numbers = true,
+        value_name = "N"
+    )]
+    pub max_evictions: i64,
+
     /// Port of /healthz and /readyz.
     #[arg(long = "health-port", default_value_t = 8081, value_name = "PORT")]
     pub health_port: u16,

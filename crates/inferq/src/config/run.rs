@@ -47,6 +47,9 @@ pub struct RunConfig {
     /// `--gate-wait-timeout`: how long a request may wait at its pool gate before it is put
     /// back in its queue; `None` (the flag's `0`) waits until the deadline.
     pub gate_wait_timeout: Option<Duration>,
+    /// `--max-evictions`: how often the router may evict one request before it ends with an
+    /// error.
+    pub max_evictions: u32,
     /// Port of /healthz and /readyz.
     pub health_port: u16,
     /// Port of /metrics.
@@ -175,6 +178,7 @@ where
         request_timeout: flags.request_timeout,
         drain_timeout: flags.drain_timeout,
         gate_wait_timeout: (!flags.gate_wait.is_zero()).then_some(flags.gate_wait),
+        max_evictions: flags.max_evictions,
         health_port: args.health_port,
         metrics_port: args.metrics_port,
         metrics_backlog_poll_interval: (!flags.backlog.is_zero()).then_some(flags.backlog),
@@ -199,6 +203,8 @@ struct Flags {
     drain_timeout: Duration,
     /// `--gate-wait-timeout`; zero waits until the deadline.
     gate_wait: Duration,
+    /// `--max-evictions`.
+    max_evictions: u32,
     /// `--metrics-backlog-poll-interval`; zero disables the backlog poll.
     backlog: Duration,
     cache_ttl: Duration,
@@ -221,6 +227,7 @@ impl Flags {
         // Zero is Go's "do not wait": in-flight requests are aborted and released at once.
         let drain_timeout = flag_duration("--drain-timeout", &args.drain_timeout)?;
         let gate_wait = flag_duration("--gate-wait-timeout", &args.gate_wait_timeout)?;
+        let max_evictions = max_evictions(args)?;
         let backlog = flag_duration(
             "--metrics-backlog-poll-interval",
             &args.metrics_backlog_poll_interval,
@@ -248,6 +255,7 @@ impl Flags {
             request_timeout,
             drain_timeout,
             gate_wait,
+            max_evictions,
             backlog,
             cache_ttl,
             watch,
@@ -274,6 +282,23 @@ fn concurrency(args: &RunArgs) -> Result<u32, ConfigError> {
             )
         }),
     }
+}
+
+/// `--max-evictions`: at least 1.
+fn max_evictions(args: &RunArgs) -> Result<u32, ConfigError> {
+    let n = args.max_evictions;
+    if n < 1 {
+        return Err(ConfigError::invalid(
+            "--max-evictions",
+            format!("must be at least 1, got {n}"),
+        ));
+    }
+    u32::try_from(n).map_err(|_| {
+        ConfigError::invalid(
+            "--max-evictions",
+            format!("must be at most {}, got {n}", u32::MAX),
+        )
+    })
 }
 
 /// The health and metrics ports differ (unless both are 0, any free port).

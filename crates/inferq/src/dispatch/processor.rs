@@ -499,6 +499,7 @@ impl Processor<'_> {
             client,
             request_timeout: config.request_timeout,
             gate_wait_timeout: config.gate_wait_timeout,
+            max_evictions: config.max_evictions,
             fairness: config.merge_policy.fairness.clone(),
             stop_claiming: self.tasks.stop_claiming.clone(),
             tracer: otel.map(|o| RequestTracer::new(o.tracer())),

@@ -71,6 +71,17 @@ impl Outcome {
         }
     }
 
+    /// Whether the router's flow control evicted the request after dispatch: a 429 whose
+    /// `x-llm-d-request-dropped-reason` starts with `evicted` (`evicted`, `evicted-priority`, …).
+    /// The worker puts such a request back at once; it is not a failure.
+    pub fn evicted(&self) -> bool {
+        matches!(
+            self,
+            Outcome::Retry { status: Some(429), error, .. }
+                if error.dropped_reason.as_deref().is_some_and(|r| r.starts_with("evicted"))
+        )
+    }
+
     /// The HTTP status received, if any.
     pub fn status(&self) -> Option<u16> {
         match self {
@@ -370,6 +381,24 @@ mod tests {
                 ..
             }
         ));
+    }
+
+    #[test]
+    fn only_a_429_with_an_evicted_reason_is_an_eviction() {
+        let with = |status, reason: Option<&str>| {
+            let head = ResponseHead {
+                status,
+                retry_after: None,
+                dropped_reason: reason.map(str::to_owned),
+            };
+            classify_response(head, body("request evicted by flow control")).evicted()
+        };
+        assert!(with(429, Some("evicted")));
+        assert!(with(429, Some("evicted-priority")));
+        assert!(!with(429, Some("rejected-saturated")));
+        assert!(!with(429, None));
+        assert!(!with(503, Some("evicted")));
+        assert!(!with(200, Some("evicted")));
     }
 
     #[test]

@@ -1,6 +1,6 @@
 //! The metrics newer Go (go-v011 §2, §4) added to the processor's page: every send to the
 //! gateway, the tokens its answers report, requests put back after waiting too long at a pool
-//! gate, and a snapshot of how far pending requests are from their deadlines. [`super::Metrics`]
+//! gate (and, inferq's own, after the router evicted them), and a snapshot of how far pending requests are from their deadlines. [`super::Metrics`]
 //! holds them as one field and registers them with the rest.
 
 use std::sync::{Arc, Mutex, PoisonError};
@@ -92,6 +92,8 @@ pub struct DispatchMetrics {
     pub tokens: Family<DirectionLabels, Counter>,
     /// Requests put back in their queue after waiting `--gate-wait-timeout` at a pool gate.
     pub gate_wait_requeues: Family<QueueLabels, Counter>,
+    /// Requests the router's flow control evicted (429 `evicted…`), each put back at once.
+    pub evicted: Family<QueueLabels, Counter>,
     /// Pending requests by milliseconds to their deadline, a snapshot per backlog poll.
     pub deadline_proximity: Family<QueueLabels, ProximitySnapshot>,
 }
@@ -131,6 +133,11 @@ impl DispatchMetrics {
             self.gate_wait_requeues.clone(),
         );
         r.register(
+            go_name("evicted_requests"),
+            "Requests the router's flow control evicted (429 evicted), put back in their queue at once",
+            self.evicted.clone(),
+        );
+        r.register(
             go_name("deadline_proximity_millis"),
             "Pending requests by milliseconds to their deadline (a snapshot; 0: past it)",
             self.deadline_proximity.clone(),
@@ -141,6 +148,7 @@ impl DispatchMetrics {
     pub fn precreate(&self, labels: &QueueLabels) {
         let _ = self.dispatched.get_or_create(labels);
         let _ = self.gate_wait_requeues.get_or_create(labels);
+        let _ = self.evicted.get_or_create(labels);
         for direction in ["input", "output"] {
             let _ = self.tokens.get_or_create(&labels.with_direction(direction));
         }

@@ -14,6 +14,7 @@ mod cluster;
 mod dead_letter;
 mod deploy;
 mod durable_results;
+mod eviction;
 mod gates;
 mod go_command_line;
 mod go_payloads;

@@ -80,6 +80,9 @@ impl Pool {
             }
         }
         let pool = label_value(&self.cfg.inference_pool);
+        if let Some(flow) = self.flow() {
+            flow.render(&pool, &model, out);
+        }
         let names = self.cfg.saturation_metric_names;
         if matches!(
             names,

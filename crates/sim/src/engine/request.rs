@@ -1,11 +1,12 @@
 //! One completion request in engine mode, from the router to its answer:
 //!
 //! ```text
-//!  parse ──► Pool::submit ──► 429 rejected-saturated (shed, or every queue full)
-//!   │ 400        │
+//!  parse ──► Pool::admit ──► 429 rejected-saturated (shed, or every queue full)
+//!   │ 400        │          ──► 429 rejected-ttl-expired (waited past its router band's TTL)
 //!                ▼ placed: counted as executed (per-id count too)
 //!         stream: true ──► SSE, one chunk per token as its engine makes it
 //!         otherwise    ──► wait for the last token, then one JSON answer with usage
+//!         evicted by the router meanwhile ──► 429 `evicted` (a stream is cut short)
 //! ```
 //!
 //! Faults are not drawn here: the engine model's latency and refusals are its own. A client
@@ -21,8 +22,12 @@ use axum::response::{IntoResponse, Response};
 
 use super::scheduler::SequenceSpec;
 use super::stream::{event_stream, AnswerHead};
-use super::{Pool, Rejection, DROPPED_REASON_HEADER, OBJECTIVE_HEADER, REJECTED_SATURATED};
+use super::{
+    Pool, Rejection, DROPPED_REASON_HEADER, OBJECTIVE_HEADER, OLD_OBJECTIVE_HEADER,
+    REJECTED_SATURATED,
+};
 use crate::openai::{self, Endpoint};
+use crate::router::{EVICTED, EVICTED_BODY, REJECTED_TTL_EXPIRED};
 use crate::server::{self, SimState};
 
 /// Answers one completion request on the engine pool.
@@ -48,22 +53,32 @@ pub(crate) async fn complete(
         prompt_tokens: request.prompt_tokens,
         output_tokens: tokens,
     };
-    let objective = headers.get(OBJECTIVE_HEADER).and_then(|v| v.to_str().ok());
-    let placed = match pool.submit(spec, objective) {
-        Ok(placed) => placed,
+    // The router reads the objective under its name or the deprecated alias.
+    let objective = headers
+        .get(OBJECTIVE_HEADER)
+        .or_else(|| headers.get(OLD_OBJECTIVE_HEADER))
+        .and_then(|v| v.to_str().ok());
+    let (placed, lease) = match pool.admit(spec, objective).await {
+        Ok(admitted) => admitted,
         Err(rejection) => {
-            let message = match rejection {
-                Rejection::Shed => "the pool is saturated; sheddable request rejected",
+            let (message, reason) = match rejection {
+                Rejection::Shed => (
+                    "the pool is saturated; sheddable request rejected",
+                    REJECTED_SATURATED,
+                ),
                 Rejection::QueueFull => {
                     stats.rejected_capacity.fetch_add(1, Relaxed);
-                    "every engine's waiting queue is full"
+                    ("every engine's waiting queue is full", REJECTED_SATURATED)
                 }
+                Rejection::TtlExpired => (
+                    "the request waited in flow control past its TTL",
+                    REJECTED_TTL_EXPIRED,
+                ),
             };
             let mut response = server::too_many_requests(state, message);
-            response.headers_mut().insert(
-                DROPPED_REASON_HEADER,
-                HeaderValue::from_static(REJECTED_SATURATED),
-            );
+            response
+                .headers_mut()
+                .insert(DROPPED_REASON_HEADER, HeaderValue::from_static(reason));
             return response;
         }
     };
@@ -97,6 +112,7 @@ pub(crate) async fn complete(
             request.include_usage,
             placed.tokens,
             on_complete,
+            lease,
         );
         return (
             StatusCode::OK,
@@ -110,11 +126,27 @@ pub(crate) async fn complete(
     }
 
     let mut receiver = placed.tokens;
-    for _ in 0..tokens {
-        if receiver.recv().await.is_none() {
-            return server::shutting_down(stats);
+    let evicted = lease.as_ref().map(|l| l.evicted.clone());
+    for made in 0..tokens {
+        let token = tokio::select! {
+            biased;
+            _ = evicted_by_router(evicted.as_ref()) => None,
+            token = receiver.recv() => Some(token),
+        };
+        match token {
+            Some(Some(_)) => {}
+            Some(None) => return server::shutting_down(stats),
+            None => {
+                // Dropping the receiver aborts the sequence at its engine's next step.
+                drop(receiver);
+                if let Some(lease) = &lease {
+                    lease.wasted(made);
+                }
+                return evicted_response(state);
+            }
         }
     }
+    drop(lease);
     match openai::completion_body(endpoint, &head.answer()) {
         Ok(body) => {
             stats.count_success(head.prompt_tokens, tokens, head.hit_limit);
@@ -125,4 +157,30 @@ pub(crate) async fn complete(
             server::error_response(StatusCode::INTERNAL_SERVER_ERROR, &e, "server_error")
         }
     }
+}
+
+/// Resolves when the router evicts the request (never without flow control).
+pub(super) async fn evicted_by_router(token: Option<&tokio_util::sync::CancellationToken>) {
+    match token {
+        Some(token) => token.cancelled().await,
+        None => std::future::pending().await,
+    }
+}
+
+/// The router's answer to an evicted request: 429, `x-llm-d-request-dropped-reason: evicted`,
+/// and its plain-text body.
+fn evicted_response(state: &server::SimState) -> Response {
+    state.stats.too_many_requests.fetch_add(1, Relaxed);
+    (
+        StatusCode::TOO_MANY_REQUESTS,
+        [
+            (CONTENT_TYPE, HeaderValue::from_static("text/plain")),
+            (
+                axum::http::HeaderName::from_static(DROPPED_REASON_HEADER),
+                HeaderValue::from_static(EVICTED),
+            ),
+        ],
+        EVICTED_BODY,
+    )
+        .into_response()
 }

@@ -135,11 +135,19 @@ impl Engine {
 
     /// Running and waiting counts and KV-cache usage now.
     pub(super) fn load(&self) -> EngineLoad {
+        // An aborted sequence (its client gone, or evicted) leaves at the next step; the
+        // router already counts its slot as free.
         let queues = self.queues();
-        let held: u64 = queues.running.iter().map(Sequence::kv_tokens).sum();
+        let live = |s: &&Sequence| !s.tokens.is_closed();
+        let held: u64 = queues
+            .running
+            .iter()
+            .filter(live)
+            .map(Sequence::kv_tokens)
+            .sum();
         EngineLoad {
-            running: queues.running.len(),
-            waiting: queues.waiting.len(),
+            running: queues.running.iter().filter(live).count(),
+            waiting: queues.waiting.iter().filter(live).count(),
             kv_cache_usage: (held as f64 / self.kv_capacity as f64).min(1.0),
         }
     }

@@ -1,15 +1,18 @@
 //! The `text/event-stream` answer of a streaming request in engine mode. Tokens enter as
 //! messages on the sequence's channel (one per step of its engine); each leaves at once as one
 //! `data: {chunk}` event, then an optional usage chunk and `data: [DONE]`. Dropping the body (the
-//! client went away) drops the channel's receiver, which aborts the sequence in its engine.
+//! client went away) drops the channel's receiver, which aborts the sequence in its engine. A
+//! request the router evicts mid-stream ends there (its body is cut short, as a reset stream).
 
 use std::convert::Infallible;
 
 use axum::body::{Body, Bytes};
 use tokio::sync::mpsc::UnboundedReceiver;
 
+use super::request::evicted_by_router;
 use super::scheduler::TokenMade;
 use crate::openai::{self, Answer, Endpoint};
+use crate::router::Lease;
 
 /// What the answer says, owned so the body can outlive the handler.
 #[derive(Debug, Clone)]
@@ -63,6 +66,8 @@ struct Events {
     stage: Stage,
     /// Called once, when the last token has been sent.
     on_complete: Option<Box<dyn FnOnce() + Send>>,
+    /// Its place at the router, held until the stream ends.
+    lease: Option<Lease>,
 }
 
 /// One server-sent event carrying `json`.
@@ -81,6 +86,7 @@ pub(super) fn event_stream(
     include_usage: bool,
     tokens: UnboundedReceiver<TokenMade>,
     on_complete: Box<dyn FnOnce() + Send>,
+    lease: Option<Lease>,
 ) -> Body {
     let events = Events {
         endpoint,
@@ -89,6 +95,7 @@ pub(super) fn event_stream(
         tokens,
         stage: Stage::Tokens { made: 0 },
         on_complete: Some(on_complete),
+        lease,
     };
     let stream = futures::stream::unfold(events, |mut events| async move {
         let bytes = next_event(&mut events).await?;
@@ -102,7 +109,18 @@ async fn next_event(events: &mut Events) -> Option<Bytes> {
     loop {
         match events.stage {
             Stage::Tokens { made } => {
-                events.tokens.recv().await?;
+                let evicted = events.lease.as_ref().map(|l| l.evicted.clone());
+                tokio::select! {
+                    biased;
+                    _ = evicted_by_router(evicted.as_ref()) => {
+                        events.stage = Stage::Ended;
+                        if let Some(lease) = events.lease.take() {
+                            lease.wasted(made);
+                        }
+                        return None;
+                    }
+                    token = events.tokens.recv() => token?,
+                };
                 let answer = events.head.answer();
                 let last = made + 1 >= answer.completion_tokens;
                 events.stage = match (last, events.include_usage) {
@@ -129,6 +147,7 @@ async fn next_event(events: &mut Events) -> Option<Bytes> {
             }
             Stage::Done => {
                 events.stage = Stage::Ended;
+                events.lease = None;
                 return Some(Bytes::from_static(b"data: [DONE]\n\n"));
             }
             Stage::Ended => return None,

@@ -1,7 +1,8 @@
 //! One worker's handling of one claimed request: build the URL and headers, send it to the
 //! gateway bounded by min(--request-timeout, deadline), and turn what came back into the
-//! request's next move: publish a result, park a retry, or — when the claim is no longer ours or
-//! the processor is shutting down — abandon or release it.
+//! request's next move: publish a result, park a retry, put it back when the router evicted it,
+//! or — when the claim is no longer ours or the processor is shutting down — abandon or release
+//! it.
 //!
 //! A cancel marker, a lost lease or the end of the drain time aborts the in-flight HTTP request
 //! at once: GPU time spent on a result that cannot be published is waste.
@@ -31,6 +32,7 @@ use crate::gateway::{
 use inferq_client::producer::unix_ms;
 use inferq_client::wire::{ErrorCode, RequestView, ResultMessage};
 
+mod evicted;
 mod pool_gate;
 
 use pool_gate::through_pool_gate;
@@ -42,6 +44,8 @@ pub struct WorkerEnv {
     pub request_timeout: Duration,
     /// `--gate-wait-timeout` (`None`: until the deadline).
     pub gate_wait_timeout: Option<Duration>,
+    /// `--max-evictions`: evictions one request may take before it ends with an error.
+    pub max_evictions: u32,
     pub fairness: Fairness,
     /// Cancelled when the processor stops claiming (shutdown): a request still waiting at its
     /// pool gate has not started, so it is released to pending at once rather than after the
@@ -88,6 +92,9 @@ pub async fn work(job: Job, env: Arc<WorkerEnv>) {
         return;
     };
     journey.note(&attempt);
+    if attempt.outcome.evicted() {
+        return evicted::put_back(job, &attempt.outcome, env.max_evictions);
+    }
     decide(job, attempt.outcome);
 }
 

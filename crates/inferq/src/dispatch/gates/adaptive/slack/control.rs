@@ -15,7 +15,9 @@
 //!   flight, under 0.9 × that it grows.
 //!
 //! Rejections act as in `aimd`: a capacity rejection cuts the window once per flight, and a
-//! `Retry-After` closes the gate until then.
+//! `Retry-After` closes the gate until then. An eviction by the router's flow control (429
+//! `evicted…`) means the pool was needed: each one takes one off the window, and the window holds
+//! (no growth, no probing) for `memory` after the last.
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
@@ -118,6 +120,12 @@ pub struct Controller {
     others_mean: f64,
     pub others: f64,
     pub steer: Steer,
+    /// The window holds (does not grow) until then: the router evicted one of ours.
+    held_until: Option<Instant>,
+    /// Whether it holds in this period.
+    holding: bool,
+    /// Evictions seen, for the gate's counter.
+    pub evictions: u64,
 }
 
 impl std::fmt::Debug for Controller {
@@ -152,6 +160,9 @@ impl Controller {
             others_mean: 0.0,
             others: 0.0,
             steer: Steer::Delay,
+            held_until: None,
+            holding: false,
+            evictions: 0,
         }
     }
 
@@ -208,8 +219,18 @@ impl Controller {
                 }
             }
             Answer::Expired if new_flight => self.cut(0.9, now),
+            Answer::Evicted => self.evicted(now),
             _ => {}
         }
+    }
+
+    /// The router evicted one of ours: the pool needed that slot. One off the window, and hold
+    /// it for `memory`.
+    fn evicted(&mut self, now: Instant) {
+        self.evictions += 1;
+        self.window = (self.window - 1.0).max(self.s.min_window);
+        self.held_until = Some(now + self.s.memory);
+        self.holding = true;
     }
 
     fn learn_latency(&mut self, sent_at: Instant, per_token: f64, now: Instant) {
@@ -262,7 +283,7 @@ impl Controller {
     }
 
     fn grow(&mut self) {
-        if self.window_binds() {
+        if self.window_binds() && !self.holding {
             self.window += self.s.increase;
         }
     }
@@ -273,6 +294,7 @@ impl Controller {
         if let Some(r) = reading {
             self.reading = Some((now, r));
         }
+        self.holding = self.held_until.is_some_and(|t| now < t);
         let stale = self.s.interval * STALE_PERIODS;
         let fresh = self
             .reading
@@ -373,7 +395,7 @@ impl Controller {
                 let room = capacity - expect - self.s.headroom * expect.sqrt() - 1.0;
                 if room < self.window {
                     self.window = room;
-                } else if !queued && self.window_binds() {
+                } else if !queued && self.window_binds() && !self.holding {
                     self.window = (self.window + self.s.increase).min(room);
                 }
             }
@@ -431,7 +453,9 @@ impl Controller {
             }
         } else if self.capacity.is_some_and(|c| running > c) {
             self.capacity = Some(running);
-        } else if now.duration_since(self.last_standing) >= self.probe_after && self.window_binds()
+        } else if now.duration_since(self.last_standing) >= self.probe_after
+            && self.window_binds()
+            && !self.holding
         {
             if let Some(c) = &mut self.capacity {
                 // The pool ran all the capacity allowed with no queue: probe again soon.

@@ -309,7 +309,7 @@ fn rejections_cut_and_retry_after_closes() {
     };
     assert!((after(Answer::Saturated, None).window - 7.0).abs() < 1e-9);
     assert!((after(Answer::Expired, None).window - 9.0).abs() < 1e-9);
-    for quiet in [Answer::Evicted, Answer::Other, Answer::Error] {
+    for quiet in [Answer::Other, Answer::Error] {
         assert_eq!(after(quiet, None).window, 10.0, "{quiet:?}");
     }
     let mut closed = after(Answer::Saturated, Some(Duration::from_secs(2)));
@@ -326,6 +326,40 @@ fn rejections_cut_and_retry_after_closes() {
     c.settle(a, Some((Answer::Saturated, t, None, 0.0)), t + P);
     c.settle(b, Some((Answer::Saturated, t, None, 0.0)), t + P);
     assert!((c.window - 7.0).abs() < 1e-9);
+}
+
+/// An eviction by the router takes one off the window per evicted request, at once, and the
+/// window holds for `memory` whatever the signal says; then it grows again.
+#[test]
+fn evictions_shrink_the_window_by_their_number_and_hold_it_for_memory() {
+    let t = Instant::now();
+    let mut c = Controller::new(settings(), t);
+    let only_waiting = |w| Some(Reading::pooled(w, None));
+    c.window = 10.0;
+    let seqs = fill(&mut c, t);
+    for seq in &seqs[..3] {
+        c.settle(*seq, Some((Answer::Evicted, t, None, 0.0)), t + P);
+    }
+    assert!((c.window - 7.0).abs() < 1e-9, "window {}", c.window);
+    assert_eq!(c.evictions, 3);
+    // No queue and a full window: it would grow, but holds for `memory` (10 s).
+    fill(&mut c, t + P);
+    for i in 2..40 {
+        c.tick(only_waiting(0.0), t + i * P);
+        fill(&mut c, t + i * P);
+    }
+    assert!((c.window - 7.0).abs() < 1e-9, "held at {}", c.window);
+    c.tick(only_waiting(0.0), t + P + Duration::from_secs(10));
+    assert!(
+        (c.window - 8.0).abs() < 1e-9,
+        "grows after memory: {}",
+        c.window
+    );
+    // Evicted at the smallest window: it stays at min_window.
+    let mut small = Controller::new(settings(), t);
+    let (seq, _) = small.admit(t).unwrap();
+    small.settle(seq, Some((Answer::Evicted, t, None, 0.0)), t);
+    assert_eq!(small.window, 1.0);
 }
 
 /// A signal that stops answering goes stale after three periods: the controller then steers by
