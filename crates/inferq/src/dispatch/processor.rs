@@ -540,6 +540,13 @@ impl Processor<'_> {
             kind: transport.kind,
             default_result_list: transport.result_queue_name.clone(),
             retry_queue_name: transport.retry_queue_name.clone(),
+            reserved: super::reserved::Reserved::new(
+                &transport.retry_queue_name,
+                match &config.merge_policy.kind {
+                    MergePolicyKind::FairShare(fs) => Some(fs),
+                    MergePolicyKind::TierPriority(_) | MergePolicyKind::RandomRobin => None,
+                },
+            ),
             polling,
             promote_every: transport.poll_interval.min(Duration::from_millis(500)),
             backlog_every: config

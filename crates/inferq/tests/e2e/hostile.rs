@@ -11,6 +11,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use common::*;
+use inferq_client::producer::Producer;
 use inferq_client::wire::ResultMessage;
 use inferq_testkit::RedisServer;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -33,10 +34,8 @@ async fn read_request(stream: &mut TcpStream) -> Option<String> {
     };
     let head = String::from_utf8_lossy(&buf[..head_end]).to_lowercase();
     let header = |name: &str| {
-        head.lines().find_map(|l| {
-            l.strip_prefix(&format!("{name}:"))
-                .map(|v| v.trim().to_owned())
-        })
+        head.lines()
+            .find_map(|l| l.strip_prefix(&format!("{name}:")).map(|v| v.trim().to_owned()))
     };
     let length: usize = header("content-length")
         .and_then(|v| v.parse().ok())
@@ -80,11 +79,7 @@ async fn misbehave(mut stream: TcpStream) {
         }
         // A chunked body that never ends (no content-length), of a 503 too.
         "chunked" | "chunked503" => {
-            let status = if kind == "chunked" {
-                "200 OK"
-            } else {
-                "503 Busy"
-            };
+            let status = if kind == "chunked" { "200 OK" } else { "503 Busy" };
             let head = format!("HTTP/1.1 {status}\r\nTransfer-Encoding: chunked\r\n\r\n");
             let _ = stream.write_all(head.as_bytes()).await;
             loop {
@@ -191,9 +186,7 @@ async fn only_a_whole_answer_is_published_as_an_http_answer() {
         );
         // Nothing of the cut body is passed off as the answer.
         assert!(
-            !["xx", "hello", "data:"]
-                .iter()
-                .any(|b| r.payload.contains(b)),
+            !["xx", "hello", "data:"].iter().any(|b| r.payload.contains(b)),
             "{id}: {r:?}"
         );
     }
@@ -216,4 +209,191 @@ async fn only_a_whole_answer_is_published_as_an_http_answer() {
     let whole = by_id["whole-1"];
     assert_eq!(whole.status_code, 200);
     assert!(whole.payload.contains("whole"), "{whole:?}");
+}
+
+/// The processor config's second queue, after `request-sortedset`'s own fields.
+fn second_queue(gw: &Gateway, own_fields: &str) -> String {
+    format!(
+        r#"{own_fields}}},{{"queue_name":"other-queue","igw_base_url":"{}","inference_objective":"batch-obj""#,
+        gw.url()
+    )
+}
+
+/// A Go-style member of `queue` whose stamp (`result_routing_resolved`) routes it to `list`.
+fn stamped_member(id: &str, queue: &str, list: &str) -> (String, i64) {
+    let now = inferq_client::producer::unix_ms() / 1000;
+    let deadline = now + 60;
+    let member = serde_json::json!({
+        "internal": {
+            "request_token": format!("{:0>32}", id.len()),
+            "request_queue_name": queue,
+            "result_queue_name": list,
+            "result_routing_resolved": true,
+        },
+        "request_kind": "plain",
+        "data": {"id": id, "created": now, "deadline": deadline, "payload": {"prompt": "a"}},
+    });
+    (member.to_string(), deadline)
+}
+
+/// The dead records on `queue`'s dead list, by id.
+async fn dead_records(
+    con: &mut redis::aio::ConnectionManager,
+    queue: &str,
+) -> HashMap<String, serde_json::Value> {
+    use redis::AsyncCommands;
+    let raw: Vec<String> = con.lrange(format!("{queue}:dead"), 0, -1).await.unwrap();
+    raw.iter()
+        .map(|r| {
+            let v: serde_json::Value = serde_json::from_str(r)
+                .unwrap_or_else(|e| panic!("a dead list entry is no record ({e}): {r}"));
+            assert!(v.get("reason").is_some(), "a dead list entry is no record: {r}");
+            (v["id"].as_str().unwrap_or("").to_owned(), v)
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn no_message_can_name_a_key_of_inferqs() {
+    use redis::AsyncCommands;
+    let redis = RedisServer::start().unwrap();
+    let gw = Gateway::start().await;
+    let opts = ProcessorOpts {
+        extra_queue_fields: second_queue(&gw, r#","result_queue_name":"configured""#),
+        ..ProcessorOpts::default()
+    };
+    let p = Processor::start(&redis, &gw, &opts).await;
+    let q = "request-sortedset";
+    let hostile = [
+        q.to_owned(),
+        "other-queue".to_owned(),
+        format!("{q}:deliveries"),
+        format!("{q}:deliveries-idx"),
+        format!("{q}:parked"),
+        format!("{q}:finishing"),
+        format!("{q}:finishing-idx"),
+        format!("{q}:dead"),
+        format!("{{{q}}}:claimed"),
+        "other-queue:claims-idx".to_owned(),
+        "retry-sortedset".to_owned(),
+        "request-active:x".to_owned(),
+        "request-seq:other-queue:1".to_owned(),
+        "inferq-tenant:alice".to_owned(),
+        "{inferq-batch}:live".to_owned(),
+    ];
+    let mut con = con(&redis).await;
+    // Named by messages of other-queue (no list of its own, so the message's is used) ...
+    for (i, list) in hostile.iter().enumerate() {
+        Producer::connect(&redis.url(), "other-queue", list)
+            .await
+            .unwrap()
+            .submit(request(&format!("named-{i}"), 60, r#"{"prompt":"a"}"#))
+            .await
+            .unwrap();
+    }
+    // ... and stamped into members of request-sortedset, whose own list a stamp beats.
+    for (i, list) in hostile.iter().enumerate() {
+        let (member, deadline) = stamped_member(&format!("stamped-{i}"), q, list);
+        let _: i64 = con.zadd(q, member, deadline).await.unwrap();
+    }
+    let n = hostile.len();
+    let started = std::time::Instant::now();
+    let (mut dead_q, mut dead_other) = (HashMap::new(), HashMap::new());
+    while started.elapsed() < Duration::from_secs(20) {
+        dead_q = dead_records(&mut con, q).await;
+        dead_other = dead_records(&mut con, "other-queue").await;
+        if dead_q.len() >= n && dead_other.len() >= n {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    for (i, list) in hostile.iter().enumerate() {
+        for (id, dead) in [
+            (format!("named-{i}"), &dead_other),
+            (format!("stamped-{i}"), &dead_q),
+        ] {
+            let record = dead
+                .get(&id)
+                .unwrap_or_else(|| panic!("{id} ({list}) not dead-lettered; log:\n{}", p.log()));
+            let result: ResultMessage =
+                serde_json::from_str(record["result"].as_str().unwrap_or("")).unwrap_or_else(
+                    |e| panic!("{id}: the record keeps no result ({e}): {record}"),
+                );
+            assert_eq!(result.status_code, 200, "{id}: {record}");
+            assert!(
+                record["reason"].as_str().unwrap_or("").contains("refused"),
+                "{id}: {record}"
+            );
+        }
+    }
+    // No key of inferq's changed type, and both queues go on.
+    for (key, want) in [
+        (q.to_owned(), ["zset", "none"]),
+        ("other-queue".to_owned(), ["zset", "none"]),
+        (format!("{q}:deliveries"), ["hash", "none"]),
+        (format!("{q}:deliveries-idx"), ["zset", "none"]),
+        (format!("{q}:parked"), ["zset", "none"]),
+        (format!("{q}:finishing"), ["hash", "none"]),
+        (format!("{q}:finishing-idx"), ["zset", "none"]),
+        ("other-queue:claims-idx".to_owned(), ["zset", "none"]),
+        ("retry-sortedset".to_owned(), ["zset", "none"]),
+        ("request-active:x".to_owned(), ["string", "none"]),
+        ("inferq-tenant:alice".to_owned(), ["zset", "none"]),
+    ] {
+        let kind: String = redis::cmd("TYPE")
+            .arg(&key)
+            .query_async(&mut con)
+            .await
+            .unwrap();
+        assert!(want.contains(&kind.as_str()), "{key} is a {kind}");
+    }
+    for queue in [q, "other-queue"] {
+        Producer::connect(&redis.url(), queue, "after")
+            .await
+            .unwrap()
+            .submit(request(&format!("after-{queue}"), 60, r#"{"prompt":"a"}"#))
+            .await
+            .unwrap();
+    }
+    let configured = wait_results_in(&mut con, "configured", 1, Duration::from_secs(10)).await;
+    let after = wait_results_in(&mut con, "after", 1, Duration::from_secs(10)).await;
+    assert_eq!((configured.len(), after.len()), (1, 1), "log:\n{}", p.log());
+}
+
+#[tokio::test]
+async fn the_allow_list_narrows_the_lists_a_message_may_name() {
+    let redis = RedisServer::start().unwrap();
+    let gw = Gateway::start().await;
+    let opts = ProcessorOpts {
+        extra_queue_fields: r#","allowed_result_lists":["results:*"]"#.to_owned(),
+        ..ProcessorOpts::default()
+    };
+    let p = Processor::start(&redis, &gw, &opts).await;
+    let q = "request-sortedset";
+    for (id, list) in [("in", "results:alice"), ("out", "elsewhere")] {
+        Producer::connect(&redis.url(), q, list)
+            .await
+            .unwrap()
+            .submit(request(id, 60, r#"{"prompt":"a"}"#))
+            .await
+            .unwrap();
+    }
+    let mut con = con(&redis).await;
+    let got = wait_results_in(&mut con, "results:alice", 1, Duration::from_secs(10)).await;
+    assert_eq!(got.len(), 1, "log:\n{}", p.log());
+    let started = std::time::Instant::now();
+    let mut dead = HashMap::new();
+    while started.elapsed() < Duration::from_secs(10) && dead.is_empty() {
+        dead = dead_records(&mut con, q).await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let record = &dead["out"];
+    assert!(
+        record["reason"]
+            .as_str()
+            .unwrap_or("")
+            .contains("allowed_result_lists"),
+        "{record}"
+    );
+    assert!(raw_results(&mut con, "elsewhere").await.is_empty());
 }
