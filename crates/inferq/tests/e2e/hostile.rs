@@ -34,8 +34,10 @@ async fn read_request(stream: &mut TcpStream) -> Option<String> {
     };
     let head = String::from_utf8_lossy(&buf[..head_end]).to_lowercase();
     let header = |name: &str| {
-        head.lines()
-            .find_map(|l| l.strip_prefix(&format!("{name}:")).map(|v| v.trim().to_owned()))
+        head.lines().find_map(|l| {
+            l.strip_prefix(&format!("{name}:"))
+                .map(|v| v.trim().to_owned())
+        })
     };
     let length: usize = header("content-length")
         .and_then(|v| v.parse().ok())
@@ -79,7 +81,11 @@ async fn misbehave(mut stream: TcpStream) {
         }
         // A chunked body that never ends (no content-length), of a 503 too.
         "chunked" | "chunked503" => {
-            let status = if kind == "chunked" { "200 OK" } else { "503 Busy" };
+            let status = if kind == "chunked" {
+                "200 OK"
+            } else {
+                "503 Busy"
+            };
             let head = format!("HTTP/1.1 {status}\r\nTransfer-Encoding: chunked\r\n\r\n");
             let _ = stream.write_all(head.as_bytes()).await;
             loop {
@@ -186,7 +192,9 @@ async fn only_a_whole_answer_is_published_as_an_http_answer() {
         );
         // Nothing of the cut body is passed off as the answer.
         assert!(
-            !["xx", "hello", "data:"].iter().any(|b| r.payload.contains(b)),
+            !["xx", "hello", "data:"]
+                .iter()
+                .any(|b| r.payload.contains(b)),
             "{id}: {r:?}"
         );
     }
@@ -247,7 +255,10 @@ async fn dead_records(
         .map(|r| {
             let v: serde_json::Value = serde_json::from_str(r)
                 .unwrap_or_else(|e| panic!("a dead list entry is no record ({e}): {r}"));
-            assert!(v.get("reason").is_some(), "a dead list entry is no record: {r}");
+            assert!(
+                v.get("reason").is_some(),
+                "a dead list entry is no record: {r}"
+            );
             (v["id"].as_str().unwrap_or("").to_owned(), v)
         })
         .collect()
@@ -316,9 +327,8 @@ async fn no_message_can_name_a_key_of_inferqs() {
                 .get(&id)
                 .unwrap_or_else(|| panic!("{id} ({list}) not dead-lettered; log:\n{}", p.log()));
             let result: ResultMessage =
-                serde_json::from_str(record["result"].as_str().unwrap_or("")).unwrap_or_else(
-                    |e| panic!("{id}: the record keeps no result ({e}): {record}"),
-                );
+                serde_json::from_str(record["result"].as_str().unwrap_or(""))
+                    .unwrap_or_else(|e| panic!("{id}: the record keeps no result ({e}): {record}"));
             assert_eq!(result.status_code, 200, "{id}: {record}");
             assert!(
                 record["reason"].as_str().unwrap_or("").contains("refused"),
@@ -396,4 +406,59 @@ async fn the_allow_list_narrows_the_lists_a_message_may_name() {
         "{record}"
     );
     assert!(raw_results(&mut con, "elsewhere").await.is_empty());
+}
+
+#[tokio::test]
+async fn the_health_and_metrics_listeners_bound_their_connections() {
+    let redis = RedisServer::start().unwrap();
+    let gw = Gateway::start().await;
+    let opts = ProcessorOpts {
+        extra_args: [
+            "--http-header-read-timeout",
+            "1s",
+            "--http-idle-timeout",
+            "3s",
+            "--http-max-connections",
+            "4",
+        ]
+        .map(str::to_owned)
+        .to_vec(),
+        ..ProcessorOpts::default()
+    };
+    let p = Processor::start(&redis, &gw, &opts).await;
+    for port in [p.health_port, p.metrics_port] {
+        let addr = format!("127.0.0.1:{port}");
+        // A silent connection and a dripped head are closed at the header-read timeout.
+        let mut silent = TcpStream::connect(&addr).await.unwrap();
+        let mut slow = TcpStream::connect(&addr).await.unwrap();
+        slow.write_all(b"GET /metrics HTTP/1.1\r\nHo")
+            .await
+            .unwrap();
+        let started = std::time::Instant::now();
+        for s in [&mut silent, &mut slow] {
+            let mut buf = [0u8; 256];
+            let read = tokio::time::timeout(Duration::from_secs(3), s.read(&mut buf)).await;
+            assert!(
+                matches!(read, Ok(Ok(0)) | Ok(Err(_))),
+                "port {port}: still open after {:?}",
+                started.elapsed()
+            );
+        }
+        // Past the bound, a connection is refused with a 503.
+        let mut held = Vec::new();
+        for _ in 0..4 {
+            held.push(TcpStream::connect(&addr).await.unwrap());
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let mut over = TcpStream::connect(&addr).await.unwrap();
+        let mut answer = Vec::new();
+        let _ = tokio::time::timeout(Duration::from_secs(3), over.read_to_end(&mut answer)).await;
+        let text = String::from_utf8_lossy(&answer);
+        assert!(text.starts_with("HTTP/1.1 503"), "port {port}: {text}");
+    }
+    // The processor still answers its probes.
+    let r = reqwest::get(format!("http://127.0.0.1:{}/healthz", p.health_port))
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 200);
 }
