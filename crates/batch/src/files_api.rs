@@ -13,6 +13,7 @@ use axum::extract::multipart::{Field, MultipartRejection};
 use axum::extract::{Multipart, Path, Query, State};
 use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
+use axum::Extension;
 use axum::Json;
 use futures::StreamExt;
 use redis::AsyncCommands;
@@ -60,6 +61,7 @@ fn bad_multipart(e: impl std::fmt::Display) -> ApiError {
 pub async fn upload(
     State(app): State<App>,
     headers: HeaderMap,
+    Extension(budget): Extension<crate::guard::Budget>,
     multipart: Result<Multipart, MultipartRejection>,
 ) -> Result<Json<Value>, ApiError> {
     let tenant = app.keys.tenant(&headers)?;
@@ -69,6 +71,9 @@ pub async fn upload(
     let mut outcome = read_form(&app, &mut multipart, &mut form, &mut stored).await;
     if outcome.is_err() {
         let cap = app.settings.limits.max_file_bytes.max(DRAIN_AT_LEAST);
+        // Counted off the connection: multer reads an unfinished field through before the
+        // next one, which `drain` alone would not count.
+        budget.drain(cap);
         drain(&mut multipart, cap).await;
     }
     if outcome.is_ok() {

@@ -23,6 +23,7 @@
 
 pub mod auth;
 pub mod batches_api;
+pub mod bounded;
 pub mod census;
 pub mod collect;
 pub mod durable;
@@ -30,6 +31,7 @@ pub mod error;
 pub mod files_api;
 pub mod finalize;
 pub mod front;
+pub mod guard;
 pub mod ids;
 pub mod ingest;
 pub mod keys;
@@ -163,7 +165,8 @@ pub async fn serve(settings: Settings, stop: CancellationToken) -> Result<(), Se
             front.stop();
         });
     }
-    server::serve_http1(listener, server::router(app), stop).await;
+    let connections = app.settings.connections;
+    server::serve_http1(listener, server::router(app), connections, stop).await;
     background.cancel();
     let _ = collector.await;
     let _ = stewards.await;

@@ -1,24 +1,32 @@
 //! The HTTP side: the OpenAI routes under `/v1` (the Batch API's and the front door's), plus `/healthz`, `/readyz` (Redis and the file
 //! store answer) and `/metrics`. Unknown routes and wrong methods answer in OpenAI's error
 //! shape. Request bodies of the batch routes are small (a JSON object); the upload route has no
-//! body limit of its own, since the upload enforces the file limit while it streams.
+//! body limit of its own, since the upload enforces the file limit while it streams. Every
+//! `/v1` call's API key is checked from its headers before its body is read, and every refusal
+//! has OpenAI's error shape ([`crate::guard`]).
 
 use axum::extract::{DefaultBodyLimit, State};
 use axum::http::StatusCode;
+use axum::middleware::{from_fn, from_fn_with_state};
 use axum::response::IntoResponse;
 use axum::routing::{get, post};
 use axum::Router;
 
 use crate::error::ApiError;
 use crate::state::App;
-use crate::{batches_api, files_api, front};
+use crate::{batches_api, files_api, front, guard};
 
 /// The router of a replica.
 pub fn router(app: App) -> Router {
     let files = Router::new()
-        .route("/v1/files", post(files_api::upload).get(files_api::list))
+        .route(
+            "/v1/files",
+            post(files_api::upload)
+                .layer(from_fn_with_state(app.clone(), guard::upload_budget))
+                .get(files_api::list),
+        )
         .layer(DefaultBodyLimit::disable());
-    Router::new()
+    let v1 = Router::new()
         .merge(files)
         .route(
             "/v1/files/{file_id}",
@@ -34,6 +42,11 @@ pub fn router(app: App) -> Router {
         .route("/v1/batches/{batch_id}", get(batches_api::retrieve))
         .route("/v1/batches/{batch_id}/cancel", post(batches_api::cancel))
         .merge(front_routes(&app))
+        // Both run before any extractor reads the body; the error shape wraps them all.
+        .route_layer(from_fn_with_state(app.clone(), guard::key_first))
+        .route_layer(from_fn(guard::openai_errors));
+    Router::new()
+        .merge(v1)
         .route("/healthz", get(|| async { "ok" }))
         .route("/readyz", get(ready))
         .route("/metrics", get(metrics))
@@ -90,8 +103,8 @@ async fn metrics(State(app): State<App>) -> impl IntoResponse {
 /// a client whose wait is dropped retries with its `Idempotency-Key` through another replica.
 const DRAIN: std::time::Duration = std::time::Duration::from_secs(20);
 
-/// Serves `router` on `listener` until `stop`, one HTTP/1.1 connection per task, then lets open
-/// calls finish for up to [`DRAIN`].
+/// Serves `router` on `listener` until `stop`, one bounded HTTP/1.1 connection per task (see
+/// [`crate::bounded`]), then lets open calls finish for up to [`DRAIN`].
 ///
 /// HTTP/1 only, rather than axum's `serve` (which builds every connection able to speak HTTP/2
 /// as well): a connection held by a waiting client costs about half the memory, which is what
@@ -99,39 +112,8 @@ const DRAIN: std::time::Duration = std::time::Duration::from_secs(20);
 pub async fn serve_http1(
     listener: tokio::net::TcpListener,
     router: Router,
+    limits: crate::bounded::ConnLimits,
     stop: tokio_util::sync::CancellationToken,
 ) {
-    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
-    let builder = hyper::server::conn::http1::Builder::new();
-    loop {
-        let accepted = tokio::select! {
-            _ = stop.cancelled() => break,
-            a = listener.accept() => a,
-        };
-        let stream = match accepted {
-            Ok((stream, _)) => stream,
-            Err(e) => {
-                // Out of file descriptors, say: give the ones in use a moment to close.
-                tracing::warn!(error = %e, "cannot accept a connection");
-                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-                continue;
-            }
-        };
-        let _ = stream.set_nodelay(true);
-        let service = hyper_util::service::TowerToHyperService::new(router.clone());
-        let conn = builder.serve_connection(hyper_util::rt::TokioIo::new(stream), service);
-        let conn = graceful.watch(conn);
-        tokio::spawn(async move {
-            if let Err(e) = conn.await {
-                tracing::debug!(error = %e, "connection ended with an error");
-            }
-        });
-    }
-    drop(listener);
-    if tokio::time::timeout(DRAIN, graceful.shutdown())
-        .await
-        .is_err()
-    {
-        tracing::info!("calls still open after the drain: dropped");
-    }
+    crate::bounded::serve(listener, router, limits, stop, DRAIN).await;
 }

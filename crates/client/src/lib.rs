@@ -60,6 +60,7 @@ pub mod keys;
 pub mod producer;
 mod redact;
 pub mod reliable;
+pub mod result_route;
 #[cfg(feature = "tls")]
 mod roots;
 pub mod scripts;

@@ -9,6 +9,7 @@ mod fair_share;
 mod front;
 mod front_sdk;
 mod front_topologies;
+mod hostile;
 mod http;
 mod model;
 mod s3;

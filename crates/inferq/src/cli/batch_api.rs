@@ -108,6 +108,18 @@ pub(super) struct BatchApiArgs {
     /// (also how often it looks for them).
     #[arg(long, default_value = "1h", value_parser = humantime::parse_duration)]
     pub orphan_grace: Duration,
+    /// A connection that has not sent a whole request head this long after it opened (or
+    /// after its first byte of a new request) is closed; a request body stalled this long fails.
+    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+    pub header_read_timeout: Duration,
+    /// A keep-alive connection idle between requests this long is closed: keep it longer than
+    /// the idle timeout of any load balancer in front (AWS ALB 60 s, GCP 600 s).
+    #[arg(long, default_value = "620s", value_parser = humantime::parse_duration)]
+    pub idle_timeout: Duration,
+    /// Most connections open at once; past it a connection is answered 503 and closed.
+    /// Default: nine tenths of the open-file limit, less 64 for Redis and the file store.
+    #[arg(long, value_name = "N")]
+    pub max_connections: Option<usize>,
 }
 
 #[derive(Debug, Parser)]
@@ -249,9 +261,50 @@ pub(super) fn settings(args: &BatchApiArgs) -> Result<inferq_batch::Settings, Fa
         lease: args.lease,
         cancel_grace: args.cancel_grace,
         front,
+        connections: connections(
+            args.header_read_timeout,
+            args.idle_timeout,
+            args.max_connections,
+            (
+                "--header-read-timeout",
+                "--idle-timeout",
+                "--max-connections",
+            ),
+            crate::ops::fd_limit::BASE_NEED,
+        )?,
         tenant_queues: args
             .queue_per_tenant
             .then(|| inferq_batch::TenantQueues::new(&args.tenant_queue_prefix)),
+    })
+}
+
+/// A listener's connection bounds from its flags (named in `flags`), checked: timeouts of at
+/// least 100 ms, and the default bound of open connections from the open-file limit, less
+/// `reserve` descriptors.
+pub(super) fn connections(
+    header_read: Duration,
+    idle: Duration,
+    max: Option<usize>,
+    flags: (&str, &str, &str),
+    reserve: u64,
+) -> Result<inferq_batch::bounded::ConnLimits, Failure> {
+    let (header_flag, idle_flag, max_flag) = flags;
+    if header_read < Duration::from_millis(100) {
+        return Err(bad(header_flag, "must be at least 100ms"));
+    }
+    if idle < Duration::from_millis(100) {
+        return Err(bad(idle_flag, "must be at least 100ms"));
+    }
+    if max == Some(0) {
+        return Err(bad(max_flag, "must be at least 1"));
+    }
+    let soft = crate::ops::fd_limit::raise().soft;
+    Ok(inferq_batch::bounded::ConnLimits {
+        header_read_timeout: header_read,
+        idle_timeout: idle,
+        max_connections: max.unwrap_or_else(|| {
+            inferq_batch::bounded::ConnLimits::default_max_connections(soft, reserve)
+        }),
     })
 }
 

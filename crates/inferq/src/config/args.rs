@@ -127,6 +127,29 @@ pub struct RunArgs {
     #[arg(long = "metrics-port", default_value_t = 9090, value_name = "PORT")]
     pub metrics_port: u16,
 
+    /// The health and metrics listeners close a connection that has not sent a whole request
+    /// head this long after it opened or began a request.
+    #[arg(
+        long = "http-header-read-timeout",
+        default_value = "30s",
+        value_name = "DURATION"
+    )]
+    pub http_header_read_timeout: String,
+
+    /// The health and metrics listeners close a keep-alive connection idle this long between
+    /// requests (longer than a load balancer's: AWS ALB 60s, GCP 600s).
+    #[arg(
+        long = "http-idle-timeout",
+        default_value = "620s",
+        value_name = "DURATION"
+    )]
+    pub http_idle_timeout: String,
+
+    /// Most connections each of the health and metrics listeners holds open; past it a
+    /// connection is answered 503 and closed. Default: from the open-file limit, at most 1024.
+    #[arg(long = "http-max-connections", value_name = "N")]
+    pub http_max_connections: Option<usize>,
+
     /// Accepted for compatibility and ignored: inferq serves /metrics without Kubernetes
     /// authentication.
     #[arg(

@@ -54,6 +54,12 @@ pub struct RunConfig {
     pub health_port: u16,
     /// Port of /metrics.
     pub metrics_port: u16,
+    /// `--http-header-read-timeout`, `--http-idle-timeout`: bounds of the health and metrics
+    /// listeners' connections.
+    pub http_header_read_timeout: Duration,
+    pub http_idle_timeout: Duration,
+    /// `--http-max-connections`; `None`: derived from the open-file limit at start-up.
+    pub http_max_connections: Option<usize>,
     /// How often queue backlogs are measured; `None` when disabled (`0`).
     pub metrics_backlog_poll_interval: Option<Duration>,
     /// TLS for calls to the inference gateway; `None` when no TLS flag was given.
@@ -181,6 +187,9 @@ where
         max_evictions: flags.max_evictions,
         health_port: args.health_port,
         metrics_port: args.metrics_port,
+        http_header_read_timeout: flags.http_header_read,
+        http_idle_timeout: flags.http_idle,
+        http_max_connections: args.http_max_connections,
         metrics_backlog_poll_interval: (!flags.backlog.is_zero()).then_some(flags.backlog),
         tls: flags.tls,
         redis_tls: flags.redis_tls,
@@ -216,6 +225,8 @@ struct Flags {
     prometheus_url: Option<String>,
     /// The claim flags, resolved with the transport's claim fields at the end.
     claim: ClaimFlags,
+    http_header_read: Duration,
+    http_idle: Duration,
 }
 
 impl Flags {
@@ -238,6 +249,15 @@ impl Flags {
             &args.transport_config_watch_interval,
         )?;
         check_ports(args)?;
+        let http_header_read =
+            positive_duration("--http-header-read-timeout", &args.http_header_read_timeout)?;
+        let http_idle = positive_duration("--http-idle-timeout", &args.http_idle_timeout)?;
+        if args.http_max_connections == Some(0) {
+            return Err(ConfigError::invalid(
+                "--http-max-connections",
+                "must be at least 1",
+            ));
+        }
         let transforms = match non_empty(&args.transform_config_file) {
             Some(path) => {
                 super::transform::parse_transforms(&read("--transform-config-file", path)?)?
@@ -264,6 +284,8 @@ impl Flags {
             redis_tls,
             prometheus_url,
             claim,
+            http_header_read,
+            http_idle,
         })
     }
 }

@@ -1512,7 +1512,7 @@ fn redis_pubsub_config_loads_with_go_defaults() {
         ]),
         "invalid config: queues[0].chanel: unknown field (expected one of `id`, `queue_name`, \
          `result_queue_name`, `result_ttl_seconds`, `worker_pool_id`, `inference_objective`, \
-         `request_path_url`, `igw_base_url`, `gate_type`, `gate_params`, `labels`)"
+         `request_path_url`, `igw_base_url`, `gate_type`, `gate_params`, `labels`, `allowed_result_lists`)"
     );
 }
 

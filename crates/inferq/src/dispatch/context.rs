@@ -19,6 +19,7 @@ use crate::ops::metrics::QueueSeries;
 use crate::ops::{Metrics, QueueLabels};
 use crate::queue::dead::DeadRecord;
 use crate::queue::{Fence, Finish, Held, Queue, ResultRoute};
+use inferq_client::result_route::{decide, RouteRefusal};
 use inferq_client::wire::{Envelope, ErrorCode, ResultMessage, Routing};
 
 /// One queue's shared state.
@@ -48,6 +49,9 @@ pub struct QueueCtx {
     pub listening: std::sync::atomic::AtomicBool,
     /// The transport's `result_queue_name`, used when neither queue nor message names one.
     pub default_result_list: String,
+    /// The key names no message may name as its result list (`None` for redis-pubsub, whose
+    /// results go to channels, not keys).
+    pub reserved: Option<Arc<super::reserved::Reserved>>,
     /// The queue's default URL (base joined with `request_path_url`), precomputed.
     /// (Parsed once: most requests are sent there. The error is why it cannot be used.)
     pub default_url: Result<crate::gateway::Target, String>,
@@ -140,6 +144,20 @@ impl QueueCtx {
     /// processor's default), as opposed to one a message named for itself.
     pub fn is_configured_result_list(&self, list: &str) -> bool {
         self.spec.result_queue_name.as_deref() == Some(list) || self.default_result_list == list
+    }
+
+    /// Why the result list `list` may not be pushed to, when it may not: a list a message (or
+    /// a stamp) named that is a key of inferq's, or that the queue's `allowed_result_lists`
+    /// do not match. The queue's own list and the transport's default are always allowed.
+    pub fn route_refusal(&self, list: &str) -> Option<RouteRefusal> {
+        let reserved = self.reserved.as_ref()?.current();
+        decide(
+            &reserved,
+            list,
+            self.is_configured_result_list(list),
+            &self.spec.allowed_result_lists,
+        )
+        .err()
     }
 
     /// Hands an outcome to the outbox.

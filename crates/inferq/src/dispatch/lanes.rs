@@ -69,6 +69,8 @@ pub struct Wiring {
     pub default_result_list: String,
     /// The Go retry set, whose due entries the promoters move.
     pub retry_queue_name: String,
+    /// The key names no message may name as its result list, updated as queues change.
+    pub reserved: Arc<super::reserved::Reserved>,
     pub polling: Polling,
     pub promote_every: Duration,
     /// `--metrics-backlog-poll-interval`, when on.
@@ -231,6 +233,8 @@ impl Lanes {
         let applied = self.run_queues(&all, gate);
         if applied.is_err() {
             self.configured = before;
+        } else {
+            self.wiring.reserved.update(&all);
         }
         applied
     }
@@ -333,6 +337,7 @@ impl Lanes {
             parked: tokio::sync::Notify::new(),
             listening: AtomicBool::new(false),
             default_result_list: w.default_result_list.clone(),
+            reserved: matches!(w.kind, TransportKind::SortedSet).then(|| w.reserved.clone()),
             default_url,
             gate,
             pool_gate: w.pool_gates.get(&q.worker_pool_id).cloned(),

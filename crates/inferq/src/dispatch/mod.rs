@@ -82,6 +82,7 @@ pub mod outbox;
 pub mod processor;
 pub mod proximity;
 pub mod reload;
+pub mod reserved;
 pub mod subscription;
 pub mod tokens;
 pub mod trace;

@@ -226,7 +226,20 @@ impl Outbox {
         } else {
             batch_len(&self.waiting)
         };
-        let batch: Vec<Outgoing> = self.waiting.drain(..n).collect();
+        let mut batch: Vec<Outgoing> = Vec::with_capacity(n);
+        for o in self.waiting.drain(..n).collect::<Vec<_>>() {
+            match o
+                .finish
+                .result_list()
+                .and_then(|l| self.ctx.route_refusal(l))
+            {
+                Some(refusal) => self.refuse_route(o, &refusal.to_string()).await,
+                None => batch.push(o),
+            }
+        }
+        if batch.is_empty() {
+            return true;
+        }
         match self.ctx.queue.finish(&batch).await {
             Ok(statuses) => {
                 self.alone = self.alone.saturating_sub(1);
@@ -239,6 +252,27 @@ impl Outbox {
                 true
             }
             Err(e) => self.not_written(batch, e).await,
+        }
+    }
+
+    /// An outcome whose result list no message may name (a key of inferq's, or one outside the
+    /// queue's `allowed_result_lists`) is never pushed: the request is dead-lettered at once
+    /// with its result kept in the record, as for a list Redis refuses, and its queue goes on.
+    async fn refuse_route(&mut self, o: Outgoing, refusal: &str) {
+        let ctx = &self.ctx;
+        match instead_of_refused(ctx, &o.finish, refusal).await {
+            Some(instead) => {
+                let charge = ctx.outbox_load.charge(instead.size());
+                self.waiting.push_back(Outgoing {
+                    finish: instead,
+                    last_chance: o.last_chance,
+                    charge,
+                });
+            }
+            None => {
+                tracing::error!(queue = %ctx.queue.name(), error = %refusal, "an outcome names a result list no message may name; the claim will be redelivered when its lease ends");
+                ctx.holdings.remove(o.finish.fence());
+            }
         }
     }
 

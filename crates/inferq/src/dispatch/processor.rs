@@ -335,6 +335,23 @@ struct Servers {
     metrics_addr: SocketAddr,
 }
 
+/// The bounds of the health and metrics listeners' connections: the flags, and by default
+/// each listener holds at most 1024 connections, fewer when the open-file limit left after the
+/// workers' needs is small.
+fn http_limits(config: &RunConfig) -> inferq_batch::bounded::ConnLimits {
+    let workers: u64 = config.pools.iter().map(|p| u64::from(p.workers)).sum();
+    let reserve = crate::ops::fd_limit::needed(workers);
+    let soft = crate::ops::fd_limit::raise().soft;
+    inferq_batch::bounded::ConnLimits {
+        header_read_timeout: config.http_header_read_timeout,
+        idle_timeout: config.http_idle_timeout,
+        max_connections: config.http_max_connections.unwrap_or_else(|| {
+            (inferq_batch::bounded::ConnLimits::default_max_connections(soft, reserve) / 2)
+                .clamp(16, 1024)
+        }),
+    }
+}
+
 impl Servers {
     /// Listens on every address, IPv6 and IPv4, as Go's `:port` (see `ops::listen`).
     async fn start(config: &RunConfig, metrics: &Arc<Metrics>) -> Result<Servers, DispatchError> {
@@ -342,14 +359,15 @@ impl Servers {
         let stop = CancellationToken::new();
         let health_addr = SocketAddr::from((Ipv6Addr::UNSPECIFIED, config.health_port));
         let metrics_addr = SocketAddr::from((Ipv6Addr::UNSPECIFIED, config.metrics_port));
-        let health = serve_health(health_addr, readiness.clone(), stop.clone())
+        let limits = http_limits(config);
+        let health = serve_health(health_addr, readiness.clone(), limits, stop.clone())
             .await
             .map_err(|source| DispatchError::Bind {
                 what: "health",
                 addr: health_addr,
                 source,
             })?;
-        let metrics = serve_metrics(metrics_addr, metrics.clone(), stop.clone())
+        let metrics = serve_metrics(metrics_addr, metrics.clone(), limits, stop.clone())
             .await
             .map_err(|source| DispatchError::Bind {
                 what: "metrics",
@@ -541,6 +559,13 @@ impl Processor<'_> {
             kind: transport.kind,
             default_result_list: transport.result_queue_name.clone(),
             retry_queue_name: transport.retry_queue_name.clone(),
+            reserved: super::reserved::Reserved::new(
+                &transport.retry_queue_name,
+                match &config.merge_policy.kind {
+                    MergePolicyKind::FairShare(fs) => Some(fs),
+                    MergePolicyKind::TierPriority(_) | MergePolicyKind::RandomRobin => None,
+                },
+            ),
             polling,
             promote_every: transport.poll_interval.min(Duration::from_millis(500)),
             backlog_every: config

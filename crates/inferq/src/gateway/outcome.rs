@@ -12,14 +12,21 @@
 //! | redirect loop / bad redirect               | `Fatal`                                   | `UNKNOWN`     |
 //! | connect refused, DNS, TLS, reset, other transport error | `Retry` (status `None`)      | `UNKNOWN`     |
 //! | per-attempt timeout before the response    | `Retry` (status `None`)                   | `UNKNOWN`     |
-//! | body read error or timeout mid-body        | `Retry` (status kept, partial body, RA)   | `SERVER_ERROR`|
+//! | body read error or timeout mid-body (a cut) | `Retry` (no status, no body, RA)         | `SERVER_ERROR`|
 //! | 429                                        | `Retry` (`shed`, Retry-After)             | `RATE_LIMIT`  |
 //! | other 4xx                                  | `Terminal` (status + body)                | `INVALID_REQ` |
 //! | 5xx (and anything ≥ 600)                   | `Retry` (Retry-After)                     | `SERVER_ERROR`|
 //! | 1xx / 2xx / 3xx                            | `Success` (status + body)                 | —             |
 //!
 //! Go made the two transport rows terminal `INFERENCE_ERROR`s; inferq retries them until the
-//! deadline. An oversized body is not retried: the same request would most likely produce the
+//! deadline.
+//!
+//! Only a whole answer is an HTTP answer. A body that did not arrive in full (the connection
+//! failed, or the attempt's time ran out, mid-body) carries neither its status nor its bytes:
+//! at the deadline it ends as `DEADLINE_EXCEEDED` (cut by the deadline) or `INFERENCE_ERROR`
+//! naming the cut and the bytes that arrived, never as the status line it began with. Go keeps
+//! the status and the partial body and publishes them at the deadline as if they were the
+//! answer; a consumer could not tell a truncated answer from a whole one. An oversized body is not retried: the same request would most likely produce the
 //! same answer, and retrying it would only burn gateway capacity until the deadline.
 
 use std::fmt;
@@ -42,10 +49,10 @@ pub enum Outcome {
     /// Try again after a backoff (see [`super::backoff::retry_decision`]). If the deadline runs
     /// out, the last response with a status (if any) is what gets published.
     Retry {
-        /// The status, when a response arrived (`None` for transport failures and timeouts
-        /// before the response head).
+        /// The status, when a whole response arrived (`None` for transport failures, timeouts
+        /// before the response head, and answers whose body was cut).
         status: Option<u16>,
-        /// The (possibly partial) body of that response.
+        /// The body of that response.
         body: Option<Bytes>,
         /// The gateway's `Retry-After`, already parsed (absent, unparsable or not applicable ⇒
         /// `None`).
@@ -249,8 +256,8 @@ pub(crate) fn classify_response(head: ResponseHead, body: BodyRead) -> Outcome {
             timed_out,
         } => {
             return Outcome::Retry {
-                status: Some(status),
-                body: Some(partial),
+                status: None,
+                body: None,
                 retry_after,
                 reason: if timed_out {
                     RetryReason::Timeout
@@ -258,9 +265,12 @@ pub(crate) fn classify_response(head: ResponseHead, body: BodyRead) -> Outcome {
                     RetryReason::BodyRead
                 },
                 shed: false,
-                error: ClientError::new(ErrorCategory::ServerError, "failed to read response")
-                    .with_dropped_reason(dropped_reason)
-                    .with_cause(cause),
+                error: ClientError::new(
+                    ErrorCategory::ServerError,
+                    cut_message(status, &partial, timed_out),
+                )
+                .with_dropped_reason(dropped_reason)
+                .with_cause(cause),
             };
         }
         BodyRead::TooLarge { limit } => {
@@ -306,6 +316,19 @@ pub(crate) fn classify_response(head: ResponseHead, body: BodyRead) -> Outcome {
         },
         _ => Outcome::Success { status, body },
     }
+}
+
+/// What a cut answer says: its status, that its body was cut, and how many bytes arrived.
+fn cut_message(status: u16, partial: &Bytes, timed_out: bool) -> String {
+    let by = if timed_out {
+        "the attempt's time ran out"
+    } else {
+        "the connection failed"
+    };
+    format!(
+        "failed to read response: status code {status}, body cut after {} bytes ({by})",
+        partial.len()
+    )
 }
 
 /// A failure before any response head: inferq retries it (Go did not).
@@ -422,36 +445,47 @@ mod tests {
     }
 
     #[test]
-    fn body_read_failure_is_retried_whatever_the_status() {
-        for status in [200, 400, 503] {
-            let outcome = classify_response(
-                head(status),
-                BodyRead::Failed {
-                    partial: Bytes::from_static(b"par"),
-                    cause: "connection closed".to_string(),
-                    timed_out: false,
-                },
-            );
-            match outcome {
-                Outcome::Retry {
-                    status: s,
-                    body,
-                    reason,
-                    retry_after,
-                    error,
-                    ..
-                } => {
-                    assert_eq!(s, Some(status));
-                    assert_eq!(body.as_deref(), Some(&b"par"[..]));
-                    assert_eq!(reason, RetryReason::BodyRead);
-                    assert_eq!(retry_after, Some(Duration::from_secs(3)));
-                    assert_eq!(
-                        error.to_string(),
-                        "SERVER_ERROR: failed to read response (dropped: rejected-saturated) \
-                         (caused by: connection closed)"
-                    );
+    fn a_cut_body_is_retried_without_its_status_or_bytes_whatever_the_status() {
+        for status in [200, 400, 429, 503] {
+            for timed_out in [false, true] {
+                let outcome = classify_response(
+                    head(status),
+                    BodyRead::Failed {
+                        partial: Bytes::from_static(b"par"),
+                        cause: "connection closed".to_string(),
+                        timed_out,
+                    },
+                );
+                match outcome {
+                    Outcome::Retry {
+                        status: s,
+                        body,
+                        reason,
+                        retry_after,
+                        shed,
+                        error,
+                    } => {
+                        assert_eq!(s, None, "a cut {status} is no HTTP answer");
+                        assert_eq!(body, None);
+                        assert!(!shed);
+                        let (want, by) = if timed_out {
+                            (RetryReason::Timeout, "the attempt's time ran out")
+                        } else {
+                            (RetryReason::BodyRead, "the connection failed")
+                        };
+                        assert_eq!(reason, want);
+                        assert_eq!(retry_after, Some(Duration::from_secs(3)));
+                        assert_eq!(
+                            error.to_string(),
+                            format!(
+                                "SERVER_ERROR: failed to read response: status code {status}, \
+                                 body cut after 3 bytes ({by}) (dropped: rejected-saturated) \
+                                 (caused by: connection closed)"
+                            )
+                        );
+                    }
+                    other => panic!("{other:?}"),
                 }
-                other => panic!("{other:?}"),
             }
         }
     }

@@ -8,6 +8,9 @@
 //! Also the metrics server, which answers every scrape with the page and `Content-Type` Go's
 //! promhttp would ([`super::exposition`], [`super::accept`]), gzipped when asked
 //! ([`super::encoding`]).
+//!
+//! Both listeners bound their connections (header-read and idle timeouts, a bound on open
+//! connections: see [`inferq_batch::bounded`]).
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -21,8 +24,13 @@ use axum::routing::any;
 use axum::Router;
 use tokio_util::sync::CancellationToken;
 
+use inferq_batch::bounded::ConnLimits;
+
 use super::encoding::Coding;
 use super::metrics::Metrics;
+
+/// How long open calls may finish after a stop (a probe or a scrape takes milliseconds).
+const DRAIN: Duration = Duration::from_secs(5);
 
 /// Whether the processor says it is ready, plus what it checks before saying so.
 #[derive(Debug, Clone, Default)]
@@ -146,6 +154,7 @@ fn json(status: StatusCode, body: serde_json::Value) -> Response {
 pub async fn serve_health(
     addr: SocketAddr,
     readiness: Readiness,
+    limits: ConnLimits,
     stop: CancellationToken,
 ) -> std::io::Result<tokio::task::JoinHandle<()>> {
     let listener = super::listen::listen(addr).await?;
@@ -173,17 +182,16 @@ pub async fn serve_health(
                 }
             }),
         );
-    Ok(tokio::spawn(async move {
-        let _ = axum::serve(listener, app)
-            .with_graceful_shutdown(stop.cancelled_owned())
-            .await;
-    }))
+    Ok(tokio::spawn(inferq_batch::bounded::serve(
+        listener, app, limits, stop, DRAIN,
+    )))
 }
 
 /// Binds `addr` and serves `/metrics` until `stop`.
 pub async fn serve_metrics(
     addr: SocketAddr,
     metrics: Arc<Metrics>,
+    limits: ConnLimits,
     stop: CancellationToken,
 ) -> std::io::Result<tokio::task::JoinHandle<()>> {
     let listener = super::listen::listen(addr).await?;
@@ -224,11 +232,9 @@ pub async fn serve_metrics(
             }
         }),
     );
-    Ok(tokio::spawn(async move {
-        let _ = axum::serve(listener, app)
-            .with_graceful_shutdown(stop.cancelled_owned())
-            .await;
-    }))
+    Ok(tokio::spawn(inferq_batch::bounded::serve(
+        listener, app, limits, stop, DRAIN,
+    )))
 }
 
 #[cfg(test)]

@@ -21,6 +21,7 @@ mod go_payloads;
 mod go_results;
 mod go_v011;
 mod go_worker;
+mod hostile;
 mod limits;
 mod mixed_fleet;
 mod poison;

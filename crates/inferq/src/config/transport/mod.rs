@@ -156,6 +156,9 @@ pub struct QueueConfig {
     pub gate_params_field: String,
     /// Copied into each request's `internal.labels` (queue labels win), e.g. `tier`.
     pub labels: BTreeMap<String, String>,
+    /// Glob patterns (Redis's syntax) a result list named by a message or a stamp must match;
+    /// empty: any list that is not a key of inferq's. The queue's own list is always allowed.
+    pub allowed_result_lists: Vec<String>,
 }
 
 /// `Some(s)` for a non-empty string, like Go's zero-value checks.

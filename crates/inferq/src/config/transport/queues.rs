@@ -67,6 +67,7 @@ pub(super) fn resolve_queue(
         gate,
         gate_params_field: at("gate_params"),
         labels: q.labels.unwrap_or_default(),
+        allowed_result_lists: q.allowed_result_lists.unwrap_or_default(),
         queue_name,
     })
 }

@@ -72,4 +72,6 @@ pub(crate) struct RawQueue {
     pub gate_params: Option<Value>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub labels: Option<BTreeMap<String, String>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub allowed_result_lists: Option<Vec<String>>,
 }

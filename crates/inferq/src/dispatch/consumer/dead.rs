@@ -58,10 +58,16 @@ async fn dead_letter(ctx: &QueueCtx, member: &[u8], reason: &str) -> Result<(), 
     });
     let with_result = result.as_ref().map(|(route, msg)| (route, msg));
     let list = with_result.map(|(route, _)| route.list.as_str());
-    let mut outcome = ctx
-        .queue
-        .dead_letter(member, &record.to_json(), with_result)
-        .await?;
+    // A result list no message may name is never pushed to: the member is set aside without
+    // its result, as when Redis refuses the list.
+    let mut outcome = match list.and_then(|l| ctx.route_refusal(l)) {
+        Some(refusal) => SetAside::ResultRefused(refusal.to_string()),
+        None => {
+            ctx.queue
+                .dead_letter(member, &record.to_json(), with_result)
+                .await?
+        }
+    };
     if let (SetAside::ResultRefused(why), Some(list)) = (&outcome, list) {
         tracing::error!(queue = %ctx.queue.name(), result_list = %list, error = %why, "Redis refused an INVALID_REQUEST result; dead-lettering the member without it");
         record.reason = format!(

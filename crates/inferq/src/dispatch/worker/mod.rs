@@ -27,7 +27,8 @@ use crate::config::merge::TierPriority;
 use crate::config::Fairness;
 use crate::gateway::transform::{Transformed, Transforms};
 use crate::gateway::{
-    self, Attempt, ClientError, ErrorCategory, GatewayClient, Outcome, RetryDecision, Target,
+    self, Attempt, ClientError, ErrorCategory, GatewayClient, Outcome, RetryDecision, RetryReason,
+    Target,
 };
 use inferq_client::producer::unix_ms;
 use inferq_client::wire::{ErrorCode, RequestView, ResultMessage};
@@ -419,7 +420,7 @@ fn decide(job: Job, outcome: Outcome) {
             retry_after,
             shed,
             error,
-            ..
+            reason,
         } => {
             if shed {
                 ctx.series.shedded.get().inc();
@@ -436,16 +437,33 @@ fn decide(job: Job, outcome: Outcome) {
                 }
                 RetryDecision::DeadlineExceeded => {
                     ctx.series.exceeded.get().inc();
-                    let result = match status {
-                        Some(status) => {
-                            ResultMessage::http(&id, status, body.as_deref().unwrap_or(b""))
-                        }
-                        None => ResultMessage::deadline_exceeded(&id),
-                    };
-                    job.publish(result);
+                    job.publish(at_deadline(&id, status, body.as_deref(), reason, &error));
                 }
             }
         }
+    }
+}
+
+/// The result of a request whose deadline leaves no time for another try: the last whole HTTP
+/// answer (a 429 or 5xx with its body) as Go publishes it; for an answer whose body was cut by
+/// a failed connection, an `INFERENCE_ERROR` naming the cut and the bytes that arrived; else
+/// (no answer, or one cut by the deadline) `DEADLINE_EXCEEDED`. A cut body never carries
+/// the status line it began with: a consumer could not tell it from a whole answer.
+fn at_deadline(
+    id: &str,
+    status: Option<u16>,
+    body: Option<&[u8]>,
+    reason: RetryReason,
+    error: &ClientError,
+) -> ResultMessage {
+    match (status, reason) {
+        (Some(status), _) => ResultMessage::http(id, status, body.unwrap_or(b"")),
+        (None, RetryReason::BodyRead) => ResultMessage::error(
+            id,
+            ErrorCode::InferenceError,
+            &error.inference_error_message(),
+        ),
+        (None, _) => ResultMessage::deadline_exceeded(id),
     }
 }
 
