@@ -51,6 +51,8 @@ pub struct Discovery {
     pub gates: GateFactory,
     pub weights: SharedWeights,
     pub con: Con,
+    /// Where the weights and the tenants with work are shown.
+    pub metrics: Arc<crate::ops::Metrics>,
 }
 
 impl std::fmt::Debug for Discovery {
@@ -150,6 +152,10 @@ impl Discovery {
             }
         }
         self.scores = entries.iter().cloned().collect();
+        self.metrics
+            .fair_share
+            .tenants_with_work
+            .set(i64::try_from(found.len()).unwrap_or(i64::MAX));
         match lanes.discover(found, |q| (self.gates)(q)) {
             Ok(change) if change != Default::default() => {
                 tracing::debug!(
@@ -176,6 +182,9 @@ impl Discovery {
                 }
             }
         }
+        self.metrics
+            .fair_share
+            .set_weights(w.by_tenant.iter().map(|(t, w)| (t, *w)), w.default);
         *self.weights.write().unwrap_or_else(PoisonError::into_inner) = w;
     }
 

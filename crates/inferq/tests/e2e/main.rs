@@ -14,6 +14,7 @@ mod cluster;
 mod dead_letter;
 mod deploy;
 mod durable_results;
+mod fair_share;
 mod gates;
 mod go_command_line;
 mod go_payloads;
