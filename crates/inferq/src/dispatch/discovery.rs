@@ -15,8 +15,13 @@
 //! `scan_interval` (every primary's, on a cluster), which adds what it finds to the index, so
 //! every processor serves them from then on.
 //!
+//! Every pass also announces that the prefix is served: `inferq-tenants:served:<prefix>`, with
+//! a TTL of 30 s. A Batch API with `--queue-per-tenant` is not ready while no processor has
+//! (see `inferq_batch::tenants`), so tenants' lines never wait unnoticed in queues no processor
+//! serves.
+//!
 //! In: the policy's parameters, the template queue, the running lanes. Out: lanes started and
-//! retired, and the shared [`Weights`] the pools' merges read.
+//! retired, the announcement, and the shared [`Weights`] the pools' merges read.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -39,6 +44,8 @@ const MOST_QUEUES: isize = 100_000;
 const IDLE_CHECKS_PER_PASS: usize = 64;
 /// `SCAN`'s page size hint.
 const SCAN_PAGE: u64 = 1000;
+/// How long the word that a prefix is served lasts without a pass renewing it.
+const SERVED_TTL_MS: u64 = 30_000;
 
 /// What the discovery works with.
 pub struct Discovery {
@@ -123,6 +130,19 @@ impl Discovery {
             // Only the listed queues: nothing to find.
             return Ok(());
         }
+        // The word that the prefix's queues are served, which a Batch API with
+        // `--queue-per-tenant` waits for before it says it is ready (its `tenants` module
+        // reads the same key).
+        let _: () = redis::cmd("SET")
+            .arg(format!(
+                "inferq-tenants:served:{}",
+                self.policy.queue_prefix
+            ))
+            .arg(inferq_client::producer::unix_ms())
+            .arg("PX")
+            .arg(SERVED_TTL_MS)
+            .query_async(&mut con)
+            .await?;
         let entries: Vec<(String, f64)> = redis::cmd("ZRANGE")
             .arg(&self.policy.index_key)
             .arg(0)

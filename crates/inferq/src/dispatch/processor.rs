@@ -5,7 +5,7 @@
 //! in-flight work for `--drain-timeout`, release what is left, flush the outbox, stop.
 
 use std::collections::HashMap;
-use std::net::{Ipv6Addr, SocketAddr};
+use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -336,12 +336,13 @@ struct Servers {
 }
 
 impl Servers {
-    /// Listens on every address, IPv6 and IPv4, as Go's `:port` (see `ops::listen`).
+    /// Listens on `--health-address` and `--metrics-address`: by default every address, IPv6
+    /// and IPv4, as Go's `:port` (see `ops::listen`).
     async fn start(config: &RunConfig, metrics: &Arc<Metrics>) -> Result<Servers, DispatchError> {
         let readiness = Readiness::new();
         let stop = CancellationToken::new();
-        let health_addr = SocketAddr::from((Ipv6Addr::UNSPECIFIED, config.health_port));
-        let metrics_addr = SocketAddr::from((Ipv6Addr::UNSPECIFIED, config.metrics_port));
+        let health_addr = SocketAddr::from((config.health_address, config.health_port));
+        let metrics_addr = SocketAddr::from((config.metrics_address, config.metrics_port));
         let health = serve_health(health_addr, readiness.clone(), stop.clone())
             .await
             .map_err(|source| DispatchError::Bind {
