@@ -23,7 +23,7 @@ use serde_json::{json, Value};
 use crate::error::BatchError;
 use crate::ids;
 use crate::keys;
-use crate::lines::{decode_line, is_blank, EachLine, LineSplitter, SplitError};
+use crate::lines::{decode_line, decode_line_all, is_blank, EachLine, LineSplitter, SplitError};
 use crate::model::Fields;
 use crate::scripts::SCRIPTS;
 use crate::state::App;
@@ -65,7 +65,7 @@ impl Check<'_> {
             return;
         }
         self.lines += 1;
-        match decode_line(line, self.endpoint) {
+        match decode_line_all(line, self.endpoint) {
             Ok(l) => {
                 if !self.seen.insert(l.custom_id.clone()) {
                     self.error(
@@ -76,7 +76,11 @@ impl Check<'_> {
                     );
                 }
             }
-            Err(e) => self.error(e.code, e.message, e.param, Some(n)),
+            Err(faults) => {
+                for e in faults {
+                    self.error(e.code, e.message, e.param, Some(n));
+                }
+            }
         }
     }
 }

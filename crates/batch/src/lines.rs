@@ -44,8 +44,39 @@ struct Loose<'a> {
     body: Option<&'a RawValue>,
 }
 
-/// Checks one line of a batch's input file against the batch's `endpoint`.
+/// Checks one line of a batch's input file against the batch's `endpoint`; the first fault.
 pub fn decode_line<'a>(line: &'a [u8], endpoint: &str) -> Result<InputLine<'a>, LineError> {
+    decode_line_all(line, endpoint).map_err(|mut faults| faults.swap_remove(0))
+}
+
+/// [`decode_line`], with every fault of the line (at least one): a line that is not a JSON
+/// object has that one, else each field is checked and each bad one named.
+pub fn decode_line_all<'a>(
+    line: &'a [u8],
+    endpoint: &str,
+) -> Result<InputLine<'a>, Vec<LineError>> {
+    let loose = loose(line).map_err(|e| vec![e])?;
+    let custom_id = custom_id(loose.custom_id);
+    let method = check_method(loose.method);
+    let url = check_url(loose.url, endpoint);
+    let body = body(loose.body);
+    match (custom_id, method, url, body) {
+        (Ok(custom_id), Ok(()), Ok(url), Ok(body)) => Ok(InputLine {
+            custom_id,
+            url,
+            body,
+        }),
+        (custom_id, method, url, body) => {
+            Err([custom_id.err(), method.err(), url.err(), body.err()]
+                .into_iter()
+                .flatten()
+                .collect())
+        }
+    }
+}
+
+/// The line as an object whose fields are looked at one by one.
+fn loose(line: &[u8]) -> Result<Loose<'_>, LineError> {
     // serde would read a JSON array into the struct by position: a line must be an object.
     if line.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
         return Err(LineError::new(
@@ -54,44 +85,53 @@ pub fn decode_line<'a>(line: &'a [u8], endpoint: &str) -> Result<InputLine<'a>, 
             None,
         ));
     }
-    let loose: Loose<'a> = serde_json::from_slice(line).map_err(|e| {
+    serde_json::from_slice(line).map_err(|e| {
         LineError::new(
             "invalid_json_line",
-            format!("This line is not parseable as valid JSON: {e}"),
+            format!(
+                "This line is not parseable as valid JSON: {}",
+                within_line(&e)
+            ),
             None,
         )
-    })?;
-    let custom_id = match loose.custom_id {
-        Some(serde_json::Value::String(s)) if !s.is_empty() => s,
-        Some(serde_json::Value::String(_)) | None | Some(serde_json::Value::Null) => {
-            return Err(missing("custom_id"))
-        }
-        Some(_) => {
-            return Err(LineError::new(
-                "invalid_custom_id",
-                "'custom_id' must be a string.",
-                Some("custom_id"),
-            ))
-        }
-    };
-    check_method(loose.method)?;
-    let url = check_url(loose.url, endpoint)?;
-    let body = match loose.body {
-        Some(b) if b.get().starts_with('{') => b,
-        None => return Err(missing("body")),
-        Some(_) => {
-            return Err(LineError::new(
-                "invalid_body",
-                "'body' must be a JSON object.",
-                Some("body"),
-            ))
-        }
-    };
-    Ok(InputLine {
-        custom_id,
-        url,
-        body,
     })
+}
+
+/// serde's message about one line, placed by its column: serde counts the line it was given
+/// as line 1, which is not the line of the file the error object names.
+fn within_line(e: &serde_json::Error) -> String {
+    let text = e.to_string();
+    let place = format!(" at line {} column {}", e.line(), e.column());
+    match text.strip_suffix(&place) {
+        Some(what) => format!("{what} at column {}", e.column()),
+        None => text,
+    }
+}
+
+fn custom_id(value: Option<serde_json::Value>) -> Result<String, LineError> {
+    match value {
+        Some(serde_json::Value::String(s)) if !s.is_empty() => Ok(s),
+        Some(serde_json::Value::String(_)) | None | Some(serde_json::Value::Null) => {
+            Err(missing("custom_id"))
+        }
+        Some(_) => Err(LineError::new(
+            "invalid_custom_id",
+            "'custom_id' must be a string.",
+            Some("custom_id"),
+        )),
+    }
+}
+
+fn body(value: Option<&RawValue>) -> Result<&RawValue, LineError> {
+    match value {
+        Some(b) if b.get().starts_with('{') => Ok(b),
+        None => Err(missing("body")),
+        Some(_) => Err(LineError::new(
+            "invalid_body",
+            "'body' must be a JSON object.",
+            Some("body"),
+        )),
+    }
 }
 
 fn missing(field: &'static str) -> LineError {
@@ -233,6 +273,28 @@ mod tests {
     use super::*;
 
     const EP: &str = "/v1/chat/completions";
+
+    /// Issue 44: a bad line's every fault is listed, and a JSON fault is placed by its column
+    /// (not "at line 1", which is not the file's line).
+    #[test]
+    fn every_fault_of_a_line_is_named_and_json_faults_by_column() {
+        let faults = decode_line_all(
+            br#"{"custom_id": 7, "method": "GET", "url": "/v1/chat/completions", "body": 1}"#,
+            "/v1/chat/completions",
+        )
+        .unwrap_err();
+        let codes: Vec<&str> = faults.iter().map(|f| f.code).collect();
+        assert_eq!(
+            codes,
+            ["invalid_custom_id", "invalid_method", "invalid_body"]
+        );
+        let faults =
+            decode_line_all(br#"{"custom_id": "a", "body": {"x": 1,}}"#, "/v1/x").unwrap_err();
+        assert_eq!(faults.len(), 1);
+        let message = &faults[0].message;
+        assert!(message.ends_with("at column 36"), "{message}");
+        assert!(!message.contains("line 1"), "{message}");
+    }
 
     #[test]
     fn a_good_line_keeps_its_body_bytes() {

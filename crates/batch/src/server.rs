@@ -83,7 +83,10 @@ async fn ready(State(app): State<App>) -> impl IntoResponse {
     let redis: Result<String, _> = redis::cmd("PING").query_async(&mut con).await;
     let store = app.store.check().await;
     match (redis, store) {
-        (Ok(_), Ok(())) => (StatusCode::OK, "ready".to_owned()),
+        (Ok(_), Ok(())) => match crate::tenants::unserved(&app) {
+            None => (StatusCode::OK, "ready".to_owned()),
+            Some(why) => (StatusCode::SERVICE_UNAVAILABLE, why),
+        },
         (Err(e), _) => (StatusCode::SERVICE_UNAVAILABLE, format!("redis: {e}")),
         (_, Err(e)) => (StatusCode::SERVICE_UNAVAILABLE, format!("file store: {e}")),
     }

@@ -176,7 +176,10 @@ async fn advance(
         match status.as_str() {
             "validating" => begin(app, id, &f).await?,
             "finalizing" => seal(app, id, "completed").await?,
-            "in_progress" if now >= num(&f, "expires_at") => seal(app, id, "expired").await?,
+            "in_progress" if now >= num(&f, "expires_at") => {
+                withdraw(app, id, &f).await?;
+                seal(app, id, "expired").await?
+            }
             "in_progress" if num(&f, "ingested") < num(&f, "total") => {
                 if ingest::ingest(app, &f, held).await? == Stopped::Done {
                     tracing::info!(batch = %id, lines = num(&f, "total"), "batch ingested");
@@ -225,6 +228,16 @@ async fn begin(app: &App, id: &str, f: &Fields) -> Result<(), BatchError> {
     Ok(())
 }
 
+/// Takes a cancelled or expired batch's lines still pending out of its tenant's queue (see
+/// [`crate::tenants::withdraw`]), before it is sealed.
+async fn withdraw(app: &App, id: &str, f: &Fields) -> Result<(), BatchError> {
+    let n = crate::tenants::withdraw(app, id, f).await?;
+    if n > 0 {
+        tracing::info!(batch = %id, lines = n, "took the batch's pending lines out of its tenant's queue");
+    }
+    Ok(())
+}
+
 async fn seal(app: &App, id: &str, ending: &str) -> Result<(), BatchError> {
     let script = &SCRIPTS.seal;
     let cmd = script.cmd(&[keys::batch(id)], &[ending]);
@@ -252,6 +265,7 @@ async fn cancelling(app: &App, id: &str, f: &Fields) -> Result<Option<i64>, Batc
     let waited = now_secs() - num(f, "cancelling_at");
     let grace = i64::try_from(app.settings.cancel_grace.as_secs()).unwrap_or(i64::MAX);
     if done >= num(f, "ingested") || waited >= grace {
+        withdraw(app, id, f).await?;
         seal(app, id, "cancelled").await?;
         return Ok(None);
     }

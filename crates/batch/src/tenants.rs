@@ -14,6 +14,13 @@
 //!   `running` from each tenant's queue (its pending set and its claims) for the tenants with
 //!   lines not yet done; with one shared queue they cannot be told apart, and `waiting` counts
 //!   every line submitted and not yet done.
+//! - [`run`] also watches that some processor serves the tenants' queues: a `fair-share`
+//!   processor whose `queue_prefix` is ours keeps [`served_key`] alive (a TTL of
+//!   [`SERVED_TTL`], renewed every discovery pass). While it is missing the replica says so in
+//!   `/readyz` (503), in `inferq_batch_fair_share_served` (0) and in its log, rather than let
+//!   the tenants' lines wait with nothing said.
+//! - [`withdraw`]: a batch cancelled or expired takes its lines still pending out of its
+//!   tenant's queue when it is sealed, so no pending line outlives its batch.
 
 use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
@@ -30,6 +37,16 @@ use crate::state::App;
 
 /// How often the per-tenant metrics are read from Redis.
 pub const REFRESH_EVERY: Duration = Duration::from_secs(2);
+
+/// How long a `fair-share` processor's word that it serves a prefix lasts (the processor's
+/// `dispatch::discovery` writes it with this TTL every pass).
+pub const SERVED_TTL: Duration = Duration::from_secs(30);
+
+/// The key a `fair-share` processor serving the queues of `prefix` keeps alive (written by the
+/// processor's `dispatch::discovery`, which spells it the same).
+pub fn served_key(prefix: &str) -> String {
+    format!("inferq-tenants:served:{prefix}")
+}
 
 /// Every tenant the keys name, with its weight (a key's `weight`, 1 when not given; see
 /// [`crate::auth`]); without keys, the open tenant.
@@ -92,6 +109,9 @@ pub const STATES: [&str; 3] = ["waiting", "running", "done"];
 #[derive(Debug, Clone, Default)]
 pub struct TenantMetrics {
     pub lines: Family<TenantLabels, Gauge<i64, std::sync::atomic::AtomicI64>>,
+    /// With `--queue-per-tenant`: 1 while a `fair-share` processor serving the prefix has
+    /// announced itself, else 0 (and the replica is not ready).
+    pub served: Gauge<i64, std::sync::atomic::AtomicI64>,
 }
 
 impl TenantMetrics {
@@ -101,6 +121,11 @@ impl TenantMetrics {
             "inferq_batch_tenant_lines",
             "Batch lines per tenant: waiting in the queue, running (claimed by a processor), done (results filed, ever); read from Redis",
             m.lines.clone(),
+        );
+        registry.register(
+            "inferq_batch_fair_share_served",
+            "With --queue-per-tenant: 1 while a fair-share processor serving the tenants' queues has announced itself in the last 30 s, else 0",
+            m.served.clone(),
         );
         m
     }
@@ -128,9 +153,13 @@ impl TenantMetrics {
 pub async fn run(app: App, stop: CancellationToken) {
     let mut published = app.settings.tenant_queues.is_none();
     let mut failing = false;
+    let mut unserved_said = false;
     loop {
         if !published {
             published = publish_weights(&app).await.is_ok();
+        }
+        if let Some(t) = &app.settings.tenant_queues {
+            watch_served(&app, &t.prefix, &mut unserved_said).await;
         }
         match refresh(&app).await {
             Ok(()) => failing = false,
@@ -145,6 +174,87 @@ pub async fn run(app: App, stop: CancellationToken) {
             _ = tokio::time::sleep(REFRESH_EVERY) => {}
         }
     }
+}
+
+/// Reads whether a `fair-share` processor serves `prefix` into the gauge `/readyz` reads, and
+/// warns once each time none does (an unreadable key counts as none).
+async fn watch_served(app: &App, prefix: &str, said: &mut bool) {
+    let mut con = app.redis.clone();
+    let served: bool = redis::cmd("EXISTS")
+        .arg(served_key(prefix))
+        .query_async(&mut con)
+        .await
+        .unwrap_or(false);
+    app.metrics.tenants.served.set(i64::from(served));
+    if !served && !*said {
+        tracing::warn!(prefix, "no processor serving fair share for these tenant queues has announced itself in the last 30 s: batch lines wait in them until one runs (`inferq run` with the fair-share merge policy and this queue_prefix); not ready until then");
+    } else if served && *said {
+        tracing::info!(
+            prefix,
+            "a processor serving fair share for the tenant queues announced itself"
+        );
+    }
+    *said = !served;
+}
+
+/// Whether this replica may say it is ready as far as tenant queues go: without
+/// `--queue-per-tenant`, always; with it, while a `fair-share` processor serves them.
+pub fn unserved(app: &App) -> Option<String> {
+    let t = app.settings.tenant_queues.as_ref()?;
+    (app.metrics.tenants.served.get() == 0).then(|| {
+        format!(
+            "no fair-share processor serving the tenant queues {:?}* has announced itself (key {})",
+            t.prefix,
+            served_key(&t.prefix)
+        )
+    })
+}
+
+/// Takes the lines of batch `id` still pending out of its tenant's queue (with
+/// `--queue-per-tenant`; the shared queue's are left to the processors, which end them as
+/// `CANCELLED` or `DEADLINE_EXCEEDED`). Lines a processor claimed meanwhile are not pending and
+/// are not touched. The number taken out.
+pub async fn withdraw(app: &App, id: &str, batch: &Fields) -> Result<u64, redis::RedisError> {
+    if app.settings.tenant_queues.is_none() {
+        return Ok(0);
+    }
+    let queue = queue_of(app, batch);
+    let mut con = app.redis.clone();
+    let pending = inferq_client::keys::QueueKeys::for_layout(&queue, con.is_cluster()).pending;
+    let ours = format!("{id}:");
+    let mut cursor = 0u64;
+    let mut members: Vec<Vec<u8>> = Vec::new();
+    loop {
+        let (next, page): (u64, Vec<Vec<u8>>) = redis::cmd("ZSCAN")
+            .arg(&pending)
+            .arg(cursor)
+            .arg("COUNT")
+            .arg(1000)
+            .query_async(&mut con)
+            .await?;
+        // ZSCAN pages alternate member and score.
+        for member in page.into_iter().step_by(2) {
+            let mine = inferq_client::wire::Envelope::salvage_id(&member)
+                .is_some_and(|(request, _)| request.starts_with(&ours));
+            if mine {
+                members.push(member);
+            }
+        }
+        if next == 0 {
+            break;
+        }
+        cursor = next;
+    }
+    let mut removed = 0u64;
+    for chunk in members.chunks(500) {
+        let n: u64 = redis::cmd("ZREM")
+            .arg(&pending)
+            .arg(chunk)
+            .query_async(&mut con)
+            .await?;
+        removed += n;
+    }
+    Ok(removed)
 }
 
 /// Replaces the weights hash with the keys file's weights (one transaction).

@@ -175,6 +175,13 @@ impl Deployment {
 
     /// Starts one more `inferq batch-api` and waits until it answers.
     pub(crate) async fn add_replica(&mut self) -> Fallible<u16> {
+        let port = self.spawn_replica()?;
+        wait_ready(port).await?;
+        Ok(port)
+    }
+
+    /// Starts one more `inferq batch-api` without waiting for it to be ready; its port.
+    pub(crate) fn spawn_replica(&mut self) -> Fallible<u16> {
         let port = free_port()?;
         let n = self.replicas.len();
         let store = self
@@ -193,7 +200,6 @@ impl Deployment {
             .stderr(self.log(&format!("replica-{n}.log"))?)
             .spawn()?;
         self.replicas.push((child, port));
-        wait_ready(port).await?;
         Ok(port)
     }
 

@@ -225,3 +225,94 @@ async fn tenants_are_claimed_only_at_their_turn() -> Fallible {
     );
     Ok(())
 }
+
+/// `/readyz` of replica `i`: its status and body.
+async fn readyz(d: &Deployment, i: usize) -> Fallible<(u16, String)> {
+    let r = reqwest::get(format!("http://127.0.0.1:{}/readyz", d.replicas[i].1)).await?;
+    Ok((r.status().as_u16(), r.text().await?))
+}
+
+/// Issue 44: `--queue-per-tenant` without a processor serving fair share stalled with nothing
+/// said, and a cancelled batch's lines stayed pending in the tenant's queue. Now the replica is
+/// not ready (and says why, in `/readyz`, a metric and its log) until a `fair-share` processor
+/// with its prefix announces itself; a batch cancelled meanwhile leaves no line pending
+/// (`inferq status` counts 0).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tenant_queues_nobody_serves_are_not_ready_and_a_cancel_leaves_nothing_pending() -> Fallible
+{
+    let mut d = Deployment::start(5).await?;
+    fair(
+        &mut d,
+        serde_json::json!({"type": "fair-share", "parameters": {
+            "queue_prefix": "inferq-tenant:", "discover_interval_ms": 100}}),
+    )?;
+    let policy_flags = std::mem::take(&mut d.processor_flags);
+    // A processor without fair share: it serves the shared queue only.
+    d.add_processor()?;
+    d.spawn_replica()?;
+    let (status, body) = until(
+        "the replica answers /readyz",
+        Duration::from_secs(20),
+        Duration::from_millis(100),
+        async || Ok(readyz(&d, 0).await.ok()),
+    )
+    .await?;
+    assert_eq!(status, 503, "{body}");
+    assert!(body.contains("fair-share"), "{body}");
+    let page = metrics(&d, 0).await?;
+    assert!(page.contains("inferq_batch_fair_share_served 0"), "{page}");
+    // A batch taken anyway waits in tenant a's queue; cancelled, it leaves nothing there.
+    let id = crate::common::start_batch_as(&d.url(0), KEY_A, 5).await?;
+    let mut con = redis::Client::open(d.redis.url())?
+        .get_multiplexed_async_connection()
+        .await?;
+    until(
+        "the lines in tenant a's queue",
+        Duration::from_secs(20),
+        Duration::from_millis(100),
+        async || {
+            let n: i64 = redis::cmd("ZCARD")
+                .arg("inferq-tenant:a")
+                .query_async(&mut con)
+                .await?;
+            Ok((n == 5).then_some(()))
+        },
+    )
+    .await?;
+    let cancelled = reqwest::Client::new()
+        .post(format!("{}/batches/{id}/cancel", d.url(0)))
+        .bearer_auth(KEY_A)
+        .send()
+        .await?;
+    assert_eq!(cancelled.status(), 200);
+    let ended =
+        crate::common::wait_ended_as(&d.url(0), KEY_A, &id, Duration::from_secs(30)).await?;
+    assert_eq!(ended["status"], "cancelled", "{ended}");
+    let out = std::process::Command::new(inferq_testkit::inferq_binary()?)
+        .args(["status", "--json", "--queue", "inferq-tenant:a"])
+        .env("REDIS_URL", d.redis.url())
+        .output()?;
+    let line: serde_json::Value = serde_json::from_slice(&out.stdout)?;
+    assert_eq!(line["pending"], 0, "{line}\n{}", d.logs());
+    let log = std::fs::read_to_string(d.dir.path().join("replica-0.log"))?;
+    assert!(log.contains("no processor serving fair share"), "{log}");
+    // A fair-share processor comes: the replica is ready.
+    d.processor_flags = policy_flags;
+    d.add_processor()?;
+    let (status, body) = until(
+        "the replica ready",
+        Duration::from_secs(20),
+        Duration::from_millis(100),
+        async || Ok(readyz(&d, 0).await.ok().filter(|(s, _)| *s == 200)),
+    )
+    .await?;
+    assert_eq!(status, 200, "{body}");
+    assert!(
+        metrics(&d, 0)
+            .await?
+            .contains("inferq_batch_fair_share_served 1"),
+        "{}",
+        d.logs()
+    );
+    Ok(())
+}

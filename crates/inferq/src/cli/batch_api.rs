@@ -23,13 +23,9 @@ pub(super) struct BatchApiArgs {
     /// Address to serve the API on.
     #[arg(long, default_value = "127.0.0.1:8080", value_name = "ADDR")]
     pub listen: SocketAddr,
-    /// Folder holding uploaded and result files (every replica must see the same one).
-    #[arg(
-        long,
-        value_name = "DIR",
-        required_unless_present = "files_url",
-        conflicts_with = "files_url"
-    )]
+    /// Folder holding uploaded and result files (every replica must see the same one); this
+    /// or --files-url is required.
+    #[arg(long, value_name = "DIR", conflicts_with = "files_url")]
     pub files_dir: Option<PathBuf>,
     /// S3-compatible object storage instead of a folder: s3://bucket[/prefix]; credentials,
     /// region and endpoint from AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_REGION, AWS_ENDPOINT
@@ -132,17 +128,23 @@ fn bad(field: &str, reason: impl std::fmt::Display) -> Failure {
     Failure::bad_input(anyhow::anyhow!("{field}: {reason}"))
 }
 
-/// The batch-api settings these flags and the transport config give.
-pub(super) fn settings(args: &BatchApiArgs) -> Result<inferq_batch::Settings, Failure> {
+/// The processors' config as `inferq run --transport-config-file <path>` reads it (for the
+/// commands that share their transport config: `batch-api`, `status`).
+pub(super) fn transport_config(path: &str) -> Result<crate::config::RunConfig, Failure> {
     let run = RunOnly::try_parse_from([
         "inferq",
         "--transport",
         "redis-sortedset",
         "--transport-config-file",
-        &args.transport_config_file,
+        path,
     ])
     .map_err(|e| bad("--transport-config-file", e))?;
-    let config = crate::config::load(&run.run).map_err(Failure::bad_input)?;
+    crate::config::load(&run.run).map_err(Failure::bad_input)
+}
+
+/// The batch-api settings these flags and the transport config give.
+pub(super) fn settings(args: &BatchApiArgs) -> Result<inferq_batch::Settings, Failure> {
+    let config = transport_config(&args.transport_config_file)?;
     let transport = &config.transport;
     let queue = match &args.queue {
         None => transport.queues.first(),
@@ -242,7 +244,12 @@ pub(super) fn settings(args: &BatchApiArgs) -> Result<inferq_batch::Settings, Fa
     let store = match (&args.files_dir, &args.files_url) {
         (_, Some(url)) => inferq_batch::StoreChoice::Url(url.clone()),
         (Some(dir), None) => inferq_batch::StoreChoice::Dir(dir.clone()),
-        (None, None) => return Err(bad("--files-dir", "give --files-dir or --files-url")),
+        (None, None) => {
+            return Err(bad(
+                "--files-dir",
+                "required: give --files-dir <DIR> (a folder every replica shares) or --files-url s3://bucket[/prefix] (object storage)",
+            ))
+        }
     };
     Ok(inferq_batch::Settings {
         target,

@@ -2,7 +2,9 @@
 //! overdue), claimed (and how many leases ran out unreclaimed), parked (and how many are due),
 //! dead, delivered again, and the results waiting — for each `--queue`, from one census script
 //! call per queue ([`crate::queue::census`]). A table on a terminal, JSONL otherwise; `--watch`
-//! repeats it and adds how fast the unfinished requests go down. `--payloads` adds a count of
+//! repeats it and adds how fast the unfinished requests go down. With `--transport-config-file`
+//! Redis and the queues come from the processors' config; `--tenant-queue-prefix` adds the
+//! tenant queues the index of queues with work names. `--payloads` adds a count of
 //! the request bodies stored apart ([`crate::queue::payload_census`]).
 //!
 //! Exit codes: 0 done; 2 bad arguments; 1 Redis unreachable or a key of the wrong type.
@@ -23,6 +25,14 @@ pub(super) struct StatusArgs {
     /// The request sorted sets to count (repeat the flag for several).
     #[arg(long, default_values_t = ["request-sortedset".to_owned()])]
     pub queue: Vec<String>,
+    /// The processors' transport config file: Redis (its URL, topology, TLS) and the queues to
+    /// count come from it, instead of --redis-url and --queue.
+    #[arg(long, value_name = "PATH", conflicts_with = "queue")]
+    pub transport_config_file: Option<String>,
+    /// Also count every tenant queue in the index of queues with work whose name starts with
+    /// this prefix (fair-share's `queue_prefix`, the Batch API's --tenant-queue-prefix).
+    #[arg(long, value_name = "PREFIX", value_parser = clap::builder::NonEmptyStringValueParser::new())]
+    pub tenant_queue_prefix: Option<String>,
     /// Also count the results waiting in this list (e.g. result-list).
     #[arg(long, value_name = "LIST")]
     pub result_queue: Option<String>,
@@ -77,20 +87,68 @@ const HEADER: [&str; 10] = [
     "results",
 ];
 
+/// Where Redis is and which queues to count: the flags', or the transport config's.
+async fn connect(args: &StatusArgs) -> Result<(inferq_client::target::Link, Vec<String>), Failure> {
+    let Some(path) = &args.transport_config_file else {
+        return Ok((args.redis.connect().await?, args.queue.clone()));
+    };
+    let config = super::batch_api::transport_config(path)?;
+    let t = &config.transport;
+    let target =
+        inferq_client::target::Target::new(t.url.expose(), &config.redis_tls, t.topology.clone())
+            .map_err(|e| Failure::bad_input(anyhow::anyhow!("{path}: url: {e}")))?;
+    let con = target.connect().await.context("cannot connect to Redis")?;
+    let mut queues: Vec<String> = Vec::new();
+    for q in &t.queues {
+        if !queues.contains(&q.queue_name) {
+            queues.push(q.queue_name.clone());
+        }
+    }
+    Ok((con, queues))
+}
+
+/// The tenant queues of `prefix` in the index of queues with work, by name.
+async fn tenant_queues(
+    con: &mut inferq_client::target::Link,
+    prefix: &str,
+) -> Result<Vec<String>, Failure> {
+    let names: Vec<String> = redis::cmd("ZRANGE")
+        .arg(crate::config::fair_share::DEFAULT_INDEX_KEY)
+        .arg(0)
+        .arg(-1)
+        .query_async(con)
+        .await
+        .context("cannot read the index of queues with work")?;
+    let mut found: Vec<String> = names
+        .into_iter()
+        .filter(|n| n.starts_with(prefix) && n.len() > prefix.len())
+        .collect();
+    found.sort();
+    Ok(found)
+}
+
 pub(super) async fn status(args: StatusArgs) -> Result<(), Failure> {
-    let mut con = args.redis.connect().await?;
+    let (mut con, listed) = connect(&args).await?;
     let table = !args.json && std::io::stdout().is_terminal();
-    let mut last: Vec<Option<Census>> = vec![None; args.queue.len()];
+    let mut last: std::collections::HashMap<String, Census> = Default::default();
     let mut taken = 0u64;
     loop {
-        let mut rows = Vec::with_capacity(args.queue.len());
-        for (queue, last) in args.queue.iter().zip(last.iter_mut()) {
+        let mut queues = listed.clone();
+        if let Some(prefix) = &args.tenant_queue_prefix {
+            for q in tenant_queues(&mut con, prefix).await? {
+                if !queues.contains(&q) {
+                    queues.push(q);
+                }
+            }
+        }
+        let mut rows = Vec::with_capacity(queues.len());
+        for queue in &queues {
             let now = census_on(&mut con, queue, args.result_queue.as_deref())
                 .await
                 .map_err(|e| refused_hint(e.to_string()))
                 .with_context(|| format!("cannot count queue {queue:?}"))?;
-            let rate = last.map(|before| drain_rate(&before, &now));
-            *last = Some(now);
+            let rate = last.get(queue).map(|before| drain_rate(before, &now));
+            last.insert(queue.clone(), now);
             rows.push((queue.as_str(), now, rate));
         }
         let payloads = match args.payloads {

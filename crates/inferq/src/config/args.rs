@@ -38,6 +38,11 @@ impl fmt::Debug for Redacted {
     }
 }
 
+/// The `--help` heading of the Go processor's deprecated flags (its legacy single-queue and
+/// pub/sub flags, kept so a Go command line runs unchanged), listed apart from the flags to use.
+pub const GO_ALIASES: &str =
+    "Go's deprecated flags (accepted so a Go command line runs; use the flags above)";
+
 /// Flags of the processor, as the Go binary spells them.
 #[derive(clap::Args, Debug, Clone)]
 pub struct RunArgs {
@@ -75,7 +80,11 @@ pub struct RunArgs {
     pub request_merge_policy_config_file: Option<String>,
 
     /// Deprecated alias of --request-merge-policy-config-file (which wins if both are set).
-    #[arg(long = "request-merge-policy-config", value_name = "PATH")]
+    #[arg(
+        long = "request-merge-policy-config",
+        value_name = "PATH",
+        help_heading = GO_ALIASES
+    )]
     pub request_merge_policy_config: Option<String>,
 
     /// Workers of the implicit "default" pool.
@@ -149,6 +158,14 @@ pub struct RunArgs {
     /// connection is answered 503 and closed. Default: from the open-file limit, at most 1024.
     #[arg(long = "http-max-connections", value_name = "N")]
     pub http_max_connections: Option<usize>,
+    /// Address the health port listens on: `::` (every IPv6 and IPv4 address, as Go's
+    /// `:port`; what a pod's probes need), or one address such as 127.0.0.1.
+    #[arg(long = "health-address", default_value = "::", value_name = "IP")]
+    pub health_address: std::net::IpAddr,
+
+    /// Address the metrics port listens on (as --health-address).
+    #[arg(long = "metrics-address", default_value = "::", value_name = "IP")]
+    pub metrics_address: std::net::IpAddr,
 
     /// Accepted for compatibility and ignored: inferq serves /metrics without Kubernetes
     /// authentication.
@@ -296,15 +313,16 @@ pub struct RunArgs {
 
     /// Deprecated: use --transport. redis-sortedset or redis-pubsub [Go default: redis-pubsub,
     /// which inferq asks to be named].
-    #[arg(long = "message-queue-impl", value_name = "NAME")]
+    #[arg(help_heading = GO_ALIASES, long = "message-queue-impl", value_name = "NAME")]
     pub message_queue_impl: Option<String>,
 
     /// Deprecated: Redis URL for the legacy flags [default: env REDIS_URL].
-    #[arg(long = "redis.url", value_name = "URL")]
+    #[arg(help_heading = GO_ALIASES, long = "redis.url", value_name = "URL")]
     pub redis_url: Option<Redacted>,
 
     /// Deprecated: sets enable_tracing of the transport config the legacy flags describe.
     #[arg(
+        help_heading = GO_ALIASES,
         long = "redis-tracing",
         action = ArgAction::Set,
         num_args = 0..=1,
@@ -316,27 +334,28 @@ pub struct RunArgs {
     pub redis_tracing: Option<bool>,
 
     /// Deprecated: inference gateway base URL of the legacy single queue.
-    #[arg(long = "redis.ss.igw-base-url", value_name = "URL")]
+    #[arg(help_heading = GO_ALIASES, long = "redis.ss.igw-base-url", value_name = "URL")]
     pub redis_ss_igw_base_url: Option<String>,
 
     /// Deprecated: request path of the legacy single queue [default: /v1/completions].
-    #[arg(long = "redis.ss.request-path-url", value_name = "PATH")]
+    #[arg(help_heading = GO_ALIASES, long = "redis.ss.request-path-url", value_name = "PATH")]
     pub redis_ss_request_path_url: Option<String>,
 
     /// Deprecated: inference objective of the legacy single queue.
-    #[arg(long = "redis.ss.inference-objective", value_name = "NAME")]
+    #[arg(help_heading = GO_ALIASES, long = "redis.ss.inference-objective", value_name = "NAME")]
     pub redis_ss_inference_objective: Option<String>,
 
     /// Deprecated: request sorted set of the legacy single queue [default: request-sortedset].
-    #[arg(long = "redis.ss.request-queue-name", value_name = "KEY")]
+    #[arg(help_heading = GO_ALIASES, long = "redis.ss.request-queue-name", value_name = "KEY")]
     pub redis_ss_request_queue_name: Option<String>,
 
     /// Deprecated: result list [default: result-list].
-    #[arg(long = "redis.ss.result-queue-name", value_name = "KEY")]
+    #[arg(help_heading = GO_ALIASES, long = "redis.ss.result-queue-name", value_name = "KEY")]
     pub redis_ss_result_queue_name: Option<String>,
 
     /// Deprecated: poll interval in milliseconds [default: 1000].
     #[arg(
+        help_heading = GO_ALIASES,
         long = "redis.ss.poll-interval-ms",
         allow_negative_numbers = true,
         value_name = "MS"
@@ -345,6 +364,7 @@ pub struct RunArgs {
 
     /// Deprecated: requests taken per poll [default: 10].
     #[arg(
+        help_heading = GO_ALIASES,
         long = "redis.ss.batch-size",
         allow_negative_numbers = true,
         value_name = "N"
@@ -352,87 +372,88 @@ pub struct RunArgs {
     pub redis_ss_batch_size: Option<i64>,
 
     /// Deprecated: queue-level gate type of the legacy single queue.
-    #[arg(long = "redis.ss.gate-type", value_name = "TYPE")]
+    #[arg(help_heading = GO_ALIASES, long = "redis.ss.gate-type", value_name = "TYPE")]
     pub redis_ss_gate_type: Option<String>,
 
     /// Deprecated: queue-level gate parameters as a JSON object [default: {}].
-    #[arg(long = "redis.ss.gate-params", value_name = "JSON")]
+    #[arg(help_heading = GO_ALIASES, long = "redis.ss.gate-params", value_name = "JSON")]
     pub redis_ss_gate_params: Option<String>,
 
     /// Deprecated: the queues as an inline JSON array of transport-config queues
     /// [{"queue_name","igw_base_url",...}]; wins over --redis.ss.queues-config-file and the
     /// single-queue --redis.ss.* flags.
-    #[arg(long = "redis.ss.queues-config", value_name = "JSON")]
+    #[arg(help_heading = GO_ALIASES, long = "redis.ss.queues-config", value_name = "JSON")]
     pub redis_ss_queues_config: Option<Redacted>,
 
     /// Deprecated: file holding the queues JSON array (see --redis.ss.queues-config).
-    #[arg(long = "redis.ss.queues-config-file", value_name = "PATH")]
+    #[arg(help_heading = GO_ALIASES, long = "redis.ss.queues-config-file", value_name = "PATH")]
     pub redis_ss_queues_config_file: Option<String>,
 
     /// Deprecated redis-pubsub flag: base URL of the
     /// inference gateway.
-    #[arg(long = "redis.igw-base-url", value_name = "URL")]
+    #[arg(help_heading = GO_ALIASES, long = "redis.igw-base-url", value_name = "URL")]
     pub redis_igw_base_url: Option<String>,
 
     /// Deprecated redis-pubsub flag: request path [Go default: /v1/completions].
-    #[arg(long = "redis.request-path-url", value_name = "PATH")]
+    #[arg(help_heading = GO_ALIASES, long = "redis.request-path-url", value_name = "PATH")]
     pub redis_request_path_url: Option<String>,
 
     /// Deprecated redis-pubsub flag: inference objective.
-    #[arg(long = "redis.inference-objective", value_name = "NAME")]
+    #[arg(help_heading = GO_ALIASES, long = "redis.inference-objective", value_name = "NAME")]
     pub redis_inference_objective: Option<String>,
 
     /// Deprecated redis-pubsub flag: request channel [Go default: request-queue].
-    #[arg(long = "redis.request-queue-name", value_name = "NAME")]
+    #[arg(help_heading = GO_ALIASES, long = "redis.request-queue-name", value_name = "NAME")]
     pub redis_request_queue_name: Option<String>,
 
     /// Deprecated redis-pubsub flag: retry sorted set [Go default: retry-sortedset].
-    #[arg(long = "redis.retry-queue-name", value_name = "KEY")]
+    #[arg(help_heading = GO_ALIASES, long = "redis.retry-queue-name", value_name = "KEY")]
     pub redis_retry_queue_name: Option<String>,
 
     /// Deprecated redis-pubsub flag: result channel [Go default: result-queue].
-    #[arg(long = "redis.result-queue-name", value_name = "NAME")]
+    #[arg(help_heading = GO_ALIASES, long = "redis.result-queue-name", value_name = "NAME")]
     pub redis_result_queue_name: Option<String>,
 
     /// Deprecated redis-pubsub flag: queues as inline JSON.
-    #[arg(long = "redis.queues-config", value_name = "JSON")]
+    #[arg(help_heading = GO_ALIASES, long = "redis.queues-config", value_name = "JSON")]
     pub redis_queues_config: Option<Redacted>,
 
     /// Deprecated redis-pubsub flag: queues config file.
-    #[arg(long = "redis.queues-config-file", value_name = "PATH")]
+    #[arg(help_heading = GO_ALIASES, long = "redis.queues-config-file", value_name = "PATH")]
     pub redis_queues_config_file: Option<String>,
 
     /// Deprecated gcp-pubsub flag (a transport inferq does not support): base URL of the
     /// inference gateway.
-    #[arg(long = "pubsub.igw-base-url", value_name = "URL")]
+    #[arg(help_heading = GO_ALIASES, long = "pubsub.igw-base-url", value_name = "URL")]
     pub pubsub_igw_base_url: Option<String>,
 
     /// Deprecated gcp-pubsub flag: GCP project.
-    #[arg(long = "pubsub.project-id", value_name = "ID")]
+    #[arg(help_heading = GO_ALIASES, long = "pubsub.project-id", value_name = "ID")]
     pub pubsub_project_id: Option<String>,
 
     /// Deprecated gcp-pubsub flag: request path [Go default: /v1/completions].
-    #[arg(long = "pubsub.request-path-url", value_name = "PATH")]
+    #[arg(help_heading = GO_ALIASES, long = "pubsub.request-path-url", value_name = "PATH")]
     pub pubsub_request_path_url: Option<String>,
 
     /// Deprecated gcp-pubsub flag: inference objective.
-    #[arg(long = "pubsub.inference-objective", value_name = "NAME")]
+    #[arg(help_heading = GO_ALIASES, long = "pubsub.inference-objective", value_name = "NAME")]
     pub pubsub_inference_objective: Option<String>,
 
     /// Deprecated gcp-pubsub flag: request subscription.
-    #[arg(long = "pubsub.request-subscriber-id", value_name = "ID")]
+    #[arg(help_heading = GO_ALIASES, long = "pubsub.request-subscriber-id", value_name = "ID")]
     pub pubsub_request_subscriber_id: Option<String>,
 
     /// Deprecated gcp-pubsub flag: result topic.
-    #[arg(long = "pubsub.result-topic-id", value_name = "ID")]
+    #[arg(help_heading = GO_ALIASES, long = "pubsub.result-topic-id", value_name = "ID")]
     pub pubsub_result_topic_id: Option<String>,
 
     /// Deprecated gcp-pubsub flag: topics config file.
-    #[arg(long = "pubsub.topics-config-file", value_name = "PATH")]
+    #[arg(help_heading = GO_ALIASES, long = "pubsub.topics-config-file", value_name = "PATH")]
     pub pubsub_topics_config_file: Option<String>,
 
     /// Deprecated gcp-pubsub flag: messages outstanding per subscription [Go default: 10].
     #[arg(
+        help_heading = GO_ALIASES,
         long = "pubsub.batch-size",
         allow_negative_numbers = true,
         value_name = "N"

@@ -76,6 +76,23 @@ impl ConfigError {
         EXIT_CODE
     }
 
+    /// The same error, saying which file it is in (`… (in /etc/inferq/transport.json)`); a
+    /// read error names its file already.
+    pub(crate) fn in_file(self, path: &str) -> Self {
+        let path = redact_in_text(path);
+        match self {
+            ConfigError::Invalid { field, reason } => ConfigError::Invalid {
+                field,
+                reason: format!("{reason} (in {path})"),
+            },
+            ConfigError::Unsupported { field, reason } => ConfigError::Unsupported {
+                field,
+                reason: format!("{reason} (in {path})"),
+            },
+            other => other,
+        }
+    }
+
     /// The same error about another field (used to name a legacy flag instead of the JSON path
     /// of the config synthesised from it).
     pub(crate) fn with_field(self, field: &str) -> Self {

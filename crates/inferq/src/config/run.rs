@@ -60,6 +60,9 @@ pub struct RunConfig {
     pub http_idle_timeout: Duration,
     /// `--http-max-connections`; `None`: derived from the open-file limit at start-up.
     pub http_max_connections: Option<usize>,
+    /// `--health-address`, `--metrics-address`: where those ports listen.
+    pub health_address: std::net::IpAddr,
+    pub metrics_address: std::net::IpAddr,
     /// How often queue backlogs are measured; `None` when disabled (`0`).
     pub metrics_backlog_poll_interval: Option<Duration>,
     /// TLS for calls to the inference gateway; `None` when no TLS flag was given.
@@ -190,6 +193,8 @@ where
         http_header_read_timeout: flags.http_header_read,
         http_idle_timeout: flags.http_idle,
         http_max_connections: args.http_max_connections,
+        health_address: args.health_address,
+        metrics_address: args.metrics_address,
         metrics_backlog_poll_interval: (!flags.backlog.is_zero()).then_some(flags.backlog),
         tls: flags.tls,
         redis_tls: flags.redis_tls,
@@ -260,7 +265,8 @@ impl Flags {
         }
         let transforms = match non_empty(&args.transform_config_file) {
             Some(path) => {
-                super::transform::parse_transforms(&read("--transform-config-file", path)?)?
+                super::transform::parse_transforms(&read("--transform-config-file", path)?)
+                    .map_err(|e| e.in_file(path))?
             }
             None => Vec::new(),
         };
@@ -416,14 +422,19 @@ fn load_transport(
     env: &dyn Fn(&str) -> Option<String>,
     warnings: &mut Vec<String>,
 ) -> Result<LoadedTransport, ConfigError> {
-    let (source, kind, raw, legacy) = select_transport(args, env, warnings)?;
+    // An error in the file names the file.
+    let in_file = |e: ConfigError| match non_empty(&args.transport_config_file) {
+        Some(path) if args.transport_config.is_none() => e.in_file(path),
+        _ => e,
+    };
+    let (source, kind, raw, legacy) = select_transport(args, env, warnings).map_err(in_file)?;
     // What the running config was read from, for a reload to compare with.
     let raw_json = serde_json::to_value(&raw).unwrap_or(serde_json::Value::Null);
     let (mut transport, claim_fields) = match kind {
         TransportKind::SortedSet => resolve(raw, env, warnings),
         TransportKind::PubSub => resolve_pubsub(raw, env, warnings),
     }
-    .map_err(|e| rename_legacy(legacy.as_ref(), e))?;
+    .map_err(|e| in_file(rename_legacy(legacy.as_ref(), e)))?;
     if let Some(legacy) = &legacy {
         for q in &mut transport.queues {
             q.gate_params_field = legacy.name(&q.gate_params_field);
@@ -464,7 +475,8 @@ fn pools(
                      `workers` sets its size"
                 ));
             }
-            parse_pools(&read("--pool-config-file", path)?, warnings)?
+            parse_pools(&read("--pool-config-file", path)?, warnings)
+                .map_err(|e| e.in_file(path))?
         }
         None => default_pools(concurrency),
     })
@@ -668,7 +680,7 @@ fn merge_policy(args: &RunArgs, warnings: &mut Vec<String>) -> Result<MergePolic
         }
         (None, None) => return Ok(MergePolicy::default()),
     };
-    parse_merge_policy(&read(flag, path)?)
+    parse_merge_policy(&read(flag, path)?).map_err(|e| e.in_file(path))
 }
 
 /// `fair-share`'s `template_queue`, when given, names a listed queue (the queues it finds take

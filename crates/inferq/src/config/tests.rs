@@ -879,7 +879,10 @@ fn arrays_are_not_objects() {
     let pools = file(r#"[{"id":"default","workers":4}]"#);
     assert_eq!(
         load_err(&[SS, &format!("--transport-config-file={}", path(&pools))]),
-        "invalid config: --transport-config-file: must be a JSON object, got an array"
+        format!(
+            "invalid config: --transport-config-file: must be a JSON object, got an array (in {})",
+            path(&pools)
+        )
     );
     assert_eq!(
         load_err(&[SS, &inline("null")]),
@@ -906,7 +909,10 @@ fn arrays_are_not_objects() {
             &inline(MINIMAL),
             &format!("--pool-config-file={}", path(&array_pool))
         ]),
-        "invalid config: pools[0]: must be a JSON object, got an array"
+        format!(
+            "invalid config: pools[0]: must be a JSON object, got an array (in {})",
+            path(&array_pool)
+        )
     );
     let merge = file(r#"["random-robin",null]"#);
     assert_eq!(
@@ -915,7 +921,10 @@ fn arrays_are_not_objects() {
             &inline(MINIMAL),
             &format!("--request-merge-policy-config-file={}", path(&merge))
         ]),
-        "invalid config: merge_policy: must be a JSON object, got an array"
+        format!(
+            "invalid config: merge_policy: must be a JSON object, got an array (in {})",
+            path(&merge)
+        )
     );
     assert_eq!(
         load_err(&[
@@ -982,7 +991,10 @@ fn pool_file_rules() {
             &inline(&json),
             &format!("--pool-config-file={}", path(&bad))
         ]),
-        "invalid config: pools[0].workers: must be at least 1, got 0"
+        format!(
+            "invalid config: pools[0].workers: must be at least 1, got 0 (in {})",
+            path(&bad)
+        )
     );
     assert!(load_err(&[
         SS,
@@ -1588,4 +1600,26 @@ fn result_ttl_seconds_per_queue() {
         err.starts_with("invalid config: queues[0].result_ttl_seconds: -5 is negative"),
         "{err}"
     );
+}
+
+/// Issue 44: an error in a config file names the file, not only the field.
+#[test]
+fn errors_in_a_config_file_name_the_file() {
+    let t = file(
+        r#"{"url":"redis://127.0.0.1:6379","queues":[{"queue_name":"q","igw_base_url":"ftp://x"}]}"#,
+    );
+    let err = load_err(&[SS, &format!("--transport-config-file={}", path(&t))]);
+    assert!(err.contains("queues[0].igw_base_url"), "{err}");
+    assert!(err.contains(&path(&t)), "{err}");
+    let good = file(
+        r#"{"url":"redis://127.0.0.1:6379","queues":[{"queue_name":"q","igw_base_url":"http://x"}]}"#,
+    );
+    let policy = file(r#"{"type":"fair-share","parameters":{"burst":0}}"#);
+    let err = load_err(&[
+        SS,
+        &format!("--transport-config-file={}", path(&good)),
+        &format!("--request-merge-policy-config-file={}", path(&policy)),
+    ]);
+    assert!(err.contains("merge_policy.parameters.burst"), "{err}");
+    assert!(err.contains(&path(&policy)), "{err}");
 }

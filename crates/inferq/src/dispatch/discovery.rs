@@ -15,8 +15,13 @@
 //! `scan_interval` (every primary's, on a cluster), which adds what it finds to the index, so
 //! every processor serves them from then on.
 //!
+//! Every pass also announces that the prefix is served: `inferq-tenants:served:<prefix>`, with
+//! a TTL of 30 s. A Batch API with `--queue-per-tenant` is not ready while no processor has
+//! (see `inferq_batch::tenants`), so tenants' lines never wait unnoticed in queues no processor
+//! serves.
+//!
 //! In: the policy's parameters, the template queue, the running lanes. Out: lanes started and
-//! retired, and the shared [`Weights`] the pools' merges read.
+//! retired, the announcement, and the shared [`Weights`] the pools' merges read.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -39,6 +44,8 @@ const MOST_QUEUES: isize = 100_000;
 const IDLE_CHECKS_PER_PASS: usize = 64;
 /// `SCAN`'s page size hint.
 const SCAN_PAGE: u64 = 1000;
+/// How long the word that a prefix is served lasts without a pass renewing it.
+const SERVED_TTL_MS: u64 = 30_000;
 
 /// What the discovery works with.
 pub struct Discovery {
@@ -51,6 +58,8 @@ pub struct Discovery {
     pub gates: GateFactory,
     pub weights: SharedWeights,
     pub con: Con,
+    /// Where the weights and the tenants with work are shown.
+    pub metrics: Arc<crate::ops::Metrics>,
 }
 
 impl std::fmt::Debug for Discovery {
@@ -121,6 +130,19 @@ impl Discovery {
             // Only the listed queues: nothing to find.
             return Ok(());
         }
+        // The word that the prefix's queues are served, which a Batch API with
+        // `--queue-per-tenant` waits for before it says it is ready (its `tenants` module
+        // reads the same key).
+        let _: () = redis::cmd("SET")
+            .arg(format!(
+                "inferq-tenants:served:{}",
+                self.policy.queue_prefix
+            ))
+            .arg(inferq_client::producer::unix_ms())
+            .arg("PX")
+            .arg(SERVED_TTL_MS)
+            .query_async(&mut con)
+            .await?;
         let entries: Vec<(String, f64)> = redis::cmd("ZRANGE")
             .arg(&self.policy.index_key)
             .arg(0)
@@ -150,6 +172,10 @@ impl Discovery {
             }
         }
         self.scores = entries.iter().cloned().collect();
+        self.metrics
+            .fair_share
+            .tenants_with_work
+            .set(i64::try_from(found.len()).unwrap_or(i64::MAX));
         match lanes.discover(found, |q| (self.gates)(q)) {
             Ok(change) if change != Default::default() => {
                 tracing::debug!(
@@ -176,6 +202,9 @@ impl Discovery {
                 }
             }
         }
+        self.metrics
+            .fair_share
+            .set_weights(w.by_tenant.iter().map(|(t, w)| (t, *w)), w.default);
         *self.weights.write().unwrap_or_else(PoisonError::into_inner) = w;
     }
 

@@ -10,7 +10,9 @@
 //! - a removed (or replaced) lane is retired: its consumer, reclaimer and promoter stop, its
 //!   requests still waiting for a worker are released back to pending by the pool, in-flight
 //!   ones may finish for `--drain-timeout` and are then aborted and released, their outcomes are
-//!   written, and only then do its lease renewals stop. Its backlog stays in Redis.
+//!   written, and only then do its lease renewals stop. Its backlog stays in Redis; its claim
+//!   and outbox depths read 0 and its backlog series is removed, so `/metrics` shows no lane
+//!   that no longer runs.
 //!
 //! The queues run are the config's (replaced by [`Lanes::apply`]) followed by those `fair-share`
 //! found (replaced by [`Lanes::discover`], see [`super::discovery`]); a found queue the config
@@ -309,8 +311,6 @@ impl Lanes {
         let w = &self.wiring;
         let (outbox_tx, outcomes) = mpsc::unbounded_channel();
         let labels = queue_labels(q);
-        w.metrics
-            .precreate_queue(&labels, matches!(w.kind, TransportKind::PubSub));
         let pool_labels = QueueLabels {
             queue_id: String::new(),
             queue_name: String::new(),
@@ -377,10 +377,14 @@ impl Lanes {
             outcomes,
         } = b;
         let ctx = &lane.ctx;
+        // Alive before its series are made: a lane of the same labels retiring meanwhile
+        // leaves them to this one (see `Lanes::retire`).
         self.alive
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .push(ctx.clone());
+        w.metrics
+            .precreate_queue(&ctx.labels, matches!(w.kind, TransportKind::PubSub));
         let upkeep = |fut| spawn_on(&w.upkeep, &lane.tasks, fut);
         w.outboxes.spawn(lane.outbox.track_future(run_outbox(
             ctx.clone(),
@@ -409,9 +413,9 @@ impl Lanes {
             lane.first.clone(),
             lane.claiming.clone(),
         )));
-        // A found queue (`fair-share`) reports no backlog: a pipeline per tenant and interval
-        // would cost more than the tenants' work; the Batch API's per-tenant metrics count it.
-        if let Some(every) = w.backlog_every.filter(|_| !ctx.found) {
+        // A found queue (`fair-share`) reports its backlog as a listed one does: one pipeline
+        // per tenant and interval (15 s by default), while its lane runs.
+        if let Some(every) = w.backlog_every {
             upkeep(Box::pin(upkeep::backlog(
                 ctx.clone(),
                 every,
@@ -432,17 +436,20 @@ impl Lanes {
         lane
     }
 
-    /// Retires a lane in the background (see the module comment).
+    /// Retires a lane in the background (see the module comment). Once it has stopped, its
+    /// readings are retired too ([`Metrics::retire_queue`]) unless a lane of the same labels
+    /// runs again (a found queue found again, a reload that changed a queue's settings).
     fn retire(&self, lane: Lane) {
         let alive = self.alive.clone();
         let drain = self.wiring.drain_timeout;
         self.wiring.upkeep.spawn(async move {
             let ctx = lane.ctx.clone();
             retire(lane, drain).await;
-            alive
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .retain(|c| !Arc::ptr_eq(c, &ctx));
+            let mut alive = alive.lock().unwrap_or_else(PoisonError::into_inner);
+            alive.retain(|c| !Arc::ptr_eq(c, &ctx));
+            if !alive.iter().any(|c| c.labels == ctx.labels) {
+                ctx.metrics.retire_queue(&ctx.labels);
+            }
         });
     }
 }

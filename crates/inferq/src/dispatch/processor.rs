@@ -5,7 +5,7 @@
 //! in-flight work for `--drain-timeout`, release what is left, flush the outbox, stop.
 
 use std::collections::HashMap;
-use std::net::{Ipv6Addr, SocketAddr};
+use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -353,12 +353,13 @@ fn http_limits(config: &RunConfig) -> inferq_batch::bounded::ConnLimits {
 }
 
 impl Servers {
-    /// Listens on every address, IPv6 and IPv4, as Go's `:port` (see `ops::listen`).
+    /// Listens on `--health-address` and `--metrics-address`: by default every address, IPv6
+    /// and IPv4, as Go's `:port` (see `ops::listen`).
     async fn start(config: &RunConfig, metrics: &Arc<Metrics>) -> Result<Servers, DispatchError> {
         let readiness = Readiness::new();
         let stop = CancellationToken::new();
-        let health_addr = SocketAddr::from((Ipv6Addr::UNSPECIFIED, config.health_port));
-        let metrics_addr = SocketAddr::from((Ipv6Addr::UNSPECIFIED, config.metrics_port));
+        let health_addr = SocketAddr::from((config.health_address, config.health_port));
+        let metrics_addr = SocketAddr::from((config.metrics_address, config.metrics_port));
         let limits = http_limits(config);
         let health = serve_health(health_addr, readiness.clone(), limits, stop.clone())
             .await
@@ -671,6 +672,7 @@ impl Processor<'_> {
             gates: gates.clone(),
             weights: weights.clone(),
             con: self.con.clone(),
+            metrics: self.metrics.clone(),
         };
         self.tasks.reloads.spawn(super::discovery::run(
             discovery,
@@ -754,19 +756,28 @@ fn start_pools(
             MergePolicyKind::FairShare(fs) => {
                 let policy = fs.clone();
                 let weights = weights.cloned().unwrap_or_default();
-                Merge::Fair(FairShare::new(
-                    Vec::new(),
-                    Box::new(move |job: &Job| {
-                        let spec = &job.ctx.spec;
-                        let tenant = policy.tenant_of(&spec.queue_name, &spec.id);
-                        (Arc::from(tenant), job.held.envelope.request.deadline)
+                Merge::Fair(
+                    FairShare::new(
+                        Vec::new(),
+                        Box::new(move |job: &Job| {
+                            let spec = &job.ctx.spec;
+                            let tenant = policy.tenant_of(&spec.queue_name, &spec.id);
+                            (Arc::from(tenant), job.held.envelope.request.deadline)
+                        }),
+                        weights,
+                        fs.max_in_flight_per_tenant,
+                        fs.burst,
+                    )
+                    .counting(super::fair_share::Served {
+                        family: metrics.fair_share.served.clone(),
+                        pool: pool.id.clone(),
                     }),
-                    weights,
-                    fs.max_in_flight_per_tenant,
-                    fs.burst,
-                ))
+                )
             }
         };
+        if let MergePolicyKind::FairShare(fs) = &config.merge_policy.kind {
+            precreate_fair_share(metrics, fs, &config.transport.queues, &pool.id);
+        }
         let (intake, queues) = mpsc::unbounded_channel();
         intakes.insert(pool.id.clone(), intake);
         pools.spawn(run_pool(
@@ -779,6 +790,28 @@ fn start_pools(
         ));
     }
     intakes
+}
+
+/// `fair-share`'s series whose labels the config names, at their values from start-up: the
+/// served count of each tenant its weights name and of each listed queue of `pool`, the weights.
+fn precreate_fair_share(
+    metrics: &Metrics,
+    fs: &crate::config::FairShare,
+    queues: &[crate::config::QueueConfig],
+    pool: &str,
+) {
+    let listed = queues
+        .iter()
+        .filter(|q| q.worker_pool_id == pool)
+        .map(|q| fs.tenant_of(&q.queue_name, &q.id));
+    for tenant in fs.weights.keys().map(String::as_str).chain(listed) {
+        metrics.fair_share.precreate_served(pool, tenant);
+    }
+    let weights = super::discovery::initial_weights(fs);
+    metrics.fair_share.set_weights(
+        weights.by_tenant.iter().map(|(t, w)| (t, *w)),
+        weights.default,
+    );
 }
 
 /// One pool: takes the next request from its queues (random-robin) whenever a worker is free.

@@ -233,6 +233,8 @@ pub struct Metrics {
     pub feedback: super::feedback_metrics::FeedbackMetrics,
     /// Sends, tokens, gate-wait requeues and deadline proximity (newer Go's).
     pub dispatch: super::dispatch_metrics::DispatchMetrics,
+    /// `fair-share`'s served requests per tenant, weights and tenants with work.
+    pub fair_share: super::fair_share_metrics::FairShareMetrics,
 }
 
 impl Default for Metrics {
@@ -258,6 +260,7 @@ impl Metrics {
         m.register_deliveries(&mut registry);
         m.feedback.register(&mut registry);
         m.dispatch.register(&mut registry);
+        m.fair_share.register(&mut registry);
         registry.register_collector(Box::new(super::process::ProcessCollector));
         Metrics { registry, ..m }
     }
@@ -303,6 +306,7 @@ impl Metrics {
             config_last_success: Gauge::default(),
             feedback: Default::default(),
             dispatch: Default::default(),
+            fair_share: Default::default(),
             registry: Registry::default(),
         }
     }

@@ -8,6 +8,7 @@ pub mod accept;
 pub mod dispatch_metrics;
 pub mod encoding;
 pub mod exposition;
+pub mod fair_share_metrics;
 pub mod fd_limit;
 pub mod feedback_metrics;
 pub mod gofloat;

@@ -70,6 +70,18 @@ impl Metrics {
         self.dispatch.precreate(labels);
     }
 
+    /// A retired lane's readings, once no running lane shares its labels: the claims and the
+    /// outbox it held go to 0 (it retires only once both are empty), and its backlog, which no
+    /// one polls any more, is removed rather than left at its last reading. Counters stay, so
+    /// rates over the lane's life stay right.
+    pub fn retire_queue(&self, labels: &QueueLabels) {
+        self.claim_depth.get_or_create(labels).set(0);
+        self.outbox_depth.get_or_create(labels).set(0);
+        self.backlog.remove(labels);
+        self.backlog_source_available.remove(labels);
+        self.dispatch.deadline_proximity.remove(labels);
+    }
+
     /// Creates the process-wide series at 0: the queues config reloads by result.
     pub fn precreate_process(&self) {
         for result in ["success", "error"] {

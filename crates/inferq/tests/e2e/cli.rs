@@ -1017,3 +1017,60 @@ fn man_pages_are_written_one_per_command() {
         "{out:?}"
     );
 }
+
+/// `inferq run --help` lists the flags to use first; Go's deprecated flags come under a heading
+/// of their own after them, so the new flags do not make the list to read longer (issue 44).
+#[test]
+fn run_help_lists_go_s_deprecated_flags_apart() {
+    let out = common::cli(&["run", "--help"], &[], "");
+    let help = String::from_utf8_lossy(&out.stdout);
+    let (ours, go) = help
+        .split_once("Go's deprecated flags")
+        .unwrap_or_else(|| panic!("no heading of Go's deprecated flags:\n{help}"));
+    for flag in [
+        "--redis.url",
+        "--redis.ss.queues-config",
+        "--message-queue-impl",
+        "--request-merge-policy-config ",
+    ] {
+        assert!(
+            !ours.contains(flag),
+            "{flag} among the flags to use:\n{ours}"
+        );
+        assert!(go.contains(flag), "{flag} not under Go's heading:\n{go}");
+    }
+    assert!(ours.contains("--health-address"), "{ours}");
+    let listed = ours
+        .lines()
+        .filter(|l| l.trim_start().starts_with("--"))
+        .count();
+    assert!(listed <= 50, "{listed} flags before Go's:\n{ours}");
+}
+
+/// `inferq batch-api` without a file store names both ways to give one (issue 44: it named
+/// `--files-dir` alone).
+#[test]
+fn batch_api_without_a_file_store_names_files_dir_and_files_url() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("transport.json");
+    std::fs::write(
+        &config,
+        r#"{"url":"redis://127.0.0.1:1","queues":[{"queue_name":"q","igw_base_url":"http://x"}]}"#,
+    )
+    .unwrap();
+    let out = common::cli(
+        &[
+            "batch-api",
+            "--transport-config-file",
+            &config.display().to_string(),
+        ],
+        &[],
+        "",
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("--files-dir") && err.contains("--files-url"),
+        "{err}"
+    );
+}

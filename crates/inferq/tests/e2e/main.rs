@@ -15,6 +15,7 @@ mod dead_letter;
 mod deploy;
 mod durable_results;
 mod eviction;
+mod fair_share;
 mod gates;
 mod go_command_line;
 mod go_payloads;

@@ -1011,6 +1011,37 @@ async fn health_and_metrics_answer_on_ipv6_and_ipv4() {
     }
 }
 
+/// `--health-address` and `--metrics-address` bind the ports to the address given (issue 44:
+/// on a shared host an operator keeps them on loopback): they answer there and on no other.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_and_metrics_listen_where_told() {
+    let redis = RedisServer::start().unwrap();
+    let gateway = Gateway::start().await;
+    let opts = ProcessorOpts {
+        extra_args: vec![
+            "--health-address".into(),
+            "127.0.0.1".into(),
+            "--metrics-address".into(),
+            "::1".into(),
+        ],
+        ..ProcessorOpts::default()
+    };
+    let p = Processor::start(&redis, &gateway, &opts).await;
+    for (host, port, path, answers) in [
+        ("127.0.0.1", p.health_port, "healthz", true),
+        ("[::1]", p.health_port, "healthz", false),
+        ("[::1]", p.metrics_port, "metrics", true),
+        ("127.0.0.1", p.metrics_port, "metrics", false),
+    ] {
+        let url = format!("http://{host}:{port}/{path}");
+        let got = reqwest::get(&url).await.map(|r| r.status().as_u16());
+        match answers {
+            true => assert_eq!(got.ok(), Some(200), "{url}"),
+            false => assert!(got.is_err(), "{url} answered: {got:?}"),
+        }
+    }
+}
+
 /// `async_pool_worker_limit` is set at start-up for every configured pool, as Go sets it, also
 /// for a pool no queue uses yet (before, only pools serving a queue had the gauge).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

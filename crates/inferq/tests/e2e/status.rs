@@ -121,3 +121,78 @@ async fn status_watch_repeats_per_queue_and_refuses_a_silly_interval() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("must be at least 100ms"));
 }
+
+/// `inferq status --transport-config-file` counts the config's queues on the config's Redis,
+/// and `--tenant-queue-prefix` adds the tenant queues in the index of queues with work (issue
+/// 44: it wanted `--redis-url` and one `--queue` per tenant queue again).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_reads_its_queues_from_the_transport_config() {
+    let redis = RedisServer::start().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("transport.json");
+    let json = serde_json::json!({"url": redis.url(), "queues": [
+        {"queue_name": "listed-a", "igw_base_url": "http://127.0.0.1:1"},
+        {"queue_name": "listed-b", "igw_base_url": "http://127.0.0.1:1"}]});
+    std::fs::write(&config, json.to_string()).unwrap();
+    producer(&redis, "listed-b")
+        .await
+        .submit(request("b-1", 60, "{}"))
+        .await
+        .unwrap();
+    let tenant = producer(&redis, "inferq-tenant:team-a").await;
+    for id in ["t-1", "t-2"] {
+        tenant.submit(request(id, 60, "{}")).await.unwrap();
+    }
+    let mut c = con(&redis).await;
+    let _: i64 = redis::cmd("ZADD")
+        .arg("inferq-tenants:index")
+        .arg(1)
+        .arg("inferq-tenant:team-a")
+        .query_async(&mut c)
+        .await
+        .unwrap();
+    let path = config.display().to_string();
+    // No REDIS_URL: the config says where Redis is.
+    let out = common::cli(
+        &[
+            "status",
+            "--json",
+            "--transport-config-file",
+            &path,
+            "--tenant-queue-prefix",
+            "inferq-tenant:",
+        ],
+        &[],
+        "",
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    let lines: Vec<serde_json::Value> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let pending: Vec<(String, u64)> = lines
+        .iter()
+        .map(|l| {
+            (
+                l["queue"].as_str().unwrap_or_default().to_owned(),
+                counts(l, &["pending"])[0],
+            )
+        })
+        .collect();
+    assert_eq!(
+        pending,
+        [
+            ("listed-a".to_owned(), 0),
+            ("listed-b".to_owned(), 1),
+            ("inferq-tenant:team-a".to_owned(), 2)
+        ]
+    );
+    // A --queue beside the config is refused: one source of queues.
+    let out = common::cli(
+        &["status", "--transport-config-file", &path, "--queue", "x"],
+        &[],
+        "",
+    );
+    assert_eq!(out.status.code(), Some(2));
+}

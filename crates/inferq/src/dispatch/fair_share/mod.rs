@@ -141,6 +141,29 @@ pub struct FairShare<T> {
     burst: usize,
     /// The tenant served last, and how many in a row.
     current: Option<(Arc<str>, usize)>,
+    /// Counts each request served under its tenant (`inferq_fair_share_served_total`).
+    served: Option<Served>,
+}
+
+/// Where a pool's merge counts the requests it serves: the family and the pool's name.
+#[derive(Debug)]
+pub struct Served {
+    pub family: prometheus_client::metrics::family::Family<
+        crate::ops::fair_share_metrics::TenantLabels,
+        prometheus_client::metrics::counter::Counter,
+    >,
+    pub pool: String,
+}
+
+impl Served {
+    fn count(&self, tenant: &str) {
+        self.family
+            .get_or_create(&crate::ops::fair_share_metrics::TenantLabels {
+                pool_name: self.pool.clone(),
+                tenant: tenant.to_owned(),
+            })
+            .inc();
+    }
 }
 
 impl<T> std::fmt::Debug for FairShare<T> {
@@ -170,7 +193,14 @@ impl<T> FairShare<T> {
             last_slot: None,
             burst: burst.max(1),
             current: None,
+            served: None,
         }
+    }
+
+    /// Counts the requests served per tenant in `served`.
+    pub fn counting(mut self, served: Served) -> Self {
+        self.served = Some(served);
+        self
     }
 
     pub(super) fn add(&mut self, input: Receiver<T>) {
@@ -301,6 +331,9 @@ impl<T> FairShare<T> {
                     } else {
                         self.clock = start;
                         self.current = Some((s.tenant.clone(), 1));
+                    }
+                    if let Some(served) = &self.served {
+                        served.count(&s.tenant);
                     }
                     self.last_slot = self.in_flight.as_ref().map(|f| f.take(s.tenant));
                     return Poll::Ready(Some(s.item));
