@@ -1074,3 +1074,66 @@ fn batch_api_without_a_file_store_names_files_dir_and_files_url() {
         "{err}"
     );
 }
+
+/// getting-started.md's manual start, line by line as the page has it (its example ports
+/// replaced by free ones): the request's result comes back, and no process logs a warning
+/// (issue 44: the documented `inferq run` line warned at every start).
+#[test]
+fn the_manual_start_of_getting_started_runs_without_a_warning() {
+    use std::os::unix::process::CommandExt;
+    let page = include_str!("../../../../docs/src/getting-started.md");
+    let section = page
+        .split("## A manual start")
+        .nth(1)
+        .and_then(|s| s.split("```sh\n").nth(1))
+        .and_then(|s| s.split("```").next())
+        .expect("getting-started.md has a manual start");
+    let mut script = section.to_owned();
+    for port in ["6399", "8099", "8081", "9090"] {
+        let free = inferq_testkit::free_port().unwrap().to_string();
+        script = script.replace(port, &free);
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let bin = std::path::Path::new(env!("CARGO_BIN_EXE_inferq"))
+        .parent()
+        .unwrap()
+        .display()
+        .to_string();
+    let path = format!("{bin}:{}", std::env::var("PATH").unwrap_or_default());
+    // Give Redis and the processor a moment before the request, as a person typing does.
+    let script = script
+        .replace("\ninferq run", "\nsleep 1\ninferq run")
+        .replace("\necho '{\"id\"", "\nsleep 2\necho '{\"id\"");
+    let mut child = std::process::Command::new("bash")
+        .args(["-c", &format!("set -e\n{script}")])
+        .current_dir(dir.path())
+        .env("PATH", path)
+        .env_remove("REDIS_URL")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .process_group(0)
+        .spawn()
+        .unwrap();
+    let pgid = child.id();
+    let stdout = child.stdout.take();
+    let status = child.wait().unwrap();
+    let mut out = String::new();
+    if let Some(mut s) = stdout {
+        let _ = std::io::Read::read_to_string(&mut s, &mut out);
+    }
+    let _ = std::process::Command::new("kill")
+        .args(["-TERM", "--", &format!("-{pgid}")])
+        .status();
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let logs: String = ["redis.log", "sim.log", "inferq.log"]
+        .iter()
+        .map(|f| std::fs::read_to_string(dir.path().join(f)).unwrap_or_default())
+        .collect();
+    assert!(status.success(), "{out}\n{logs}");
+    assert!(out.contains("hello-1"), "no result:\n{out}\n{logs}");
+    let inferq_log = std::fs::read_to_string(dir.path().join("inferq.log")).unwrap_or_default();
+    let sim_log = std::fs::read_to_string(dir.path().join("sim.log")).unwrap_or_default();
+    assert!(!inferq_log.contains(" WARN "), "{inferq_log}");
+    assert!(!sim_log.contains(" WARN "), "{sim_log}");
+    assert!(!inferq_log.is_empty(), "the processor logged nothing");
+}
