@@ -335,7 +335,7 @@ impl hyper::service::Service<axum::http::Request<Incoming>> for Service {
 
 /// The answer to a connection past the bound (OpenAI's error shape).
 const REFUSAL: &[u8] = b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n\
-Connection: close\r\nRetry-After: 1\r\nContent-Length: 141\r\n\r\n\
+Connection: close\r\nRetry-After: 1\r\nContent-Length: 134\r\n\r\n\
 {\"error\":{\"message\":\"Too many open connections: try again shortly.\",\"type\":\"server_error\",\"param\":null,\"code\":\"too_many_connections\"}}";
 
 /// Serves `router` on `listener` until `stop`, one bounded HTTP/1.1 connection per task (see
