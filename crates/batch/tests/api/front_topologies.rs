@@ -161,6 +161,19 @@ async fn a_failover_behind_sentinel_loses_no_single_request() -> Fallible {
     Ok(())
 }
 
+/// How many runs the simulator at `sim` has admitted, all ids together, and its `/executions`.
+async fn executions(sim: &str) -> Fallible<(u64, Value)> {
+    let counts: Value = reqwest::get(format!("{sim}/executions"))
+        .await?
+        .json()
+        .await?;
+    let runs = counts
+        .as_object()
+        .map(|m| m.values().filter_map(Value::as_u64).sum())
+        .unwrap_or(0);
+    Ok((runs, counts))
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_whose_replica_died_retries_with_its_key_through_another() -> Fallible {
     let mut d = Deployment::start(2500).await?;
@@ -178,17 +191,7 @@ async fn a_client_whose_replica_died_retries_with_its_key_through_another() -> F
         "the request running at the gateway",
         Duration::from_secs(20),
         Duration::from_millis(50),
-        async || {
-            let counts: Value = reqwest::get(format!("{sim}/executions"))
-                .await?
-                .json()
-                .await?;
-            let runs: u64 = counts
-                .as_object()
-                .map(|m| m.values().filter_map(Value::as_u64).sum())
-                .unwrap_or(0);
-            Ok((runs >= 1).then_some(()))
-        },
+        async || Ok((executions(&sim).await?.0 >= 1).then_some(())),
     )
     .await?;
     d.kill_replica(0);
@@ -202,14 +205,7 @@ async fn a_client_whose_replica_died_retries_with_its_key_through_another() -> F
     .await?;
     assert_eq!(s, 200, "{body}\n{}", d.logs());
     let id = id.unwrap_or_default();
-    let counts: Value = reqwest::get(format!("{}/executions", d.sim.base_url()))
-        .await?
-        .json()
-        .await?;
-    let runs: u64 = counts
-        .as_object()
-        .map(|m| m.values().filter_map(Value::as_u64).sum())
-        .unwrap_or(0);
+    let (runs, counts) = executions(&sim).await?;
     assert_eq!(runs, 1, "the gateway ran it {runs} times: {counts}");
     let got: Value = reqwest::get(format!("{}/requests/{id}", d.url(1)))
         .await?
