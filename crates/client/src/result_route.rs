@@ -6,9 +6,10 @@
 //! marker became a list stops with `WRONGTYPE` at every poll. So a result list is checked
 //! before the push, against every key name inferq or its producers use:
 //!
-//! - each configured queue's pending set, and everything under its private prefix
-//!   (`<queue>:…`, and `{<queue>}:…` as on a Redis Cluster): all of [`QueueKeys`], the
-//!   `seen` markers, and any key derived there later;
+//! - each configured queue's keys, in both layouts (`<queue>:…`, and `{<queue>}:…` as on a
+//!   Redis Cluster): all of [`QueueKeys`] (a test destructures it, so a key added there later
+//!   is refused too) and the `seen` markers. Other names under the prefix stay open: a result
+//!   list in the queue's slot (`{<queue>}:results`) gives a cluster its one-script finish;
 //! - the retry set;
 //! - the producers' keys: `request-active:*`, `request-cancel:*`, `request-payload:*`,
 //!   `request-seq:*`;
@@ -68,11 +69,15 @@ pub struct ReservedKeysBuilder {
 }
 
 impl ReservedKeysBuilder {
-    /// A configured queue: its pending set and its private prefix, in both layouts.
+    /// A configured queue: every key of its [`QueueKeys`] and its pub/sub markers
+    /// (`<prefix>:seen:`), in both layouts. Other names under its prefix stay open: a result
+    /// list in the queue's slot (`{queue}:results`) is how a cluster finishes in one script.
     pub fn queue(mut self, queue: &str) -> Self {
         for keys in [QueueKeys::new(queue), QueueKeys::clustered(queue)] {
-            self.keys.exact.insert(keys.pending.clone());
-            self.keys.prefixes.push(format!("{}:", keys.prefix));
+            for key in keys.all() {
+                self.keys.exact.insert(key.to_owned());
+            }
+            self.keys.prefixes.push(format!("{}:seen:", keys.prefix));
         }
         self
     }
@@ -365,7 +370,9 @@ mod tests {
                     assert!(decide(&r, key, false, &[]).is_err(), "{key}");
                 }
                 assert!(decide(&r, &keys.seen(b"m"), false, &[]).is_err());
-                assert!(decide(&r, &format!("{prefix}:added-later"), false, &[]).is_err());
+                // A list of the producer's own beside the queue, in its slot, is no key of
+                // inferq's (the cluster's one-script finish depends on it).
+                assert!(decide(&r, &format!("{prefix}:results"), false, &[]).is_ok());
             }
         }
     }
