@@ -447,3 +447,16 @@ pub(crate) async fn wait_ended_as(
     })
     .await
 }
+
+/// Asserts OpenAI's error shape: `{"error": {"message": <non-empty>, "type": <string>, "param",
+/// "code"}}`.
+pub(crate) fn assert_openai_error(v: &serde_json::Value) {
+    let e = &v["error"];
+    assert!(e["message"].as_str().is_some_and(|m| !m.is_empty()), "{v}");
+    assert!(e["type"].is_string(), "{v}");
+    assert!(
+        e.as_object()
+            .is_some_and(|o| o.contains_key("param") && o.contains_key("code")),
+        "{v}"
+    );
+}

@@ -11,7 +11,7 @@ use serde_json::{json, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use crate::common::{Deployment, Fallible};
+use crate::common::{assert_openai_error, Deployment, Fallible};
 
 const KEY: &str = "sk-hostile-test-0123456789";
 
@@ -225,14 +225,7 @@ async fn refusals_come_before_reading_and_in_openais_shape() -> Fallible {
         let text = r.text().await?;
         let v: Value = serde_json::from_str(&text)
             .unwrap_or_else(|e| panic!("not OpenAI-shaped ({e}): {text}"));
-        let e = &v["error"];
-        assert!(e["message"].as_str().is_some_and(|m| !m.is_empty()), "{v}");
-        assert!(e["type"].is_string(), "{v}");
-        assert!(
-            e.as_object()
-                .is_some_and(|o| o.contains_key("param") && o.contains_key("code")),
-            "{v}"
-        );
+        assert_openai_error(&v);
     }
     Ok(())
 }

@@ -6,7 +6,9 @@
 use std::process::Command;
 use std::time::Duration;
 
-use crate::common::{chat_lines, start_batch, until, wait_ended, Deployment, Fallible};
+use crate::common::{
+    assert_openai_error, chat_lines, start_batch, until, wait_ended, Deployment, Fallible,
+};
 use inferq_testkit::inferq_binary;
 use serde_json::Value;
 
@@ -16,15 +18,8 @@ const KEY: &str = "sk-http-test-0123456789";
 async fn error_of(r: reqwest::Response, status: u16) -> Fallible<Value> {
     assert_eq!(r.status().as_u16(), status);
     let v: Value = r.json().await?;
-    let e = &v["error"];
-    assert!(e["message"].as_str().is_some_and(|m| !m.is_empty()), "{v}");
-    assert!(e["type"].is_string(), "{v}");
-    assert!(
-        e.as_object()
-            .is_some_and(|o| o.contains_key("param") && o.contains_key("code")),
-        "{v}"
-    );
-    Ok(e.clone())
+    assert_openai_error(&v);
+    Ok(v["error"].clone())
 }
 
 fn form(text: Vec<u8>) -> reqwest::multipart::Form {
