@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use common::*;
 use inferq_client::wire::ResultMessage;
-use inferq_sim::interactive::{self, InteractiveSettings, Outcome, Phase, Profile};
+use inferq_sim::interactive::{self, InteractiveSettings, Phase, Profile};
 use inferq_sim::{EngineConfig, RouterConfig, SaturationDetector, Sim, SimConfig};
 use inferq_testkit::RedisServer;
 use tokio_util::sync::CancellationToken;
@@ -65,20 +65,7 @@ async fn interactive_p99(sim: &Sim) -> f64 {
     )
     .await
     .unwrap();
-    let mut ttft: Vec<f64> = report
-        .samples
-        .iter()
-        .filter(|s| s.phase.starts_with("load") && s.outcome == Outcome::Ok)
-        .filter_map(|s| s.ttft_ms)
-        .collect();
-    assert!(
-        ttft.len() >= 30,
-        "too few interactive answers: {}",
-        ttft.len()
-    );
-    ttft.sort_by(f64::total_cmp);
-    let rank = ((0.99 * ttft.len() as f64).ceil() as usize).clamp(1, ttft.len());
-    ttft[rank - 1]
+    load_ttft_p99(&report)
 }
 
 /// The value of the first series of `family` on `page` whose line holds `filter`.

@@ -9,7 +9,7 @@ use crate::common;
 use std::time::Duration;
 
 use common::*;
-use inferq_sim::interactive::{self, InteractiveSettings, Outcome, Phase, Profile};
+use inferq_sim::interactive::{self, InteractiveSettings, Phase, Profile};
 use inferq_sim::{EngineConfig, Sim, SimConfig};
 use inferq_testkit::RedisServer;
 use tokio_util::sync::CancellationToken;
@@ -122,22 +122,10 @@ async fn measure(batch: bool, gate: Option<fn(&str) -> serde_json::Value>) -> Me
         .query_async(&mut con)
         .await
         .unwrap();
-    let mut ttft: Vec<f64> = report
-        .samples
-        .iter()
-        .filter(|s| s.phase.starts_with("load") && s.outcome == Outcome::Ok)
-        .filter_map(|s| s.ttft_ms)
-        .collect();
-    assert!(
-        ttft.len() >= 30,
-        "too few interactive answers: {}",
-        ttft.len()
-    );
-    ttft.sort_by(f64::total_cmp);
-    let rank = ((0.99 * ttft.len() as f64).ceil() as usize).clamp(1, ttft.len());
+    let ttft_p99 = load_ttft_p99(&report);
     sim.stop().await;
     Measured {
-        ttft_p99: ttft[rank - 1],
+        ttft_p99,
         batch_done: after - before,
     }
 }

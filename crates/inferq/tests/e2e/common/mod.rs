@@ -720,3 +720,23 @@ impl Drop for ClientCommands {
         self.reader.abort();
     }
 }
+
+/// The p99 TTFT (ms) of the interactive answers of a run's `load*` phases, asserting at least
+/// 30 of them (fewer make no p99).
+pub(crate) fn load_ttft_p99(report: &inferq_sim::interactive::Report) -> f64 {
+    use inferq_sim::interactive::Outcome;
+    let mut ttft: Vec<f64> = report
+        .samples
+        .iter()
+        .filter(|s| s.phase.starts_with("load") && s.outcome == Outcome::Ok)
+        .filter_map(|s| s.ttft_ms)
+        .collect();
+    assert!(
+        ttft.len() >= 30,
+        "too few interactive answers: {}",
+        ttft.len()
+    );
+    ttft.sort_by(f64::total_cmp);
+    let rank = ((0.99 * ttft.len() as f64).ceil() as usize).clamp(1, ttft.len());
+    ttft[rank - 1]
+}
