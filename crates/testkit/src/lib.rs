@@ -27,6 +27,8 @@
 //! error when `$CI` is set, so CI never skips a Valkey test silently. (That PyPI build of
 //! Valkey 9 has no TLS: TLS fixtures are Redis only.)
 //!
+//! [`connections::slot_taken`] opens a connection known to hold a slot of an HTTP listener.
+//!
 //! Shared helpers: [`free_port`], [`config_set`], [`port_taken`], [`node_cli`] (runs `redis-cli`
 //! against one node), [`log_tail`], [`Auth`] (a user and password the fixtures log in with), and
 //! [`TestkitError`], whose messages carry the tail of the failing node's log.
@@ -34,6 +36,7 @@
 pub mod binaries;
 pub mod certs;
 pub mod cluster;
+pub mod connections;
 pub mod prometheus;
 pub mod router_broker;
 pub mod sentinel;

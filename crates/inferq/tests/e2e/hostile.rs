@@ -417,7 +417,7 @@ async fn the_health_and_metrics_listeners_bound_their_connections() {
             "--http-header-read-timeout",
             "1s",
             "--http-idle-timeout",
-            "3s",
+            "60s",
             "--http-max-connections",
             "4",
         ]
@@ -444,12 +444,17 @@ async fn the_health_and_metrics_listeners_bound_their_connections() {
                 started.elapsed()
             );
         }
-        // Past the bound, a connection is refused with a 503.
+        // Past the bound, a connection is refused with a 503. Each held connection is answered
+        // first, so it is known to hold its slot (the two closed above free theirs only just
+        // after their close).
         let mut held = Vec::new();
         for _ in 0..4 {
-            held.push(TcpStream::connect(&addr).await.unwrap());
+            held.push(
+                inferq_testkit::connections::slot_taken(&addr)
+                    .await
+                    .unwrap(),
+            );
         }
-        tokio::time::sleep(Duration::from_millis(200)).await;
         let mut over = TcpStream::connect(&addr).await.unwrap();
         let mut answer = Vec::new();
         let _ = tokio::time::timeout(Duration::from_secs(3), over.read_to_end(&mut answer)).await;
