@@ -31,6 +31,7 @@ mod prometheus;
 mod pubsub;
 mod reload;
 mod residue;
+mod router_broker;
 mod security;
 mod slack;
 mod status;
