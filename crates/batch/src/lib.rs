@@ -112,8 +112,8 @@ pub async fn app(settings: Settings) -> Result<state::App, ServeError> {
     metrics.known_tenants(&keys.known_tenants());
     let tenant_weights = tenants::weights_of(&keys);
     metrics.tenants.start_with(tenant_weights.keys());
-    let front = front::Front::new(settings.front.clone(), metrics.clone())
-        .map_err(ServeError::redis)?;
+    let front =
+        front::Front::new(settings.front.clone(), metrics.clone()).map_err(ServeError::redis)?;
     Ok(state::App {
         front: Arc::new(front),
         redis,

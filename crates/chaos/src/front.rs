@@ -168,7 +168,10 @@ pub async fn run(s: &FrontChaosSettings) -> Fallible<FrontReport> {
     d.processor_flags = vec!["--concurrency".into(), "16".into()];
     // Answers are kept an hour after their first delivery, so the checker reads each back.
     let broker = s.dir.join("broker.yaml");
-    std::fs::write(&broker, "default_queue: batch-q\nfetch_grace_seconds: 3600\n")?;
+    std::fs::write(
+        &broker,
+        "default_queue: batch-q\nfetch_grace_seconds: 3600\n",
+    )?;
     d.replica_flags
         .extend(["--broker-config".to_owned(), broker.display().to_string()]);
     for _ in 0..2 {

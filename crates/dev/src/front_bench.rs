@@ -158,7 +158,8 @@ async fn latency(dir: &std::path::Path, args: &FrontBenchArgs) -> anyhow::Result
     let direct = format!("{}/v1/chat/completions", d.sim.base_url());
     let front = format!("{}/chat/completions", d.base(0));
     let _ = open_loop(&client, &direct, None, args.rate, 1).await?;
-    let (reference, ref_failed) = open_loop(&client, &direct, None, args.rate, args.seconds).await?;
+    let (reference, ref_failed) =
+        open_loop(&client, &direct, None, args.rate, args.seconds).await?;
     let (r50, r99) = (quantile(&reference, 0.5), quantile(&reference, 0.99));
     say!(
         "latency     {} req/s for {} s, simulator ttft {} ms",

@@ -53,7 +53,11 @@ pub fn result(r: &ResultMessage) -> Response {
 
 /// `202 {"id":"<id>","status":"pending"}`.
 pub fn pending(id: &str) -> Response {
-    (StatusCode::ACCEPTED, Json(json!({"id": id, "status": "pending"}))).into_response()
+    (
+        StatusCode::ACCEPTED,
+        Json(json!({"id": id, "status": "pending"})),
+    )
+        .into_response()
 }
 
 /// 410: unknown, expired, deleted or another tenant's.
@@ -116,20 +120,35 @@ pub fn stream_events(r: Option<&ResultMessage>) -> Vec<String> {
     match r {
         Some(r) if (200..300).contains(&r.status_code) => match serde_json::from_str(&r.payload) {
             Ok(body) => out.extend(chunks(&body).iter().map(event)),
-            Err(_) => out.push(error_event(502, "api_error", "BAD_GATEWAY_ANSWER", "the gateway's answer is not JSON")),
+            Err(_) => out.push(error_event(
+                502,
+                "api_error",
+                "BAD_GATEWAY_ANSWER",
+                "the gateway's answer is not JSON",
+            )),
         },
         Some(r) if r.status_code > 0 => {
             let body: Value = serde_json::from_str(&r.payload).unwrap_or(Value::Null);
             match body.get("error") {
                 Some(e) if e.is_object() => out.push(event(&json!({"error": e}))),
-                _ => out.push(error_event(r.status_code, "api_error", &r.status_code.to_string(), &r.payload)),
+                _ => out.push(error_event(
+                    r.status_code,
+                    "api_error",
+                    &r.status_code.to_string(),
+                    &r.payload,
+                )),
             }
         }
         Some(r) => {
             let (status, kind) = error_status(&r.error_code);
             out.push(error_event(status, kind, &r.error_code, &r.error_message));
         }
-        None => out.push(error_event(504, "timeout_error", "DEADLINE_EXCEEDED", "request deadline exceeded before a result was produced")),
+        None => out.push(error_event(
+            504,
+            "timeout_error",
+            "DEADLINE_EXCEEDED",
+            "request deadline exceeded before a result was produced",
+        )),
     }
     out.push("data: [DONE]\n\n".to_owned());
     out

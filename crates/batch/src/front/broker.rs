@@ -87,7 +87,11 @@ pub async fn lookup(app: &App, tenant: &str, id: &str) -> Result<State, redis::R
             )),
         });
     }
-    Ok(if active { State::Pending } else { State::Unknown })
+    Ok(if active {
+        State::Pending
+    } else {
+        State::Unknown
+    })
 }
 
 /// Whether a joined generation still stands: its result is there, or it is pending and not
@@ -124,9 +128,13 @@ pub async fn submit(app: &App, q: &Queued) -> Result<Submitted, ApiError> {
             &[join.as_str()],
             &[&q.digest, &token, &now_ms.to_string(), &ttl, &replace],
         );
-        let (outcome, held, at): (String, String, i64) =
-            redis::from_redis_value(script.run(&mut con, &cmd).await.map_err(|e| enqueue_failed(&e))?)
-                .map_err(|e| enqueue_failed(&e))?;
+        let (outcome, held, at): (String, String, i64) = redis::from_redis_value(
+            script
+                .run(&mut con, &cmd)
+                .await
+                .map_err(|e| enqueue_failed(&e))?,
+        )
+        .map_err(|e| enqueue_failed(&e))?;
         if outcome == "created" {
             if let Err(e) = write(app, q, &token, now_ms, deadline).await {
                 forget(app, &q.tenant, &q.id, &token).await;
@@ -198,7 +206,10 @@ async fn write(
     }
     .encode();
     let mut con = app.redis.clone();
-    let (cancel, active) = (keys::cancel(&q.tenant, &q.id), keys::active(&q.tenant, &q.id));
+    let (cancel, active) = (
+        keys::cancel(&q.tenant, &q.id),
+        keys::active(&q.tenant, &q.id),
+    );
     let written: Result<(), redis::RedisError> = if con.is_cluster() {
         async {
             let _: () = con.del(&cancel).await?;

@@ -162,8 +162,12 @@ impl BrokerConfig {
     pub fn load(path: &Path) -> Result<BrokerConfig, ConfigError> {
         let text = std::fs::read_to_string(path)
             .map_err(|e| refuse("--broker-config", format!("{}: {e}", path.display())))?;
-        BrokerConfig::parse(&text)
-            .map_err(|e| refuse(&format!("--broker-config {}: {}", path.display(), e.field), e.reason))
+        BrokerConfig::parse(&text).map_err(|e| {
+            refuse(
+                &format!("--broker-config {}: {}", path.display(), e.field),
+                e.reason,
+            )
+        })
     }
 
     /// [`BrokerConfig::load`] of a text.
@@ -233,7 +237,11 @@ impl BrokerConfig {
             }
         }
         for h in self.forward_headers() {
-            for banned in [&self.mode_header, &self.objective_header, &self.fairness_header] {
+            for banned in [
+                &self.mode_header,
+                &self.objective_header,
+                &self.fairness_header,
+            ] {
                 if h.eq_ignore_ascii_case(banned) {
                     return Err(refuse(
                         "forward_headers",
@@ -312,7 +320,8 @@ impl BrokerConfig {
     /// The queue and tier of a request (the first matching route, else the defaults).
     pub fn route(&self, model: &str, tenant: &str) -> (&str, &str) {
         for r in &self.routes {
-            if (r.model.is_empty() || r.model == model) && (r.tenant.is_empty() || r.tenant == tenant)
+            if (r.model.is_empty() || r.model == model)
+                && (r.tenant.is_empty() || r.tenant == tenant)
             {
                 let q = if r.queue.is_empty() {
                     &self.default_queue
@@ -388,8 +397,14 @@ params:
 "#;
         let c = BrokerConfig::parse(yaml).ok();
         let c = c.as_ref();
-        assert_eq!(c.map(|c| c.route("my-model", "x")), Some(("team-a-queue", "interactive")));
-        assert_eq!(c.map(|c| c.route("other", "x")), Some(("request-sortedset", "")));
+        assert_eq!(
+            c.map(|c| c.route("my-model", "x")),
+            Some(("team-a-queue", "interactive"))
+        );
+        assert_eq!(
+            c.map(|c| c.route("other", "x")),
+            Some(("request-sortedset", ""))
+        );
         assert_eq!(c.map(|c| c.quota.window_seconds), Some(300));
         assert_eq!(c.map(|c| c.bounds(false).default_seconds), Some(60));
         assert_eq!(c.map(|c| c.bounds(true).default_seconds), Some(3600));
@@ -415,7 +430,10 @@ params:
         let field = |t: &str| BrokerConfig::parse(t).err().map(|e| e.field);
         assert_eq!(field("{\"rooutes\": []}"), Some("params".into()));
         assert_eq!(field("wakeup_mode: sometimes"), Some("wakeup_mode".into()));
-        assert_eq!(field("fetch_grace_seconds: -1"), Some("fetch_grace_seconds".into()));
+        assert_eq!(
+            field("fetch_grace_seconds: -1"),
+            Some("fetch_grace_seconds".into())
+        );
         assert_eq!(
             field("timeouts: {later: {default_seconds: 1}}"),
             Some("timeouts".into())

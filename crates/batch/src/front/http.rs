@@ -58,22 +58,21 @@ struct ModelOnly {
     model: Option<Value>,
 }
 
-async fn post(
-    app: App,
-    endpoint: Endpoint,
-    uri: Uri,
-    headers: HeaderMap,
-    body: Bytes,
-) -> Response {
+async fn post(app: App, endpoint: Endpoint, uri: Uri, headers: HeaderMap, body: Bytes) -> Response {
     let keyed = match keyed(&app, &headers) {
         Ok(k) => k,
         Err(e) => return e.into_response(),
     };
-    let inbound =
-        match inbound::parse(&app.front.settings.broker, endpoint, &headers, &body, keyed.as_deref()) {
-            Ok(i) => i,
-            Err(e) => return e.into_response(),
-        };
+    let inbound = match inbound::parse(
+        &app.front.settings.broker,
+        endpoint,
+        &headers,
+        &body,
+        keyed.as_deref(),
+    ) {
+        Ok(i) => i,
+        Err(e) => return e.into_response(),
+    };
     let path = uri
         .path_and_query()
         .map_or(endpoint.path(), |p| p.as_str())
@@ -95,7 +94,9 @@ async fn post(
         }
         Inbound::Queued(q) => {
             let id = q.id.clone();
-            let r = queued(app, *q).await.unwrap_or_else(IntoResponse::into_response);
+            let r = queued(app, *q)
+                .await
+                .unwrap_or_else(IntoResponse::into_response);
             answer::with_id(r, &id)
         }
     }
@@ -279,7 +280,12 @@ pub async fn retrieve(
         .unwrap_or_else(IntoResponse::into_response)
 }
 
-async fn fetch(app: App, id: String, q: PollQuery, headers: HeaderMap) -> Result<Response, ApiError> {
+async fn fetch(
+    app: App,
+    id: String,
+    q: PollQuery,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
     let tenant = tenant(&app, &headers)?;
     let secs = match q.wait.as_deref() {
         None => 0.0,

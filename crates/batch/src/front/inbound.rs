@@ -88,9 +88,10 @@ pub enum Inbound {
 fn header<'a>(headers: &'a HeaderMap, name: &str) -> Result<Option<&'a str>, ApiError> {
     match headers.get(name) {
         None => Ok(None),
-        Some(v) => v.to_str().map(Some).map_err(|_| {
-            invalid(format!("{name} is not visible ASCII"), name)
-        }),
+        Some(v) => v
+            .to_str()
+            .map(Some)
+            .map_err(|_| invalid(format!("{name} is not visible ASCII"), name)),
     }
 }
 
@@ -301,7 +302,10 @@ mod tests {
         assert_eq!((q.tenant.as_str(), q.id.as_str()), ("acme", "job-1"));
         assert_eq!(q.timeout_secs, 100);
         assert_eq!(q.metadata.get("userid").map(String::as_str), Some("acme"));
-        assert_eq!(q.metadata.get("traceparent").map(String::as_str), Some("00-t-s-01"));
+        assert_eq!(
+            q.metadata.get("traceparent").map(String::as_str),
+            Some("00-t-s-01")
+        );
         assert_eq!(q.headers.len(), 1);
         let h = headers(&[("x-ap-mode", "wait"), ("x-request-id", "bad id!")]);
         let Ok(Inbound::Queued(q)) = parse(&c, Endpoint::Chat, &h, CHAT, None) else {
@@ -314,10 +318,16 @@ mod tests {
     fn each_refusal_names_its_field() {
         let c = BrokerConfig::default();
         let wait = ("x-ap-mode", "wait");
-        assert_eq!(refusal(&c, &[("x-ap-mode", "later")], CHAT), Some((400, "X-AP-Mode".into())));
+        assert_eq!(
+            refusal(&c, &[("x-ap-mode", "later")], CHAT),
+            Some((400, "X-AP-Mode".into()))
+        );
         assert_eq!(refusal(&c, &[wait], b"{"), Some((400, "body".into())));
         assert_eq!(refusal(&c, &[wait], b"[1]"), Some((400, "body".into())));
-        assert_eq!(refusal(&c, &[wait], br#"{"messages":[]}"#), Some((400, "model".into())));
+        assert_eq!(
+            refusal(&c, &[wait], br#"{"messages":[]}"#),
+            Some((400, "model".into()))
+        );
         assert_eq!(
             refusal(&c, &[wait, ("x-team", "a:b")], CHAT),
             Some((400, "X-Team".into()))
@@ -329,10 +339,20 @@ mod tests {
             );
         }
         assert_eq!(
-            refusal(&c, &[("x-ap-mode", "enqueue")], br#"{"model":"m","stream":true}"#),
+            refusal(
+                &c,
+                &[("x-ap-mode", "enqueue")],
+                br#"{"model":"m","stream":true}"#
+            ),
             Some((400, "stream".into()))
         );
-        let forbidden = parse(&c, Endpoint::Chat, &headers(&[wait, ("x-team", "b")]), CHAT, Some("a"));
+        let forbidden = parse(
+            &c,
+            Endpoint::Chat,
+            &headers(&[wait, ("x-team", "b")]),
+            CHAT,
+            Some("a"),
+        );
         assert_eq!(forbidden.err().map(|e| e.status.as_u16()), Some(403));
     }
 }

@@ -51,9 +51,7 @@ pub fn join(tenant: &str, id: &str) -> String {
 /// Whether `id` is an id a client may choose: letters, digits and `-`, 1 to 128 of them (the
 /// step's rule; any other is replaced by a minted one).
 pub fn is_client_id(id: &str) -> bool {
-    !id.is_empty()
-        && id.len() <= 128
-        && id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+    !id.is_empty() && id.len() <= 128 && id.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
 }
 
 /// A minted id: a random UUID (version 4), as the router mints.

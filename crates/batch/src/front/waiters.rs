@@ -172,11 +172,17 @@ pub async fn run(
     while !stop.is_cancelled() {
         let subscribed = async {
             let client = target.node_client().await.map_err(|e| e.to_string())?;
-            if !ensure_notifications(&client).await.map_err(|e| e.to_string())? {
+            if !ensure_notifications(&client)
+                .await
+                .map_err(|e| e.to_string())?
+            {
                 return Ok(None);
             }
             let mut pubsub = client.get_async_pubsub().await.map_err(|e| e.to_string())?;
-            pubsub.psubscribe(&pattern).await.map_err(|e| e.to_string())?;
+            pubsub
+                .psubscribe(&pattern)
+                .await
+                .map_err(|e| e.to_string())?;
             Ok::<_, String>(Some(pubsub))
         };
         let pubsub = tokio::select! {

@@ -150,7 +150,10 @@ async fn echo_gateway() -> Fallible<String> {
                 let line = if n == 3 {
                     "data: [DONE]\n\n".to_owned()
                 } else {
-                    format!("data: {}\n\n", json!({"object": "chat.completion.chunk", "n": n}))
+                    format!(
+                        "data: {}\n\n",
+                        json!({"object": "chat.completion.chunk", "n": n})
+                    )
                 };
                 Some((Ok::<_, std::convert::Infallible>(Bytes::from(line)), n + 1))
             });
@@ -160,8 +163,10 @@ async fn echo_gateway() -> Fallible<String> {
             )
                 .into_response();
         }
-        axum::Json(json!({"object": "echo", "path": uri.to_string(), "headers": seen, "body": body}))
-            .into_response()
+        axum::Json(
+            json!({"object": "echo", "path": uri.to_string(), "headers": seen, "body": body}),
+        )
+        .into_response()
     }
     let app = axum::Router::new().fallback(axum::routing::post(echo));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
@@ -187,9 +192,18 @@ async fn no_header_is_served_live_and_passthrough_is_classified_and_stamped() ->
     let url = format!("{}/chat/completions?probe=1", d.url(0));
     let body = json!({"model": "e", "messages": []});
     // No X-AP-Mode: untouched, the client's own objective header included, nothing in Redis.
-    let live = post(&url, &[("x-llm-d-inference-objective", "mine"), ("x-team", "acme")], &body).await?;
+    let live = post(
+        &url,
+        &[("x-llm-d-inference-objective", "mine"), ("x-team", "acme")],
+        &body,
+    )
+    .await?;
     assert_eq!(live.status, 200, "{}", live.body);
-    assert_eq!(live.body["path"], "/v1/chat/completions?probe=1", "{}", live.body);
+    assert_eq!(
+        live.body["path"], "/v1/chat/completions?probe=1",
+        "{}",
+        live.body
+    );
     assert_eq!(live.body["headers"]["x-llm-d-inference-objective"], "mine");
     assert!(live.body["headers"]["x-llm-d-inference-fairness-id"].is_null());
     assert_eq!(live.body["body"], body);
@@ -202,7 +216,12 @@ async fn no_header_is_served_live_and_passthrough_is_classified_and_stamped() ->
         tokio::spawn(async move {
             post(
                 &url,
-                &[("X-AP-Mode", "passthrough"), ("x-team", "acme"), ("x-echo-delay-ms", "1500"), ("x-llm-d-inference-objective", "forged")],
+                &[
+                    ("X-AP-Mode", "passthrough"),
+                    ("x-team", "acme"),
+                    ("x-echo-delay-ms", "1500"),
+                    ("x-llm-d-inference-objective", "forged"),
+                ],
                 &body,
             )
             .await
@@ -210,28 +229,64 @@ async fn no_header_is_served_live_and_passthrough_is_classified_and_stamped() ->
         })
     };
     let mut con = d.redis.connection().await?;
-    until("the slot taken", Duration::from_secs(10), Duration::from_millis(20), async || {
-        let n: Option<i64> = con.get("quota:userid:acme").await?;
-        Ok((n == Some(1)).then_some(()))
-    })
+    until(
+        "the slot taken",
+        Duration::from_secs(10),
+        Duration::from_millis(20),
+        async || {
+            let n: Option<i64> = con.get("quota:userid:acme").await?;
+            Ok((n == Some(1)).then_some(()))
+        },
+    )
     .await?;
-    let over = post(&url, &[("X-AP-Mode", "PassThrough"), ("x-team", "acme")], &body).await?;
+    let over = post(
+        &url,
+        &[("X-AP-Mode", "PassThrough"), ("x-team", "acme")],
+        &body,
+    )
+    .await?;
     assert_eq!(over.status, 200, "{}", over.body);
-    assert_eq!(over.body["headers"]["x-llm-d-inference-objective"], "int-overflow");
-    assert_eq!(over.body["headers"]["x-llm-d-inference-fairness-id"], "acme");
+    assert_eq!(
+        over.body["headers"]["x-llm-d-inference-objective"],
+        "int-overflow"
+    );
+    assert_eq!(
+        over.body["headers"]["x-llm-d-inference-fairness-id"],
+        "acme"
+    );
     assert!(over.body["headers"]["x-ap-mode"].is_null(), "{}", over.body);
     let first = held.await??;
-    assert_eq!(first.body["headers"]["x-llm-d-inference-objective"], "int-reserved");
-    until("the slot given back", Duration::from_secs(10), Duration::from_millis(20), async || {
-        let n: Option<i64> = con.get("quota:userid:acme").await?;
-        Ok((n.unwrap_or(0) == 0).then_some(()))
-    })
+    assert_eq!(
+        first.body["headers"]["x-llm-d-inference-objective"],
+        "int-reserved"
+    );
+    until(
+        "the slot given back",
+        Duration::from_secs(10),
+        Duration::from_millis(20),
+        async || {
+            let n: Option<i64> = con.get("quota:userid:acme").await?;
+            Ok((n.unwrap_or(0) == 0).then_some(()))
+        },
+    )
     .await?;
     // A tenant without a limit is reserved; a model without a route goes to the default queue's
     // gateway (the simulator).
-    let other = post(&url, &[("X-AP-Mode", "passthrough"), ("x-team", "zed")], &body).await?;
-    assert!(other.body["headers"]["x-llm-d-inference-objective"].is_null(), "{}", other.body);
-    assert_eq!(other.body["headers"]["x-llm-d-inference-fairness-id"], "zed");
+    let other = post(
+        &url,
+        &[("X-AP-Mode", "passthrough"), ("x-team", "zed")],
+        &body,
+    )
+    .await?;
+    assert_eq!(
+        other.body["headers"]["x-llm-d-inference-objective"], "int-reserved",
+        "{}",
+        other.body
+    );
+    assert_eq!(
+        other.body["headers"]["x-llm-d-inference-fairness-id"],
+        "zed"
+    );
     let sim = post(&url, &[("X-AP-Mode", "passthrough")], &chat("to the sim")).await?;
     assert_eq!(sim.body["object"], "chat.completion", "{}", sim.body);
     // A stream stays a stream: its chunks arrive as the gateway sends them.
@@ -243,21 +298,35 @@ async fn no_header_is_served_live_and_passthrough_is_classified_and_stamped() ->
         .send()
         .await?;
     assert_eq!(
-        r.headers().get("content-type").and_then(|v| v.to_str().ok()),
+        r.headers()
+            .get("content-type")
+            .and_then(|v| v.to_str().ok()),
         Some("text/event-stream")
     );
     let first_chunk = r.chunk().await?.unwrap_or_default();
     let first_at = started.elapsed();
-    assert!(String::from_utf8_lossy(&first_chunk).contains("\"n\":0"), "{first_chunk:?}");
+    assert!(
+        String::from_utf8_lossy(&first_chunk).contains("\"n\":0"),
+        "{first_chunk:?}"
+    );
     let mut rest = Vec::new();
     while let Some(c) = r.chunk().await? {
         rest.extend_from_slice(&c);
     }
     assert!(String::from_utf8_lossy(&rest).ends_with("data: [DONE]\n\n"));
-    assert!(started.elapsed() >= first_at + Duration::from_millis(250), "the stream came whole");
+    assert!(
+        started.elapsed() >= first_at + Duration::from_millis(250),
+        "the stream came whole"
+    );
     let m = d.metrics(0).await?;
-    assert!(m.contains("inferq_front_requests_total{mode=\"live\"} 1"), "{m}");
-    assert!(m.contains("inferq_front_requests_total{mode=\"passthrough\"} 5"), "{m}");
+    assert!(
+        m.contains("inferq_front_requests_total{mode=\"live\"} 1"),
+        "{m}"
+    );
+    assert!(
+        m.contains("inferq_front_requests_total{mode=\"passthrough\"} 5"),
+        "{m}"
+    );
     Ok(())
 }
 
@@ -274,7 +343,10 @@ async fn enqueue_writes_the_routers_layout_and_any_replica_fetches_the_answer() 
             ("X-Team", "acme"),
             ("X-Request-Id", "job-4217"),
             ("X-Request-Timeout-Seconds", "120"),
-            ("traceparent", "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"),
+            (
+                "traceparent",
+                "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+            ),
             ("x-llm-d-slo-ttft-ms", "250"),
         ],
         &chat("later"),
@@ -291,7 +363,10 @@ async fn enqueue_writes_the_routers_layout_and_any_replica_fetches_the_answer() 
     let m: Value = serde_json::from_str(member)?;
     let token: Option<String> = con.get("request-active:acme:job-4217").await?;
     let token = token.unwrap_or_default();
-    assert!(token.len() == 32 && token.bytes().all(|b| b.is_ascii_hexdigit()), "{token}");
+    assert!(
+        token.len() == 32 && token.bytes().all(|b| b.is_ascii_hexdigit()),
+        "{token}"
+    );
     let deadline = m["data"]["deadline"].as_i64().unwrap_or(0);
     assert!((before + 119..=before + 121).contains(&deadline), "{m}");
     assert_eq!(*score, deadline as f64);
@@ -310,10 +385,21 @@ async fn enqueue_writes_the_routers_layout_and_any_replica_fetches_the_answer() 
     assert!((110_000..=120_000).contains(&pttl), "{pttl}");
     let team = [("X-Team", "acme")];
     let (s, v) = get(&format!("{}/requests/job-4217", d.url(1)), &team).await?;
-    assert_eq!((s, &v), (202, &json!({"id": "job-4217", "status": "pending"})));
+    assert_eq!(
+        (s, &v),
+        (202, &json!({"id": "job-4217", "status": "pending"}))
+    );
     // Another tenant, or an id never given: 410.
-    let (s, v) = get(&format!("{}/requests/job-4217", d.url(1)), &[("X-Team", "other")]).await?;
-    assert_eq!((s, v["error"]["code"].as_str()), (410, Some("UNKNOWN_REQUEST")), "{v}");
+    let (s, v) = get(
+        &format!("{}/requests/job-4217", d.url(1)),
+        &[("X-Team", "other")],
+    )
+    .await?;
+    assert_eq!(
+        (s, v["error"]["code"].as_str()),
+        (410, Some("UNKNOWN_REQUEST")),
+        "{v}"
+    );
     // The processor answers; a long poll on the other replica wakes with the model's own body.
     d.add_processor()?;
     let started = Instant::now();
@@ -329,10 +415,17 @@ async fn enqueue_writes_the_routers_layout_and_any_replica_fetches_the_answer() 
     let (s, again) = get(&format!("{}/requests/job-4217", d.url(0)), &team).await?;
     assert_eq!((s, &again), (200, &body));
     // DELETE: 204, then 410.
-    assert_eq!(delete(&format!("{}/requests/job-4217", d.url(0)), &team).await?, 204);
+    assert_eq!(
+        delete(&format!("{}/requests/job-4217", d.url(0)), &team).await?,
+        204
+    );
     let (s, _) = get(&format!("{}/requests/job-4217", d.url(1)), &team).await?;
     assert_eq!(s, 410);
-    assert!(front_keys(&d).await?.is_empty(), "{:?}", front_keys(&d).await?);
+    assert!(
+        front_keys(&d).await?.is_empty(),
+        "{:?}",
+        front_keys(&d).await?
+    );
     // The models of the routes (none here).
     let (s, models) = get(&format!("{}/models", d.url(0)), &[]).await?;
     assert_eq!((s, models), (200, json!({"object": "list", "data": []})));
@@ -358,13 +451,26 @@ async fn wait_answers_status_for_status_and_falls_back_at_the_cap() -> Fallible 
     let url = d.url(0);
     // At the cap (1 s, before the 1.5 s answer): 202 pending, and the request stays fetchable.
     let started = Instant::now();
-    let a = post(&format!("{url}/chat/completions"), &[("X-AP-Mode", "wait")], &chat("slow")).await?;
+    let a = post(
+        &format!("{url}/chat/completions"),
+        &[("X-AP-Mode", "wait")],
+        &chat("slow"),
+    )
+    .await?;
     assert_eq!(a.status, 202, "{}", a.body);
-    assert!(started.elapsed() < Duration::from_millis(1400), "{:?}", started.elapsed());
+    assert!(
+        started.elapsed() < Duration::from_millis(1400),
+        "{:?}",
+        started.elapsed()
+    );
     let id = a.id();
     assert_eq!(a.body, json!({"id": id, "status": "pending"}));
     let (s, body) = get(&format!("{url}/requests/{id}?wait=20"), &[]).await?;
-    assert_eq!((s, body["object"].as_str()), (200, Some("chat.completion")), "{body}");
+    assert_eq!(
+        (s, body["object"].as_str()),
+        (200, Some("chat.completion")),
+        "{body}"
+    );
     let (s, models) = get(&format!("{url}/models"), &[]).await?;
     assert_eq!(s, 200);
     assert_eq!(
@@ -376,16 +482,34 @@ async fn wait_answers_status_for_status_and_falls_back_at_the_cap() -> Fallible 
     d2.add_processor()?;
     d2.add_replica().await?;
     let url = d2.url(0);
-    let w = post(&format!("{url}/chat/completions"), &[("X-AP-Mode", "wait")], &chat("hi")).await?;
-    assert_eq!((w.status, w.body["object"].as_str()), (200, Some("chat.completion")), "{}", w.body);
-    assert_eq!(w.headers.get("content-type").and_then(|v| v.to_str().ok()), Some("application/json"));
+    let w = post(
+        &format!("{url}/chat/completions"),
+        &[("X-AP-Mode", "wait")],
+        &chat("hi"),
+    )
+    .await?;
+    assert_eq!(
+        (w.status, w.body["object"].as_str()),
+        (200, Some("chat.completion")),
+        "{}",
+        w.body
+    );
+    assert_eq!(
+        w.headers.get("content-type").and_then(|v| v.to_str().ok()),
+        Some("application/json")
+    );
     let id = w.id();
     assert_eq!(id.len(), 36, "a minted UUID: {id}");
     let (s, _) = get(&format!("{url}/requests/{id}"), &[]).await?;
     assert_eq!(s, 410, "wait mode deletes what it delivered");
     // The gateway's own error status and body pass through (the simulator has neither route).
     for path in ["/embeddings", "/../inference/v1/generate"] {
-        let e = post(&format!("{url}{path}"), &[("X-AP-Mode", "wait")], &json!({"model": "m", "input": "x"})).await?;
+        let e = post(
+            &format!("{url}{path}"),
+            &[("X-AP-Mode", "wait")],
+            &json!({"model": "m", "input": "x"}),
+        )
+        .await?;
         assert_eq!(e.status, 404, "{path}: {}", e.body);
     }
     // A deadline before the answer: 504 in the step's envelope, at the deadline.
@@ -402,7 +526,11 @@ async fn wait_answers_status_for_status_and_falls_back_at_the_cap() -> Fallible 
     assert_eq!(t.status, 504, "{}", t.body);
     assert_eq!(t.body["error"]["type"], "timeout_error");
     assert_eq!(t.body["error"]["code"], "DEADLINE_EXCEEDED");
-    assert!(started.elapsed() < Duration::from_millis(2500), "{:?}", started.elapsed());
+    assert!(
+        started.elapsed() < Duration::from_millis(2500),
+        "{:?}",
+        started.elapsed()
+    );
     Ok(())
 }
 
@@ -413,23 +541,49 @@ async fn a_repeated_id_joins_its_request_across_replicas_and_another_body_is_409
     let calls: Vec<_> = (0..4)
         .map(|i| {
             let url = format!("{}/chat/completions", d.url(i % 2));
-            let key = if i < 2 { "X-Request-Id" } else { "Idempotency-Key" };
+            let key = if i < 2 {
+                "X-Request-Id"
+            } else {
+                "Idempotency-Key"
+            };
             tokio::spawn(async move {
-                post(&url, &[("X-AP-Mode", "wait"), (key, "job-1")], &chat("once"))
-                    .await
-                    .map_err(|e| e.to_string())
+                post(
+                    &url,
+                    &[("X-AP-Mode", "wait"), (key, "job-1")],
+                    &chat("once"),
+                )
+                .await
+                .map_err(|e| e.to_string())
             })
         })
         .collect();
     // Meanwhile another body under the id: 409, and nothing of it queued.
     let url1 = format!("{}/chat/completions", d.url(1));
-    until("the request queued", Duration::from_secs(5), Duration::from_millis(20), async || {
-        let mut con = d.redis.connection().await?;
-        Ok(con.exists::<_, bool>("request-active:default:job-1").await?.then_some(()))
-    })
+    until(
+        "the request queued",
+        Duration::from_secs(5),
+        Duration::from_millis(20),
+        async || {
+            let mut con = d.redis.connection().await?;
+            Ok(con
+                .exists::<_, bool>("request-active:default:job-1")
+                .await?
+                .then_some(()))
+        },
+    )
     .await?;
-    let c = post(&url1, &[("X-AP-Mode", "enqueue"), ("X-Request-Id", "job-1")], &chat("other")).await?;
-    assert_eq!((c.status, c.body["error"]["code"].as_str()), (409, Some("REQUEST_ID_CONFLICT")), "{}", c.body);
+    let c = post(
+        &url1,
+        &[("X-AP-Mode", "enqueue"), ("X-Request-Id", "job-1")],
+        &chat("other"),
+    )
+    .await?;
+    assert_eq!(
+        (c.status, c.body["error"]["code"].as_str()),
+        (409, Some("REQUEST_ID_CONFLICT")),
+        "{}",
+        c.body
+    );
     let mut ids = Vec::new();
     for c in calls {
         let a = c.await??;
@@ -437,20 +591,44 @@ async fn a_repeated_id_joins_its_request_across_replicas_and_another_body_is_409
         ids.push(a.body["id"].clone());
     }
     assert!(ids.windows(2).all(|w| w[0] == w[1]), "{ids:?}");
-    let runs: Value = reqwest::get(format!("{sim}/executions")).await?.json().await?;
+    let runs: Value = reqwest::get(format!("{sim}/executions"))
+        .await?
+        .json()
+        .await?;
     assert_eq!(runs["default:job-1"], 1, "{runs}");
     let m = d.metrics(0).await? + &d.metrics(1).await?;
     assert!(m.contains("inferq_front_joined_total"), "{m}");
     // Delivered, and kept for the fetch grace: a repeat gets the same answer (a client that
     // lost it), without running again.
-    let again = post(&url1, &[("X-AP-Mode", "wait"), ("X-Request-Id", "job-1")], &chat("once")).await?;
-    assert_eq!((again.status, &again.body["id"]), (200, &ids[0]), "{}", again.body);
+    let again = post(
+        &url1,
+        &[("X-AP-Mode", "wait"), ("X-Request-Id", "job-1")],
+        &chat("once"),
+    )
+    .await?;
+    assert_eq!(
+        (again.status, &again.body["id"]),
+        (200, &ids[0]),
+        "{}",
+        again.body
+    );
     // Deleted: the id is free again, and a repeat is new work.
-    assert_eq!(delete(&format!("{}/requests/job-1", d.url(0)), &[]).await?, 204);
-    let new = post(&url1, &[("X-AP-Mode", "wait"), ("X-Request-Id", "job-1")], &chat("other")).await?;
+    assert_eq!(
+        delete(&format!("{}/requests/job-1", d.url(0)), &[]).await?,
+        204
+    );
+    let new = post(
+        &url1,
+        &[("X-AP-Mode", "wait"), ("X-Request-Id", "job-1")],
+        &chat("other"),
+    )
+    .await?;
     assert_eq!(new.status, 200, "{}", new.body);
     assert_ne!(new.body["id"], ids[0]);
-    let runs: Value = reqwest::get(format!("{sim}/executions")).await?.json().await?;
+    let runs: Value = reqwest::get(format!("{sim}/executions"))
+        .await?
+        .json()
+        .await?;
     assert_eq!(runs["default:job-1"], 2, "{runs}");
     Ok(())
 }
@@ -461,14 +639,54 @@ async fn bad_input_is_a_clear_4xx_and_leaves_nothing_in_redis() -> Fallible {
     let url = format!("{}/chat/completions", d.url(0));
     let ok = chat("x");
     let cases: Vec<(Vec<(&str, &str)>, Vec<u8>, &str, &str)> = vec![
-        (vec![("X-AP-Mode", "later")], ok.to_string().into_bytes(), "X-AP-Mode", "unknown X-AP-Mode"),
-        (vec![("X-AP-Mode", "wait"), ("X-Team", "a:b")], ok.to_string().into_bytes(), "X-Team", "must not contain"),
-        (vec![("X-AP-Mode", "enqueue")], br#"{"messages":[]}"#.to_vec(), "model", "model is required"),
-        (vec![("X-AP-Mode", "passthrough")], br#"{"messages":[]}"#.to_vec(), "model", "model is required"),
-        (vec![("X-AP-Mode", "wait"), ("X-Request-Timeout-Seconds", "soon")], ok.to_string().into_bytes(), "X-Request-Timeout-Seconds", "whole number"),
-        (vec![("X-AP-Mode", "enqueue"), ("X-Request-Timeout-Seconds", "0")], ok.to_string().into_bytes(), "X-Request-Timeout-Seconds", "above 0"),
-        (vec![("X-AP-Mode", "wait")], b"{not json".to_vec(), "body", "not valid JSON"),
-        (vec![("X-AP-Mode", "enqueue")], br#"{"model":"m","stream":true}"#.to_vec(), "stream", "stream"),
+        (
+            vec![("X-AP-Mode", "later")],
+            ok.to_string().into_bytes(),
+            "X-AP-Mode",
+            "unknown X-AP-Mode",
+        ),
+        (
+            vec![("X-AP-Mode", "wait"), ("X-Team", "a:b")],
+            ok.to_string().into_bytes(),
+            "X-Team",
+            "must not contain",
+        ),
+        (
+            vec![("X-AP-Mode", "enqueue")],
+            br#"{"messages":[]}"#.to_vec(),
+            "model",
+            "model is required",
+        ),
+        (
+            vec![("X-AP-Mode", "passthrough")],
+            br#"{"messages":[]}"#.to_vec(),
+            "model",
+            "model is required",
+        ),
+        (
+            vec![("X-AP-Mode", "wait"), ("X-Request-Timeout-Seconds", "soon")],
+            ok.to_string().into_bytes(),
+            "X-Request-Timeout-Seconds",
+            "whole number",
+        ),
+        (
+            vec![("X-AP-Mode", "enqueue"), ("X-Request-Timeout-Seconds", "0")],
+            ok.to_string().into_bytes(),
+            "X-Request-Timeout-Seconds",
+            "above 0",
+        ),
+        (
+            vec![("X-AP-Mode", "wait")],
+            b"{not json".to_vec(),
+            "body",
+            "not valid JSON",
+        ),
+        (
+            vec![("X-AP-Mode", "enqueue")],
+            br#"{"model":"m","stream":true}"#.to_vec(),
+            "stream",
+            "stream",
+        ),
     ];
     for (headers, body, param, says) in cases {
         let a = post_raw(&url, &headers, body).await?;
@@ -477,11 +695,23 @@ async fn bad_input_is_a_clear_4xx_and_leaves_nothing_in_redis() -> Fallible {
         assert_eq!(e["type"], "invalid_request_error", "{}", a.body);
         assert_eq!(e["code"], "INVALID_REQUEST", "{}", a.body);
         assert_eq!(e["param"], param, "{}", a.body);
-        assert!(e["message"].as_str().is_some_and(|m| m.contains(says)), "{says}: {}", a.body);
+        assert!(
+            e["message"].as_str().is_some_and(|m| m.contains(says)),
+            "{says}: {}",
+            a.body
+        );
     }
     let (s, v) = get(&format!("{}/requests/x?wait=never", d.url(0)), &[]).await?;
-    assert_eq!((s, v["error"]["param"].as_str()), (400, Some("wait")), "{v}");
-    assert!(front_keys(&d).await?.is_empty(), "{:?}", front_keys(&d).await?);
+    assert_eq!(
+        (s, v["error"]["param"].as_str()),
+        (400, Some("wait")),
+        "{v}"
+    );
+    assert!(
+        front_keys(&d).await?.is_empty(),
+        "{:?}",
+        front_keys(&d).await?
+    );
     Ok(())
 }
 
@@ -492,24 +722,47 @@ async fn delete_cancels_in_flight_and_a_client_going_away_cancels_its_wait() -> 
     let team = [("X-Team", "t")];
     let a = post(
         &format!("{}/chat/completions", d.url(0)),
-        &[("X-AP-Mode", "enqueue"), ("X-Team", "t"), ("X-Request-Id", "gone-1")],
+        &[
+            ("X-AP-Mode", "enqueue"),
+            ("X-Team", "t"),
+            ("X-Request-Id", "gone-1"),
+        ],
         &chat("stop me"),
     )
     .await?;
     assert_eq!(a.status, 202);
-    until("the request at the gateway", Duration::from_secs(10), Duration::from_millis(20), async || {
-        let arrived: Value = reqwest::get(format!("{sim}/executions")).await?.json().await?;
-        Ok((arrived["t:gone-1"] == 1).then_some(()))
-    })
+    until(
+        "the request at the gateway",
+        Duration::from_secs(10),
+        Duration::from_millis(20),
+        async || {
+            let arrived: Value = reqwest::get(format!("{sim}/executions"))
+                .await?
+                .json()
+                .await?;
+            Ok((arrived["t:gone-1"] == 1).then_some(()))
+        },
+    )
     .await?;
     let started = Instant::now();
-    assert_eq!(delete(&format!("{}/requests/gone-1", d.url(1)), &team).await?, 204);
+    assert_eq!(
+        delete(&format!("{}/requests/gone-1", d.url(1)), &team).await?,
+        204
+    );
     // The processor aborts the call it has in flight and answers CANCELLED: 499 `cancelled`,
     // well before the gateway's 3 s.
     let (s, v) = get(&format!("{}/requests/gone-1?wait=10", d.url(0)), &team).await?;
     assert_eq!(s, 499, "{v}\n{}", d.logs());
-    assert_eq!((v["error"]["type"].as_str(), v["error"]["code"].as_str()), (Some("cancelled"), Some("CANCELLED")), "{v}");
-    assert!(started.elapsed() < Duration::from_millis(2800), "{:?}", started.elapsed());
+    assert_eq!(
+        (v["error"]["type"].as_str(), v["error"]["code"].as_str()),
+        (Some("cancelled"), Some("CANCELLED")),
+        "{v}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_millis(2800),
+        "{:?}",
+        started.elapsed()
+    );
     // A waiting client that goes away takes its request with it.
     let gone = reqwest::Client::builder()
         .timeout(Duration::from_millis(500))
@@ -537,11 +790,31 @@ async fn with_api_keys_the_keys_tenant_wins_and_another_x_team_is_403() -> Falli
     let url = d.url(0);
     let ka = ("authorization", "Bearer sk-aaaaaaaaaaaaaaaa");
     let kb = ("authorization", "Bearer sk-bbbbbbbbbbbbbbbb");
-    let none = post(&format!("{url}/chat/completions"), &[("X-AP-Mode", "wait")], &chat("x")).await?;
+    let none = post(
+        &format!("{url}/chat/completions"),
+        &[("X-AP-Mode", "wait")],
+        &chat("x"),
+    )
+    .await?;
     assert_eq!(none.status, 401);
-    let f = post(&format!("{url}/chat/completions"), &[ka, ("X-AP-Mode", "enqueue"), ("X-Team", "b")], &chat("x")).await?;
+    let f = post(
+        &format!("{url}/chat/completions"),
+        &[ka, ("X-AP-Mode", "enqueue"), ("X-Team", "b")],
+        &chat("x"),
+    )
+    .await?;
     assert_eq!(f.status, 403, "{}", f.body);
-    let e = post(&format!("{url}/chat/completions"), &[ka, ("X-AP-Mode", "enqueue"), ("X-Team", "a"), ("X-Request-Id", "mine")], &chat("x")).await?;
+    let e = post(
+        &format!("{url}/chat/completions"),
+        &[
+            ka,
+            ("X-AP-Mode", "enqueue"),
+            ("X-Team", "a"),
+            ("X-Request-Id", "mine"),
+        ],
+        &chat("x"),
+    )
+    .await?;
     assert_eq!(e.status, 202, "{}", e.body);
     let (s, _) = get(&format!("{url}/requests/mine?wait=20"), &[ka]).await?;
     assert_eq!(s, 200);
@@ -584,29 +857,55 @@ async fn a_wait_streams_and_waiting_clients_are_bounded_and_counted() -> Fallibl
                 .json(&body)
                 .send()
                 .await?;
-            let kind = r.headers().get("content-type").and_then(|v| v.to_str().ok()).map(str::to_owned);
+            let kind = r
+                .headers()
+                .get("content-type")
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_owned);
             Ok::<_, reqwest::Error>((kind, r.text().await?))
         })
     };
-    until("the stream's slot taken", Duration::from_secs(5), Duration::from_millis(20), async || {
-        Ok(d.metrics(0).await?.contains("inferq_front_waiting_clients 1").then_some(()))
-    })
+    until(
+        "the stream's slot taken",
+        Duration::from_secs(5),
+        Duration::from_millis(20),
+        async || {
+            Ok(d.metrics(0)
+                .await?
+                .contains("inferq_front_waiting_clients 1")
+                .then_some(()))
+        },
+    )
     .await?;
     let busy = post(&url, &[("X-AP-Mode", "wait")], &chat("no room")).await?;
     assert_eq!(busy.status, 429, "{}", busy.body);
-    assert_eq!(busy.headers.get("retry-after").and_then(|v| v.to_str().ok()), Some("1"));
+    assert_eq!(
+        busy.headers
+            .get("retry-after")
+            .and_then(|v| v.to_str().ok()),
+        Some("1")
+    );
     // Enqueue holds no connection, so it is taken.
     let e = post(&url, &[("X-AP-Mode", "enqueue")], &chat("room")).await?;
     assert_eq!(e.status, 202);
     let (kind, text) = streaming.await??;
     assert_eq!(kind.as_deref(), Some("text/event-stream"));
-    let data: Vec<&str> = text.lines().filter_map(|l| l.strip_prefix("data: ")).collect();
+    let data: Vec<&str> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .collect();
     assert_eq!(data.last(), Some(&"[DONE]"), "{text}");
     let first: Value = serde_json::from_str(data[0])?;
     assert_eq!(first["object"], "chat.completion.chunk", "{text}");
-    assert!(data.iter().any(|l| l.contains("\"finish_reason\":\"")), "{text}");
+    assert!(
+        data.iter().any(|l| l.contains("\"finish_reason\":\"")),
+        "{text}"
+    );
     let m = d.metrics(0).await?;
-    assert!(m.contains("inferq_front_requests_total{mode=\"stream\"} 1"), "{m}");
+    assert!(
+        m.contains("inferq_front_requests_total{mode=\"stream\"} 1"),
+        "{m}"
+    );
     assert!(m.contains("inferq_front_busy_total 1"), "{m}");
     assert!(m.contains("inferq_front_waiting_clients 0"), "{m}");
     Ok(())

@@ -322,9 +322,18 @@ fn bad_settings_exit_2_naming_the_field() -> Fallible {
     for (text, says) in [
         ("wakeup_mode: sometimes\n", "wakeup_mode"),
         ("rooutes: []\n", "rooutes"),
-        ("timeouts: {wait: {default_seconds: 9, max_seconds: 5}}\n", "timeouts.wait"),
-        ("default_queue: q\nroutes: [{model: m, queue: q2}]\n", "result_queue_name"),
-        ("routes: [{model: m, queue: nope}]\n", "\"request-sortedset\""),
+        (
+            "timeouts: {wait: {default_seconds: 9, max_seconds: 5}}\n",
+            "timeouts.wait",
+        ),
+        (
+            "default_queue: q\nroutes: [{model: m, queue: q2}]\n",
+            "result_queue_name",
+        ),
+        (
+            "routes: [{model: m, queue: nope}]\n",
+            "\"request-sortedset\"",
+        ),
     ] {
         std::fs::write(&broker, text)?;
         let (code, err) = run(&["--broker-config", &broker_arg])?;

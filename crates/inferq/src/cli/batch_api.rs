@@ -280,9 +280,7 @@ fn front_settings(
 ) -> Result<inferq_batch::front::FrontSettings, Failure> {
     use inferq_batch::front::BrokerConfig;
     let broker = match &args.broker_config {
-        Some(path) => {
-            BrokerConfig::load(path).map_err(|e| bad(&e.field, e.reason))?
-        }
+        Some(path) => BrokerConfig::load(path).map_err(|e| bad(&e.field, e.reason))?,
         None => BrokerConfig {
             default_queue: batch_queue.to_owned(),
             ..BrokerConfig::default()
