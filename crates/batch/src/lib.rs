@@ -23,7 +23,6 @@
 
 pub mod auth;
 pub mod batches_api;
-pub mod bounded;
 pub mod census;
 pub mod collect;
 pub mod durable;

@@ -108,7 +108,7 @@ async fn metrics(State(app): State<App>) -> impl IntoResponse {
 const DRAIN: std::time::Duration = std::time::Duration::from_secs(20);
 
 /// Serves `router` on `listener` until `stop`, one bounded HTTP/1.1 connection per task (see
-/// [`crate::bounded`]), then lets open calls finish for up to [`DRAIN`].
+/// [`inferq_http`]), then lets open calls finish for up to [`DRAIN`].
 ///
 /// HTTP/1 only, rather than axum's `serve` (which builds every connection able to speak HTTP/2
 /// as well): a connection held by a waiting client costs about half the memory, which is what
@@ -116,8 +116,8 @@ const DRAIN: std::time::Duration = std::time::Duration::from_secs(20);
 pub async fn serve_http1(
     listener: tokio::net::TcpListener,
     router: Router,
-    limits: crate::bounded::ConnLimits,
+    limits: inferq_http::ConnLimits,
     stop: tokio_util::sync::CancellationToken,
 ) {
-    crate::bounded::serve(listener, router, limits, stop, DRAIN).await;
+    inferq_http::serve(listener, router, limits, stop, DRAIN).await;
 }

@@ -98,7 +98,7 @@ pub struct Settings {
     pub front: crate::front::FrontSettings,
     /// The bounds of the listener's connections (`--header-read-timeout`, `--idle-timeout`,
     /// `--max-connections`).
-    pub connections: crate::bounded::ConnLimits,
+    pub connections: inferq_http::ConnLimits,
     /// `--queue-per-tenant`: each tenant's lines wait in a queue of their own (see
     /// [`crate::tenants`]); `None`: every line goes to `request_queue`.
     pub tenant_queues: Option<TenantQueues>,

@@ -4,6 +4,7 @@
 //! the flag before the server starts.
 
 use super::engine::EngineConfig;
+use super::listener::ListenerConfig;
 use super::router::RouterConfig;
 use super::SimError;
 
@@ -114,6 +115,11 @@ pub struct SimConfig {
     /// `--eviction` and their knobs); off by default.
     #[command(flatten)]
     pub router: RouterConfig,
+
+    /// How connections are bounded (`--header-read-timeout`, `--idle-timeout`,
+    /// `--max-connections`).
+    #[command(flatten)]
+    pub listener: ListenerConfig,
 }
 
 impl Default for SimConfig {
@@ -138,6 +144,7 @@ impl Default for SimConfig {
             remember_ids: DEFAULT_REMEMBER_IDS,
             engine: EngineConfig::default(),
             router: RouterConfig::default(),
+            listener: ListenerConfig::default(),
         }
     }
 }
@@ -196,6 +203,9 @@ impl SimConfig {
                 ));
             }
         }
+        self.listener
+            .check()
+            .map_err(|(knob, reason)| invalid(knob, reason))?;
         self.engine.validate()?;
         self.router
             .validate(self.engine.enabled(), self.engine.flow_control)?;

@@ -67,7 +67,8 @@ pub use router::{RouterConfig, SaturationDetector, EVICTED, EVICTED_BODY, REJECT
 pub use server::REQUEST_ID_HEADER;
 pub use tls::SimTls;
 
-use listener::{ConnControl, SimListener, TlsSimListener};
+pub use listener::ListenerConfig;
+use listener::{SimListener, TlsSimListener};
 use server::SimState;
 
 /// How long [`Sim::stop`] waits for open connections to finish before abandoning them.
@@ -111,7 +112,7 @@ pub struct Sim {
     /// Cancelled to stop accepting, end in-flight sleeps and hangs, and close connections.
     shutdown: CancellationToken,
     /// The accept loop; `None` once stopped.
-    server: Option<JoinHandle<io::Result<()>>>,
+    server: Option<JoinHandle<()>>,
 }
 
 impl Sim {
@@ -135,24 +136,28 @@ impl Sim {
             .map_err(bind_error)?;
         let local = tcp.local_addr().map_err(bind_error)?;
 
+        let limits = cfg.listener.limits();
         let shutdown = CancellationToken::new();
         let state = Arc::new(SimState::new(cfg, shutdown.clone()));
-        let app =
-            server::router(Arc::clone(&state)).into_make_service_with_connect_info::<ConnControl>();
-        let stop = shutdown.clone().cancelled_owned();
+        let app = server::router(Arc::clone(&state));
+        let stop = shutdown.clone();
         let accepted = Arc::clone(&state.stats.connections_accepted);
         let scheme = if acceptor.is_some() { "https" } else { "http" };
         let server = match acceptor {
-            None => {
-                let serve =
-                    axum::serve(SimListener::new(tcp, accepted), app).with_graceful_shutdown(stop);
-                tokio::spawn(async move { serve.await })
-            }
-            Some(acceptor) => {
-                let serve = axum::serve(TlsSimListener::new(tcp, accepted, acceptor), app)
-                    .with_graceful_shutdown(stop);
-                tokio::spawn(async move { serve.await })
-            }
+            None => tokio::spawn(inferq_http::serve_from(
+                SimListener::new(tcp, accepted),
+                app,
+                limits,
+                stop,
+                STOP_GRACE,
+            )),
+            Some(acceptor) => tokio::spawn(inferq_http::serve_from(
+                TlsSimListener::new(tcp, accepted, acceptor),
+                app,
+                limits,
+                stop,
+                STOP_GRACE,
+            )),
         };
         tracing::debug!(%local, "simulator started");
 
@@ -248,9 +253,9 @@ impl Sim {
         let Some(mut server) = self.server.take() else {
             return;
         };
-        match tokio::time::timeout(STOP_GRACE, &mut server).await {
-            Ok(Ok(Ok(()))) => {}
-            Ok(Ok(Err(e))) => tracing::warn!("simulator server ended with an error: {e}"),
+        // The server drains open calls for STOP_GRACE itself; a second more is for its task.
+        match tokio::time::timeout(STOP_GRACE + Duration::from_secs(1), &mut server).await {
+            Ok(Ok(())) => {}
             Ok(Err(e)) => tracing::warn!("simulator server task failed: {e}"),
             Err(_) => {
                 tracing::warn!("simulator connections still open after {STOP_GRACE:?}");

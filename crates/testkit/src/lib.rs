@@ -15,6 +15,8 @@
 //!   ACL users and TLS ([`SentinelSet::start_tls_acl`]), with killed-master and forced failovers.
 //! - [`tls`]: [`TestCerts`], a private CA and certificates made with the `openssl` command line.
 //! - [`tenants`]: tenants' queues filled straight, with the index `fair-share` reads.
+//! - [`router_broker`]: [`RouterBroker`], an emulation of the llm-d router's `async-broker` step
+//!   (what it writes to Redis, reads and answers), as a Rust API and an HTTP front.
 //! - [`prometheus`]: [`PrometheusServer`], a real Prometheus (`$INFERQ_PROMETHEUS`, else `PATH`;
 //!   `scripts/ensure-prometheus.sh` unpacks one) scraping the test's targets and evaluating its
 //!   rule files.
@@ -33,6 +35,7 @@ pub mod binaries;
 pub mod certs;
 pub mod cluster;
 pub mod prometheus;
+pub mod router_broker;
 pub mod sentinel;
 pub mod tenants;
 pub mod tls;
@@ -44,6 +47,7 @@ pub use prometheus::{
     prometheus_binary, Alert, PrometheusConfig, PrometheusError, PrometheusServer, RuleState,
     Sample, ScrapeJob,
 };
+pub use router_broker::{BrokerConfig, RouterBroker};
 pub use sentinel::{SentinelOptions, SentinelSet};
 pub use tls::{TestCerts, TlsFiles};
 

@@ -333,7 +333,7 @@ pub(super) fn connections(
     max: Option<usize>,
     flags: (&str, &str, &str),
     reserve: u64,
-) -> Result<inferq_batch::bounded::ConnLimits, Failure> {
+) -> Result<inferq_http::ConnLimits, Failure> {
     let (header_flag, idle_flag, max_flag) = flags;
     if header_read < Duration::from_millis(100) {
         return Err(bad(header_flag, "must be at least 100ms"));
@@ -345,12 +345,11 @@ pub(super) fn connections(
         return Err(bad(max_flag, "must be at least 1"));
     }
     let soft = crate::ops::fd_limit::raise().soft;
-    Ok(inferq_batch::bounded::ConnLimits {
+    Ok(inferq_http::ConnLimits {
         header_read_timeout: header_read,
         idle_timeout: idle,
-        max_connections: max.unwrap_or_else(|| {
-            inferq_batch::bounded::ConnLimits::default_max_connections(soft, reserve)
-        }),
+        max_connections: max
+            .unwrap_or_else(|| inferq_http::ConnLimits::default_max_connections(soft, reserve)),
     })
 }
 

@@ -338,16 +338,15 @@ struct Servers {
 /// The bounds of the health and metrics listeners' connections: the flags, and by default
 /// each listener holds at most 1024 connections, fewer when the open-file limit left after the
 /// workers' needs is small.
-fn http_limits(config: &RunConfig) -> inferq_batch::bounded::ConnLimits {
+fn http_limits(config: &RunConfig) -> inferq_http::ConnLimits {
     let workers: u64 = config.pools.iter().map(|p| u64::from(p.workers)).sum();
     let reserve = crate::ops::fd_limit::needed(workers);
     let soft = crate::ops::fd_limit::raise().soft;
-    inferq_batch::bounded::ConnLimits {
+    inferq_http::ConnLimits {
         header_read_timeout: config.http_header_read_timeout,
         idle_timeout: config.http_idle_timeout,
         max_connections: config.http_max_connections.unwrap_or_else(|| {
-            (inferq_batch::bounded::ConnLimits::default_max_connections(soft, reserve) / 2)
-                .clamp(16, 1024)
+            (inferq_http::ConnLimits::default_max_connections(soft, reserve) / 2).clamp(16, 1024)
         }),
     }
 }

@@ -5,45 +5,12 @@
 //! no connection, so probes fail. At start-up the soft limit is raised to the hard one (as the
 //! Go runtime does since Go 1.19), and a limit still too small is warned about by name.
 
-use rustix::process::{getrlimit, setrlimit, Resource, Rlimit};
+pub use inferq_http::fd_limit::{raise, FdLimit};
 
 /// Descriptors the processor uses besides its gateway connections: standard streams, the
 /// runtime's epoll and eventfds, Redis and pub/sub connections, listeners, probe and scrape
 /// clients, gate connections, with room to spare.
 pub const BASE_NEED: u64 = 64;
-
-/// The open-file limit before and after start-up raised it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct FdLimit {
-    /// The soft limit found at start (`None`: unlimited).
-    pub before: Option<u64>,
-    /// The soft limit now in force.
-    pub soft: Option<u64>,
-    /// The hard limit (the most an unprivileged process may raise the soft one to).
-    pub hard: Option<u64>,
-}
-
-/// Raises the soft open-file limit to the hard one, and reports both.
-pub fn raise() -> FdLimit {
-    let found = getrlimit(Resource::Nofile);
-    let mut limit = FdLimit {
-        before: found.current,
-        soft: found.current,
-        hard: found.maximum,
-    };
-    if let (Some(soft), Some(hard)) = (found.current, found.maximum) {
-        if soft < hard {
-            let raised = Rlimit {
-                current: Some(hard),
-                maximum: Some(hard),
-            };
-            if setrlimit(Resource::Nofile, raised).is_ok() {
-                limit.soft = Some(hard);
-            }
-        }
-    }
-    limit
-}
 
 /// Descriptors needed for `workers` gateway connections at once.
 pub fn needed(workers: u64) -> u64 {
@@ -98,12 +65,5 @@ mod tests {
             hard: None,
         };
         assert_eq!(shortfall(&unlimited, 1_000_000), None);
-    }
-
-    #[test]
-    fn raising_leaves_the_soft_limit_at_the_hard_one() {
-        let after = raise();
-        assert_eq!(after.soft, after.hard);
-        assert_eq!(getrlimit(Resource::Nofile).current, after.soft);
     }
 }

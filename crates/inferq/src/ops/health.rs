@@ -10,7 +10,7 @@
 //! ([`super::encoding`]).
 //!
 //! Both listeners bound their connections (header-read and idle timeouts, a bound on open
-//! connections: see [`inferq_batch::bounded`]).
+//! connections: see [`inferq_http`]).
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -24,7 +24,7 @@ use axum::routing::any;
 use axum::Router;
 use tokio_util::sync::CancellationToken;
 
-use inferq_batch::bounded::ConnLimits;
+use inferq_http::ConnLimits;
 
 use super::encoding::Coding;
 use super::metrics::Metrics;
@@ -182,7 +182,7 @@ pub async fn serve_health(
                 }
             }),
         );
-    Ok(tokio::spawn(inferq_batch::bounded::serve(
+    Ok(tokio::spawn(inferq_http::serve(
         listener, app, limits, stop, DRAIN,
     )))
 }
@@ -232,7 +232,7 @@ pub async fn serve_metrics(
             }
         }),
     );
-    Ok(tokio::spawn(inferq_batch::bounded::serve(
+    Ok(tokio::spawn(inferq_http::serve(
         listener, app, limits, stop, DRAIN,
     )))
 }

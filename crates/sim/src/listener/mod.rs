@@ -9,7 +9,10 @@
 //! delegates to its TCP stream.
 //!
 //! Both listeners count every TCP connection they accept (before any TLS handshake) on the
-//! counter they are given, the simulator's `connections_accepted`.
+//! counter they are given, the simulator's `connections_accepted`, and hand their connections
+//! to `inferq_http::serve_from`, which bounds them as it bounds inferq's own listeners (head and
+//! idle timeouts, a bound on open connections: [`ListenerConfig`]); each request on a connection
+//! carries its [`ConnControl`] as axum's `ConnectInfo`.
 
 use std::io;
 use std::net::SocketAddr;
@@ -19,8 +22,9 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use axum::extract::connect_info::Connected;
-use axum::serve::{IncomingStream, Listener};
+use axum::extract::ConnectInfo;
+use axum::serve::Listener;
+use inferq_http::{ConnLimits, Connection};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
@@ -148,6 +152,16 @@ impl<S: AsyncWrite + Resettable + Unpin> AsyncWrite for ConnIo<S> {
     }
 }
 
+impl<S> Connection for ConnIo<S>
+where
+    S: AsyncRead + AsyncWrite + Resettable + Unpin + Send + 'static,
+{
+    /// Every request on the connection carries its [`ConnControl`], for the reset fault.
+    fn tag(&self, extensions: &mut http::Extensions) {
+        extensions.insert(ConnectInfo(self.control.clone()));
+    }
+}
+
 /// A TCP listener that hands out [`ConnIo`] streams with `TCP_NODELAY` set.
 #[derive(Debug)]
 pub(crate) struct SimListener {
@@ -201,12 +215,6 @@ async fn accept_tcp(listener: &TcpListener, accepted: &AtomicU64) -> (TcpStream,
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
         }
-    }
-}
-
-impl Connected<IncomingStream<'_, SimListener>> for ConnControl {
-    fn connect_info(stream: IncomingStream<'_, SimListener>) -> Self {
-        stream.io().control.clone()
     }
 }
 
@@ -277,8 +285,72 @@ impl Listener for TlsSimListener {
     }
 }
 
-impl Connected<IncomingStream<'_, TlsSimListener>> for ConnControl {
-    fn connect_info(stream: IncomingStream<'_, TlsSimListener>) -> Self {
-        stream.io().control.clone()
+/// How the simulator bounds its connections (`--header-read-timeout`, `--idle-timeout`,
+/// `--max-connections`), with the defaults of inferq's own listeners: a test or benchmark that
+/// leaves connections open against the simulator sees what it would see against inferq.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ListenerConfig {
+    /// A connection that has not sent a whole request head this long after it opened (or after
+    /// the first byte of a new request) is closed; a request body stalled this long fails.
+    #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
+    pub header_read_timeout: Duration,
+
+    /// A keep-alive connection idle between requests this long is closed. A request in
+    /// progress (a hang, a long stream) is never idle.
+    #[arg(long, default_value = "620s", value_parser = humantime::parse_duration)]
+    pub idle_timeout: Duration,
+
+    /// Most connections open at once; past it a connection is answered 503 in OpenAI's error
+    /// shape and closed. Default: nine tenths of the open-file limit (raised to the hard limit
+    /// at start), less 64.
+    #[arg(long, value_name = "N")]
+    pub max_connections: Option<usize>,
+}
+
+impl Default for ListenerConfig {
+    fn default() -> Self {
+        Self {
+            header_read_timeout: inferq_http::DEFAULT_HEADER_READ_TIMEOUT,
+            idle_timeout: inferq_http::DEFAULT_IDLE_TIMEOUT,
+            max_connections: None,
+        }
     }
 }
+
+/// Descriptors the simulator keeps besides its connections (standard streams, the runtime's,
+/// the listener, outgoing scrapes).
+const FD_RESERVE: u64 = 64;
+
+impl ListenerConfig {
+    /// The first bad knob, named as its flag, with why.
+    pub(crate) fn check(&self) -> Result<(), (&'static str, String)> {
+        let floor = Duration::from_millis(100);
+        if self.header_read_timeout < floor {
+            return Err(("header-read-timeout", "must be at least 100ms".into()));
+        }
+        if self.idle_timeout < floor {
+            return Err(("idle-timeout", "must be at least 100ms".into()));
+        }
+        if self.max_connections == Some(0) {
+            return Err(("max-connections", "must be at least 1".into()));
+        }
+        Ok(())
+    }
+
+    /// The bounds to serve with; the default bound of connections raises the open-file limit
+    /// to its hard limit first.
+    pub(crate) fn limits(&self) -> ConnLimits {
+        let max_connections = self.max_connections.unwrap_or_else(|| {
+            let soft = inferq_http::fd_limit::raise().soft;
+            ConnLimits::default_max_connections(soft, FD_RESERVE)
+        });
+        ConnLimits {
+            header_read_timeout: self.header_read_timeout,
+            idle_timeout: self.idle_timeout,
+            max_connections,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;
