@@ -638,7 +638,9 @@ async fn bad_input_is_a_clear_4xx_and_leaves_nothing_in_redis() -> Fallible {
     let d = deployment(5, &[]).await?;
     let url = format!("{}/chat/completions", d.url(0));
     let ok = chat("x");
-    let cases: Vec<(Vec<(&str, &str)>, Vec<u8>, &str, &str)> = vec![
+    /// Headers, body, the field named, what the message says.
+    type Case<'a> = (Vec<(&'a str, &'a str)>, Vec<u8>, &'a str, &'a str);
+    let cases: Vec<Case> = vec![
         (
             vec![("X-AP-Mode", "later")],
             ok.to_string().into_bytes(),

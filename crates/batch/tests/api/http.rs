@@ -314,7 +314,7 @@ fn bad_settings_exit_2_naming_the_field() -> Fallible {
     let (code, err) = run(&["--transport", "redis-pubsub"])?;
     assert_eq!(code, 2, "{err}");
     assert!(
-        err.contains("--transport") && err.contains("never be collected"),
+        err.contains("--transport") && err.contains("never collected"),
         "{err}"
     );
     let broker = dir.path().join("broker.yaml");
