@@ -111,9 +111,8 @@ pub async fn app(settings: Settings) -> Result<state::App, ServeError> {
     metrics.known_tenants(&keys.known_tenants());
     let tenant_weights = tenants::weights_of(&keys);
     metrics.tenants.start_with(tenant_weights.keys());
-    let front = front::Front::connect(&settings.target, settings.front.clone(), metrics.clone())
-        .await
-        .map_err(ServeError::redis)?;
+    let front =
+        front::Front::new(settings.front.clone(), metrics.clone()).map_err(ServeError::redis)?;
     Ok(state::App {
         front: Arc::new(front),
         redis,
@@ -149,11 +148,15 @@ pub async fn serve(settings: Settings, stop: CancellationToken) -> Result<(), Se
     let collector = tokio::spawn(collect::run(app.clone(), background.clone()));
     let stewards = tokio::spawn(steward::run(app.clone(), background.clone()));
     let sweeper = tokio::spawn(sweeper::run(app.clone(), background.clone()));
-    let front_collector = tokio::spawn(front::collect::run(app.clone(), background.clone()));
     let tenant_census = tokio::spawn(tenants::run(app.clone(), background.clone()));
-    let front_listener = tokio::spawn(front::waiters::listen(
+    let front_listener = tokio::spawn(front::waiters::run(
         app.settings.target.clone(),
-        front::keys::done_channel(),
+        app.redis.clone(),
+        app.settings
+            .front
+            .broker
+            .wakeup()
+            .unwrap_or(front::config::Wakeup::Auto),
         app.front.waiters.clone(),
         background.clone(),
     ));
@@ -170,7 +173,6 @@ pub async fn serve(settings: Settings, stop: CancellationToken) -> Result<(), Se
     let _ = collector.await;
     let _ = stewards.await;
     let _ = sweeper.await;
-    let _ = front_collector.await;
     let _ = tenant_census.await;
     let _ = front_listener.await;
     Ok(())

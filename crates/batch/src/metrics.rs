@@ -24,7 +24,7 @@ pub struct ModeLabel {
 }
 
 /// The front door's modes, each with its `inferq_front_requests_total` series from start-up.
-pub const FRONT_MODES: [&str; 3] = ["wait", "stream", "enqueue"];
+pub const FRONT_MODES: [&str; 5] = ["live", "passthrough", "enqueue", "wait", "stream"];
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct TenantLabel {
@@ -70,8 +70,7 @@ pub struct Metrics {
     pub front_requests: Family<ModeLabel, Counter<u64, AtomicU64>>,
     pub front_waiting: Gauge<i64, std::sync::atomic::AtomicI64>,
     pub front_busy: Counter<u64, AtomicU64>,
-    pub front_results_filed: Counter<u64, AtomicU64>,
-    pub front_results_dropped: Counter<u64, AtomicU64>,
+    pub front_joined: Counter<u64, AtomicU64>,
     pub front_disconnect_cancels: Counter<u64, AtomicU64>,
     pub limit_refusals: Family<TenantLabel, Counter<u64, AtomicU64>>,
     pub swept: Family<KindLabel, Counter<u64, AtomicU64>>,
@@ -122,7 +121,7 @@ impl Metrics {
         let front_requests = Family::<ModeLabel, Counter<u64, AtomicU64>>::default();
         registry.register(
             "inferq_front_requests",
-            "Requests taken by this replica's front door, by mode (wait, stream, enqueue)",
+            "Requests taken by this replica's front door, by mode (live: no X-AP-Mode; passthrough, enqueue, wait; stream: wait mode with stream: true)",
             front_requests.clone(),
         );
         let front_waiting = Gauge::<i64, std::sync::atomic::AtomicI64>::default();
@@ -137,17 +136,11 @@ impl Metrics {
             "Waits refused with 429 because --max-waiting-clients were waiting",
             front_busy.clone(),
         );
-        let front_results_filed = Counter::default();
+        let front_joined = Counter::default();
         registry.register(
-            "inferq_front_results_filed",
-            "Front-door results filed under their request by this replica",
-            front_results_filed.clone(),
-        );
-        let front_results_dropped = Counter::default();
-        registry.register(
-            "inferq_front_results_dropped",
-            "Front-door results taken and dropped (a request's second result, a cancelled, expired or unknown request, an unreadable entry)",
-            front_results_dropped.clone(),
+            "inferq_front_joined",
+            "Queued requests whose id named a request pending or not yet fetched, which they joined instead of running again",
+            front_joined.clone(),
         );
         let front_disconnect_cancels = Counter::default();
         registry.register(
@@ -200,8 +193,7 @@ impl Metrics {
             front_requests,
             front_waiting,
             front_busy,
-            front_results_filed,
-            front_results_dropped,
+            front_joined,
             front_disconnect_cancels,
             limit_refusals,
             swept,
@@ -287,8 +279,9 @@ mod tests {
             "inferq_front_requests_total{mode=\"enqueue\"} 0",
             "inferq_front_waiting_clients 0",
             "inferq_front_busy_total 0",
-            "inferq_front_results_filed_total 0",
-            "inferq_front_results_dropped_total 0",
+            "inferq_front_requests_total{mode=\"passthrough\"} 0",
+            "inferq_front_requests_total{mode=\"live\"} 0",
+            "inferq_front_joined_total 0",
             "inferq_front_disconnect_cancels_total 0",
             "inferq_batch_swept_total{kind=\"orphan\"} 0",
         ] {

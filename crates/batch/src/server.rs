@@ -62,15 +62,16 @@ pub fn router(app: App) -> Router {
         .with_state(app)
 }
 
-/// The front door's routes: the three OpenAI endpoints (bodies up to `--max-line-bytes`) and
-/// `/v1/requests`.
+/// The front door's routes, the router's step's (bodies up to `--max-line-bytes`), and
+/// `/v1/embeddings`.
 fn front_routes(app: &App) -> Router<App> {
     let body = DefaultBodyLimit::max(app.settings.limits.max_line_bytes);
     Router::new()
         .route("/v1/chat/completions", post(front::http::chat))
         .route("/v1/completions", post(front::http::completions))
+        .route("/inference/v1/generate", post(front::http::generate))
         .route("/v1/embeddings", post(front::http::embeddings))
-        .route("/v1/requests/cancel", post(front::http::cancel_many))
+        .route("/v1/models", get(front::http::models))
         .route(
             "/v1/requests/{request_id}",
             get(front::http::retrieve).delete(front::http::delete),

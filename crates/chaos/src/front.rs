@@ -1,14 +1,15 @@
 //! The front-door profile: single requests over HTTP under kills. A real deployment (a
 //! `redis-server` with AOF and fsync always, the simulator, two `inferq run` processors and two
 //! `inferq batch-api` replicas) serves clients that each send requests one after another, every
-//! request with its own `Idempotency-Key`, in wait mode or in enqueue mode followed by long
-//! polls, while a seeded fault plan SIGKILLs replicas and processors (each started again at
-//! once) and restarts Redis. A client whose call fails (its replica died, Redis was away)
-//! retries with the same key through either replica until it has an answer.
+//! request with its own `X-Request-Id` (the router's contract), in `X-AP-Mode: wait` or in
+//! `enqueue` followed by long polls, while a seeded fault plan SIGKILLs replicas and processors
+//! (each started again at once) and restarts Redis. A client whose call fails (its replica
+//! died, Redis was away) retries with the same id through either replica until it has an answer:
+//! a repeat of the id joins the request it names.
 //!
-//! The checker then asks, for every key: was it answered (none lost), did every answer of the
-//! key name one request (exactly one request per key, whatever the retries), and does that
-//! request hold exactly one result (read back through both replicas, the same each time).
+//! The checker then asks, for every id: was it answered (none lost), was every answer of the id
+//! the same one (one request per id, whatever the retries), and does its mailbox hold that
+//! answer (read back through both replicas, the same each time).
 //!
 //! Data enters as [`FrontChaosSettings`]; the [`FrontReport`] leaves.
 
@@ -53,7 +54,7 @@ pub struct FrontReport {
     pub answered: usize,
     /// Keys never answered: lost.
     pub lost: Vec<String>,
-    /// Keys whose answers named more than one request.
+    /// Keys answered with more than one answer (the retries made new requests).
     pub split: Vec<String>,
     /// Keys whose request read back otherwise than its answer (another result, or none).
     pub mismatched: Vec<String>,
@@ -70,8 +71,8 @@ pub struct FrontReport {
 /// What one key's client saw.
 #[derive(Debug, Default, Clone)]
 struct Seen {
-    /// Request ids its answers named.
-    ids: BTreeSet<String>,
+    /// The answer bodies' `id`s (the gateway's): one when every retry joined its request.
+    answers: BTreeSet<String>,
     /// The answer body's `id` (the gateway's), when answered.
     answer: Option<String>,
 }
@@ -95,70 +96,55 @@ async fn one_key(
 ) -> Seen {
     let mut seen = Seen::default();
     let mut turn = key.len();
-    let mut enqueued: Option<(String, Instant)> = None;
+    let mut enqueued = false;
     while Instant::now() < give_up {
         turn += 1;
         let base = &bases[turn % bases.len()];
-        if let Some((id, at)) = &enqueued {
-            // Long-poll; a request still queued long after it was enqueued is enqueued again
-            // with its key (which queues it if its first replica died before doing so).
+        if enqueued {
+            // Long-poll: 200 is the answer, 202 still pending; 410 (its replica died before
+            // queueing it) or a failure: enqueue it again with its id.
             let r = client
-                .get(format!("{base}/requests/{id}?wait=10"))
+                .get(format!("{base}/requests/{key}?wait=10"))
                 .send()
                 .await;
-            let v: Option<Value> = match r {
-                Ok(r) if r.status().is_success() => json_of(r).await,
-                _ => None,
-            };
-            match v {
-                Some(v) if v["status"] == "completed" => {
-                    seen.answer = v["response"]["body"]["id"].as_str().map(str::to_owned);
-                    return seen;
-                }
-                Some(v) if matches!(v["status"].as_str(), Some("queued" | "in_progress")) => {
-                    if at.elapsed() > Duration::from_secs(12) {
-                        enqueued = None;
+            match r {
+                Ok(r) if r.status().as_u16() == 200 => {
+                    if let Some(v) = json_of(r).await {
+                        if let Some(id) = v["id"].as_str() {
+                            seen.answers.insert(id.to_owned());
+                            seen.answer = Some(id.to_owned());
+                            return seen;
+                        }
                     }
-                    continue;
                 }
-                _ => {
-                    retries.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                    continue;
-                }
+                Ok(r) if r.status().as_u16() == 202 => continue,
+                Ok(r) if r.status().as_u16() == 410 => enqueued = false,
+                _ => {}
             }
+            retries.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            continue;
         }
-        let mut req = client
+        let req = client
             .post(format!("{base}/chat/completions"))
-            .header("Idempotency-Key", key)
-            .header("x-llm-d-async-timeout", "150s")
+            .header("X-Request-Id", key)
+            .header("X-AP-Mode", if enqueue { "enqueue" } else { "wait" })
+            .header("X-Request-Timeout-Seconds", "150")
             .header("content-type", "application/json")
             .body(chat(key).to_string());
-        if enqueue {
-            req = req.header("X-AP-Mode", "enqueue");
-        }
         match req.send().await {
             Ok(r) if r.status().as_u16() == 200 && !enqueue => {
-                if let Some(id) = r
-                    .headers()
-                    .get("x-inferq-request-id")
-                    .and_then(|v| v.to_str().ok())
-                {
-                    seen.ids.insert(id.to_owned());
-                }
                 if let Some(v) = json_of(r).await {
-                    seen.answer = v["id"].as_str().map(str::to_owned);
-                    return seen;
+                    if let Some(id) = v["id"].as_str() {
+                        seen.answers.insert(id.to_owned());
+                        seen.answer = Some(id.to_owned());
+                        return seen;
+                    }
                 }
             }
             Ok(r) if r.status().as_u16() == 202 && enqueue => {
-                if let Some(v) = json_of(r).await {
-                    if let Some(id) = v["id"].as_str() {
-                        seen.ids.insert(id.to_owned());
-                        enqueued = Some((id.to_owned(), Instant::now()));
-                        continue;
-                    }
-                }
+                enqueued = true;
+                continue;
             }
             _ => {}
         }
@@ -180,6 +166,14 @@ pub async fn run(s: &FrontChaosSettings) -> Fallible<FrontReport> {
     )
     .await?;
     d.processor_flags = vec!["--concurrency".into(), "16".into()];
+    // Answers are kept an hour after their first delivery, so the checker reads each back.
+    let broker = s.dir.join("broker.yaml");
+    std::fs::write(
+        &broker,
+        "default_queue: batch-q\nfetch_grace_seconds: 3600\n",
+    )?;
+    d.replica_flags
+        .extend(["--broker-config".to_owned(), broker.display().to_string()]);
     for _ in 0..2 {
         d.add_processor()?;
     }
@@ -234,14 +228,17 @@ pub async fn run(s: &FrontChaosSettings) -> Fallible<FrontReport> {
     Ok(report)
 }
 
-/// Reads request `id` through the first replica that answers: the last fault may have been a
-/// replica killed, and its successor may not listen yet.
-async fn read_request(bases: &[String], id: &str) -> Fallible<Value> {
+/// Reads request `id`'s answer through the first replica that answers: the last fault may
+/// have been a replica killed, and its successor may not listen yet.
+async fn read_request(bases: &[String], id: &str) -> Fallible<(u16, Value)> {
     let mut last = None;
     for round in 0..20 {
         for base in bases {
             match reqwest::get(format!("{base}/requests/{id}")).await {
-                Ok(r) => return Ok(serde_json::from_slice(&r.bytes().await?)?),
+                Ok(r) => {
+                    let status = r.status().as_u16();
+                    return Ok((status, serde_json::from_slice(&r.bytes().await?)?));
+                }
                 Err(e) => last = Some(e),
             }
         }
@@ -262,18 +259,17 @@ async fn check(
             continue;
         };
         report.answered += 1;
-        if seen.ids.len() != 1 {
-            report.split.push(format!("{key}: {:?}", seen.ids));
+        if seen.answers.len() != 1 {
+            report.split.push(format!("{key}: {:?}", seen.answers));
             continue;
         }
-        for id in &seen.ids {
-            let v = read_request(bases, id).await?;
-            if v["status"] != "completed"
-                || v["response"]["body"]["id"].as_str() != Some(answer.as_str())
-            {
+        for base in bases {
+            let (status, v) = read_request(std::slice::from_ref(base), key).await?;
+            if status != 200 || v["id"].as_str() != Some(answer.as_str()) {
                 report
                     .mismatched
-                    .push(format!("{key}: answered {answer}, reads {v}"));
+                    .push(format!("{key}: answered {answer}, reads {status} {v}"));
+                break;
             }
         }
     }

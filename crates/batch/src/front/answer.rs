@@ -1,178 +1,157 @@
-//! From a request's record to what a client sees: the request object of `GET
-//! /v1/requests/{id}` and of enqueue mode, wait mode's answer (the gateway's own status and
-//! body, or inferq's error in OpenAI's shape), and a stream's Server-Sent Events made from the
-//! whole answer (OpenAI chunks, then `[DONE]`).
+//! From the router's Redis state to what a client sees, status for status and shape for shape
+//! as the step answers: a stored result with a status is that status and the body verbatim;
+//! one without is OpenAI's error envelope by its code; pending is `202 {"id","status":"pending"}`;
+//! unknown is 410. A wait-mode stream gets the whole answer as Server-Sent Events (OpenAI chunks,
+//! then `[DONE]`), which the step does not offer.
 
 use axum::http::{HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
+use axum::Json;
+use inferq_client::wire::ResultMessage;
 use serde_json::{json, Value};
 
-use super::record::{Ended, Record};
 use crate::error::ApiError;
 
-/// The header every wait-mode answer names its request in (to read it again later).
-pub const REQUEST_ID_HEADER: &str = "x-inferq-request-id";
+/// The header queued answers echo the request's id in.
+pub const REQUEST_ID_HEADER: &str = "x-request-id";
 
-/// A request's status: `queued`, `in_progress`, `completed`, `failed`, `cancelled` or
-/// `expired` (its deadline passed, or its result outlived the retention).
-pub fn status(record: &Record, in_flight: bool) -> &'static str {
-    match &record.ended {
-        None if in_flight => "in_progress",
-        None => "queued",
-        Some(e) if e.result.is_none() => "expired",
-        Some(e) => match e.code.as_str() {
-            "CANCELLED" => "cancelled",
-            "DEADLINE_EXCEEDED" => "expired",
-            code => match code.parse::<u16>() {
-                Ok(s) if (200..300).contains(&s) => "completed",
-                _ => "failed",
-            },
-        },
+/// The status a result code is answered with (499: the client closed the request).
+pub fn error_status(code: &str) -> (u16, &'static str) {
+    match code {
+        "GATE_DROPPED" => (429, "rate_limit_error"),
+        "DEADLINE_EXCEEDED" => (504, "timeout_error"),
+        "INVALID_REQUEST" => (400, "invalid_request_error"),
+        "CANCELLED" => (499, "cancelled"),
+        _ => (502, "api_error"),
     }
 }
 
-/// A body as JSON when it is, else as a string (as Batch output lines keep it).
-fn body_value(payload: &str) -> Value {
-    serde_json::from_str(payload).unwrap_or_else(|_| Value::String(payload.to_owned()))
-}
-
-/// The request object.
-pub fn object(record: &Record, in_flight: bool) -> Value {
-    let mut o = json!({
-        "id": record.id,
-        "object": "async.request",
-        "status": status(record, in_flight),
-        "endpoint": record.endpoint,
-        "created_at": record.created_at,
-        "expires_at": record.expires_at,
-        "completed_at": record.ended.as_ref().map(|e| e.ended_at),
-        "response": null,
-        "error": null,
-    });
-    match record.ended.as_ref().map(|e| (e, &e.result)) {
-        None => {}
-        Some((_, None)) => {
-            o["error"] = json!({"code": "RESULT_EXPIRED", "message": "the result outlived the retention and was dropped"});
-        }
-        Some((_, Some(r))) if r.status_code > 0 => {
-            o["response"] = json!({"status_code": r.status_code, "request_id": r.request_token, "body": body_value(&r.payload)});
-        }
-        Some((e, Some(r))) => {
-            let code = if r.error_code.is_empty() {
-                e.code.clone()
-            } else {
-                r.error_code.clone()
-            };
-            o["error"] = json!({"code": code, "message": r.error_message});
-        }
-    }
-    o
-}
-
-/// inferq's error code as an OpenAI error: DEADLINE_EXCEEDED 504, GATE_DROPPED 429, CANCELLED
-/// 409, GATE_ERROR 503, INVALID_REQUEST 400, anything else 502.
-pub fn error(code: &str, message: &str) -> ApiError {
-    let (status, kind) = match code {
-        "DEADLINE_EXCEEDED" => (StatusCode::GATEWAY_TIMEOUT, "timeout_error"),
-        "GATE_DROPPED" => (StatusCode::TOO_MANY_REQUESTS, "rate_limit_error"),
-        "CANCELLED" => (StatusCode::CONFLICT, "invalid_request_error"),
-        "GATE_ERROR" => (StatusCode::SERVICE_UNAVAILABLE, "server_error"),
-        "INVALID_REQUEST" => (StatusCode::BAD_REQUEST, "invalid_request_error"),
-        "RESULT_EXPIRED" => (StatusCode::GONE, "invalid_request_error"),
-        _ => (StatusCode::BAD_GATEWAY, "server_error"),
-    };
-    let message = if message.is_empty() {
-        code.to_owned()
-    } else {
-        message.to_owned()
-    };
-    ApiError {
+/// An error in the step's envelope `{"error":{"message","type","code"}}`.
+pub fn error(status: u16, kind: &'static str, code: &str, message: &str) -> Response {
+    let status = StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_GATEWAY);
+    (
         status,
-        message,
-        kind,
-        param: None,
-        code: Some(code.to_ascii_lowercase()),
-    }
+        Json(json!({"error": {"message": message, "type": kind, "code": code}})),
+    )
+        .into_response()
 }
 
-fn with_id(mut r: Response, id: &str) -> Response {
+/// A stored result, as the step answers it.
+pub fn result(r: &ResultMessage) -> Response {
+    if r.status_code > 0 {
+        let status = StatusCode::from_u16(r.status_code).unwrap_or(StatusCode::BAD_GATEWAY);
+        return (
+            status,
+            [(axum::http::header::CONTENT_TYPE, "application/json")],
+            r.payload.clone(),
+        )
+            .into_response();
+    }
+    let (status, kind) = error_status(&r.error_code);
+    error(status, kind, &r.error_code, &r.error_message)
+}
+
+/// `202 {"id":"<id>","status":"pending"}`.
+pub fn pending(id: &str) -> Response {
+    (
+        StatusCode::ACCEPTED,
+        Json(json!({"id": id, "status": "pending"})),
+    )
+        .into_response()
+}
+
+/// 410: unknown, expired, deleted or another tenant's.
+pub fn unknown() -> Response {
+    error(
+        410,
+        "invalid_request_error",
+        "UNKNOWN_REQUEST",
+        "request id is unknown, expired, or already deleted",
+    )
+}
+
+/// 504 at a held wait's deadline.
+pub fn timed_out() -> Response {
+    error(
+        504,
+        "timeout_error",
+        "DEADLINE_EXCEEDED",
+        "request deadline exceeded before a result was produced",
+    )
+}
+
+/// `r` with the request's id in [`REQUEST_ID_HEADER`].
+pub fn with_id(mut r: Response, id: &str) -> Response {
     if let Ok(v) = HeaderValue::from_str(id) {
         r.headers_mut().insert(REQUEST_ID_HEADER, v);
     }
     r
 }
 
-/// Wait mode's answer to a request that ended.
-pub fn ended(id: &str, e: &Ended) -> Response {
-    let r = match &e.result {
-        None => error(
-            "RESULT_EXPIRED",
-            "the result outlived the retention and was dropped",
-        )
-        .into_response(),
-        Some(r) if r.status_code > 0 => {
-            let status = StatusCode::from_u16(r.status_code).unwrap_or(StatusCode::BAD_GATEWAY);
-            let kind = if serde_json::from_str::<serde::de::IgnoredAny>(&r.payload).is_ok() {
-                "application/json"
-            } else {
-                "text/plain; charset=utf-8"
-            };
-            (
-                status,
-                [(axum::http::header::CONTENT_TYPE, kind)],
-                r.payload.clone(),
-            )
-                .into_response()
-        }
-        Some(r) => error(&r.error_code, &r.error_message).into_response(),
-    };
-    with_id(r, id)
-}
-
-/// Wait mode's answer when the deadline passes first.
-pub fn timed_out(id: &str) -> Response {
-    with_id(
-        error(
-            "DEADLINE_EXCEEDED",
-            &format!("no answer before the request's deadline; GET /v1/requests/{id} reads it if one comes"),
-        )
-        .into_response(),
-        id,
+/// The 429 of a replica holding `--max-waiting-clients` already.
+pub fn busy() -> Response {
+    let mut r = ApiError::invalid(
+        "This replica holds as many waiting clients as --max-waiting-clients allows; retry \
+         shortly, or use X-AP-Mode: enqueue",
+        None,
     )
+    .with_status(StatusCode::TOO_MANY_REQUESTS)
+    .with_code("too_many_waiting_clients")
+    .into_response();
+    r.headers_mut().insert(
+        axum::http::header::RETRY_AFTER,
+        HeaderValue::from_static("1"),
+    );
+    r
 }
 
 fn event(v: &Value) -> String {
     format!("data: {v}\n\n")
 }
 
-/// The events of a stream once its request ended: the answer as chunks, or an error event,
-/// then `[DONE]`.
-pub fn stream_events(e: &Ended) -> Vec<String> {
+fn error_event(status: u16, kind: &str, code: &str, message: &str) -> String {
+    event(&json!({"error": {"message": message, "type": kind, "code": code, "status": status}}))
+}
+
+/// The events of a stream once its result came: the answer as chunks, or an error event, then
+/// `[DONE]`.
+pub fn stream_events(r: Option<&ResultMessage>) -> Vec<String> {
     let mut out = Vec::new();
-    match &e.result {
+    match r {
         Some(r) if (200..300).contains(&r.status_code) => match serde_json::from_str(&r.payload) {
             Ok(body) => out.extend(chunks(&body).iter().map(event)),
-            Err(_) => out.push(event(&json!({"error": {"message": "the gateway's answer is not JSON", "type": "server_error", "param": null, "code": "bad_gateway_answer"}}))),
+            Err(_) => out.push(error_event(
+                502,
+                "api_error",
+                "BAD_GATEWAY_ANSWER",
+                "the gateway's answer is not JSON",
+            )),
         },
         Some(r) if r.status_code > 0 => {
-            let body = body_value(&r.payload);
-            let err = match body.get("error") {
-                Some(e) if e.is_object() => e.clone(),
-                _ => json!({"message": r.payload, "type": "server_error", "param": null, "code": r.status_code.to_string()}),
-            };
-            out.push(event(&json!({"error": err})));
+            let body: Value = serde_json::from_str(&r.payload).unwrap_or(Value::Null);
+            match body.get("error") {
+                Some(e) if e.is_object() => out.push(event(&json!({"error": e}))),
+                _ => out.push(error_event(
+                    r.status_code,
+                    "api_error",
+                    &r.status_code.to_string(),
+                    &r.payload,
+                )),
+            }
         }
-        Some(r) => out.push(event(&error_body(&r.error_code, &r.error_message))),
-        None => out.push(event(&error_body("RESULT_EXPIRED", "the result was dropped"))),
+        Some(r) => {
+            let (status, kind) = error_status(&r.error_code);
+            out.push(error_event(status, kind, &r.error_code, &r.error_message));
+        }
+        None => out.push(error_event(
+            504,
+            "timeout_error",
+            "DEADLINE_EXCEEDED",
+            "request deadline exceeded before a result was produced",
+        )),
     }
     out.push("data: [DONE]\n\n".to_owned());
     out
-}
-
-/// An error event's body.
-pub fn error_body(code: &str, message: &str) -> Value {
-    let e = error(code, message);
-    json!({"error": {"message": e.message, "type": e.kind, "param": null, "code": e.code}})
 }
 
 /// A whole chat completion or completion as the chunks a stream of it would have carried:
@@ -257,16 +236,16 @@ mod tests {
     }
 
     #[test]
-    fn error_codes_map_to_openai_statuses() {
+    fn error_codes_map_as_the_step_maps_them() {
         for (code, status) in [
-            ("DEADLINE_EXCEEDED", 504),
             ("GATE_DROPPED", 429),
-            ("CANCELLED", 409),
-            ("GATE_ERROR", 503),
+            ("DEADLINE_EXCEEDED", 504),
             ("INVALID_REQUEST", 400),
+            ("CANCELLED", 499),
             ("INFERENCE_ERROR", 502),
+            ("GATE_ERROR", 502),
         ] {
-            assert_eq!(error(code, "").status.as_u16(), status, "{code}");
+            assert_eq!(error_status(code).0, status, "{code}");
         }
     }
 }

@@ -1,122 +1,184 @@
-//! The front door's HTTP handlers: the three OpenAI endpoints (wait, stream, enqueue) and
-//! `/v1/requests` (read, long-poll, cancel). Every check happens before anything is written;
-//! a wait holds a [`super::Slot`] while open, and a wait whose client goes away cancels the
-//! request it made.
+//! The front door's HTTP handlers, as the router's step serves them: the POST endpoints (live,
+//! passthrough, enqueue, wait and a wait's stream), `GET` and `DELETE /v1/requests/{id}` and
+//! `GET /v1/models`. Every check happens before anything is written; a wait holds a
+//! [`super::Slot`] while open, and a wait whose client goes away cancels the request it made.
 
 use std::convert::Infallible;
 use std::time::Duration;
 
 use axum::body::{Body, Bytes};
 use axum::extract::{Path, Query, State};
-use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::http::{HeaderMap, HeaderValue, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use inferq_client::producer::unix_ms;
+use inferq_client::wire::ResultMessage;
 use serde_json::{json, Value};
+use tokio::time::Instant;
 
 use super::answer;
-use super::inbound::{self, Endpoint, Mode};
-use super::record::{self, Cancel, Record};
+use super::broker::{self, State as Stand};
+use super::inbound::{self, Endpoint, Inbound, Queued};
+use super::keys;
+use super::waiters::RECHECK;
 use crate::error::ApiError;
 use crate::state::App;
 
 /// How often a waiting stream sends a keepalive comment.
 const KEEPALIVE: Duration = Duration::from_secs(5);
-/// A wait reads its record again at least this often, in case an announcement was lost with
-/// a connection that failed silently.
-const RECHECK: Duration = Duration::from_secs(30);
 /// Longest `?wait=` of a long poll, in seconds.
 const MAX_POLL_SECS: u64 = 600;
-/// Most ids in one `POST /v1/requests/cancel`.
-const MAX_CANCEL_IDS: usize = 1000;
 
-pub async fn chat(State(app): State<App>, headers: HeaderMap, body: Bytes) -> Response {
-    answer_or_error(post(app, Endpoint::Chat, headers, body).await)
+pub async fn chat(app: State<App>, uri: Uri, h: HeaderMap, body: Bytes) -> Response {
+    post(app.0, Endpoint::Chat, uri, h, body).await
 }
 
-pub async fn completions(State(app): State<App>, headers: HeaderMap, body: Bytes) -> Response {
-    answer_or_error(post(app, Endpoint::Completions, headers, body).await)
+pub async fn completions(app: State<App>, uri: Uri, h: HeaderMap, body: Bytes) -> Response {
+    post(app.0, Endpoint::Completions, uri, h, body).await
 }
 
-pub async fn embeddings(State(app): State<App>, headers: HeaderMap, body: Bytes) -> Response {
-    answer_or_error(post(app, Endpoint::Embeddings, headers, body).await)
+pub async fn generate(app: State<App>, uri: Uri, h: HeaderMap, body: Bytes) -> Response {
+    post(app.0, Endpoint::Generate, uri, h, body).await
 }
 
-fn answer_or_error(r: Result<Response, ApiError>) -> Response {
-    r.unwrap_or_else(IntoResponse::into_response)
+pub async fn embeddings(app: State<App>, uri: Uri, h: HeaderMap, body: Bytes) -> Response {
+    post(app.0, Endpoint::Embeddings, uri, h, body).await
 }
 
-fn busy() -> Response {
-    let mut r = ApiError::invalid(
-        "This replica holds as many waiting clients as --max-waiting-clients allows; retry \
-         shortly, or use X-AP-Mode: enqueue",
-        None,
-    )
-    .with_status(StatusCode::TOO_MANY_REQUESTS)
-    .with_code("too_many_waiting_clients")
-    .into_response();
-    r.headers_mut().insert(
-        axum::http::header::RETRY_AFTER,
-        HeaderValue::from_static("1"),
-    );
-    r
+/// The API key's tenant when keys are configured (401 without a good key), else `None`.
+fn keyed(app: &App, headers: &HeaderMap) -> Result<Option<String>, ApiError> {
+    if app.keys.is_empty() {
+        return Ok(None);
+    }
+    app.keys.tenant(headers).map(Some)
 }
 
-async fn post(
-    app: App,
-    endpoint: Endpoint,
-    headers: HeaderMap,
-    body: Bytes,
-) -> Result<Response, ApiError> {
-    let tenant = app.keys.tenant(&headers)?;
-    let inbound = inbound::parse(&app.front.settings, endpoint, &headers, &body)?;
-    let mode = match inbound.mode {
-        Mode::Wait if inbound.stream => "stream",
-        Mode::Wait => "wait",
-        Mode::Enqueue => "enqueue",
+#[derive(serde::Deserialize)]
+struct ModelOnly {
+    #[serde(default)]
+    model: Option<Value>,
+}
+
+async fn post(app: App, endpoint: Endpoint, uri: Uri, headers: HeaderMap, body: Bytes) -> Response {
+    let keyed = match keyed(&app, &headers) {
+        Ok(k) => k,
+        Err(e) => return e.into_response(),
     };
-    if inbound.mode == Mode::Enqueue {
-        app.metrics.front_request(mode);
-        let opened = record::open(&app, &tenant, &inbound).await?;
-        let rec = match opened.record {
-            Some(r) => r,
-            None => record::read(&app, &tenant, &opened.id)
-                .await?
-                .ok_or_else(|| ApiError::unavailable(&"the request's record is gone"))?,
-        };
-        return Ok((StatusCode::ACCEPTED, Json(answer::object(&rec, false))).into_response());
+    let inbound = match inbound::parse(
+        &app.front.settings.broker,
+        endpoint,
+        &headers,
+        &body,
+        keyed.as_deref(),
+    ) {
+        Ok(i) => i,
+        Err(e) => return e.into_response(),
+    };
+    let path = uri
+        .path_and_query()
+        .map_or(endpoint.path(), |p| p.as_str())
+        .to_owned();
+    match inbound {
+        Inbound::Live => {
+            app.metrics.front_request("live");
+            let model = serde_json::from_slice::<ModelOnly>(&body)
+                .ok()
+                .and_then(|m| m.model)
+                .and_then(|m| m.as_str().map(str::to_owned))
+                .unwrap_or_default();
+            super::passthrough::forward(&app, &path, &model, headers, body, None).await
+        }
+        Inbound::Passthrough(p) => {
+            app.metrics.front_request("passthrough");
+            let model = p.model.clone();
+            super::passthrough::forward(&app, &path, &model, headers, body, Some(&p)).await
+        }
+        Inbound::Queued(q) => {
+            let id = q.id.clone();
+            let r = queued(app, *q)
+                .await
+                .unwrap_or_else(IntoResponse::into_response);
+            answer::with_id(r, &id)
+        }
+    }
+}
+
+async fn queued(app: App, q: Queued) -> Result<Response, ApiError> {
+    if q.enqueue {
+        app.metrics.front_request("enqueue");
+        broker::submit(&app, &q).await?;
+        return Ok(answer::pending(&q.id));
     }
     let Some(slot) = app.front.slot() else {
         app.metrics.front_busy.inc();
-        return Ok(busy());
+        return Ok(answer::busy());
     };
-    app.metrics.front_request(mode);
-    let opened = record::open(&app, &tenant, &inbound).await?;
+    app.metrics
+        .front_request(if q.stream { "stream" } else { "wait" });
+    let submitted = broker::submit(&app, &q).await?;
     let guard = CancelOnDrop {
         app: app.clone(),
-        tenant: tenant.clone(),
-        id: opened.id.clone(),
-        armed: opened.created,
+        tenant: q.tenant.clone(),
+        id: q.id.clone(),
+        armed: submitted.created,
     };
-    if inbound.stream {
-        return Ok(stream(app, tenant, guard, slot, inbound));
+    // The hold runs to the deadline, or to the wait cap when that is shorter.
+    let to_deadline = Duration::from_secs(u64::try_from(q.timeout_secs).unwrap_or(0));
+    let cap = u64::try_from(app.front.settings.broker.wait_cap_seconds).unwrap_or(0);
+    let capped = cap > 0 && Duration::from_secs(cap) < to_deadline;
+    let hold = if capped {
+        Duration::from_secs(cap)
+    } else {
+        to_deadline
+    };
+    let until = Instant::now() + hold;
+    if q.stream {
+        return Ok(stream(app, guard, slot, q, until));
     }
-    let waited = wait_keyed(&app, &tenant, &opened.id, &inbound).await;
+    let got = wait_for(&app, &q.tenant, &q.id, until).await;
     let mut guard = guard;
     guard.armed = false;
     drop(slot);
-    Ok(match waited? {
-        Waited::Ended(rec) => match &rec.ended {
-            Some(e) => answer::ended(&rec.id, e),
-            None => answer::timed_out(&rec.id),
-        },
-        Waited::Pending(rec) => answer::timed_out(&rec.id),
-        Waited::NotFound => ApiError::unavailable(&"the request's record is gone").into_response(),
+    Ok(match got? {
+        Some(r) => {
+            broker::delivered(&app, &q.tenant, &q.id, !q.chosen).await;
+            answer::result(&r)
+        }
+        None if capped => answer::pending(&q.id),
+        None => answer::timed_out(),
     })
 }
 
+/// Waits until the mailbox of `id` holds a result (then that result) or `until` passes
+/// (then `None`, after one last read).
+async fn wait_for(
+    app: &App,
+    tenant: &str,
+    id: &str,
+    until: Instant,
+) -> Result<Option<ResultMessage>, ApiError> {
+    let mailbox = keys::mailbox(tenant, id);
+    let registration = app.front.waiters.register(&mailbox);
+    loop {
+        let notified = registration.notify.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        if let Stand::Ready(r) = broker::lookup(app, tenant, id).await? {
+            return Ok(Some(r));
+        }
+        let now = Instant::now();
+        if now >= until {
+            return Ok(None);
+        }
+        tokio::select! {
+            _ = notified => {}
+            _ = tokio::time::sleep_until(until.min(now + RECHECK)) => {}
+        }
+    }
+}
+
 /// Cancels the request it names when dropped armed: a wait whose client went away (the
-/// handler's future, or the stream's task, is dropped) takes its request with it.
+/// handler's future, or the stream's task, is dropped) takes its request with it, queued or in
+/// flight.
 struct CancelOnDrop {
     app: App,
     tenant: String,
@@ -132,12 +194,12 @@ impl Drop for CancelOnDrop {
         let (app, tenant, id) = (self.app.clone(), self.tenant.clone(), self.id.clone());
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
             rt.spawn(async move {
-                match record::cancel(&app, &tenant, &id).await {
-                    Ok(Cancel::Cancelled(_)) => {
+                match broker::cancel(&app, &tenant, &id).await {
+                    Ok(true) => {
                         app.metrics.front_disconnect_cancels.inc();
                         tracing::info!(request = %id, "client went away: request cancelled");
                     }
-                    Ok(_) => {}
+                    Ok(false) => {}
                     Err(e) => tracing::warn!(request = %id, error = %e.message, "client went away, but its request could not be cancelled"),
                 }
             });
@@ -145,102 +207,17 @@ impl Drop for CancelOnDrop {
     }
 }
 
-/// How a wait ended.
-enum Waited {
-    Ended(Record),
-    /// Still open at the deadline (or the long poll's limit).
-    Pending(Record),
-    NotFound,
-}
-
-/// Waits until `id` ends, its deadline passes, or `limit` (a long poll's) passes.
-async fn wait(
-    app: &App,
-    tenant: &str,
-    id: &str,
-    limit: Option<tokio::time::Instant>,
-) -> Result<Waited, ApiError> {
-    let registration = app.front.waiters.register(id);
-    loop {
-        let notified = registration.notify.notified();
-        tokio::pin!(notified);
-        notified.as_mut().enable();
-        let Some(rec) = record::read(app, tenant, id).await? else {
-            return Ok(Waited::NotFound);
-        };
-        if rec.ended.is_some() {
-            return Ok(Waited::Ended(rec));
-        }
-        let to_deadline = u64::try_from(rec.deadline_ms.saturating_sub(unix_ms())).unwrap_or(0);
-        let until = limit
-            .unwrap_or_else(|| tokio::time::Instant::now() + Duration::from_millis(to_deadline));
-        let now = tokio::time::Instant::now();
-        if until <= now {
-            return Ok(Waited::Pending(rec));
-        }
-        let recheck = now + RECHECK;
-        tokio::select! {
-            _ = notified => {}
-            _ = tokio::time::sleep_until(until.min(recheck)) => {
-                if until <= recheck {
-                    // One last read: the result may have come with the deadline.
-                    return Ok(match record::read(app, tenant, id).await? {
-                        Some(r) if r.ended.is_some() => Waited::Ended(r),
-                        Some(r) => Waited::Pending(r),
-                        None => Waited::NotFound,
-                    });
-                }
-            }
-        }
-    }
-}
-
-/// A wait-mode wait: until `id` ends or its deadline passes. With an `Idempotency-Key` it
-/// looks every [`record::RESUBMIT_AFTER_MS`] whether the request was ever queued: one recorded
-/// by a replica that died (or lost Redis) before queueing it is queued again through the key
-/// (`create-2.lua` answers `resubmit` to one caller), so the client that retried gets its answer.
-async fn wait_keyed(
-    app: &App,
-    tenant: &str,
-    id: &str,
-    inbound: &inbound::Inbound,
-) -> Result<Waited, ApiError> {
-    if inbound.idempotency_key.is_none() {
-        return wait(app, tenant, id, None).await;
-    }
-    let every = Duration::from_millis(record::RESUBMIT_AFTER_MS.unsigned_abs() + 500);
-    loop {
-        let limit = tokio::time::Instant::now() + every;
-        match wait(app, tenant, id, Some(limit)).await? {
-            Waited::Pending(rec) if rec.deadline_ms > unix_ms() => {
-                if rec.token.is_none() {
-                    record::open(app, tenant, inbound).await?;
-                }
-            }
-            other => return Ok(other),
-        }
-    }
-}
-
-/// A streaming wait: keepalive comments until the request ends, then its answer as chunks
-/// and `[DONE]`. A client that goes away closes the channel, and the request is cancelled.
-fn stream(
-    app: App,
-    tenant: String,
-    guard: CancelOnDrop,
-    slot: super::Slot,
-    inbound: inbound::Inbound,
-) -> Response {
+/// A streaming wait: keepalive comments until the result comes, then it as chunks and
+/// `[DONE]`. A client that goes away closes the channel, and the request is cancelled.
+fn stream(app: App, guard: CancelOnDrop, slot: super::Slot, q: Queued, until: Instant) -> Response {
     let (tx, mut rx) = tokio::sync::mpsc::channel::<Bytes>(8);
-    let id = guard.id.clone();
-    let header = HeaderValue::from_str(&id).ok();
     tokio::spawn(async move {
         let mut guard = guard;
         let _slot = slot;
-        let waiting = wait_keyed(&app, &tenant, &id, &inbound);
+        let waiting = wait_for(&app, &q.tenant, &q.id, until);
         tokio::pin!(waiting);
         let mut tick = tokio::time::interval(KEEPALIVE);
-        let waited = loop {
+        let got = loop {
             tokio::select! {
                 w = &mut waiting => break w,
                 _ = tx.closed() => return,
@@ -251,27 +228,18 @@ fn stream(
                 }
             }
         };
-        let events = match waited {
-            Ok(Waited::Ended(rec)) => rec.ended.as_ref().map(answer::stream_events),
-            _ => None,
-        }
-        .unwrap_or_else(|| {
-            vec![
-                format!(
-                    "data: {}\n\n",
-                    answer::error_body(
-                        "DEADLINE_EXCEEDED",
-                        &format!("no answer before the request's deadline; GET /v1/requests/{id} reads it if one comes")
-                    )
-                ),
-                "data: [DONE]\n\n".to_owned(),
-            ]
-        });
         guard.armed = false;
+        let result = got.ok().flatten();
+        let events = answer::stream_events(result.as_ref());
+        let mut sent = true;
         for e in events {
             if tx.send(Bytes::from(e)).await.is_err() {
-                return;
+                sent = false;
+                break;
             }
+        }
+        if sent && result.is_some() {
+            broker::delivered(&app, &q.tenant, &q.id, !q.chosen).await;
         }
     });
     let body =
@@ -286,9 +254,6 @@ fn stream(
         axum::http::header::CACHE_CONTROL,
         HeaderValue::from_static("no-cache"),
     );
-    if let Some(v) = header {
-        h.insert(answer::REQUEST_ID_HEADER, v);
-    }
     r
 }
 
@@ -297,14 +262,31 @@ pub struct PollQuery {
     wait: Option<String>,
 }
 
-/// `GET /v1/requests/{id}`, with `?wait=SECONDS` to long-poll until it ends.
+/// The tenant of a `/v1/requests` call.
+fn tenant(app: &App, headers: &HeaderMap) -> Result<String, ApiError> {
+    let keyed = keyed(app, headers)?;
+    inbound::tenant(&app.front.settings.broker, headers, keyed.as_deref())
+}
+
+/// `GET /v1/requests/{id}`, with `?wait=SECONDS` to long-poll while it is pending.
 pub async fn retrieve(
     State(app): State<App>,
     Path(id): Path<String>,
     Query(q): Query<PollQuery>,
     headers: HeaderMap,
+) -> Response {
+    fetch(app, id, q, headers)
+        .await
+        .unwrap_or_else(IntoResponse::into_response)
+}
+
+async fn fetch(
+    app: App,
+    id: String,
+    q: PollQuery,
+    headers: HeaderMap,
 ) -> Result<Response, ApiError> {
-    let tenant = app.keys.tenant(&headers)?;
+    let tenant = tenant(&app, &headers)?;
     let secs = match q.wait.as_deref() {
         None => 0.0,
         Some(w) => w
@@ -316,81 +298,60 @@ pub async fn retrieve(
                     format!("wait must be a number of seconds from 0 to {MAX_POLL_SECS}"),
                     Some("wait"),
                 )
+                .with_code("INVALID_REQUEST")
             })?,
     };
-    let not_found = || ApiError::not_found("Request", &id);
-    let rec = if secs > 0.0 {
+    if !keys::is_client_id(&id) {
+        return Ok(answer::unknown());
+    }
+    let mut state = broker::lookup(&app, &tenant, &id).await?;
+    if matches!(state, Stand::Pending) && secs > 0.0 {
         let Some(_slot) = app.front.slot() else {
             app.metrics.front_busy.inc();
-            return Ok(busy());
+            return Ok(answer::busy());
         };
-        let limit = tokio::time::Instant::now() + Duration::from_secs_f64(secs);
-        match wait(&app, &tenant, &id, Some(limit)).await? {
-            Waited::Ended(r) | Waited::Pending(r) => r,
-            Waited::NotFound => return Err(not_found()),
+        let until = Instant::now() + Duration::from_secs_f64(secs);
+        state = match wait_for(&app, &tenant, &id, until).await? {
+            Some(r) => Stand::Ready(r),
+            None => broker::lookup(&app, &tenant, &id).await?,
+        };
+    }
+    Ok(match state {
+        Stand::Ready(r) => {
+            broker::delivered(&app, &tenant, &id, false).await;
+            answer::result(&r)
         }
-    } else {
-        record::read(&app, &tenant, &id)
-            .await?
-            .ok_or_else(not_found)?
-    };
-    let in_flight = rec.ended.is_none() && record::in_flight(&app, &rec).await?;
-    Ok(Json(answer::object(&rec, in_flight)).into_response())
+        Stand::Pending => answer::pending(&id),
+        Stand::Unknown => answer::unknown(),
+    })
 }
 
-/// `DELETE /v1/requests/{id}`: cancels it, pending or in flight.
+/// `DELETE /v1/requests/{id}`: cancels it when pending (queued or in flight), deletes its
+/// result; 204.
 pub async fn delete(
     State(app): State<App>,
     Path(id): Path<String>,
     headers: HeaderMap,
-) -> Result<Response, ApiError> {
-    let tenant = app.keys.tenant(&headers)?;
-    match record::cancel(&app, &tenant, &id).await? {
-        Cancel::Cancelled(r) => Ok(Json(answer::object(&r, false)).into_response()),
-        Cancel::Ended(r) if answer::status(&r, false) == "cancelled" => {
-            Ok(Json(answer::object(&r, false)).into_response())
+) -> Response {
+    let done = async {
+        let tenant = tenant(&app, &headers)?;
+        if keys::is_client_id(&id) {
+            broker::delete(&app, &tenant, &id).await?;
         }
-        Cancel::Ended(r) => Err(ApiError::conflict(format!(
-            "Request {id} has already ended ({}) and cannot be cancelled",
-            answer::status(&r, false)
-        ))),
-        Cancel::NotFound => Err(ApiError::not_found("Request", &id)),
-    }
+        Ok::<_, ApiError>(axum::http::StatusCode::NO_CONTENT.into_response())
+    };
+    done.await.unwrap_or_else(IntoResponse::into_response)
 }
 
-#[derive(Debug, serde::Deserialize)]
-pub struct CancelMany {
-    ids: Vec<String>,
-}
-
-/// `POST /v1/requests/cancel {"ids": [...]}`: cancels each; a list of the request objects
-/// (an unknown id gets `{"id", "error": {"code": "not_found"}}`).
-pub async fn cancel_many(
-    State(app): State<App>,
-    headers: HeaderMap,
-    body: Bytes,
-) -> Result<Response, ApiError> {
-    let tenant = app.keys.tenant(&headers)?;
-    let req: CancelMany = serde_json::from_slice(&body).map_err(|e| {
-        ApiError::invalid(
-            format!("the body must be {{\"ids\": [...]}}: {e}"),
-            Some("ids"),
-        )
-    })?;
-    if req.ids.len() > MAX_CANCEL_IDS {
-        return Err(ApiError::invalid(
-            format!("at most {MAX_CANCEL_IDS} ids per call"),
-            Some("ids"),
-        ));
-    }
-    let mut data: Vec<Value> = Vec::with_capacity(req.ids.len());
-    for id in &req.ids {
-        data.push(match record::cancel(&app, &tenant, id).await? {
-            Cancel::Cancelled(r) | Cancel::Ended(r) => answer::object(&r, false),
-            Cancel::NotFound => {
-                json!({"id": id, "object": "async.request", "error": {"code": "not_found", "message": format!("No such Request object: {id}")}})
-            }
-        });
-    }
-    Ok(Json(json!({"object": "list", "data": data})).into_response())
+/// `GET /v1/models`: the routes' models.
+pub async fn models(State(app): State<App>) -> Response {
+    let data: Vec<Value> = app
+        .front
+        .settings
+        .broker
+        .models()
+        .into_iter()
+        .map(|m| json!({"id": m, "object": "model", "owned_by": "llm-d-async"}))
+        .collect();
+    Json(json!({"object": "list", "data": data})).into_response()
 }

@@ -1,23 +1,23 @@
-//! A request as it arrives at the front door, checked before anything is written: its
-//! endpoint, mode (`X-AP-Mode`, or `service_tier: "flex"`), queue (`x-llm-d-async-queue`),
-//! deadline (`x-llm-d-async-timeout`, or the body's `timeout`), whether it streams, its
-//! `Idempotency-Key`, and the body to submit. Every refusal is a 400 naming the field.
+//! A request as it arrives at the front door, checked before anything is written, by the
+//! router's step's rules: no mode header is a live request; otherwise the mode, the body (a JSON
+//! object with a `model`), the tenant, the id, the deadline and the forwarded headers. Every
+//! refusal is an OpenAI-shaped 4xx naming the field.
 
-use std::time::Duration;
+use std::collections::BTreeMap;
 
-use axum::http::HeaderMap;
-use serde_json::value::RawValue;
-use serde_json::{Map, Value};
+use axum::http::{HeaderMap, StatusCode};
+use serde_json::Value;
 
-use super::duration::parse_go;
-use super::settings::FrontSettings;
+use super::config::BrokerConfig;
+use super::keys;
 use crate::error::ApiError;
 
-/// The three endpoints, as the path and the body's OpenAI object kind.
+/// The endpoints, by path.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Endpoint {
     Chat,
     Completions,
+    Generate,
     Embeddings,
 }
 
@@ -26,42 +26,63 @@ impl Endpoint {
         match self {
             Endpoint::Chat => "/v1/chat/completions",
             Endpoint::Completions => "/v1/completions",
+            Endpoint::Generate => "/inference/v1/generate",
             Endpoint::Embeddings => "/v1/embeddings",
         }
     }
 }
 
-/// How the caller wants its answer.
+/// How the caller wants its answer (`X-AP-Mode`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Mode {
-    /// Hold the connection until the answer (the default).
-    Wait,
-    /// Answer 202 with the request's id at once.
+    /// Served live, classified against the tenant's quota.
+    Passthrough,
+    /// Queued; answered 202 with the id at once.
     Enqueue,
+    /// Queued; the connection held until the answer.
+    Wait,
 }
 
-/// The longest `Idempotency-Key` taken.
-pub const MAX_KEY_LEN: usize = 255;
-
-/// A request that passed every check.
+/// A queued request that passed every check.
 #[derive(Debug)]
-pub struct Inbound {
+pub struct Queued {
     pub endpoint: Endpoint,
-    pub mode: Mode,
-    /// `stream: true` in the body (wait mode only).
+    pub enqueue: bool,
+    /// `stream: true` in the body (wait mode only): answered as Server-Sent Events.
     pub stream: bool,
-    /// The `queue_name` it goes to.
-    pub queue: String,
-    /// How long from now its deadline is.
-    pub timeout: Duration,
-    /// What is submitted: the body as sent, or without `stream` and `stream_options` when it
-    /// streams (the gateway answers whole; the front door makes the chunks).
-    pub payload: Box<RawValue>,
-    /// The body's `model`, when a string.
+    pub tenant: String,
+    /// The client-visible id (fetch id; names the mailbox).
+    pub id: String,
+    /// Whether the client chose the id (`X-Request-Id` or `Idempotency-Key`): a repeat joins.
+    pub chosen: bool,
     pub model: String,
-    pub idempotency_key: Option<String>,
-    /// What idempotency compares: the endpoint and the body's bytes as sent.
+    /// The deadline, seconds from now.
+    pub timeout_secs: i64,
+    /// What is submitted: the body, without `stream` and `stream_options` when it streams (the
+    /// gateway answers whole; the front door makes the chunks).
+    pub payload: Value,
+    /// The quota attribute and `traceparent`.
+    pub metadata: BTreeMap<String, String>,
+    /// The allow-listed client headers.
+    pub headers: BTreeMap<String, String>,
+    /// What a repeated id compares: the endpoint and the body's bytes as sent.
     pub digest: String,
+}
+
+/// A request with `X-AP-Mode: passthrough`, checked.
+#[derive(Debug)]
+pub struct Passthrough {
+    pub tenant: String,
+    pub model: String,
+}
+
+/// What a POST is.
+#[derive(Debug)]
+pub enum Inbound {
+    /// No mode header: served live, untouched.
+    Live,
+    Passthrough(Passthrough),
+    Queued(Box<Queued>),
 }
 
 fn header<'a>(headers: &'a HeaderMap, name: &str) -> Result<Option<&'a str>, ApiError> {
@@ -70,186 +91,170 @@ fn header<'a>(headers: &'a HeaderMap, name: &str) -> Result<Option<&'a str>, Api
         Some(v) => v
             .to_str()
             .map(Some)
-            .map_err(|_| ApiError::invalid(format!("{name} is not visible ASCII"), Some(name))),
+            .map_err(|_| invalid(format!("{name} is not visible ASCII"), name)),
     }
 }
 
-/// Checks a request; `body` is its bytes as received.
+fn invalid(message: impl Into<String>, param: &str) -> ApiError {
+    ApiError::invalid(message, Some(param)).with_code("INVALID_REQUEST")
+}
+
+/// The tenant of a call: the API key's when keys are configured (an `X-Team` naming another is
+/// a 403), else the tenant header's, else `default`; a `:` in it is a 400.
+pub fn tenant(
+    config: &BrokerConfig,
+    headers: &HeaderMap,
+    keyed: Option<&str>,
+) -> Result<String, ApiError> {
+    let named = header(headers, &config.tenant_header)?.filter(|t| !t.is_empty());
+    let tenant = match (keyed, named) {
+        (Some(k), Some(n)) if k != n => {
+            return Err(ApiError::invalid(
+                format!(
+                    "{} names tenant {n:?}, but the API key belongs to another tenant",
+                    config.tenant_header
+                ),
+                Some(&config.tenant_header),
+            )
+            .with_status(StatusCode::FORBIDDEN)
+            .with_code("TENANT_MISMATCH"))
+        }
+        (Some(k), _) => k.to_owned(),
+        (None, Some(n)) => n.to_owned(),
+        (None, None) => keys::DEFAULT_TENANT.to_owned(),
+    };
+    if tenant.contains(':') {
+        return Err(invalid(
+            format!("{} must not contain \":\"", config.tenant_header),
+            &config.tenant_header,
+        ));
+    }
+    Ok(tenant)
+}
+
+/// Checks a POST; `body` is its bytes as received, `keyed` the API key's tenant.
 pub fn parse(
-    settings: &FrontSettings,
+    config: &BrokerConfig,
     endpoint: Endpoint,
     headers: &HeaderMap,
     body: &[u8],
+    keyed: Option<&str>,
 ) -> Result<Inbound, ApiError> {
-    let object: Map<String, Value> = match serde_json::from_slice::<Value>(body) {
-        Ok(Value::Object(m)) => m,
-        Ok(_) => {
-            return Err(ApiError::invalid(
-                "The request body must be a JSON object.",
-                Some("body"),
-            ))
-        }
-        Err(e) => {
-            return Err(ApiError::invalid(
-                format!("The request body is not valid JSON: {e}"),
-                Some("body"),
+    let Some(mode) = header(headers, &config.mode_header)?.filter(|m| !m.is_empty()) else {
+        return Ok(Inbound::Live);
+    };
+    let mode = match mode.trim().to_ascii_lowercase().as_str() {
+        "passthrough" => Mode::Passthrough,
+        "enqueue" => Mode::Enqueue,
+        "wait" => Mode::Wait,
+        _ => {
+            return Err(invalid(
+                format!(
+                    "unknown {} value {mode:?} (passthrough, enqueue or wait)",
+                    config.mode_header
+                ),
+                &config.mode_header,
             ))
         }
     };
-    // `service_tier: "flex"` asks for what wait mode is, the default: it needs no mode of its
-    // own, only a well-formed value.
-    match object.get("service_tier") {
-        None | Some(Value::Null) | Some(Value::String(_)) => {}
-        Some(_) => {
-            return Err(ApiError::invalid(
-                "service_tier must be a string",
-                Some("service_tier"),
+    let mut object = match serde_json::from_slice::<Value>(body) {
+        Ok(Value::Object(m)) => m,
+        Ok(_) => return Err(invalid("The request body must be a JSON object.", "body")),
+        Err(e) => {
+            return Err(invalid(
+                format!("The request body is not valid JSON: {e}"),
+                "body",
             ))
         }
-    }
-    let mode =
-        match header(headers, "x-ap-mode")?.map(|m| m.trim().to_ascii_lowercase()) {
-            None => Mode::Wait,
-            Some(m) if m == "wait" || m.is_empty() => Mode::Wait,
-            Some(m) if m == "enqueue" => Mode::Enqueue,
-            Some(m) if m == "passthrough" => return Err(ApiError::invalid(
-                "X-AP-Mode passthrough is not served by inferq: send the request to the gateway \
-                 itself (modes: wait, enqueue)",
-                Some("X-AP-Mode"),
-            )),
-            Some(m) => {
-                return Err(ApiError::invalid(
-                    format!("X-AP-Mode {m:?} is not a mode (wait, enqueue)"),
-                    Some("X-AP-Mode"),
-                ))
-            }
-        };
-    // OpenAI's limits on a body's `metadata`, checked here as the Batch API checks a batch's.
-    crate::metadata::check(object.get("metadata"))?;
+    };
     let stream = match object.get("stream") {
         None | Some(Value::Null) => false,
         Some(Value::Bool(b)) => *b,
-        Some(_) => {
-            return Err(ApiError::invalid(
-                "stream must be a boolean",
-                Some("stream"),
-            ))
-        }
+        Some(_) => return Err(invalid("stream must be a boolean", "stream")),
     };
-    if stream && endpoint == Endpoint::Embeddings {
-        return Err(ApiError::invalid(
-            "stream is not supported for embeddings",
-            Some("stream"),
-        ));
-    }
     if stream && mode == Mode::Enqueue {
-        return Err(ApiError::invalid(
-            "stream cannot be used with X-AP-Mode enqueue: read the result with GET \
+        return Err(invalid(
+            "stream cannot be used with X-AP-Mode enqueue: fetch the result with GET \
              /v1/requests/{id}",
-            Some("stream"),
+            "stream",
         ));
     }
-    let queue = settings
-        .queue(header(headers, "x-llm-d-async-queue")?)
-        .map_err(|why| ApiError::invalid(why, Some("x-llm-d-async-queue")))?
-        .to_owned();
-    let timeout = match header(headers, "x-llm-d-async-timeout")? {
-        Some(t) => parse_go(t).map_err(|why| {
-            ApiError::invalid(
-                format!("x-llm-d-async-timeout: {why}"),
-                Some("x-llm-d-async-timeout"),
-            )
-        })?,
-        None => match object.get("timeout") {
-            None | Some(Value::Null) => settings.request_timeout,
-            Some(Value::Number(n)) => n
-                .as_f64()
-                .filter(|s| s.is_finite() && *s > 0.0 && *s < 1e10)
-                .map(Duration::from_secs_f64)
-                .ok_or_else(|| {
-                    ApiError::invalid(
-                        "timeout must be a positive number of seconds or a Go duration",
-                        Some("timeout"),
-                    )
-                })?,
-            Some(Value::String(t)) => parse_go(t)
-                .map_err(|why| ApiError::invalid(format!("timeout: {why}"), Some("timeout")))?,
-            Some(_) => {
-                return Err(ApiError::invalid(
-                    "timeout must be a positive number of seconds or a Go duration",
-                    Some("timeout"),
+    if stream && mode == Mode::Wait && endpoint == Endpoint::Embeddings {
+        return Err(invalid("stream is not supported for embeddings", "stream"));
+    }
+    let model = match object.get("model") {
+        Some(Value::String(m)) if !m.is_empty() => m.clone(),
+        _ => return Err(invalid("model is required", "model")),
+    };
+    let tenant = tenant(config, headers, keyed)?;
+    if mode == Mode::Passthrough {
+        return Ok(Inbound::Passthrough(Passthrough { tenant, model }));
+    }
+    let enqueue = mode == Mode::Enqueue;
+    let bounds = config.bounds(enqueue);
+    let mut timeout_secs = match header(headers, &config.timeout_header)? {
+        None => bounds.default_seconds,
+        Some(t) => match t.trim().parse::<i64>() {
+            Ok(n) if n > 0 => n,
+            _ => {
+                return Err(invalid(
+                    format!(
+                        "{} must be a whole number of seconds above 0, got {t:?}",
+                        config.timeout_header
+                    ),
+                    &config.timeout_header,
                 ))
             }
         },
     };
-    if timeout < Duration::from_millis(1) {
-        return Err(ApiError::invalid(
-            "the timeout is under 1ms",
-            Some("timeout"),
-        ));
+    if bounds.max_seconds > 0 {
+        timeout_secs = timeout_secs.min(bounds.max_seconds);
     }
-    let idempotency_key = match header(headers, "idempotency-key")? {
-        None => None,
-        Some(k) if k.is_empty() || k.len() > MAX_KEY_LEN => {
-            return Err(ApiError::invalid(
-                format!("Idempotency-Key must be 1 to {MAX_KEY_LEN} characters"),
-                Some("Idempotency-Key"),
-            ))
+    let chosen_id = [
+        header(headers, "x-request-id")?,
+        header(headers, "idempotency-key")?,
+    ]
+    .into_iter()
+    .flatten()
+    .find(|id| keys::is_client_id(id));
+    let (id, chosen) = match chosen_id {
+        Some(id) => (id.to_owned(), true),
+        None => (keys::mint_id(), false),
+    };
+    let mut metadata = BTreeMap::new();
+    metadata.insert(config.quota.attribute.clone(), tenant.clone());
+    if let Some(tp) = header(headers, "traceparent")?.filter(|t| !t.is_empty()) {
+        metadata.insert("traceparent".to_owned(), tp.to_owned());
+    }
+    let mut forwarded = BTreeMap::new();
+    for name in config.forward_headers() {
+        if let Some(v) = header(headers, name)?.filter(|v| !v.is_empty()) {
+            forwarded.insert(name.clone(), v.to_owned());
         }
-        Some(k) => Some(k.to_owned()),
-    };
-    let model = match object.get("model") {
-        Some(Value::String(m)) => m.clone(),
-        _ => String::new(),
-    };
-    let payload = if stream {
-        let mut whole = object;
-        whole.remove("stream");
-        whole.remove("stream_options");
-        serde_json::value::to_raw_value(&whole)
-            .map_err(|e| ApiError::invalid(e.to_string(), Some("body")))?
-    } else {
-        let text = std::str::from_utf8(body)
-            .map_err(|e| ApiError::invalid(format!("The body is not UTF-8: {e}"), Some("body")))?;
-        RawValue::from_string(text.to_owned())
-            .map_err(|e| ApiError::invalid(e.to_string(), Some("body")))?
-    };
-    Ok(Inbound {
+    }
+    if stream {
+        object.remove("stream");
+        object.remove("stream_options");
+    }
+    Ok(Inbound::Queued(Box::new(Queued {
         endpoint,
-        mode,
+        enqueue,
         stream,
-        queue,
-        timeout,
-        payload,
+        tenant,
+        id,
+        chosen,
         model,
-        idempotency_key,
-        digest: super::keys::body_digest(endpoint.path(), body),
-    })
+        timeout_secs,
+        payload: Value::Object(object),
+        metadata,
+        headers: forwarded,
+        digest: keys::body_digest(endpoint.path(), body),
+    })))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::front::settings::FrontQueue;
-
-    fn settings() -> FrontSettings {
-        FrontSettings {
-            queues: vec![
-                FrontQueue {
-                    id: "main".into(),
-                    queue_name: "q-main".into(),
-                    refused: None,
-                },
-                FrontQueue {
-                    id: "own".into(),
-                    queue_name: "q-own".into(),
-                    refused: Some("queue own sends its results to its own list".into()),
-                },
-            ],
-            default_queue: "q-main".into(),
-            ..FrontSettings::default()
-        }
-    }
 
     fn headers(pairs: &[(&'static str, &str)]) -> HeaderMap {
         let mut h = HeaderMap::new();
@@ -261,116 +266,93 @@ mod tests {
         h
     }
 
-    fn param(r: Result<Inbound, ApiError>) -> Option<String> {
-        r.err().and_then(|e| e.param)
+    fn refusal(c: &BrokerConfig, h: &[(&'static str, &str)], body: &[u8]) -> Option<(u16, String)> {
+        parse(c, Endpoint::Chat, &headers(h), body, None)
+            .err()
+            .map(|e| (e.status.as_u16(), e.param.unwrap_or_default()))
     }
 
     const CHAT: &[u8] = br#"{"model":"m","messages":[]}"#;
 
     #[test]
-    fn defaults_are_wait_the_default_queue_and_the_request_timeout() {
-        let s = settings();
-        let i = parse(&s, Endpoint::Chat, &HeaderMap::new(), CHAT).ok();
-        let i = i.as_ref();
-        assert_eq!(i.map(|i| i.mode), Some(Mode::Wait));
-        assert_eq!(i.map(|i| i.queue.as_str()), Some("q-main"));
-        assert_eq!(i.map(|i| i.timeout), Some(s.request_timeout));
-        assert_eq!(i.map(|i| i.payload.get().as_bytes()), Some(CHAT));
+    fn no_mode_header_is_live_whatever_the_body() {
+        let c = BrokerConfig::default();
+        assert!(matches!(
+            parse(&c, Endpoint::Chat, &HeaderMap::new(), b"not json", None),
+            Ok(Inbound::Live)
+        ));
     }
 
     #[test]
-    fn headers_pick_mode_queue_and_deadline() {
-        let s = settings();
+    fn queued_modes_take_the_steps_headers_and_defaults() {
+        let c = BrokerConfig::parse("timeouts: {enqueue: {max_seconds: 100}}").unwrap_or_default();
         let h = headers(&[
             ("x-ap-mode", "Enqueue"),
-            ("x-llm-d-async-queue", "main"),
-            ("x-llm-d-async-timeout", "1m30s"),
+            ("x-team", "acme"),
+            ("x-request-id", "job-1"),
+            ("x-request-timeout-seconds", "500"),
+            ("traceparent", "00-t-s-01"),
+            ("x-llm-d-slo-ttft-ms", "150"),
+            ("x-other", "no"),
         ]);
-        let i = parse(
-            &s,
-            Endpoint::Completions,
-            &h,
-            br#"{"prompt":"x","timeout":5}"#,
-        )
-        .ok();
-        assert_eq!(i.as_ref().map(|i| i.mode), Some(Mode::Enqueue));
-        assert_eq!(i.as_ref().map(|i| i.timeout), Some(Duration::from_secs(90)));
-        let i = parse(
-            &s,
-            Endpoint::Chat,
-            &HeaderMap::new(),
-            br#"{"timeout":"2s","service_tier":"flex"}"#,
-        )
-        .ok();
+        let Ok(Inbound::Queued(q)) = parse(&c, Endpoint::Chat, &h, CHAT, None) else {
+            panic!("not queued")
+        };
+        assert!(q.enqueue && q.chosen);
+        assert_eq!((q.tenant.as_str(), q.id.as_str()), ("acme", "job-1"));
+        assert_eq!(q.timeout_secs, 100);
+        assert_eq!(q.metadata.get("userid").map(String::as_str), Some("acme"));
         assert_eq!(
-            i.as_ref().map(|i| (i.mode, i.timeout)),
-            Some((Mode::Wait, Duration::from_secs(2)))
+            q.metadata.get("traceparent").map(String::as_str),
+            Some("00-t-s-01")
         );
+        assert_eq!(q.headers.len(), 1);
+        let h = headers(&[("x-ap-mode", "wait"), ("x-request-id", "bad id!")]);
+        let Ok(Inbound::Queued(q)) = parse(&c, Endpoint::Chat, &h, CHAT, None) else {
+            panic!("not queued")
+        };
+        assert!(!q.chosen && q.id.len() == 36 && q.timeout_secs == 60 && q.tenant == "default");
     }
 
     #[test]
     fn each_refusal_names_its_field() {
-        let s = settings();
-        let none = HeaderMap::new();
+        let c = BrokerConfig::default();
+        let wait = ("x-ap-mode", "wait");
         assert_eq!(
-            param(parse(&s, Endpoint::Chat, &none, b"[1]")),
-            Some("body".into())
+            refusal(&c, &[("x-ap-mode", "later")], CHAT),
+            Some((400, "X-AP-Mode".into()))
+        );
+        assert_eq!(refusal(&c, &[wait], b"{"), Some((400, "body".into())));
+        assert_eq!(refusal(&c, &[wait], b"[1]"), Some((400, "body".into())));
+        assert_eq!(
+            refusal(&c, &[wait], br#"{"messages":[]}"#),
+            Some((400, "model".into()))
         );
         assert_eq!(
-            param(parse(&s, Endpoint::Chat, &none, b"{")),
-            Some("body".into())
+            refusal(&c, &[wait, ("x-team", "a:b")], CHAT),
+            Some((400, "X-Team".into()))
         );
-        let h = headers(&[("x-ap-mode", "later")]);
-        assert_eq!(
-            param(parse(&s, Endpoint::Chat, &h, CHAT)),
-            Some("X-AP-Mode".into())
-        );
-        let h = headers(&[("x-llm-d-async-timeout", "10")]);
-        assert_eq!(
-            param(parse(&s, Endpoint::Chat, &h, CHAT)),
-            Some("x-llm-d-async-timeout".into())
-        );
-        assert_eq!(
-            param(parse(&s, Endpoint::Chat, &none, br#"{"timeout":-1}"#)),
-            Some("timeout".into())
-        );
-        for q in ["nope", "own"] {
-            let h = headers(&[("x-llm-d-async-queue", q)]);
+        for t in ["soon", "0", "-5", "1.5"] {
             assert_eq!(
-                param(parse(&s, Endpoint::Chat, &h, CHAT)),
-                Some("x-llm-d-async-queue".into())
+                refusal(&c, &[wait, ("x-request-timeout-seconds", t)], CHAT),
+                Some((400, "X-Request-Timeout-Seconds".into()))
             );
         }
         assert_eq!(
-            param(parse(
-                &s,
-                Endpoint::Embeddings,
-                &none,
-                br#"{"stream":true}"#
-            )),
-            Some("stream".into())
+            refusal(
+                &c,
+                &[("x-ap-mode", "enqueue")],
+                br#"{"model":"m","stream":true}"#
+            ),
+            Some((400, "stream".into()))
         );
-        let h = headers(&[("x-ap-mode", "enqueue")]);
-        assert_eq!(
-            param(parse(&s, Endpoint::Chat, &h, br#"{"stream":true}"#)),
-            Some("stream".into())
-        );
-    }
-
-    #[test]
-    fn a_stream_is_submitted_without_stream() {
-        let s = settings();
-        let i = parse(
-            &s,
+        let forbidden = parse(
+            &c,
             Endpoint::Chat,
-            &HeaderMap::new(),
-            br#"{"model":"m","stream":true,"stream_options":{}}"#,
-        )
-        .ok();
-        assert_eq!(i.as_ref().map(|i| i.stream), Some(true));
-        assert_eq!(
-            i.as_ref().map(|i| i.payload.get()),
-            Some(r#"{"model":"m"}"#)
+            &headers(&[wait, ("x-team", "b")]),
+            CHAT,
+            Some("a"),
         );
+        assert_eq!(forbidden.err().map(|e| e.status.as_u16()), Some(403));
     }
 }

@@ -1,55 +1,51 @@
-//! The front door: OpenAI's `POST /v1/chat/completions`, `/v1/completions` and
-//! `/v1/embeddings`, each taken as one inferq request, answered when it ends (wait mode, or a
-//! stream) or at once with its id (enqueue mode), then read, long-polled or cancelled under
-//! `/v1/requests`. Served by `inferq batch-api` beside the Batch API, with its keys, tenants,
-//! Redis and metrics.
+//! The front door: the router's `async-broker` contract, served by `inferq batch-api` beside the
+//! Batch API, with its keys, tenants, Redis and metrics, over the router's Redis layout, so a
+//! client of the router's step and a client of inferq are served alike and either side's
+//! requests can be fetched from the other (and served by inferq or Go processors).
 //!
 //! ```text
-//!  client ──POST /v1/chat/completions──▶ inbound (checks: mode, queue, deadline, key)
-//!     record::open ──create-2.lua──▶ {inferq-batch}:req:<id> (+ the Idempotency-Key)
-//!                  ──producer────▶ <queue> (a Go-format request; route: front:results)
-//!  inferq run processors: claim, call the gateway, LPUSH the result onto front:results
-//!  collect (every replica) ──collect-1.lua──▶ {inferq-batch}:res:<id>, PUBLISH front:done <id>
-//!  waiters (every replica) ◀─SUBSCRIBE front:done── wake the waits of <id> ──▶ answer
+//!  client ──POST (X-AP-Mode)──▶ inbound (mode, body, model, tenant, id, deadline)
+//!    no header / passthrough ──▶ passthrough: quota class, stamps ──▶ gateway, streamed back
+//!    enqueue / wait ──join-1.lua──▶ inferq-front:join:<tenant>:<id> (a repeated id joins)
+//!                   ──MULTI──▶ DEL request-cancel:<env>, SET request-active:<env>, ZADD <queue>
+//!  processors (inferq or Go): claim, call the gateway, LPUSH results:req:<tenant>:<id>
+//!  waiters ◀─keyspace notification (or the sweep)── wake the wait ──▶ answer, mailbox TTL shrinks
 //! ```
 //!
-//! A replica keeps only its open waits: every request's record and result are in Redis, so
-//! any replica answers for any request, and a client whose replica died reads its result
-//! through another (or retries with its `Idempotency-Key` and gets the same request).
+//! A replica keeps only its open waits: every request's state is in Redis, so any replica (or
+//! the router's step) answers for any request, and a client whose replica died fetches its
+//! result through another, or repeats its id there and joins the same request.
 
 pub mod answer;
-pub mod collect;
-pub mod duration;
+pub mod broker;
+pub mod config;
 pub mod http;
 pub mod inbound;
 pub mod keys;
-pub mod record;
+pub mod member;
+pub mod passthrough;
 pub mod scripts;
 pub mod settings;
 pub mod waiters;
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use inferq_client::producer::Producer;
-use inferq_client::target::Target;
-
 use crate::metrics::Metrics;
-pub use settings::{FrontQueue, FrontSettings};
+pub use config::BrokerConfig;
+pub use settings::FrontSettings;
 
 /// The front door's share of a replica.
 #[derive(Debug)]
 pub struct Front {
     pub settings: FrontSettings,
-    /// One producer per queue a request may name (by `queue_name`), routing results to
-    /// [`keys::results`].
-    pub producers: HashMap<String, Producer>,
     pub waiters: Arc<waiters::Waiters>,
+    /// The client live requests go to the gateway with.
+    pub http: reqwest::Client,
     /// Open waits on this replica (bounded by `max_waiting_clients`).
     waiting: AtomicUsize,
     /// Set once the replica is stopping: the waits it drops then do not cancel their requests
-    /// (their clients retry elsewhere with their keys).
+    /// (their clients retry elsewhere with their ids).
     stopping: std::sync::atomic::AtomicBool,
     metrics: Arc<Metrics>,
 }
@@ -75,23 +71,16 @@ impl Drop for Slot {
 }
 
 impl Front {
-    /// Connects a producer for each usable queue.
-    pub async fn connect(
-        target: &Target,
-        settings: FrontSettings,
-        metrics: Arc<Metrics>,
-    ) -> Result<Front, inferq_client::ProducerError> {
-        let mut producers = HashMap::new();
-        for queue in settings.usable() {
-            let p = Producer::connect_target(target, queue, &keys::results())
-                .await?
-                .with_replica_wait(settings.replica_wait);
-            producers.insert(queue.to_owned(), p);
-        }
+    /// The front door of a replica.
+    pub fn new(settings: FrontSettings, metrics: Arc<Metrics>) -> Result<Front, reqwest::Error> {
+        let http = reqwest::Client::builder()
+            .connect_timeout(std::time::Duration::from_secs(5))
+            .pool_max_idle_per_host(1024)
+            .build()?;
         Ok(Front {
             settings,
-            producers,
             waiters: Arc::new(waiters::Waiters::default()),
+            http,
             waiting: AtomicUsize::new(0),
             stopping: std::sync::atomic::AtomicBool::new(false),
             metrics,
@@ -124,18 +113,5 @@ impl Front {
     /// its client going away.
     pub fn is_stopping(&self) -> bool {
         self.stopping.load(Ordering::Acquire)
-    }
-
-    /// `--result-retention` in seconds (at least 1).
-    pub fn retention_secs(&self) -> i64 {
-        i64::try_from(self.settings.result_retention.as_secs())
-            .unwrap_or(i64::MAX / 4)
-            .max(1)
-    }
-
-    /// How long a record is kept once its request ended: twice the retention, so a request
-    /// whose result was dropped reads `expired` for as long again before it reads 404.
-    pub fn record_ttl_secs(&self) -> i64 {
-        self.retention_secs().saturating_mul(2)
     }
 }

@@ -1,13 +1,14 @@
 //! The front door's Lua moves, `lua/front/<move>-<KEYS>.lua`, loaded at compile time with the
-//! Batch API's conventions and fragments (see [`crate::scripts`]).
+//! Batch API's conventions (see [`crate::scripts`]). Each touches one key, so each runs on a
+//! Redis Cluster as it does on one server.
 
 use std::sync::LazyLock;
 
 use inferq_client::scripts::Script;
 
 crate::scripts::scripts!("lua/front/", "Every script of the front door.", Scripts, SCRIPTS, FILES {
-    create: "frontCreate" => "create-2",
-    forget: "frontForget" => "forget-2",
-    collect: "frontCollect" => "collect-1",
-    cancel: "frontCancel" => "cancel-2",
+    join: "frontJoin" => "join-1",
+    unjoin: "frontUnjoin" => "unjoin-1",
+    quota_acquire: "frontQuotaAcquire" => "quotaAcquire-1",
+    quota_release: "frontQuotaRelease" => "quotaRelease-1",
 });

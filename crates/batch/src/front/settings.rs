@@ -1,35 +1,23 @@
-//! What the front door is told at start (by the `inferq batch-api` command, from its flags and
-//! the processors' transport config): the queues a request may name, the default one, the
-//! deadline a request gets when it names none, how long results are kept, how many clients
-//! one replica holds waiting, and the replicas a submission must reach.
+//! What the front door is told at start (by the `inferq batch-api` command, from its flags, the
+//! `--broker-config` file and the processors' transport config): the router's step config, the
+//! gateway each queue's requests go to live, how many clients one replica holds waiting, and the
+//! replicas a submission must reach.
 
-use std::time::Duration;
+use std::collections::BTreeMap;
 
 use inferq_client::ReplicaWait;
 
-/// One queue of the transport config, as a request may name it.
-#[derive(Debug, Clone)]
-pub struct FrontQueue {
-    /// The queue's `id` in the config (its `queue_name` when it has none).
-    pub id: String,
-    /// The sorted set requests are submitted to.
-    pub queue_name: String,
-    /// Why requests cannot go to this queue (it sends every result to its own
-    /// `result_queue_name`, which the front door never reads), or `None` when they can.
-    pub refused: Option<String>,
-}
+use super::config::BrokerConfig;
 
 /// The front door's settings.
 #[derive(Debug, Clone)]
 pub struct FrontSettings {
-    /// Every queue of the transport config.
-    pub queues: Vec<FrontQueue>,
-    /// The `queue_name` a request goes to when it names none (`--queue`, else the first).
-    pub default_queue: String,
-    /// `--request-timeout`: the deadline of a request that gives none.
-    pub request_timeout: Duration,
-    /// `--result-retention`: how long a result is kept once it has arrived.
-    pub result_retention: Duration,
+    /// The router's step config (`--broker-config`, else the step's defaults with the batch
+    /// queue as `default_queue`).
+    pub broker: BrokerConfig,
+    /// Each queue's gateway (its `igw_base_url` in the transport config): where a passthrough
+    /// request routed to that queue is sent live.
+    pub gateways: BTreeMap<String, String>,
     /// `--max-waiting-clients`: open waits (wait mode, streams, long polls) per replica.
     pub max_waiting_clients: usize,
     /// The queue's `replica_wait`: replicas a submission must reach before it is answered.
@@ -39,10 +27,8 @@ pub struct FrontSettings {
 impl Default for FrontSettings {
     fn default() -> FrontSettings {
         FrontSettings {
-            queues: Vec::new(),
-            default_queue: "request-sortedset".to_owned(),
-            request_timeout: Duration::from_secs(600),
-            result_retention: Duration::from_secs(24 * 3600),
+            broker: BrokerConfig::default(),
+            gateways: BTreeMap::new(),
             max_waiting_clients: 10_000,
             replica_wait: None,
         }
@@ -50,38 +36,12 @@ impl Default for FrontSettings {
 }
 
 impl FrontSettings {
-    /// The queue a request names (by `id` or `queue_name`), or the default one when it names
-    /// none; `Err` says why the name cannot be used.
-    pub fn queue(&self, named: Option<&str>) -> Result<&str, String> {
-        let Some(name) = named.map(str::trim).filter(|n| !n.is_empty()) else {
-            return Ok(&self.default_queue);
-        };
-        let found = self
-            .queues
-            .iter()
-            .find(|q| q.id == name)
-            .or_else(|| self.queues.iter().find(|q| q.queue_name == name));
-        match found {
-            None => Err(format!(
-                "no queue named {name:?} is configured (known: {})",
-                self.queues
-                    .iter()
-                    .map(|q| q.id.as_str())
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            )),
-            Some(q) => match &q.refused {
-                Some(why) => Err(why.clone()),
-                None => Ok(&q.queue_name),
-            },
-        }
-    }
-
-    /// Every queue requests may go to.
-    pub fn usable(&self) -> impl Iterator<Item = &str> {
-        self.queues
-            .iter()
-            .filter(|q| q.refused.is_none())
-            .map(|q| q.queue_name.as_str())
+    /// The gateway a live request routed to `queue` goes to (the default queue's when that
+    /// queue has none).
+    pub fn gateway(&self, queue: &str) -> Option<&str> {
+        self.gateways
+            .get(queue)
+            .or_else(|| self.gateways.get(&self.broker.default_queue))
+            .map(String::as_str)
     }
 }

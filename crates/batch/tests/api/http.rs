@@ -310,10 +310,40 @@ fn bad_settings_exit_2_naming_the_field() -> Fallible {
         (2, true),
         "{err}"
     );
-    // The front door's flags.
+    // The front door: a redis-pubsub transport, and broker configs that cannot work.
+    let (code, err) = run(&["--transport", "redis-pubsub"])?;
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("--transport") && err.contains("never collected"),
+        "{err}"
+    );
+    let broker = dir.path().join("broker.yaml");
+    let broker_arg = broker.display().to_string();
+    for (text, says) in [
+        ("wakeup_mode: sometimes\n", "wakeup_mode"),
+        ("rooutes: []\n", "rooutes"),
+        (
+            "timeouts: {wait: {default_seconds: 9, max_seconds: 5}}\n",
+            "timeouts.wait",
+        ),
+        (
+            "default_queue: q\nroutes: [{model: m, queue: q2}]\n",
+            "result_queue_name",
+        ),
+        (
+            "routes: [{model: m, queue: nope}]\n",
+            "\"request-sortedset\"",
+        ),
+    ] {
+        std::fs::write(&broker, text)?;
+        let (code, err) = run(&["--broker-config", &broker_arg])?;
+        assert_eq!(code, 2, "{text}: {err}");
+        assert!(
+            err.contains("--broker-config") && err.contains(says),
+            "{text}: {err}"
+        );
+    }
     for (flag, value) in [
-        ("--request-timeout", "0s"),
-        ("--result-retention", "0s"),
         ("--max-waiting-clients", "0"),
         // Limits and retention.
         ("--max-enqueued-lines", "0"),

@@ -1,7 +1,7 @@
 //! `inferq batch-api`: serves the OpenAI Files and Batches API (the `inferq-batch` crate) over
-//! the queue a processors' transport config names, and the front door for single requests
-//! (`/v1/chat/completions`, `/v1/completions`, `/v1/embeddings`, `/v1/requests`). It reads the same `--transport-config-file`
-//! as `inferq run`, so Redis, its topology and TLS are configured once; a bad flag or config
+//! the queue a processors' transport config names, and the front door for single requests, the
+//! router's `async-broker` contract (`--broker-config`, the step's `params` block). It reads the
+//! same `--transport-config-file` as `inferq run`, so Redis, its topology and TLS are configured once; a bad flag or config
 //! exits 2 naming it. Without `--api-keys-file` it listens only on loopback unless
 //! `--insecure-no-auth` is given.
 
@@ -70,14 +70,16 @@ pub(super) struct BatchApiArgs {
     /// How long a cancel waits for the results of requests in flight.
     #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
     pub cancel_grace: Duration,
-    /// Front door: the deadline of a request that gives none (no `x-llm-d-async-timeout`
-    /// header, no `timeout` in its body).
-    #[arg(long, default_value = "10m", value_parser = humantime::parse_duration)]
-    pub request_timeout: Duration,
-    /// Front door: how long a request's result is kept once it has arrived (then the request
-    /// reads `expired`).
-    #[arg(long, default_value = "24h", value_parser = humantime::parse_duration)]
-    pub result_retention: Duration,
+    /// Front door: the router's `async-broker` step config, its `params` block (or the whole
+    /// step entry) as YAML or JSON: headers, routes, objectives, quota, timeouts, wait cap,
+    /// fetch grace, wake-up mode, forwarded headers. Without it: the step's defaults, with the
+    /// batch queue (`--queue`) as `default_queue`.
+    #[arg(long, value_name = "PATH")]
+    pub broker_config: Option<PathBuf>,
+    /// The transport, as `inferq run` names it: only redis-sortedset is served (a redis-pubsub
+    /// processor publishes results nobody collects, so it is refused).
+    #[arg(long, default_value = "redis-sortedset", value_name = "TRANSPORT")]
+    pub transport: String,
     /// Front door: most clients one replica holds waiting (wait mode, streams, long polls);
     /// past it a wait is answered 429 with Retry-After.
     #[arg(long, default_value_t = 10_000)]
@@ -144,6 +146,15 @@ pub(super) fn transport_config(path: &str) -> Result<crate::config::RunConfig, F
 
 /// The batch-api settings these flags and the transport config give.
 pub(super) fn settings(args: &BatchApiArgs) -> Result<inferq_batch::Settings, Failure> {
+    if args.transport != "redis-sortedset" {
+        return Err(bad(
+            "--transport",
+            format!(
+                "{:?} is not served by batch-api: a redis-pubsub processor PUBLISHes each result on a channel, so results would be published and never collected (the front door reads results:req:<tenant>:<id> lists, which only redis-sortedset processors fill); run the processors with --transport redis-sortedset",
+                args.transport
+            ),
+        ));
+    }
     let config = transport_config(&args.transport_config_file)?;
     let transport = &config.transport;
     let queue = match &args.queue {
@@ -189,12 +200,6 @@ pub(super) fn settings(args: &BatchApiArgs) -> Result<inferq_batch::Settings, Fa
     if args.lease < Duration::from_secs(1) {
         return Err(bad("--lease", "must be at least 1s"));
     }
-    if args.request_timeout.is_zero() {
-        return Err(bad("--request-timeout", "must be above 0"));
-    }
-    if args.result_retention < Duration::from_secs(1) {
-        return Err(bad("--result-retention", "must be at least 1s"));
-    }
     if args.queue_per_tenant
         && (args.tenant_queue_prefix.is_empty()
             || args
@@ -213,28 +218,7 @@ pub(super) fn settings(args: &BatchApiArgs) -> Result<inferq_batch::Settings, Fa
         return Err(bad("--max-waiting-clients", "must be at least 1"));
     }
     let retention = retention(args)?;
-    let front_queues = transport
-        .queues
-        .iter()
-        .map(|q| inferq_batch::front::FrontQueue {
-            id: q.id.clone(),
-            queue_name: q.queue_name.clone(),
-            refused: q.result_queue_name.as_ref().map(|list| {
-                format!(
-                    "queue {:?} sends every result to its own list {list:?} (result_queue_name), which the front door does not read: name a queue without one",
-                    q.id
-                )
-            }),
-        })
-        .collect();
-    let front = inferq_batch::front::FrontSettings {
-        queues: front_queues,
-        default_queue: queue.queue_name.clone(),
-        request_timeout: args.request_timeout,
-        result_retention: args.result_retention,
-        max_waiting_clients: args.max_waiting_clients,
-        replica_wait: config.claim.replica_wait,
-    };
+    let front = front_settings(args, &config, &queue.queue_name)?;
     let target = inferq_client::target::Target::new(
         transport.url.expose(),
         &config.redis_tls,
@@ -282,6 +266,61 @@ pub(super) fn settings(args: &BatchApiArgs) -> Result<inferq_batch::Settings, Fa
         tenant_queues: args
             .queue_per_tenant
             .then(|| inferq_batch::TenantQueues::new(&args.tenant_queue_prefix)),
+    })
+}
+
+/// The front door's settings: the broker config (`--broker-config`, else the step's defaults
+/// with `batch_queue` as `default_queue`), checked against the transport config's queues (every
+/// queue a request may be routed to must be one of them, without a `result_queue_name`, which
+/// would override the mailbox), and each queue's gateway for live requests.
+fn front_settings(
+    args: &BatchApiArgs,
+    config: &crate::config::RunConfig,
+    batch_queue: &str,
+) -> Result<inferq_batch::front::FrontSettings, Failure> {
+    use inferq_batch::front::BrokerConfig;
+    let broker = match &args.broker_config {
+        Some(path) => BrokerConfig::load(path).map_err(|e| bad(&e.field, e.reason))?,
+        None => BrokerConfig {
+            default_queue: batch_queue.to_owned(),
+            ..BrokerConfig::default()
+        },
+    };
+    let queues = &config.transport.queues;
+    for name in broker.queues() {
+        match queues.iter().find(|q| q.queue_name == name) {
+            None => {
+                return Err(bad(
+                    "--broker-config",
+                    format!(
+                        "queue {name:?} (a route's queue or default_queue) is not a queue of the transport config (known: {}): no processor would serve its requests",
+                        queues.iter().map(|q| q.queue_name.as_str()).collect::<Vec<_>>().join(", ")
+                    ),
+                ))
+            }
+            Some(q) => {
+                if let Some(list) = &q.result_queue_name {
+                    return Err(bad(
+                        "--broker-config",
+                        format!("queue {name:?} sends every result to its own list {list:?} (result_queue_name), which overrides each request's mailbox: front-door requests would never be answered; leave result_queue_name unset on the queues the front door feeds"),
+                    ));
+                }
+            }
+        }
+    }
+    if !broker.redis_url.is_empty() {
+        tracing::info!("--broker-config: redis_url is not used; Redis is the transport config's");
+    }
+    let gateways = queues
+        .iter()
+        .filter(|q| !q.igw_base_url.is_empty())
+        .map(|q| (q.queue_name.clone(), q.igw_base_url.clone()))
+        .collect();
+    Ok(inferq_batch::front::FrontSettings {
+        broker,
+        gateways,
+        max_waiting_clients: args.max_waiting_clients,
+        replica_wait: config.claim.replica_wait,
     })
 }
 

@@ -3,7 +3,7 @@
 //! Built from the one list of key names ([`inferq_client::result_route`]): every running
 //! queue (listed, reloaded in, or found by `fair-share`), the retry set, the producers' keys,
 //! the tenants' queues and the fair-share index and weights, the Batch API's and front door's
-//! keys (`{inferq-batch}:…`, but for the two result lists they name), and the keys a queue's
+//! keys (`{inferq-batch}:…`, but for the result list it names; the front door's join keys), while the mailboxes `results:req:…` stay open, and the keys a queue's
 //! gate parameters name. [`Lanes`](super::lanes::Lanes) updates it whenever the queues change;
 //! each result's outcome reads it in the outbox (see [`super::outbox`]) and in the dead-letter
 //! path of members that cannot be requests.
@@ -62,7 +62,7 @@ impl Reserved {
             .prefix(DEFAULT_WEIGHTS_KEY)
             .prefix(&format!("{}:", inferq_batch::keys::PREFIX))
             .open(&inferq_batch::keys::results())
-            .open(&inferq_batch::front::keys::results());
+            .prefix(inferq_batch::front::keys::JOIN_PREFIX);
         if let Some(fs) = &self.fair_share {
             b = b
                 .prefix(&fs.queue_prefix)
@@ -121,7 +121,9 @@ mod tests {
         assert!(keys.owner("inferq-tenants:index").is_some());
         assert!(keys.owner("{inferq-batch}:live").is_some());
         assert!(keys.owner(&inferq_batch::keys::results()).is_none());
-        assert!(keys.owner(&inferq_batch::front::keys::results()).is_none());
+        // The front door's (and the router's) mailboxes are result lists; its join keys are not.
+        assert!(keys.owner("results:req:acme:job-1").is_none());
+        assert!(keys.owner("inferq-front:join:acme:job-1").is_some());
         assert!(keys.owner("q").is_none());
     }
 }

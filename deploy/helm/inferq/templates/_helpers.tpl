@@ -99,7 +99,7 @@ made from redis.url; empty when none is set. */}}
 
 {{/* Whether the chart writes a ConfigMap: an inline transport config, or any optional file. */}}
 {{- define "inferq.hasConfigMap" -}}
-{{- if or (not .Values.transportConfig.existingSecret) .Values.processor.poolConfig .Values.processor.mergePolicyConfig .Values.processor.transformConfig }}true{{ end }}
+{{- if or (not .Values.transportConfig.existingSecret) .Values.processor.poolConfig .Values.processor.mergePolicyConfig .Values.processor.transformConfig (and .Values.batchApi.enabled .Values.batchApi.brokerConfig) }}true{{ end }}
 {{- end }}
 
 {{- define "inferq.configMapName" -}}
