@@ -3,6 +3,8 @@
 # connections, RSS growth under 50 concurrent unauthenticated 15 MB bodies, and the connections
 # still open 60 s after 1,000 slowloris clients start (default 30 s header-read timeout).
 # Starts its own redis-server on a free port. Usage: scripts/hostile-bench.py target/release/inferq
+# With `--sim target/release/inferq-dev` the same clients (but the bodies) go to the simulator
+# gateway (`inferq-dev sim`), whose listener is bounded alike.
 # (needs `ulimit -n` above 6,000 and `ss`). Prints figures; takes about 70 s.
 import asyncio, os, socket, subprocess, sys, time, json
 def free():
@@ -19,7 +21,9 @@ time.sleep(0.5)
 json.dump({"url":f"redis://127.0.0.1:{rp}","queues":[{"queue_name":"q","igw_base_url":"http://127.0.0.1:9"}]},open(f"{d}/t.json","w"))
 json.dump({"sk-hostile-bench-0123456789":"t"},open(f"{d}/k.json","w"))
 port=free()
-api=subprocess.Popen([sys.argv[1],"batch-api","--transport-config-file",f"{d}/t.json","--listen",f"127.0.0.1:{port}","--files-dir",f"{d}/files","--api-keys-file",f"{d}/k.json","--max-line-bytes","20000000"],stderr=subprocess.DEVNULL)
+sim=sys.argv[1]=="--sim"
+if sim: api=subprocess.Popen([sys.argv[2],"sim","--listen",f"127.0.0.1:{port}"],stdout=subprocess.DEVNULL,stderr=subprocess.DEVNULL)
+else: api=subprocess.Popen([sys.argv[1],"batch-api","--transport-config-file",f"{d}/t.json","--listen",f"127.0.0.1:{port}","--files-dir",f"{d}/files","--api-keys-file",f"{d}/k.json","--max-line-bytes","20000000"],stderr=subprocess.DEVNULL)
 time.sleep(2)
 pid=api.pid
 async def slowloris(n):
@@ -60,7 +64,7 @@ async def bodies(n):
     print(f"bodies: {n} unauthenticated 15 MB bodies: rss {base:.1f} -> peak {peak:.1f} MiB (+{peak-base:.1f}); answers {set(map(str,res))}", flush=True)
 async def main():
     await idle(5000)
-    await bodies(50)
+    if not sim: await bodies(50)
     await slowloris(1000)
 asyncio.run(main())
 api.kill(); redis.kill()

@@ -202,6 +202,10 @@ scripts! {
         result_ack => "resultAck-4",
         // `fair-share` discovery (`inferq::dispatch::discovery`); loaded at its first call.
         forget_idle => "forgetIdle-1",
+        // The redis-quota concurrency counter's two moves: the processors' gate and the front
+        // door's passthrough share them, so a tenant has one account (as with the router's step).
+        quota_acquire => "quotaAcquire-1",
+        quota_release => "quotaRelease-1",
     }
 }
 

@@ -4,7 +4,7 @@
 //! - No `X-AP-Mode`: untouched, as the router serves a request the step does not see.
 //! - `X-AP-Mode: passthrough`: classified against the tenant's quota first, with the
 //!   redis-quota gate's concurrency counter (`<prefix><attribute>:<tenant>`, default
-//!   `quota:userid:<tenant>`; `quotaAcquire-1.lua`, given back by `quotaRelease-1.lua` when
+//!   `quota:userid:<tenant>`; inferq-client's `quotaAcquire-1.lua`, given back by `quotaRelease-1.lua` when
 //!   the answer ends or the client goes away), so the front door, the router's step and the
 //!   processors' gates share one account. A tenant without a limit is `reserved`; a Redis
 //!   failure fails open as `reserved`. The client's objective and fairness headers are removed,
@@ -16,7 +16,6 @@ use axum::response::Response;
 use futures::StreamExt;
 
 use super::inbound::Passthrough;
-use super::scripts::SCRIPTS;
 use crate::state::App;
 
 /// Headers that belong to one hop (and `host`), never copied across the proxy.
@@ -46,7 +45,7 @@ impl Drop for Held {
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
             rt.spawn(async move {
                 let window = app.front.settings.broker.quota.window_seconds.to_string();
-                let script = &SCRIPTS.quota_release;
+                let script = &inferq_client::scripts::SCRIPTS.quota_release;
                 let mut con = app.redis.clone();
                 let cmd = script.cmd(&[key.as_str()], &[window.as_str()]);
                 if let Err(e) = script.run(&mut con, &cmd).await {
@@ -64,7 +63,7 @@ async fn classify(app: &App, tenant: &str) -> (bool, Option<Held>) {
         return (false, None);
     };
     let key = format!("{}{}:{tenant}", quota.prefix, quota.attribute);
-    let script = &SCRIPTS.quota_acquire;
+    let script = &inferq_client::scripts::SCRIPTS.quota_acquire;
     let mut con = app.redis.clone();
     let cmd = script.cmd(
         &[key.as_str()],

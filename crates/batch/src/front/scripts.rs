@@ -9,6 +9,4 @@ use inferq_client::scripts::Script;
 crate::scripts::scripts!("lua/front/", "Every script of the front door.", Scripts, SCRIPTS, FILES {
     join: "frontJoin" => "join-1",
     unjoin: "frontUnjoin" => "unjoin-1",
-    quota_acquire: "frontQuotaAcquire" => "quotaAcquire-1",
-    quota_release: "frontQuotaRelease" => "quotaRelease-1",
 });

@@ -3,9 +3,9 @@
 //! replica shares it.
 //!
 //! - `mode: concurrency`: at most `limit` requests in flight per value. Taking a slot is one Lua
-//!   step (`lua/quotaAcquire-1.lua`); the slot is given back by the decision's release
-//!   (`lua/quotaRelease-1.lua`), or in the background if the release is dropped unrun; one
-//!   that cannot reach Redis is tried again in the background for up to the counter's TTL. The
+//!   step (inferq-client's `quotaAcquire-1.lua`, shared with the front door's passthrough); the
+//!   slot is given back by the decision's release (`quotaRelease-1.lua`), or in the background
+//!   if the release is dropped unrun; one that cannot reach Redis is tried again in the background for up to the counter's TTL. The
 //!   counter expires `window` after its last take (300 s for a zero window) in case holders die.
 //! - `mode: rate-limit` (default): at most `limit` admissions per sliding `window` (default
 //!   `1m`), one Lua step reckoned by Redis's clock (`lua/rateAdmit-1.lua`), scored in Unix
@@ -23,6 +23,7 @@ use std::sync::{Arc, LazyLock};
 use std::time::Duration;
 
 use futures::future::BoxFuture;
+use inferq_client::scripts::SCRIPTS;
 use redis::Script;
 
 use super::link::{self, Link};
@@ -30,10 +31,6 @@ use super::{OVERFLOW, RESERVED};
 use crate::config::gate_params::Params;
 use crate::dispatch::gates::{Decision, Gate, GateError, GateInput, Release, Verdict};
 
-static ACQUIRE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("lua/quotaAcquire-1.lua")));
-static RELEASE: LazyLock<Script> =
-    LazyLock::new(|| Script::new(include_str!("lua/quotaRelease-1.lua")));
 static RATE_ADMIT: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("lua/rateAdmit-1.lua")));
 
@@ -140,14 +137,11 @@ impl Quota {
                 let ttl = self.slot_ttl_secs();
                 let call = async {
                     let mut con = self.link.con().await?;
-                    ACQUIRE
-                        .key(key)
-                        .arg(self.limit)
-                        .arg(ttl)
-                        .invoke_async::<i64>(&mut con)
-                        .await
+                    let script = &SCRIPTS.quota_acquire;
+                    let cmd = script.cmd(&[key], &[self.limit.to_string(), ttl.to_string()]);
+                    script.run(&mut con, &cmd).await
                 };
-                if link::within(&self.link, call).await? != 1 {
+                if link::within(&self.link, call).await? != redis::Value::Int(1) {
                     return Ok(Taken::Overflow);
                 }
                 let slot = Slot {
@@ -312,11 +306,8 @@ async fn give_back(link: Arc<Link>, key: String, ttl: u64) {
 async fn give_back_once(link: &Link, key: &str, ttl: u64) -> Result<(), NotGivenBack> {
     let call = async {
         let mut con = link.con().await?;
-        RELEASE
-            .key(key)
-            .arg(ttl)
-            .invoke_async::<i64>(&mut con)
-            .await
+        let script = &SCRIPTS.quota_release;
+        script.run(&mut con, &script.cmd(&[key], &[ttl])).await
     };
     match tokio::time::timeout(link::CALL_TIMEOUT, call).await {
         Ok(Ok(_)) => Ok(()),

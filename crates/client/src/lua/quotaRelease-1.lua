@@ -1,5 +1,6 @@
 --[[
-  Gives back one slot of a concurrency quota taken by quotaAcquire-1.
+  Gives back one slot of a concurrency quota taken by quotaAcquire-1 (when the gate's request
+  or the front door's passthrough answer ends).
   Never goes below zero (a counter that expired meanwhile is left alone).
 
   Input:

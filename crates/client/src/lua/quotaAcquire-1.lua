@@ -1,6 +1,8 @@
 --[[
-  Takes one slot of a concurrency quota, if one is free (redis-quota, mode "concurrency").
-  The check and the increment are one step, so two processors cannot both take the last slot.
+  Takes one slot of a concurrency quota, if one is free (redis-quota, mode "concurrency"): the
+  processors' redis-quota gate and the front door's passthrough (inferq-batch) both take it, so
+  a tenant has one account. The check and the increment are one step, so two processors (or
+  front doors) cannot both take the last slot.
 
   Input:
     KEYS[1] the quota counter, <prefix><attribute>:<value>
