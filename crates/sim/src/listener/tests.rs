@@ -46,6 +46,17 @@ async fn until_closed(conn: &mut TcpStream) -> (String, Duration) {
     )
 }
 
+/// A new connection that asked for `/healthz`, kept open, and its answer's status line start.
+async fn health(sim: &Sim) -> (TcpStream, [u8; 12]) {
+    let mut conn = TcpStream::connect(sim.local_addr()).await.unwrap();
+    conn.write_all(b"GET /healthz HTTP/1.1\r\nHost: sim\r\n\r\n")
+        .await
+        .unwrap();
+    let mut status = [0u8; 12];
+    conn.read_exact(&mut status).await.unwrap();
+    (conn, status)
+}
+
 const COMPLETION: &str = r#"{"model":"m","prompt":"p","max_tokens":1}"#;
 
 fn post(path: &str, body: &str) -> String {
@@ -113,14 +124,9 @@ async fn past_max_connections_a_connection_is_refused_in_openais_shape() {
     let sim = start(bounded, SimConfig::instant()).await;
     let mut held = Vec::new();
     for _ in 0..2 {
-        let mut conn = TcpStream::connect(sim.local_addr()).await.unwrap();
         // A whole answer shows the simulator took the connection before the next connects.
-        conn.write_all(b"GET /healthz HTTP/1.1\r\nHost: sim\r\n\r\n")
-            .await
-            .unwrap();
-        let mut buf = [0u8; 12];
-        conn.read_exact(&mut buf).await.unwrap();
-        assert_eq!(&buf, b"HTTP/1.1 200");
+        let (conn, status) = health(&sim).await;
+        assert_eq!(&status, b"HTTP/1.1 200");
         held.push(conn);
     }
     let mut third = TcpStream::connect(sim.local_addr()).await.unwrap();
@@ -134,13 +140,7 @@ async fn past_max_connections_a_connection_is_refused_in_openais_shape() {
     drop(held.pop());
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
-        let mut conn = TcpStream::connect(sim.local_addr()).await.unwrap();
-        conn.write_all(b"GET /healthz HTTP/1.1\r\nHost: sim\r\n\r\n")
-            .await
-            .unwrap();
-        let mut buf = [0u8; 12];
-        conn.read_exact(&mut buf).await.unwrap();
-        if &buf == b"HTTP/1.1 200" {
+        if &health(&sim).await.1 == b"HTTP/1.1 200" {
             break;
         }
         assert!(Instant::now() < deadline, "the freed slot was never taken");
