@@ -7,6 +7,7 @@ mod common;
 mod durability;
 mod fair_share;
 mod front;
+mod front_go;
 mod front_router;
 mod front_sdk;
 mod front_topologies;
