@@ -223,3 +223,56 @@ async fn a_cancel_through_inferq_is_honoured_by_a_go_processor() -> Fallible {
     assert_eq!(body["error"]["code"], "CANCELLED", "{body}");
     Ok(())
 }
+
+/// The Go side's `LPUSH` is what wakes a held wait: the answer follows the push within
+/// milliseconds (a keyspace notification), not at the wait's own 2 s re-read. Each wait has
+/// been parked for 300 ms when its result is pushed; the median of five answers is asserted,
+/// against a bound of half the re-read period.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_go_sides_push_wakes_a_held_wait_at_once() -> Fallible {
+    let mut d = Deployment::start(5).await?;
+    d.add_replica().await?;
+    let mut go = GoProcessor::connect(&d).await?;
+    let mut con = d.redis.connection().await?;
+    let url = format!("{}/chat/completions", d.url(0));
+    let mut after_push = Vec::new();
+    for i in 0..5 {
+        let id = format!("go-wake-{i}");
+        let waiting = {
+            let (url, id) = (url.clone(), id.clone());
+            tokio::spawn(async move {
+                let headers = [
+                    ("X-AP-Mode", "wait"),
+                    ("X-Team", "acme"),
+                    ("X-Request-Id", &id),
+                ];
+                let a = post(&url, &headers, &chat("woken")).await;
+                (a, std::time::Instant::now())
+            })
+        };
+        let marker = format!("request-active:acme:{id}");
+        until(
+            "the wait's request queued",
+            Duration::from_secs(10),
+            Duration::from_millis(10),
+            async || Ok(con.exists::<_, bool>(&marker).await?.then_some(())),
+        )
+        .await?;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let pushed = std::time::Instant::now();
+        assert_eq!(
+            go.serve_one("batch-q").await?,
+            Served::Sent(format!("acme:{id}"))
+        );
+        let (answer, at) = waiting.await?;
+        let answer = answer?;
+        assert_eq!(answer.status, 200, "{}", answer.body);
+        after_push.push(at.saturating_duration_since(pushed));
+    }
+    after_push.sort();
+    assert!(
+        after_push[2] < Duration::from_secs(1),
+        "answers came {after_push:?} after the push"
+    );
+    Ok(())
+}
