@@ -132,7 +132,8 @@ struct Held {
 /// A queued request: enqueued and answered at once, or submitted and held until its answer.
 /// The submit (the largest future on the way) is boxed and gone before the hold, and the body
 /// is dropped with it: a held wait keeps [`Held`], its slot, its cancel guard and its
-/// mailbox's registration — about a kilobyte beside the connection's own buffers.
+/// mailbox's registration, in a future of about 3 KiB beside the connection's own buffers
+/// (`tests::a_held_wait_keeps_a_small_future`).
 async fn queued(app: App, q: Queued) -> Result<Response, ApiError> {
     if q.enqueue {
         app.metrics.front_request("enqueue");
