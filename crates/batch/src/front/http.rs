@@ -131,8 +131,8 @@ struct Held {
 
 /// A queued request: enqueued and answered at once, or submitted and held until its answer.
 /// The submit (the largest future on the way) is boxed and gone before the hold, and the body
-/// is dropped with it: a held wait keeps [`Held`], its slot, its cancel guard and its
-/// mailbox's registration, in a future of about 3 KiB beside the connection's own buffers
+/// is dropped with it: a held wait keeps its cancel guard (which holds [`Held`]), its slot
+/// and its mailbox's registration, in a future of about 3 KiB beside the connection's own buffers
 /// (`tests::a_held_wait_keeps_a_small_future`).
 async fn queued(app: App, q: Queued) -> Result<Response, ApiError> {
     if q.enqueue {
@@ -148,15 +148,13 @@ async fn queued(app: App, q: Queued) -> Result<Response, ApiError> {
         .front_request(if q.stream { "stream" } else { "wait" });
     let submitted = Box::pin(broker::submit(&app, &q)).await?;
     let (stream_it, timeout_secs) = (q.stream, q.timeout_secs);
-    let q = Held {
-        tenant: q.tenant,
-        id: q.id,
-        chosen: q.chosen,
-    };
-    let guard = CancelOnDrop {
+    let mut guard = CancelOnDrop {
         app: app.clone(),
-        tenant: q.tenant.clone(),
-        id: q.id.clone(),
+        held: Held {
+            tenant: q.tenant,
+            id: q.id,
+            chosen: q.chosen,
+        },
         armed: submitted.created,
     };
     // The hold runs to the deadline, or to the wait cap when that is shorter.
@@ -170,10 +168,10 @@ async fn queued(app: App, q: Queued) -> Result<Response, ApiError> {
     };
     let until = Instant::now() + hold;
     if stream_it {
-        return Ok(stream(app, guard, slot, q, until));
+        return Ok(stream(app, guard, slot, until));
     }
+    let q = &guard.held;
     let got = wait_for(&app, &q.tenant, &q.id, until).await;
-    let mut guard = guard;
     guard.armed = false;
     drop(slot);
     Ok(match got? {
@@ -219,8 +217,7 @@ async fn wait_for(
 /// flight.
 struct CancelOnDrop {
     app: App,
-    tenant: String,
-    id: String,
+    held: Held,
     armed: bool,
 }
 
@@ -229,7 +226,11 @@ impl Drop for CancelOnDrop {
         if !self.armed || self.app.front.is_stopping() {
             return;
         }
-        let (app, tenant, id) = (self.app.clone(), self.tenant.clone(), self.id.clone());
+        let (app, tenant, id) = (
+            self.app.clone(),
+            self.held.tenant.clone(),
+            self.held.id.clone(),
+        );
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
             rt.spawn(async move {
                 match broker::cancel(&app, &tenant, &id).await {
@@ -247,11 +248,12 @@ impl Drop for CancelOnDrop {
 
 /// A streaming wait: keepalive comments until the result comes, then it as chunks and
 /// `[DONE]`. A client that goes away closes the channel, and the request is cancelled.
-fn stream(app: App, guard: CancelOnDrop, slot: super::Slot, q: Held, until: Instant) -> Response {
+fn stream(app: App, guard: CancelOnDrop, slot: super::Slot, until: Instant) -> Response {
     let (tx, mut rx) = tokio::sync::mpsc::channel::<Bytes>(8);
     tokio::spawn(async move {
         let mut guard = guard;
         let _slot = slot;
+        let q = &guard.held;
         let waiting = wait_for(&app, &q.tenant, &q.id, until);
         tokio::pin!(waiting);
         let mut tick = tokio::time::interval(KEEPALIVE);

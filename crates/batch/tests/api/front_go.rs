@@ -124,6 +124,15 @@ impl GoProcessor {
     }
 }
 
+/// Redis, the simulator and one `inferq batch-api` replica, with no inferq processor: the Go
+/// side is the only one taking requests.
+async fn go_deployment() -> Fallible<(Deployment, GoProcessor)> {
+    let mut d = Deployment::start(5).await?;
+    d.add_replica().await?;
+    let go = GoProcessor::connect(&d).await?;
+    Ok((d, go))
+}
+
 fn chat(content: &str) -> Value {
     json!({"model": "m", "messages": [{"role": "user", "content": format!("<&> {content}")}], "max_tokens": 4})
 }
@@ -133,9 +142,7 @@ fn chat(content: &str) -> Value {
 /// marker is gone afterwards, cleared by the Go side's cleanup with the token inferq wrote.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_go_processor_serves_inferqs_waits_and_fetches() -> Fallible {
-    let mut d = Deployment::start(5).await?;
-    d.add_replica().await?;
-    let mut go = GoProcessor::connect(&d).await?;
+    let (d, mut go) = go_deployment().await?;
     let stop = tokio_util::sync::CancellationToken::new();
     let served = {
         let stop = stop.clone();
@@ -187,9 +194,7 @@ async fn a_go_processor_serves_inferqs_waits_and_fetches() -> Fallible {
 /// answered `CANCELLED` without reaching the gateway, and inferq answers that result 499.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cancel_through_inferq_is_honoured_by_a_go_processor() -> Fallible {
-    let mut d = Deployment::start(5).await?;
-    d.add_replica().await?;
-    let mut go = GoProcessor::connect(&d).await?;
+    let (d, mut go) = go_deployment().await?;
     let team = ("X-Team", "acme");
     let queued = post(
         &format!("{}/chat/completions", d.url(0)),
@@ -230,9 +235,7 @@ async fn a_cancel_through_inferq_is_honoured_by_a_go_processor() -> Fallible {
 /// against a bound of half the re-read period.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_go_sides_push_wakes_a_held_wait_at_once() -> Fallible {
-    let mut d = Deployment::start(5).await?;
-    d.add_replica().await?;
-    let mut go = GoProcessor::connect(&d).await?;
+    let (d, mut go) = go_deployment().await?;
     let mut con = d.redis.connection().await?;
     let url = format!("{}/chat/completions", d.url(0));
     let mut after_push = Vec::new();

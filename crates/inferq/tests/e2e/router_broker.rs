@@ -66,6 +66,22 @@ where
     }
 }
 
+/// Waits until `mailbox` holds at least `n` results, failing after `limit`.
+async fn until_results(
+    con: &redis::aio::ConnectionManager,
+    mailbox: &str,
+    n: i64,
+    limit: Duration,
+) {
+    let what = format!("{n} result(s) in {mailbox}");
+    until(&what, limit, || {
+        let mut con = con.clone();
+        let mailbox = mailbox.to_owned();
+        async move { con.llen::<_, i64>(mailbox).await.unwrap() >= n }
+    })
+    .await;
+}
+
 /// 300 requests through the step, a third of them held in `wait`, two tenants, both paths, a few
 /// with SLO headers and a traceparent; the processor SIGKILLed with requests in flight and
 /// restarted. Every request gets exactly one result in its own mailbox (with the queue's TTL),
@@ -153,16 +169,7 @@ async fn three_hundred_through_the_step_and_a_sigkill_get_one_result_each() {
         );
     }
     for q in &queued {
-        until(
-            &format!("{}'s result", q.envelope_id),
-            Duration::from_secs(60),
-            || {
-                let mut con = con.clone();
-                let mailbox = q.mailbox.clone();
-                async move { con.exists::<_, bool>(mailbox).await.unwrap() }
-            },
-        )
-        .await;
+        until_results(&con, &q.mailbox, 1, Duration::from_secs(60)).await;
     }
     // Every request's marker goes when its result is written: when the last is gone, nothing
     // is in flight and a duplicate result would already be there.
@@ -285,19 +292,12 @@ async fn cancel_and_deadline_read_as_the_step_expects() {
         ("c2", 499, "CANCELLED"),
         ("d1", 504, "DEADLINE_EXCEEDED"),
     ] {
-        until(&format!("{id}'s result"), Duration::from_secs(20), || {
-            let mut con = con.clone();
-            async move {
-                con.exists::<_, bool>(format!("results:req:default:{id}"))
-                    .await
-                    .unwrap()
-            }
-        })
-        .await;
+        let mailbox = format!("results:req:default:{id}");
+        until_results(&con, &mailbox, 1, Duration::from_secs(20)).await;
         let answer = broker.fetch(None, id).await;
         assert_eq!(answer.status, status, "{id}: {}", answer.text());
         assert_eq!(answer.json()["error"]["code"], code, "{id}");
-        let ttl: i64 = con.ttl(format!("results:req:default:{id}")).await.unwrap();
+        let ttl: i64 = con.ttl(&mailbox).await.unwrap();
         assert!(
             (1..=60).contains(&ttl),
             "{id}: the fetch's grace, ttl {ttl}"
@@ -339,15 +339,7 @@ async fn a_stale_generation_does_not_clear_a_newer_marker() {
     let second = enqueue(&broker, "/v1/completions", &headers).await;
     assert_ne!(first.token, second.token);
 
-    until(
-        "the first generation's result",
-        Duration::from_secs(10),
-        || {
-            let mut con = con.clone();
-            async move { con.llen::<_, i64>("results:req:acme:s1").await.unwrap() == 1 }
-        },
-    )
-    .await;
+    until_results(&con, "results:req:acme:s1", 1, Duration::from_secs(10)).await;
     let active: Option<String> = con.get("request-active:acme:s1").await.unwrap();
     assert_eq!(
         active.as_deref(),
@@ -356,15 +348,7 @@ async fn a_stale_generation_does_not_clear_a_newer_marker() {
     );
     assert_eq!(broker.fetch(Some("acme"), "s1").await.text(), "first");
 
-    until(
-        "the second generation's result",
-        Duration::from_secs(20),
-        || {
-            let mut con = con.clone();
-            async move { con.llen::<_, i64>("results:req:acme:s1").await.unwrap() == 2 }
-        },
-    )
-    .await;
+    until_results(&con, "results:req:acme:s1", 2, Duration::from_secs(20)).await;
     let active: Option<String> = con.get("request-active:acme:s1").await.unwrap();
     assert_eq!(active, None);
     assert_eq!(broker.fetch(Some("acme"), "s1").await.text(), "second");
